@@ -1,0 +1,37 @@
+"""bridge: one GPU memory pool and one budget for CuPy, PyTorch and JAX.
+
+>>> import bridge
+>>> b = bridge.unify(cupy=True, torch=True, jax=False, budget="80%")
+>>> bridge.stats().by_framework
+{'cupy': 0, 'torch': 0, 'jax': 0, 'other': 0}
+"""
+
+from __future__ import annotations
+
+from bridge._errors import BridgeError, OutOfMemoryError
+from bridge.budget import parse_size
+from bridge.pool import Pool, Stats, pool, stats
+from bridge.recovery import on_pressure, remove_pressure_callback
+from bridge.unify import Bridge, unify
+
+__all__ = [
+    "Bridge", "BridgeError", "OutOfMemoryError", "Pool", "Stats",
+    "unify", "pool", "stats", "parse_size", "on_pressure", "remove_pressure_callback",
+    "empty_pinned", "zeros_pinned", "pinned_buffer", "pinned_pool", "record",
+]
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Pinned memory and the timeline load on first use: importing bridge stays cheap.
+    if name in ("empty_pinned", "zeros_pinned", "pinned_buffer", "pinned_pool", "PinnedBuffer",
+                "PinnedPool"):
+        from bridge import pinned
+
+        return getattr(pinned, name)
+    if name == "record":
+        from bridge import timeline
+
+        return timeline.record
+    raise AttributeError(f"module 'bridge' has no attribute {name!r}")

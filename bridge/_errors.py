@@ -1,0 +1,106 @@
+"""Errors of bridge, and the one place where core status codes become them."""
+
+from __future__ import annotations
+
+__all__ = ["BridgeError", "OutOfMemoryError", "Status", "check", "format_bytes"]
+
+import enum
+
+
+class BridgeError(RuntimeError):
+    """The bridge is in the wrong state for the call, or no GPU stack is usable.
+
+    The message says what to do.
+    """
+
+
+class OutOfMemoryError(MemoryError):
+    """A request would pass the device's budget, or the device is full.
+
+    Frameworks raise their own OOM error instead (CuPy's
+    ``OutOfMemoryError``, torch's ``CUDA out of memory.``); this one is for
+    allocations made through ``bridge`` itself.
+
+    Attributes
+    ----------
+    device : int
+    size : int
+        Bytes requested.
+    limit : int
+        The budget in bytes (0 = none).
+    by_framework : dict[str, int]
+        Live bytes per framework when the request failed.
+    """
+
+    def __init__(self, message: str, *, device: int = 0, size: int = 0, limit: int = 0,
+                 by_framework: dict[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.device = device
+        self.size = size
+        self.limit = limit
+        self.by_framework = dict(by_framework or {})
+
+
+class Status(enum.IntEnum):
+    """Status codes of the compiled core (bridge/_native/bridge.h)."""
+
+    OK = 0
+    BUDGET = 1
+    OOM = 2
+    DRIVER = 3
+    NODRIVER = 4
+    NOPOOLS = 5
+    DEVICE = 6
+    INVALID = 7
+    TAG_LIMIT = 8
+    NOTINIT = 9
+
+
+OOM_STATUSES = frozenset({Status.BUDGET, Status.OOM, Status.TAG_LIMIT})
+
+
+def format_bytes(n: int) -> str:
+    """``1536`` -> ``'1.50 KiB'``: bytes in the largest binary unit below them."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _driver_error() -> str:
+    from bridge import _core
+
+    code, name = _core.last_driver_error()
+    return f"{name} (code {code})"
+
+
+def check(rc: int, *, what: str, device: int | None = None) -> None:
+    """Raise the exception a core status code stands for; nothing for OK."""
+    if rc == Status.OK:
+        return
+    where = f" on device {device}" if device is not None else ""
+    if rc == Status.NODRIVER:
+        from bridge import _core
+
+        raise BridgeError(
+            f"{what}: no usable CUDA driver ({_core.load_error()}). Run on a machine with an "
+            "NVIDIA GPU and its driver (check `nvidia-smi`); `python -m bridge doctor` shows "
+            "what was found.")
+    if rc == Status.NOPOOLS:
+        raise BridgeError(
+            f"{what}: the CUDA driver has no stream-ordered memory pools{where} "
+            "(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0). Update the NVIDIA driver to "
+            "11.2 or newer; pools are not available under some virtualization.")
+    if rc == Status.DEVICE:
+        raise BridgeError(
+            f"{what}: no such CUDA device{where}, or it is not set up. "
+            "Pass a device between 0 and the number of visible GPUs minus one.")
+    if rc == Status.NOTINIT:
+        raise BridgeError(f"{what}: the CUDA driver is not loaded yet; call bridge.unify() first.")
+    if rc == Status.INVALID:
+        raise ValueError(f"{what}: invalid argument")
+    if rc == Status.DRIVER:
+        raise BridgeError(f"{what}{where}: CUDA driver error {_driver_error()}.")
+    raise BridgeError(f"{what}{where}: core status {rc}")

@@ -1,0 +1,169 @@
+/* bridge.h: the compiled core of bridge (internal header).
+ *
+ * Glossary
+ *   pool       the CUDA driver's DEFAULT memory pool of a device
+ *              (cuDeviceGetDefaultMemPool); every framework allocates from it.
+ *   ledger     the bridge's own account of the bytes it handed out, per
+ *              device and per framework tag; exact at every instant.
+ *   budget     the byte limit of a device (0 = none).  It covers the ledger
+ *              plus what others (JAX, anyone) hold in the same pool.
+ *   others     pool USED_MEM_CURRENT minus the bytes the driver granted the
+ *              ledger (never below 0).
+ *   record     what the core remembers of one live allocation: pointer,
+ *              size, device, stream, tag, streams recorded against it.
+ *
+ * The core never calls Python and never takes the GIL: it is called from
+ * torch's allocator (any thread, autograd included), from the CuPy allocator
+ * (which drops the GIL around it) and from Python for figures and limits.
+ * Error handling: functions return a bridge_status; one place in Python
+ * (bridge/_errors.py) turns these into exceptions.  Free paths never fail:
+ * they count what went wrong (bad_frees, driver_errors).
+ */
+#ifndef BRIDGE_H
+#define BRIDGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BRIDGE_MAX_DEVICES 64
+
+/* ---- framework tags (keep in step with bridge/_core names) ---- */
+enum bridge_tag {
+    BRIDGE_TAG_OTHER = 0,
+    BRIDGE_TAG_CUPY = 1,
+    BRIDGE_TAG_TORCH = 2,
+    BRIDGE_NTAGS = 3
+};
+
+/* ---- status codes ---- */
+typedef enum bridge_status {
+    BRIDGE_OK = 0,
+    BRIDGE_E_BUDGET = 1,     /* the request would pass the device budget */
+    BRIDGE_E_OOM = 2,        /* the driver is out of memory */
+    BRIDGE_E_DRIVER = 3,     /* another driver error (see bridge_last_driver_error) */
+    BRIDGE_E_NODRIVER = 4,   /* libcuda could not be loaded or cuInit failed */
+    BRIDGE_E_NOPOOLS = 5,    /* the device has no stream-ordered memory pools */
+    BRIDGE_E_DEVICE = 6,     /* no such device, or the device is not set up */
+    BRIDGE_E_INVALID = 7,    /* bad argument */
+    BRIDGE_E_TAG_LIMIT = 8,  /* the request would pass the framework's own cap */
+    BRIDGE_E_NOTINIT = 9     /* bridge_init was not called */
+} bridge_status;
+
+/* ---- driver loading (driver.c) ---- */
+/* Load libcuda (or the library named by `path`, e.g. the stand-in driver of
+ * the tests), call cuInit.  Idempotent; thread-safe. */
+int bridge_init(const char *path);
+int bridge_initialized(void);
+int bridge_device_count(int *count);
+int bridge_driver_version(int *version);
+/* The device of the calling thread's current context; 0 when it has none. */
+int bridge_current_device(int *device);
+/* Last driver error code and name seen by any bridge call (diagnostics). */
+int bridge_last_driver_error(void);
+const char *bridge_driver_error_name(int code);
+const char *bridge_loaded_library(void);
+/* Why the last bridge_init failed (empty when it did not). */
+const char *bridge_load_error(void);
+
+/* ---- devices and their pools (ledger.c) ---- */
+/* Retain the primary context, fetch the default pool, set its release
+ * threshold.  Idempotent; release_threshold is (re)applied every call. */
+int bridge_device_setup(int device, uint64_t release_threshold);
+int bridge_device_ready(int device);
+/* Write the pool attributes the bridge owns again (after JAX changed them). */
+int bridge_reassert(int device);
+int bridge_pool_attribute(int device, int attr, uint64_t *value);
+/* Return idle pool memory to the driver, keeping `keep` bytes; synchronizes
+ * the device first so that pending frees are returned too. */
+int bridge_trim(int device, uint64_t keep);
+/* Let every peer that can access `device` read its pool memory. */
+int bridge_grant_peer_access(int device, int *granted);
+
+/* ---- budget ---- */
+int bridge_set_limit(int device, uint64_t limit);      /* 0 = none */
+int bridge_set_tag_limit(int device, int tag, uint64_t limit);
+
+/* ---- allocation (the hot path) ---- */
+/* Allocate `size` bytes on `stream` for framework `tag`.  size 0 gives
+ * *out = NULL and BRIDGE_OK.  Never returns a null pointer with BRIDGE_OK
+ * for size > 0.  On budget or driver failure it synchronizes `stream`,
+ * completes deferred frees, calls the pressure hook and retries once. */
+int bridge_alloc(int device, size_t size, void *stream, int tag, void **out);
+/* Free a pointer the bridge handed out.  Never fails: an unknown pointer or a
+ * double free is counted (bad_frees) and changes no figure. */
+void bridge_free(void *ptr);
+/* `stream` may use `ptr`: its queued work completes before the memory is
+ * reused.  Returns BRIDGE_E_INVALID for an unknown pointer. */
+int bridge_record_stream(void *ptr, void *stream);
+/* Size and device of a live allocation; BRIDGE_E_INVALID when unknown. */
+int bridge_lookup(void *ptr, size_t *size, int *device, int *tag);
+
+/* ---- CUDA graph capture (torch's hooks) ---- */
+/* While a capture is active on a device: allocations that the caller routes
+ * to the capture (bridge_alloc_graph) come from a side stream and stay
+ * reserved for the graph until bridge_graph_release; frees of other pointers
+ * are deferred until no capture is active. */
+int bridge_graph_begin(int device, uint64_t id0, uint64_t id1);
+int bridge_graph_end(int device, uint64_t id0, uint64_t id1);
+int bridge_graph_release(int device, uint64_t id0, uint64_t id1);
+int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0,
+                       uint64_t id1, void **out);
+int bridge_captures_active(int device);
+
+/* ---- pressure hook: called once before an allocation fails ---- */
+/* Returns nonzero when it freed something worth a retry. */
+typedef int (*bridge_pressure_fn)(int device, size_t size, int tag);
+void bridge_set_pressure_hook(bridge_pressure_fn fn);
+
+/* ---- figures ---- */
+typedef struct bridge_tag_stats {
+    uint64_t current;    /* live bytes of this tag */
+    uint64_t peak;       /* highest `current` since the last reset */
+    uint64_t allocated;  /* bytes allocated, cumulative */
+    uint64_t freed;      /* bytes freed, cumulative */
+    uint64_t num_allocs; /* allocations, cumulative */
+    uint64_t num_frees;  /* frees, cumulative */
+    uint64_t num_ooms;   /* refused requests */
+    uint64_t limit;      /* the tag's own cap (0 = none) */
+} bridge_tag_stats;
+
+typedef struct bridge_stats {
+    uint64_t limit;          /* budget, 0 = none */
+    uint64_t used;           /* ledger bytes, every tag */
+    uint64_t peak_used;      /* highest `used`; never above limit - others */
+    uint64_t pool_used;      /* driver: USED_MEM_CURRENT */
+    uint64_t pool_reserved;  /* driver: RESERVED_MEM_CURRENT */
+    uint64_t pool_used_high; /* driver: USED_MEM_HIGH */
+    uint64_t release_threshold;
+    uint64_t total;          /* device memory */
+    uint64_t num_allocs;
+    uint64_t num_frees;
+    uint64_t num_ooms;
+    uint64_t num_retries;    /* allocations that succeeded on retry */
+    uint64_t num_bad_frees;  /* unknown pointers and double frees */
+    uint64_t num_driver_errors;
+    uint64_t num_deferred;   /* frees waiting for a capture to end */
+    uint64_t graph_bytes;    /* bytes held by captured graphs */
+    bridge_tag_stats tag[BRIDGE_NTAGS];
+} bridge_stats;
+
+int bridge_get_stats(int device, bridge_stats *out);
+int bridge_reset_peak(int device, int tag); /* tag -1: every tag and the total */
+int bridge_reset_accumulated(int device, int tag);
+/* Bytes of `others` right now (pool used minus what the ledger was granted). */
+int bridge_others(int device, uint64_t *out);
+/* Live allocations on every device (records in the table). */
+uint64_t bridge_live_records(void);
+
+/* ---- torch's CUDAPluggableAllocator ABI (torch_abi.cpp) ---- */
+void *bridge_torch_alloc(size_t size, int device, void *stream);
+void bridge_torch_free(void *ptr, size_t size, int device, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRIDGE_H */

@@ -1,0 +1,144 @@
+/* driver.c: find and load the CUDA driver at run time.
+ *
+ * The library is libcuda.so.1 unless `path` (or BRIDGE_CUDA_LIBRARY, read by
+ * the Python layer) names another: the tests point it at a stand-in driver
+ * built from tests/standin/standin_cuda.c.
+ */
+#include "bridge.h"
+#include "driver.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+bridge_driver bridge_drv;
+
+/* ---- state ---- */
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int init_done;         /* 1 once bridge_drv is complete */
+static int init_status = BRIDGE_E_NOTINIT; /* result of the first full init */
+static char loaded_path[512];        /* the library that was loaded */
+static atomic_int last_error;        /* last failing CUresult seen */
+static char load_error[512];         /* why the last bridge_init failed */
+
+CUresult bridge_note_driver_error(CUresult r)
+{
+    if (r != CUDA_SUCCESS)
+        atomic_store_explicit(&last_error, r, memory_order_relaxed);
+    return r;
+}
+
+int bridge_last_driver_error(void)
+{
+    return atomic_load_explicit(&last_error, memory_order_relaxed);
+}
+
+const char *bridge_driver_error_name(int code)
+{
+    const char *s = NULL;
+    if (atomic_load(&init_done) && bridge_drv.cuGetErrorName &&
+        bridge_drv.cuGetErrorName(code, &s) == CUDA_SUCCESS && s)
+        return s;
+    return "CUDA_ERROR_UNKNOWN";
+}
+
+const char *bridge_load_error(void) { return load_error; }
+
+const char *bridge_loaded_library(void)
+{
+    return atomic_load(&init_done) ? loaded_path : "";
+}
+
+/* ---- loading ---- */
+static int load_entries(void *lib)
+{
+#define BRIDGE_LOAD_ENTRY(name, args)                                          \
+    *(void **)(&bridge_drv.name) = dlsym(lib, #name);                          \
+    if (!bridge_drv.name)                                                      \
+        return BRIDGE_E_NODRIVER;
+    BRIDGE_DRIVER_ENTRIES(BRIDGE_LOAD_ENTRY)
+#undef BRIDGE_LOAD_ENTRY
+    return BRIDGE_OK;
+}
+
+int bridge_init(const char *path)
+{
+    if (atomic_load(&init_done))
+        return init_status;
+    pthread_mutex_lock(&init_lock);
+    if (!atomic_load(&init_done)) {
+        const char *name = (path && path[0]) ? path : "libcuda.so.1";
+        void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+        int rc = BRIDGE_E_NODRIVER;
+        if (!lib) {
+            const char *e = dlerror();
+            snprintf(load_error, sizeof load_error, "%s", e ? e : "dlopen failed");
+        } else if ((rc = load_entries(lib)) != BRIDGE_OK) {
+            snprintf(load_error, sizeof load_error, "%s lacks a driver entry point the bridge needs (driver too old?)", name);
+        } else {
+            CUresult r = bridge_drv.cuInit(0);
+            if (r != CUDA_SUCCESS) {
+                bridge_note_driver_error(r);
+                const char *en = NULL;
+                if (bridge_drv.cuGetErrorName(r, &en) != CUDA_SUCCESS || !en)
+                    en = "unknown error";
+                snprintf(load_error, sizeof load_error, "cuInit failed: %s (code %d)", en, r);
+                rc = BRIDGE_E_NODRIVER;
+            }
+        }
+        if (rc == BRIDGE_OK) {
+            snprintf(loaded_path, sizeof loaded_path, "%s", name);
+            init_status = BRIDGE_OK;
+            atomic_store(&init_done, 1);
+        } else {
+            /* Leave nothing half-loaded: a later call may try again. */
+            memset(&bridge_drv, 0, sizeof bridge_drv);
+            if (lib)
+                dlclose(lib);
+            init_status = rc;
+        }
+    }
+    int rc = init_status;
+    pthread_mutex_unlock(&init_lock);
+    return rc;
+}
+
+int bridge_initialized(void) { return atomic_load(&init_done); }
+
+int bridge_device_count(int *count)
+{
+    *count = 0;
+    if (!atomic_load(&init_done))
+        return BRIDGE_E_NOTINIT;
+    CUresult r = bridge_drv.cuDeviceGetCount(count);
+    if (r == CUDA_ERROR_NO_DEVICE) {
+        *count = 0;
+        return BRIDGE_OK;
+    }
+    return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
+}
+
+int bridge_driver_version(int *version)
+{
+    *version = 0;
+    if (!atomic_load(&init_done))
+        return BRIDGE_E_NOTINIT;
+    CUresult r = bridge_drv.cuDriverGetVersion(version);
+    return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
+}
+
+int bridge_current_device(int *device)
+{
+    *device = 0;
+    if (!atomic_load(&init_done))
+        return BRIDGE_E_NOTINIT;
+    CUcontext ctx = NULL;
+    if (bridge_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return BRIDGE_OK;
+    CUdevice dev = 0;
+    if (bridge_drv.cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+        *device = dev;
+    return BRIDGE_OK;
+}

@@ -1,0 +1,98 @@
+/* driver.h: the CUDA driver entry points the core uses, loaded at run time.
+ *
+ * No CUDA toolkit is needed to build: the types below are the driver API's
+ * (opaque handles and plain integers) and every entry point is looked up by
+ * its exact exported name in libcuda.so.1, names that CUDA 12 and 13 drivers
+ * both export, so one build runs on either.
+ */
+#ifndef BRIDGE_DRIVER_H
+#define BRIDGE_DRIVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUevent;
+typedef void *CUmemoryPool;
+typedef unsigned long long CUdeviceptr;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_NOT_SUPPORTED 801
+
+#define CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 115
+
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH 6
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
+#define CU_MEMPOOL_ATTR_USED_MEM_HIGH 8
+
+#define CU_STREAM_NON_BLOCKING 1
+#define CU_EVENT_DISABLE_TIMING 2
+#define CU_STREAM_CAPTURE_STATUS_NONE 0
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+
+/* CUmemAccessDesc: a location (type, id) and the access flags. */
+typedef struct {
+    int type; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+    int id;
+} bridge_CUmemLocation;
+typedef struct {
+    bridge_CUmemLocation location;
+    int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
+} bridge_CUmemAccessDesc;
+
+/* The table of entry points.  X(name, return, args) */
+#define BRIDGE_DRIVER_ENTRIES(X)                                               \
+    X(cuInit, (unsigned int flags))                                            \
+    X(cuDriverGetVersion, (int *version))                                      \
+    X(cuGetErrorName, (CUresult error, const char **str))                      \
+    X(cuDeviceGetCount, (int *count))                                          \
+    X(cuDeviceGet, (CUdevice * dev, int ordinal))                              \
+    X(cuDeviceGetAttribute, (int *pi, int attrib, CUdevice dev))               \
+    X(cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev))                     \
+    X(cuDeviceCanAccessPeer, (int *can, CUdevice dev, CUdevice peer))          \
+    X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))              \
+    X(cuCtxGetCurrent, (CUcontext * pctx))                                     \
+    X(cuCtxSetCurrent, (CUcontext ctx))                                        \
+    X(cuCtxSynchronize, (void))                                                \
+    X(cuCtxGetDevice, (CUdevice * dev))                                        \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool * pool, CUdevice dev))          \
+    X(cuMemPoolGetAttribute, (CUmemoryPool pool, int attr, void *value))       \
+    X(cuMemPoolSetAttribute, (CUmemoryPool pool, int attr, void *value))       \
+    X(cuMemPoolTrimTo, (CUmemoryPool pool, size_t keep))                       \
+    X(cuMemPoolSetAccess,                                                      \
+      (CUmemoryPool pool, const bridge_CUmemAccessDesc *map, size_t count))    \
+    X(cuMemAllocFromPoolAsync,                                                 \
+      (CUdeviceptr * dptr, size_t size, CUmemoryPool pool, CUstream stream))   \
+    X(cuMemFreeAsync, (CUdeviceptr dptr, CUstream stream))                     \
+    X(cuStreamCreate, (CUstream * stream, unsigned int flags))                 \
+    X(cuStreamSynchronize, (CUstream stream))                                  \
+    X(cuStreamIsCapturing, (CUstream stream, int *status))                     \
+    X(cuStreamWaitEvent, (CUstream stream, CUevent event, unsigned int flags)) \
+    X(cuEventCreate, (CUevent * event, unsigned int flags))                    \
+    X(cuEventRecord, (CUevent event, CUstream stream))                         \
+    X(cuEventDestroy_v2, (CUevent event))                                      \
+    X(cuThreadExchangeStreamCaptureMode, (int *mode))
+
+#define BRIDGE_DECLARE_ENTRY(name, args) CUresult(*name) args;
+typedef struct bridge_driver {
+    BRIDGE_DRIVER_ENTRIES(BRIDGE_DECLARE_ENTRY)
+} bridge_driver;
+#undef BRIDGE_DECLARE_ENTRY
+
+/* Filled by bridge_init; read-only afterwards. */
+extern bridge_driver bridge_drv;
+
+/* Remember a failing driver result for diagnostics; returns it unchanged. */
+CUresult bridge_note_driver_error(CUresult r);
+
+#endif /* BRIDGE_DRIVER_H */

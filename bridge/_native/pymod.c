@@ -1,0 +1,718 @@
+/* pymod.c: the Python face of the core, module bridge._core.
+ *
+ * Thin wrappers that return status codes (bridge/_errors.py turns them into
+ * exceptions), plus two types for CuPy's hot path:
+ *   Block          the C-level owner of one allocation; its dealloc frees it
+ *                  (no Python __del__ involved).
+ *   CupyAllocator  the callable handed to cupy.cuda.set_allocator: asks CuPy
+ *                  for the device and stream, allocates without the GIL and
+ *                  wraps the block in cupy's UnownedMemory + MemoryPointer.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include "bridge.h"
+
+/* ---- Block ---- */
+typedef struct {
+    PyObject_HEAD
+    void *ptr;
+    size_t size;
+    int device;
+} Block;
+
+static void Block_dealloc(Block *self)
+{
+    void *p = self->ptr;
+    self->ptr = NULL;
+    if (p) {
+        Py_BEGIN_ALLOW_THREADS
+        bridge_free(p); /* never fails: counts what went wrong */
+        Py_END_ALLOW_THREADS
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Block_get_ptr(Block *self, void *c)
+{
+    (void)c;
+    return PyLong_FromVoidPtr(self->ptr);
+}
+
+static PyObject *Block_repr(Block *self)
+{
+    return PyUnicode_FromFormat("<bridge block 0x%zx, %zu bytes, device %d>",
+                                (size_t)self->ptr, self->size, self->device);
+}
+
+static PyMemberDef Block_members[] = {
+    {"size", T_PYSSIZET, offsetof(Block, size), READONLY, "bytes"},
+    {"device", T_INT, offsetof(Block, device), READONLY, "device ordinal"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef Block_getset[] = {
+    {"ptr", (getter)Block_get_ptr, NULL, "device address", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_dealloc = (destructor)Block_dealloc,
+    .tp_repr = (reprfunc)Block_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One allocation from the shared pool, freed when this object dies.",
+    .tp_members = Block_members,
+    .tp_getset = Block_getset,
+};
+
+static PyObject *block_new(void *ptr, size_t size, int device)
+{
+    Block *b = PyObject_New(Block, &BlockType);
+    if (!b) {
+        Py_BEGIN_ALLOW_THREADS
+        bridge_free(ptr);
+        Py_END_ALLOW_THREADS
+        return NULL;
+    }
+    b->ptr = ptr;
+    b->size = size;
+    b->device = device;
+    return (PyObject *)b;
+}
+
+/* ---- CupyAllocator ---- */
+typedef struct {
+    PyObject_HEAD
+    PyObject *get_device;     /* () -> int: CuPy's current device */
+    PyObject *get_stream;     /* () -> int: CuPy's current stream handle */
+    PyObject *unowned;        /* cupy.cuda.memory.UnownedMemory */
+    PyObject *pointer;        /* cupy.cuda.memory.MemoryPointer */
+    PyObject *on_failure;     /* (size, device, stream, status) -> MemoryPointer or raise */
+    int tag;
+    vectorcallfunc vectorcall;
+} CupyAllocator;
+
+static int CupyAllocator_traverse(CupyAllocator *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->get_device);
+    Py_VISIT(self->get_stream);
+    Py_VISIT(self->unowned);
+    Py_VISIT(self->pointer);
+    Py_VISIT(self->on_failure);
+    return 0;
+}
+
+static int CupyAllocator_clear(CupyAllocator *self)
+{
+    Py_CLEAR(self->get_device);
+    Py_CLEAR(self->get_stream);
+    Py_CLEAR(self->unowned);
+    Py_CLEAR(self->pointer);
+    Py_CLEAR(self->on_failure);
+    return 0;
+}
+
+static void CupyAllocator_dealloc(CupyAllocator *self)
+{
+    PyObject_GC_UnTrack(self);
+    CupyAllocator_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Wrap a block as cupy's MemoryPointer(UnownedMemory(ptr, size, block, dev), 0). */
+static PyObject *wrap_block(CupyAllocator *self, PyObject *block, void *ptr, size_t size, int dev)
+{
+    PyObject *args[5] = {NULL};
+    PyObject *mem = NULL, *out = NULL;
+    args[1] = PyLong_FromVoidPtr(ptr);
+    args[2] = PyLong_FromSize_t(size);
+    args[3] = block;
+    args[4] = PyLong_FromLong(dev);
+    if (args[1] && args[2] && args[4])
+        mem = PyObject_Vectorcall(self->unowned, args + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_XDECREF(args[1]);
+    Py_XDECREF(args[2]);
+    Py_XDECREF(args[4]);
+    if (mem) {
+        PyObject *pargs[3] = {NULL, mem, NULL};
+        pargs[2] = PyLong_FromLong(0);
+        if (pargs[2])
+            out = PyObject_Vectorcall(self->pointer, pargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_XDECREF(pargs[2]);
+        Py_DECREF(mem);
+    }
+    return out;
+}
+
+static PyObject *CupyAllocator_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                          PyObject *kwnames)
+{
+    CupyAllocator *self = (CupyAllocator *)callable;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames) {
+        PyErr_SetString(PyExc_TypeError, "the allocator takes one argument: the size in bytes");
+        return NULL;
+    }
+    size_t size = PyLong_AsSize_t(args[0]);
+    if (size == (size_t)-1 && PyErr_Occurred())
+        return NULL;
+    PyObject *o = PyObject_CallNoArgs(self->get_device);
+    if (!o)
+        return NULL;
+    long dev = PyLong_AsLong(o);
+    Py_DECREF(o);
+    if (dev == -1 && PyErr_Occurred())
+        return NULL;
+    o = PyObject_CallNoArgs(self->get_stream);
+    if (!o)
+        return NULL;
+    void *stream = PyLong_AsVoidPtr(o);
+    Py_DECREF(o);
+    if (!stream && PyErr_Occurred())
+        return NULL;
+    void *ptr = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_alloc((int)dev, size, stream, self->tag, &ptr);
+    Py_END_ALLOW_THREADS
+    if (rc != BRIDGE_OK)
+        return PyObject_CallFunction(self->on_failure, "nlni", (Py_ssize_t)size, dev,
+                                     (Py_ssize_t)(intptr_t)stream, rc);
+    PyObject *block = block_new(ptr, size, (int)dev);
+    if (!block)
+        return NULL;
+    PyObject *out = wrap_block(self, block, ptr, size, (int)dev);
+    Py_DECREF(block);
+    return out;
+}
+
+static PyObject *CupyAllocator_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"get_device", "get_stream", "unowned_memory", "memory_pointer",
+                            "on_failure", "tag", NULL};
+    PyObject *gd, *gs, *um, *mp, *of;
+    int tag = BRIDGE_TAG_CUPY;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|i", names, &gd, &gs, &um, &mp, &of, &tag))
+        return NULL;
+    if (tag < 0 || tag >= BRIDGE_NTAGS) {
+        PyErr_Format(PyExc_ValueError, "tag must be in [0, %d), got %d", BRIDGE_NTAGS, tag);
+        return NULL;
+    }
+    CupyAllocator *self = (CupyAllocator *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    Py_INCREF(gd);
+    Py_INCREF(gs);
+    Py_INCREF(um);
+    Py_INCREF(mp);
+    Py_INCREF(of);
+    self->get_device = gd;
+    self->get_stream = gs;
+    self->unowned = um;
+    self->pointer = mp;
+    self->on_failure = of;
+    self->tag = tag;
+    self->vectorcall = CupyAllocator_vectorcall;
+    return (PyObject *)self;
+}
+
+static PyObject *CupyAllocator_wrap(CupyAllocator *self, PyObject *args)
+{
+    /* wrap(ptr, size, device): used by the recovery path after a retry */
+    PyObject *blockobj;
+    if (!PyArg_ParseTuple(args, "O!", &BlockType, &blockobj))
+        return NULL;
+    Block *b = (Block *)blockobj;
+    return wrap_block(self, blockobj, b->ptr, b->size, b->device);
+}
+
+static PyMethodDef CupyAllocator_methods[] = {
+    {"wrap", (PyCFunction)CupyAllocator_wrap, METH_VARARGS, "Wrap a Block as a MemoryPointer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CupyAllocatorType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.CupyAllocator",
+    .tp_basicsize = sizeof(CupyAllocator),
+    .tp_dealloc = (destructor)CupyAllocator_dealloc,
+    .tp_vectorcall_offset = offsetof(CupyAllocator, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "CuPy allocator on the shared pool: call with a size, get a MemoryPointer.",
+    .tp_traverse = (traverseproc)CupyAllocator_traverse,
+    .tp_clear = (inquiry)CupyAllocator_clear,
+    .tp_methods = CupyAllocator_methods,
+    .tp_new = CupyAllocator_new,
+};
+
+/* ---- the pressure hook: Python's recovery chain, reached from C ---- */
+static PyObject *pressure_callback; /* (device, size, tag) -> bool */
+
+static int pressure_trampoline(int device, size_t size, int tag)
+{
+    if (!Py_IsInitialized())
+        return 0;
+    int freed = 0;
+    PyGILState_STATE st = PyGILState_Ensure();
+    PyObject *cb = pressure_callback;
+    if (cb) {
+        Py_INCREF(cb);
+        PyObject *r = PyObject_CallFunction(cb, "ini", device, (Py_ssize_t)size, tag);
+        if (r) {
+            freed = PyObject_IsTrue(r) > 0;
+            Py_DECREF(r);
+        } else {
+            PyErr_WriteUnraisable(cb); /* a hook never turns into a crash */
+        }
+        Py_DECREF(cb);
+    }
+    PyGILState_Release(st);
+    return freed;
+}
+
+static PyObject *py_set_pressure_callback(PyObject *m, PyObject *cb)
+{
+    (void)m;
+    if (cb == Py_None) {
+        bridge_set_pressure_hook(NULL);
+        Py_CLEAR(pressure_callback);
+    } else {
+        if (!PyCallable_Check(cb)) {
+            PyErr_SetString(PyExc_TypeError, "the pressure callback must be callable");
+            return NULL;
+        }
+        Py_INCREF(cb);
+        Py_XSETREF(pressure_callback, cb);
+        bridge_set_pressure_hook(pressure_trampoline);
+    }
+    Py_RETURN_NONE;
+}
+
+/* ---- module functions ---- */
+static PyObject *py_init(PyObject *m, PyObject *args)
+{
+    (void)m;
+    const char *path = NULL;
+    if (!PyArg_ParseTuple(args, "|z", &path))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_init(path);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_initialized(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    return PyBool_FromLong(bridge_initialized());
+}
+
+static PyObject *py_device_count(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    int n = 0;
+    int rc = bridge_device_count(&n);
+    return Py_BuildValue("ii", rc, n);
+}
+
+static PyObject *py_driver_version(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    int v = 0;
+    int rc = bridge_driver_version(&v);
+    return Py_BuildValue("ii", rc, v);
+}
+
+static PyObject *py_current_device(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    int d = 0;
+    int rc = bridge_current_device(&d);
+    return Py_BuildValue("ii", rc, d);
+}
+
+static PyObject *py_last_driver_error(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    int code = bridge_last_driver_error();
+    return Py_BuildValue("is", code, code ? bridge_driver_error_name(code) : "CUDA_SUCCESS");
+}
+
+static PyObject *py_loaded_library(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    return PyUnicode_FromString(bridge_loaded_library());
+}
+
+static PyObject *py_load_error(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    return PyUnicode_FromString(bridge_load_error());
+}
+
+static PyObject *py_setup(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    unsigned long long threshold;
+    if (!PyArg_ParseTuple(args, "iK", &dev, &threshold))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_device_setup(dev, threshold);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_ready(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    if (!PyArg_ParseTuple(args, "i", &dev))
+        return NULL;
+    return PyBool_FromLong(bridge_device_ready(dev));
+}
+
+/* f(int) -> status, GIL released */
+#define DEV_CALL(pyname, expr)                                                                     \
+    static PyObject *pyname(PyObject *m, PyObject *args)                                           \
+    {                                                                                              \
+        (void)m;                                                                                   \
+        int dev;                                                                                   \
+        if (!PyArg_ParseTuple(args, "i", &dev))                                                    \
+            return NULL;                                                                           \
+        int rc;                                                                                    \
+        Py_BEGIN_ALLOW_THREADS rc = (expr);                                                        \
+        Py_END_ALLOW_THREADS return PyLong_FromLong(rc);                                           \
+    }
+
+DEV_CALL(py_reassert, bridge_reassert(dev))
+
+static PyObject *py_pool_attribute(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, attr;
+    if (!PyArg_ParseTuple(args, "ii", &dev, &attr))
+        return NULL;
+    uint64_t v = 0;
+    int rc = bridge_pool_attribute(dev, attr, &v);
+    return Py_BuildValue("iK", rc, (unsigned long long)v);
+}
+
+static PyObject *py_trim(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    unsigned long long keep = 0;
+    if (!PyArg_ParseTuple(args, "i|K", &dev, &keep))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_trim(dev, keep);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_grant_peer_access(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, n = 0;
+    if (!PyArg_ParseTuple(args, "i", &dev))
+        return NULL;
+    int rc = bridge_grant_peer_access(dev, &n);
+    return Py_BuildValue("ii", rc, n);
+}
+
+static PyObject *py_set_limit(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    unsigned long long limit;
+    if (!PyArg_ParseTuple(args, "iK", &dev, &limit))
+        return NULL;
+    return PyLong_FromLong(bridge_set_limit(dev, limit));
+}
+
+static PyObject *py_set_tag_limit(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, tag;
+    unsigned long long limit;
+    if (!PyArg_ParseTuple(args, "iiK", &dev, &tag, &limit))
+        return NULL;
+    return PyLong_FromLong(bridge_set_tag_limit(dev, tag, limit));
+}
+
+static PyObject *py_alloc(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, tag;
+    Py_ssize_t size;
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "inKi", &dev, &size, &stream, &tag))
+        return NULL;
+    if (size < 0) {
+        PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
+        return NULL;
+    }
+    void *p = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_alloc(dev, (size_t)size, (void *)(uintptr_t)stream, tag, &p);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
+}
+
+static PyObject *py_alloc_block(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, tag;
+    Py_ssize_t size;
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "inKi", &dev, &size, &stream, &tag))
+        return NULL;
+    if (size < 0) {
+        PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
+        return NULL;
+    }
+    void *p = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_alloc(dev, (size_t)size, (void *)(uintptr_t)stream, tag, &p);
+    Py_END_ALLOW_THREADS
+    if (rc != BRIDGE_OK)
+        return Py_BuildValue("iO", rc, Py_None);
+    PyObject *b = block_new(p, (size_t)size, dev);
+    if (!b)
+        return NULL;
+    return Py_BuildValue("iN", rc, b);
+}
+
+static PyObject *py_free(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long ptr;
+    if (!PyArg_ParseTuple(args, "K", &ptr))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    bridge_free((void *)(uintptr_t)ptr);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_record_stream(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long ptr, stream;
+    if (!PyArg_ParseTuple(args, "KK", &ptr, &stream))
+        return NULL;
+    return PyLong_FromLong(bridge_record_stream((void *)(uintptr_t)ptr, (void *)(uintptr_t)stream));
+}
+
+static PyObject *py_lookup(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long ptr;
+    if (!PyArg_ParseTuple(args, "K", &ptr))
+        return NULL;
+    size_t size = 0;
+    int dev = -1, tag = -1;
+    int rc = bridge_lookup((void *)(uintptr_t)ptr, &size, &dev, &tag);
+    return Py_BuildValue("inii", rc, (Py_ssize_t)size, dev, tag);
+}
+
+static int put(PyObject *d, const char *key, uint64_t v)
+{
+    PyObject *o = PyLong_FromUnsignedLongLong(v);
+    if (!o)
+        return -1;
+    int r = PyDict_SetItemString(d, key, o);
+    Py_DECREF(o);
+    return r;
+}
+
+static PyObject *py_stats(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    if (!PyArg_ParseTuple(args, "i", &dev))
+        return NULL;
+    bridge_stats s;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_get_stats(dev, &s);
+    Py_END_ALLOW_THREADS
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+#define PUT(k) if (put(d, #k, s.k) < 0) goto fail;
+    PUT(limit) PUT(used) PUT(peak_used) PUT(pool_used) PUT(pool_reserved) PUT(pool_used_high)
+    PUT(release_threshold) PUT(total) PUT(num_allocs) PUT(num_frees) PUT(num_ooms)
+    PUT(num_retries) PUT(num_bad_frees) PUT(num_driver_errors) PUT(num_deferred) PUT(graph_bytes)
+#undef PUT
+    {
+        PyObject *tags = PyList_New(BRIDGE_NTAGS);
+        if (!tags)
+            goto fail;
+        for (int i = 0; i < BRIDGE_NTAGS; i++) {
+            bridge_tag_stats *t = &s.tag[i];
+            PyObject *td = Py_BuildValue(
+                "{sKsKsKsKsKsKsKsK}", "current", t->current, "peak", t->peak, "allocated",
+                t->allocated, "freed", t->freed, "num_allocs", t->num_allocs, "num_frees",
+                t->num_frees, "num_ooms", t->num_ooms, "limit", t->limit);
+            if (!td) {
+                Py_DECREF(tags);
+                goto fail;
+            }
+            PyList_SET_ITEM(tags, i, td);
+        }
+        if (PyDict_SetItemString(d, "tags", tags) < 0) {
+            Py_DECREF(tags);
+            goto fail;
+        }
+        Py_DECREF(tags);
+    }
+    return Py_BuildValue("iN", rc, d);
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyObject *py_reset_peak(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, tag = -1;
+    if (!PyArg_ParseTuple(args, "i|i", &dev, &tag))
+        return NULL;
+    return PyLong_FromLong(bridge_reset_peak(dev, tag));
+}
+
+static PyObject *py_reset_accumulated(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, tag = -1;
+    if (!PyArg_ParseTuple(args, "i|i", &dev, &tag))
+        return NULL;
+    return PyLong_FromLong(bridge_reset_accumulated(dev, tag));
+}
+
+static PyObject *py_others(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    if (!PyArg_ParseTuple(args, "i", &dev))
+        return NULL;
+    uint64_t v = 0;
+    int rc = bridge_others(dev, &v);
+    return Py_BuildValue("iK", rc, (unsigned long long)v);
+}
+
+static PyObject *py_live_records(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    return PyLong_FromUnsignedLongLong(bridge_live_records());
+}
+
+static PyObject *py_graph(PyObject *m, PyObject *args)
+{
+    /* graph(op, device, id0, id1): op 0 begin, 1 end, 2 release (tests) */
+    (void)m;
+    int op, dev;
+    unsigned long long a, b;
+    if (!PyArg_ParseTuple(args, "iiKK", &op, &dev, &a, &b))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = op == 0 ? bridge_graph_begin(dev, a, b)
+         : op == 1 ? bridge_graph_end(dev, a, b)
+                   : bridge_graph_release(dev, a, b);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_alloc_graph(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, tag;
+    Py_ssize_t size;
+    unsigned long long a, b;
+    if (!PyArg_ParseTuple(args, "iniKK", &dev, &size, &tag, &a, &b))
+        return NULL;
+    void *p = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_alloc_graph(dev, (size_t)size, tag, a, b, &p);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
+}
+
+static PyMethodDef methods[] = {
+    {"init", py_init, METH_VARARGS, "init(path=None) -> status: load the driver."},
+    {"initialized", py_initialized, METH_NOARGS, "Whether the driver is loaded."},
+    {"device_count", py_device_count, METH_NOARGS, "-> (status, count)"},
+    {"driver_version", py_driver_version, METH_NOARGS, "-> (status, version)"},
+    {"current_device", py_current_device, METH_NOARGS, "-> (status, device of the current context)"},
+    {"last_driver_error", py_last_driver_error, METH_NOARGS, "-> (code, name)"},
+    {"loaded_library", py_loaded_library, METH_NOARGS, "The driver library in use."},
+    {"load_error", py_load_error, METH_NOARGS, "Why loading the driver failed."},
+    {"setup", py_setup, METH_VARARGS, "setup(device, release_threshold) -> status"},
+    {"ready", py_ready, METH_VARARGS, "ready(device) -> bool"},
+    {"reassert", py_reassert, METH_VARARGS, "reassert(device) -> status"},
+    {"pool_attribute", py_pool_attribute, METH_VARARGS, "pool_attribute(device, attr) -> (status, value)"},
+    {"trim", py_trim, METH_VARARGS, "trim(device, keep=0) -> status"},
+    {"grant_peer_access", py_grant_peer_access, METH_VARARGS, "-> (status, peers granted)"},
+    {"set_limit", py_set_limit, METH_VARARGS, "set_limit(device, bytes) -> status"},
+    {"set_tag_limit", py_set_tag_limit, METH_VARARGS, "set_tag_limit(device, tag, bytes) -> status"},
+    {"alloc", py_alloc, METH_VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)"},
+    {"alloc_block", py_alloc_block, METH_VARARGS, "alloc_block(device, size, stream, tag) -> (status, Block|None)"},
+    {"free", py_free, METH_VARARGS, "free(ptr): never raises"},
+    {"record_stream", py_record_stream, METH_VARARGS, "record_stream(ptr, stream) -> status"},
+    {"lookup", py_lookup, METH_VARARGS, "lookup(ptr) -> (status, size, device, tag)"},
+    {"stats", py_stats, METH_VARARGS, "stats(device) -> (status, dict)"},
+    {"reset_peak", py_reset_peak, METH_VARARGS, "reset_peak(device, tag=-1) -> status"},
+    {"reset_accumulated", py_reset_accumulated, METH_VARARGS, "reset_accumulated(device, tag=-1) -> status"},
+    {"others", py_others, METH_VARARGS, "others(device) -> (status, bytes)"},
+    {"live_records", py_live_records, METH_NOARGS, "Live allocations, every device."},
+    {"graph", py_graph, METH_VARARGS, "graph(op, device, id0, id1) -> status"},
+    {"alloc_graph", py_alloc_graph, METH_VARARGS, "alloc_graph(device, size, tag, id0, id1) -> (status, ptr)"},
+    {"set_pressure_callback", py_set_pressure_callback, METH_O, "Set the recovery hook (or None)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "bridge._core",
+    "The compiled core of bridge: driver, ledger, allocation.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    if (PyType_Ready(&BlockType) < 0 || PyType_Ready(&CupyAllocatorType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m)
+        return NULL;
+    Py_INCREF(&BlockType);
+    Py_INCREF(&CupyAllocatorType);
+    if (PyModule_AddObject(m, "Block", (PyObject *)&BlockType) < 0 ||
+        PyModule_AddObject(m, "CupyAllocator", (PyObject *)&CupyAllocatorType) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_DEVICES", BRIDGE_MAX_DEVICES) < 0 ||
+        PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
+        PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
+        PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

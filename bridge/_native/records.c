@@ -1,0 +1,157 @@
+/* records.c: sharded open-addressing table of live allocations. */
+#include "records.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NSHARDS 64 /* power of two */
+#define EMPTY ((uintptr_t)0)
+#define TOMB ((uintptr_t)1)
+
+typedef struct shard {
+    pthread_mutex_t lock;
+    record *slots;  /* cap entries; NULL until the first insert */
+    size_t cap;     /* power of two, or 0 */
+    size_t count;   /* live records */
+    size_t tombs;   /* tombstones; count + tombs <= cap / 2 after an insert */
+} shard;
+
+static shard shards[NSHARDS] = {
+#define S1 {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0}
+#define S4 S1, S1, S1, S1
+#define S16 S4, S4, S4, S4
+    S16, S16, S16, S16
+#undef S16
+#undef S4
+#undef S1
+};
+
+static inline uint64_t mix(uintptr_t p)
+{
+    /* Pool pointers are aligned: drop the low bits, then Fibonacci hashing. */
+    return ((uint64_t)p >> 8) * 0x9E3779B97F4A7C15ull;
+}
+
+static inline shard *shard_of(uint64_t h) { return &shards[h >> 58 & (NSHARDS - 1)]; }
+
+/* Slot of ptr in s, or of the first free slot on its probe path (insert). */
+static record *probe(shard *s, uintptr_t ptr, uint64_t h, int for_insert)
+{
+    size_t mask = s->cap - 1;
+    record *first_tomb = NULL;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        record *r = &s->slots[i];
+        if (r->ptr == ptr)
+            return r;
+        if (r->ptr == TOMB) {
+            if (!first_tomb)
+                first_tomb = r;
+        } else if (r->ptr == EMPTY) {
+            if (!for_insert)
+                return NULL;
+            return first_tomb ? first_tomb : r;
+        }
+    }
+}
+
+static int grow(shard *s)
+{
+    size_t ncap = s->cap ? s->cap : 64;
+    while ((s->count + 1) * 4 > ncap) /* keep live records under 1/4 */
+        ncap *= 2;
+    record *slots = calloc(ncap, sizeof *slots);
+    if (!slots)
+        return -1;
+    record *old = s->slots;
+    size_t ocap = s->cap;
+    s->slots = slots;
+    s->cap = ncap;
+    s->tombs = 0;
+    for (size_t i = 0; i < ocap; i++)
+        if (old[i].ptr > TOMB)
+            *probe(s, old[i].ptr, mix(old[i].ptr), 1) = old[i];
+    free(old);
+    return 0;
+}
+
+int records_insert(const record *r)
+{
+    uint64_t h = mix(r->ptr);
+    shard *s = shard_of(h);
+    pthread_mutex_lock(&s->lock);
+    if ((s->count + s->tombs + 1) * 2 > s->cap && grow(s) != 0) {
+        pthread_mutex_unlock(&s->lock);
+        return -1;
+    }
+    record *slot = probe(s, r->ptr, h, 1);
+    if (slot->ptr == TOMB)
+        s->tombs--;
+    *slot = *r;
+    s->count++;
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+int records_take(uintptr_t ptr, record *out)
+{
+    if (ptr <= TOMB)
+        return -1;
+    uint64_t h = mix(ptr);
+    shard *s = shard_of(h);
+    pthread_mutex_lock(&s->lock);
+    record *slot = s->cap ? probe(s, ptr, h, 0) : NULL;
+    if (!slot) {
+        pthread_mutex_unlock(&s->lock);
+        return -1;
+    }
+    *out = *slot;
+    memset(slot, 0, sizeof *slot);
+    slot->ptr = TOMB;
+    s->count--;
+    s->tombs++;
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+int records_update(uintptr_t ptr, int (*fn)(record *r, void *arg), void *arg)
+{
+    if (ptr <= TOMB)
+        return -1;
+    uint64_t h = mix(ptr);
+    shard *s = shard_of(h);
+    pthread_mutex_lock(&s->lock);
+    record *slot = s->cap ? probe(s, ptr, h, 0) : NULL;
+    int rc = slot ? fn(slot, arg) : -1;
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+void records_sweep(int (*fn)(record *r, void *arg), void *arg)
+{
+    for (int k = 0; k < NSHARDS; k++) {
+        shard *s = &shards[k];
+        pthread_mutex_lock(&s->lock);
+        for (size_t i = 0; i < s->cap; i++) {
+            record *r = &s->slots[i];
+            if (r->ptr > TOMB && fn(r, arg)) {
+                memset(r, 0, sizeof *r);
+                r->ptr = TOMB;
+                s->count--;
+                s->tombs++;
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+}
+
+uint64_t records_count(void)
+{
+    uint64_t n = 0;
+    for (int k = 0; k < NSHARDS; k++) {
+        pthread_mutex_lock(&shards[k].lock);
+        n += shards[k].count;
+        pthread_mutex_unlock(&shards[k].lock);
+    }
+    return n;
+}

@@ -1,0 +1,45 @@
+/* records.h: the table of live allocations (records.c).
+ *
+ * Every pointer the core hands out has one record until it is freed; a free
+ * of a pointer without a record is a double free or a foreign pointer.  The
+ * table is split into shards, each an open-addressing hash table under its own
+ * mutex, so threads freeing different pointers rarely meet.
+ */
+#ifndef BRIDGE_RECORDS_H
+#define BRIDGE_RECORDS_H
+
+#include <stdint.h>
+
+#include "driver.h"
+
+/* record flags */
+#define REC_GRAPH 1u        /* owned by a captured graph until it is released */
+#define REC_USER_FREED 2u   /* graph block the user has freed (memory kept) */
+
+typedef struct record {
+    uintptr_t ptr;      /* key; 0 = empty slot, 1 = tombstone */
+    uint64_t size;      /* bytes, as requested */
+    CUstream stream;    /* the allocating stream; frees are ordered on it */
+    int32_t device;
+    uint8_t tag;        /* enum bridge_tag */
+    uint8_t flags;      /* REC_* */
+    uint16_t nrec;      /* streams recorded against the block (recs[]) */
+    CUstream *recs;     /* malloc'd, nrec entries; NULL when nrec == 0 */
+    uint64_t graph0, graph1; /* graph pool id when REC_GRAPH */
+} record;
+
+/* Insert a record (ptr must not be present).  0 on success, -1 when the host
+ * is out of memory. */
+int records_insert(const record *r);
+/* Remove the record of ptr into *out.  0 when found, -1 when unknown. */
+int records_take(uintptr_t ptr, record *out);
+/* Call fn on the record of ptr under its shard's lock; fn may change it (not
+ * its key).  Returns fn's result, or -1 when unknown. */
+int records_update(uintptr_t ptr, int (*fn)(record *r, void *arg), void *arg);
+/* Visit every record; fn returns 1 to remove the record (copied to the visitor
+ * first), 0 to keep it.  Used by rare paths only (graph release). */
+void records_sweep(int (*fn)(record *r, void *arg), void *arg);
+/* Number of live records (diagnostics and tests). */
+uint64_t records_count(void);
+
+#endif

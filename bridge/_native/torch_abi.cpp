@@ -1,0 +1,163 @@
+// torch_abi.cpp: the entry points torch's CUDAPluggableAllocator calls.
+//
+// torch calls these from C++ on any thread, the autograd thread included, with
+// or without the GIL; nothing here touches Python.  An allocation that cannot
+// be satisfied throws std::runtime_error whose message starts with
+// "CUDA out of memory." (torch turns it into a RuntimeError with that message
+// and keeps working; accelerate-style OOM handlers match on that prefix).  The
+// throw starts here, in C++, never unwinding through the C core.  The graph
+// hooks have the exact types torch's set_begin_allocate_to_pool & co. cast to.
+#include <cinttypes>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bridge.h"
+
+struct CUstream_st; // cudaStream_t is CUstream_st*
+using MempoolId = std::pair<unsigned long long, unsigned long long>;
+using StreamFilter = std::function<bool(CUstream_st *)>;
+
+namespace {
+
+// ---- captures torch announced (begin_allocate_to_pool .. end) ----
+struct Capture {
+    int device;
+    MempoolId id;
+    StreamFilter filter; // true for streams capturing into this pool
+};
+std::mutex capture_mu;
+std::vector<Capture> captures; // under capture_mu
+
+// The capture that claims `stream`, if any.
+bool route_to_graph(int device, void *stream, MempoolId *id)
+{
+    std::lock_guard<std::mutex> lock(capture_mu);
+    for (const Capture &c : captures) {
+        if (c.device == device && c.filter && c.filter(static_cast<CUstream_st *>(stream))) {
+            *id = c.id;
+            return true;
+        }
+    }
+    return false;
+}
+
+std::string gib(uint64_t bytes)
+{
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1u << 30));
+    return buf;
+}
+
+[[noreturn]] void throw_failure(int rc, size_t size, int device)
+{
+    bridge_stats s;
+    bridge_get_stats(device, &s);
+    uint64_t others = 0;
+    bridge_others(device, &others);
+    std::string msg;
+    if (rc == BRIDGE_E_DRIVER || rc == BRIDGE_E_DEVICE || rc == BRIDGE_E_NOTINIT) {
+        int code = bridge_last_driver_error();
+        msg = "CUDA error: bridge could not allocate " + std::to_string(size) + " bytes on device " +
+              std::to_string(device) + " (" + bridge_driver_error_name(code) + ", code " +
+              std::to_string(code) + ")";
+        throw std::runtime_error(msg);
+    }
+    msg = "CUDA out of memory. Tried to allocate " + gib(size) + " (" + std::to_string(size) +
+          " bytes) on device " + std::to_string(device) + ". ";
+    if (rc == BRIDGE_E_TAG_LIMIT)
+        msg += "torch's share is capped at " + gib(s.tag[BRIDGE_TAG_TORCH].limit) +
+               " by torch.cuda.set_per_process_memory_fraction. ";
+    else if (rc == BRIDGE_E_BUDGET)
+        msg += "The bridge budget is " + gib(s.limit) + ". ";
+    else
+        msg += "The device is full (" + gib(s.total) + " in all; bridge budget " +
+               (s.limit ? gib(s.limit) : std::string("none")) + "). ";
+    msg += "In use: torch " + gib(s.tag[BRIDGE_TAG_TORCH].current) + ", cupy " +
+           gib(s.tag[BRIDGE_TAG_CUPY].current) + ", other bridge users " +
+           gib(s.tag[BRIDGE_TAG_OTHER].current) + ", jax and others outside the bridge " +
+           gib(others) + ", pool reserved " + gib(s.pool_reserved) +
+           ". Free tensors or arrays you no longer need, lower the batch size, or raise the "
+           "budget (bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT).";
+    throw std::runtime_error(msg);
+}
+
+} // namespace
+
+extern "C" {
+
+// fast path: one atomic load, then bridge_alloc (no lock taken here)
+void *bridge_torch_alloc(size_t size, int device, void *stream)
+{
+    void *p = nullptr;
+    int rc;
+    MempoolId id;
+    if (bridge_captures_active(device) && route_to_graph(device, stream, &id))
+        rc = bridge_alloc_graph(device, size, BRIDGE_TAG_TORCH, id.first, id.second, &p);
+    else
+        rc = bridge_alloc(device, size, stream, BRIDGE_TAG_TORCH, &p);
+    if (rc != BRIDGE_OK)
+        throw_failure(rc, size, device);
+    return p;
+}
+
+void bridge_torch_free(void *ptr, size_t, int, void *) { bridge_free(ptr); }
+
+void bridge_torch_init(int) {}
+
+// torch.cuda.empty_cache(): idle pool memory of every device goes back.
+void bridge_torch_empty_cache(void)
+{
+    for (int d = 0; d < BRIDGE_MAX_DEVICES; d++)
+        if (bridge_device_ready(d))
+            bridge_trim(d, 0);
+}
+
+// torch.cuda.set_per_process_memory_fraction(f, device): torch's own cap.
+void bridge_torch_memory_fraction(double fraction, int device)
+{
+    bridge_stats s;
+    if (bridge_get_stats(device, &s) != BRIDGE_OK)
+        return;
+    uint64_t cap = fraction >= 1.0 ? 0 : static_cast<uint64_t>(fraction * static_cast<double>(s.total));
+    bridge_set_tag_limit(device, BRIDGE_TAG_TORCH, cap);
+}
+
+void bridge_torch_record_stream(void *ptr, CUstream_st *stream)
+{
+    bridge_record_stream(ptr, stream);
+}
+
+void bridge_torch_begin_allocate_to_pool(int device, MempoolId id, StreamFilter filter)
+{
+    {
+        std::lock_guard<std::mutex> lock(capture_mu);
+        captures.push_back(Capture{device, id, std::move(filter)});
+    }
+    bridge_graph_begin(device, id.first, id.second);
+}
+
+void bridge_torch_end_allocate_to_pool(int device, MempoolId id)
+{
+    {
+        std::lock_guard<std::mutex> lock(capture_mu);
+        for (auto it = captures.begin(); it != captures.end(); ++it) {
+            if (it->device == device && it->id == id) {
+                captures.erase(it);
+                break;
+            }
+        }
+    }
+    bridge_graph_end(device, id.first, id.second);
+}
+
+void bridge_torch_release_pool(int device, MempoolId id)
+{
+    bridge_graph_release(device, id.first, id.second);
+}
+
+} // extern "C"

@@ -1,0 +1,110 @@
+"""The driver and devices of this process: loaded once, set up once per device."""
+
+from __future__ import annotations
+
+__all__ = ["core", "ensure_driver", "device_count", "ensure_device", "resolve_devices",
+           "current_device", "DRIVER_LIBRARY_ENV", "MAX_THRESHOLD"]
+
+import os
+import threading
+from typing import Iterable, Union
+
+from bridge._errors import BridgeError, Status, check
+from bridge.budget import GPU_LIMIT_ENV, size_from_env
+
+DRIVER_LIBRARY_ENV = "BRIDGE_CUDA_LIBRARY"  # another libcuda (the tests' stand-in)
+MAX_THRESHOLD = 2**64 - 1                   # the pool keeps what it has until trimmed
+
+_lock = threading.RLock()
+_release_threshold = MAX_THRESHOLD
+
+try:
+    from bridge import _core as core
+except ImportError as exc:  # pragma: no cover - a broken install
+    raise ImportError(
+        "bridge's compiled core (bridge._core) is missing: reinstall with "
+        "`pip install -e .` from the source tree, which builds it with the C compiler.") from exc
+
+DeviceArg = Union[int, Iterable[int], None]
+
+
+def ensure_driver() -> None:
+    """Load the CUDA driver (once). Raises BridgeError when there is none."""
+    if core.initialized():
+        return
+    rc = core.init(os.environ.get(DRIVER_LIBRARY_ENV) or None)
+    check(rc, what="bridge could not start")
+
+
+def device_count() -> int:
+    """Number of visible CUDA devices (loads the driver)."""
+    ensure_driver()
+    rc, n = core.device_count()
+    check(rc, what="counting CUDA devices")
+    return int(n)
+
+
+def _no_gpu() -> BridgeError:
+    return BridgeError("bridge found no CUDA device: the driver loaded but reports 0 GPUs. "
+                       "Check CUDA_VISIBLE_DEVICES and `nvidia-smi`.")
+
+
+def resolve_devices(device: DeviceArg) -> list[int]:
+    """``None`` -> every visible device; an int or a list of ints -> those, checked."""
+    n = device_count()
+    if n == 0:
+        raise _no_gpu()
+    if device is None:
+        return list(range(n))
+    if isinstance(device, bool):
+        raise ValueError(f"device={device!r}: pass an int or a list of ints")
+    devices = [device] if isinstance(device, int) else list(device)
+    for d in devices:
+        if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d < n:
+            raise ValueError(f"device={device!r}: every device must be an int in [0, {n})")
+    return sorted(set(devices))
+
+
+def current_device() -> int:
+    """The device of the calling thread's current CUDA context (0 when none)."""
+    ensure_driver()
+    rc, d = core.current_device()
+    check(rc, what="reading the current device")
+    return int(d)
+
+
+def ensure_device(device: int) -> None:
+    """Set a device's pool up once: primary context, default pool, threshold, env budget."""
+    if core.ready(device):
+        return
+    with _lock:
+        if core.ready(device):
+            return
+        if not 0 <= device < device_count():
+            raise ValueError(f"device={device}: no such CUDA device (there are {device_count()})")
+        check(core.setup(device, _release_threshold), what="setting up the pool", device=device)
+        rc, stats = core.stats(device)
+        check(rc, what="reading the pool", device=device)
+        limit = size_from_env(GPU_LIMIT_ENV, total=stats["total"])
+        if limit is not None:
+            check(core.set_limit(device, limit), what="setting the budget", device=device)
+
+
+def set_release_threshold(threshold: int) -> None:
+    """The release threshold every device's pool is (re)set to."""
+    global _release_threshold
+    if not 0 <= threshold <= MAX_THRESHOLD:
+        raise ValueError(f"release_threshold={threshold}: must be in [0, 2**64)")
+    with _lock:
+        _release_threshold = threshold
+        for d in range(core.MAX_DEVICES):
+            if core.ready(d):
+                check(core.setup(d, threshold), what="setting the release threshold", device=d)
+
+
+def release_threshold() -> int:
+    return _release_threshold
+
+
+def status_name(rc: int) -> str:
+    return Status(rc).name

@@ -1,0 +1,265 @@
+"""The shared pool of a device, with the seed's CuPy pool API, and its figures."""
+
+from __future__ import annotations
+
+__all__ = ["Pool", "Stats", "pool", "stats", "register_attribution"]
+
+import dataclasses
+import threading
+from typing import Callable, Optional
+
+from bridge import _runtime
+from bridge._errors import check, format_bytes
+from bridge._runtime import core
+from bridge.budget import parse_size
+
+FRAMEWORKS = ("cupy", "torch", "jax", "other")
+_TAG_NAMES = ("other", "cupy", "torch")
+
+# name -> fn(device) giving that framework's live bytes outside the ledger
+# (JAX's memory_stats), or None when it cannot tell.
+_attribution: dict[str, Callable[[int], Optional[int]]] = {}
+_attribution_lock = threading.Lock()
+
+
+def register_attribution(name: str, fn: Callable[[int], Optional[int]]) -> None:
+    """An adapter's way to say how many pool bytes its framework holds."""
+    with _attribution_lock:
+        _attribution[name] = fn
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """A snapshot of one device's shared pool.
+
+    Attributes
+    ----------
+    device : int
+    limit : int
+        The budget in bytes; 0 = no limit.
+    used : int
+        Bytes in use in the pool by every framework (the driver's
+        ``USED_MEM_CURRENT``): what the budget is checked against.
+    reserved : int
+        Bytes the pool holds from the driver (used + idle, ``RESERVED_MEM_CURRENT``).
+    peak_used : int
+        Highest ``used`` seen by the driver (``USED_MEM_HIGH``).
+    num_allocs : int
+        Allocations made through the bridge.
+    num_ooms : int
+        Allocations the bridge refused (budget or device full).
+    by_framework : dict[str, int]
+        Live bytes per framework: ``cupy`` and ``torch`` from the ledger,
+        ``jax`` from JAX's own figures (or, when JAX shares the pool and has
+        none, what the pool holds beyond the ledger), ``other`` the rest.
+    ledger : int
+        Bytes the bridge counts against the budget itself (its allocations,
+        graph blocks kept for replay, frees waiting for a capture to end).
+    ledger_peak : int
+        Highest ``ledger`` since the last reset; never above the budget.
+    total : int
+        The device's memory.
+    release_threshold : int
+        Idle bytes the pool keeps across synchronizations.
+    num_frees, num_retries, num_bad_frees, num_driver_errors : int
+        Frees; allocations that succeeded after recovery; frees of unknown
+        pointers or double frees (ignored); driver errors seen on free paths.
+    """
+
+    device: int
+    limit: int
+    used: int
+    reserved: int
+    peak_used: int
+    num_allocs: int
+    num_ooms: int
+    by_framework: dict[str, int]
+    ledger: int = 0
+    ledger_peak: int = 0
+    total: int = 0
+    release_threshold: int = 0
+    num_frees: int = 0
+    num_retries: int = 0
+    num_bad_frees: int = 0
+    num_driver_errors: int = 0
+    tags: tuple = ()
+
+    def as_dict(self) -> dict:
+        """The snapshot as plain data (for JSON)."""
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        fw = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.by_framework.items())
+        lim = format_bytes(self.limit) if self.limit else "none"
+        return (f"device {self.device}: used {format_bytes(self.used)} of budget {lim} "
+                f"(reserved {format_bytes(self.reserved)}, peak {format_bytes(self.peak_used)}, "
+                f"total {format_bytes(self.total)}); {fw}")
+
+
+def _device(device: Optional[int]) -> int:
+    d = _runtime.current_device() if device is None else device
+    if isinstance(d, bool) or not isinstance(d, int):
+        raise ValueError(f"device={device!r}: pass an int")
+    _runtime.ensure_device(d)
+    return d
+
+
+def _raw(device: int) -> dict:
+    rc, raw = core.stats(device)
+    check(rc, what="reading the pool figures", device=device)
+    return raw
+
+
+def _snapshot(device: int) -> Stats:
+    raw = _raw(device)
+    tags = raw["tags"]
+    rc, outside = core.others(device)
+    check(rc, what="reading the pool figures", device=device)
+    with _attribution_lock:
+        jax_fn = _attribution.get("jax")
+    jax = None
+    if jax_fn is not None:
+        try:
+            jax = jax_fn(device)
+        except Exception:  # noqa: BLE001 - figures never fail because of a framework
+            jax = None
+        if jax is None:
+            jax = outside
+    jax = min(int(jax or 0), outside)
+    by = {
+        "cupy": int(tags[1]["current"]),
+        "torch": int(tags[2]["current"]),
+        "jax": jax,
+        "other": int(tags[0]["current"]) + max(0, outside - jax),
+    }
+    return Stats(
+        device=device, limit=raw["limit"], used=raw["pool_used"],
+        reserved=raw["pool_reserved"], peak_used=raw["pool_used_high"],
+        num_allocs=raw["num_allocs"], num_ooms=raw["num_ooms"], by_framework=by,
+        ledger=raw["used"], ledger_peak=raw["peak_used"], total=raw["total"],
+        release_threshold=raw["release_threshold"], num_frees=raw["num_frees"],
+        num_retries=raw["num_retries"], num_bad_frees=raw["num_bad_frees"],
+        num_driver_errors=raw["num_driver_errors"],
+        tags=tuple(dict(t, name=n) for n, t in zip(_TAG_NAMES, tags)),
+    )
+
+
+def stats(device: Optional[int] = None) -> Stats:
+    """A snapshot of a device's shared pool.
+
+    Parameters
+    ----------
+    device : int, optional
+        The device; the current one when None.
+
+    Returns
+    -------
+    Stats
+
+    Raises
+    ------
+    BridgeError
+        When there is no CUDA driver or device.
+    """
+    return _snapshot(_device(device))
+
+
+class Pool:
+    """The shared (driver default) pool of one device, with CuPy's pool API.
+
+    Figures are pool-wide: they count every framework that allocates from it.
+    """
+
+    def __init__(self, device: int) -> None:
+        self._device = _device(device)
+
+    @property
+    def device(self) -> int:
+        """The device this pool belongs to."""
+        return self._device
+
+    def used_bytes(self) -> int:
+        """Bytes in use in the pool, every framework."""
+        return int(_raw(self._device)["pool_used"])
+
+    def total_bytes(self) -> int:
+        """Bytes the pool holds from the driver (in use + idle)."""
+        return int(_raw(self._device)["pool_reserved"])
+
+    def free_bytes(self) -> int:
+        """Idle bytes the pool holds (total - used)."""
+        raw = _raw(self._device)
+        return max(0, int(raw["pool_reserved"]) - int(raw["pool_used"]))
+
+    def free_all_blocks(self) -> None:
+        """Return the pool's idle memory to the driver (synchronizes the device)."""
+        check(core.trim(self._device, 0), what="returning idle memory", device=self._device)
+
+    def set_limit(self, size: Optional[int | str] = None,
+                  fraction: Optional[float] = None) -> None:
+        """Set the device's budget.
+
+        Parameters
+        ----------
+        size : int or str, optional
+            Bytes, or a size such as ``"40GiB"``.
+        fraction : float, optional
+            Fraction of the device's memory, in [0, 1].
+
+        Raises
+        ------
+        ValueError
+            When both are given, or either is out of range. 0 or neither
+            removes the limit.
+        """
+        if size is not None and fraction is not None:
+            raise ValueError("set_limit takes size or fraction, not both")
+        total = int(_raw(self._device)["total"])
+        if fraction is not None:
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) \
+                    or not 0.0 <= float(fraction) <= 1.0:
+                raise ValueError(f"fraction={fraction!r} must be a number in [0, 1]")
+            limit = int(float(fraction) * total)
+        else:
+            limit = parse_size(size, total=total, name="size") or 0
+        check(core.set_limit(self._device, limit), what="setting the budget", device=self._device)
+
+    def get_limit(self) -> int:
+        """The budget in bytes; 0 = no limit."""
+        return int(_raw(self._device)["limit"])
+
+    def stats(self) -> Stats:
+        """A snapshot of this pool (see :func:`bridge.stats`)."""
+        return _snapshot(self._device)
+
+    def reassert(self) -> None:
+        """Write the pool attributes the bridge owns again (after another user changed them)."""
+        check(core.reassert(self._device), what="re-asserting the pool", device=self._device)
+
+    @property
+    def release_threshold(self) -> int:
+        """The pool's release threshold as the driver reports it."""
+        rc, v = core.pool_attribute(self._device, 4)
+        check(rc, what="reading the release threshold", device=self._device)
+        return int(v)
+
+    def __repr__(self) -> str:
+        return f"<bridge.Pool device={self._device}>"
+
+
+_pools: dict[int, Pool] = {}
+
+
+def pool(device: Optional[int] = None) -> Pool:
+    """The shared pool of a device (the current one when None).
+
+    Raises
+    ------
+    BridgeError
+        When there is no CUDA driver or device.
+    """
+    d = _device(device)
+    p = _pools.get(d)
+    if p is None:
+        p = _pools.setdefault(d, Pool(d))
+    return p

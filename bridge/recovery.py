@@ -1,0 +1,100 @@
+"""What runs before an allocation fails: release caches, collect garbage, ask the user.
+
+The compiled core first synchronizes the stream and retries; then it calls
+:func:`relieve` (through a hook that takes the GIL) and retries once more.
+"""
+
+from __future__ import annotations
+
+__all__ = ["on_pressure", "remove_pressure_callback", "register_releaser", "relieve"]
+
+import gc
+import logging
+import threading
+from typing import Callable
+
+from bridge._runtime import core
+
+log = logging.getLogger("bridge")
+
+PressureCallback = Callable[[int, int], object]  # (device, bytes wanted) -> anything
+Releaser = Callable[[int], object]               # (device) -> anything
+
+_lock = threading.Lock()
+_callbacks: list[PressureCallback] = []
+_releasers: dict[str, Releaser] = {}
+_installed = False
+_in_progress = threading.local()
+
+
+def on_pressure(fn: PressureCallback) -> PressureCallback:
+    """Call ``fn(device, nbytes)`` before the bridge refuses an allocation.
+
+    The callback may free memory (drop caches, move tensors to the host);
+    the allocation is retried after it. Usable as a decorator.
+
+    Parameters
+    ----------
+    fn : callable
+        ``fn(device: int, nbytes: int)``; its return value is ignored and an
+        exception it raises is logged, never propagated into the allocation.
+
+    Returns
+    -------
+    callable
+        ``fn`` itself.
+    """
+    if not callable(fn):
+        raise TypeError(f"on_pressure needs a callable, got {type(fn).__name__}")
+    with _lock:
+        if fn not in _callbacks:
+            _callbacks.append(fn)
+    install()
+    return fn
+
+
+def remove_pressure_callback(fn: PressureCallback) -> None:
+    """Forget a callback given to :func:`on_pressure` (no error if unknown)."""
+    with _lock:
+        if fn in _callbacks:
+            _callbacks.remove(fn)
+
+
+def register_releaser(name: str, fn: Releaser) -> None:
+    """An adapter's way to drop its framework's caches under pressure."""
+    with _lock:
+        _releasers[name] = fn
+    install()
+
+
+def relieve(device: int, nbytes: int, tag: int = 0) -> bool:
+    """Run the recovery chain once; True when a retry is worth it."""
+    if getattr(_in_progress, "active", False):
+        return False  # an allocation made by a callback: no recursion
+    _in_progress.active = True
+    try:
+        with _lock:
+            releasers = list(_releasers.items())
+            callbacks = list(_callbacks)
+        for name, release in releasers:
+            try:
+                release(device)
+            except Exception:  # noqa: BLE001 - recovery never raises into an allocation
+                log.exception("bridge: releasing %s's caches failed", name)
+        gc.collect()
+        for fn in callbacks:
+            try:
+                fn(device, nbytes)
+            except Exception:  # noqa: BLE001
+                log.exception("bridge: on_pressure callback %r failed", fn)
+        return True
+    finally:
+        _in_progress.active = False
+
+
+def install() -> None:
+    """Connect :func:`relieve` to the core (idempotent)."""
+    global _installed
+    if not _installed:
+        core.set_pressure_callback(relieve)
+        _installed = True

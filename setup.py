@@ -1,0 +1,24 @@
+"""Build of bridge's compiled core: one C library (plus the C++ torch entry
+points) that loads the CUDA driver at run time, so no CUDA toolkit is needed."""
+import os
+
+from setuptools import Extension, setup
+
+flags = ["-O2", "-Wall", "-Wextra", "-fvisibility=default"]
+if os.environ.get("BRIDGE_WERROR"):
+    flags.append("-Werror")
+if os.environ.get("BRIDGE_SANITIZE"):  # e.g. "address" for a sanitizer build
+    flags += [f"-fsanitize={os.environ['BRIDGE_SANITIZE']}", "-g", "-fno-omit-frame-pointer"]
+
+native = "bridge/_native"
+core = Extension(
+    "bridge._core",
+    sources=[f"{native}/{name}" for name in
+             ("driver.c", "records.c", "ledger.c", "pymod.c", "torch_abi.cpp")],
+    include_dirs=[native],
+    extra_compile_args=flags,
+    extra_link_args=["-ldl", "-lpthread"],
+    language="c++",
+)
+
+setup(ext_modules=[core])

@@ -1,0 +1,111 @@
+"""Test modes.
+
+CPU (default, CI): the core is pointed at the stand-in driver built from
+tests/standin/standin_cuda.c; `gpu` tests are skipped.  GPU
+(BRIDGE_TEST_GPU=1, set by scripts/gpu-test): the real driver; stand-in tests
+are skipped.  The stand-in is never evidence that anything works on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+GPU_MODE = os.environ.get("BRIDGE_TEST_GPU") == "1"
+
+
+def build_standin(out_dir: pathlib.Path) -> pathlib.Path:
+    """Compile the stand-in driver (once per source change) and return its path."""
+    src = HERE / "standin" / "standin_cuda.c"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lib = out_dir / "libstandin_cuda.so"
+    if not lib.exists() or lib.stat().st_mtime < src.stat().st_mtime:
+        cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+        cmd = cc.split() + ["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+                            "-o", str(lib) + ".tmp", str(src), "-lpthread"]
+        subprocess.run(cmd, check=True)
+        os.replace(str(lib) + ".tmp", lib)
+    return lib
+
+
+STANDIN: ctypes.CDLL | None = None
+if not GPU_MODE:
+    _lib = build_standin(HERE / "standin" / "build" / f"py{sys.version_info[0]}{sys.version_info[1]}")
+    os.environ["BRIDGE_CUDA_LIBRARY"] = str(_lib)
+    os.environ.setdefault("BRIDGE_STANDIN_DEVICES", "2")
+    STANDIN = ctypes.CDLL(str(_lib))
+    STANDIN.standin_set_capacity.argtypes = [ctypes.c_int, ctypes.c_uint64]
+    STANDIN.standin_add_foreign.argtypes = [ctypes.c_int, ctypes.c_int64]
+    STANDIN.standin_fail.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    STANDIN.standin_pending_bytes.restype = ctypes.c_uint64
+    STANDIN.standin_live_count.restype = ctypes.c_uint64
+    STANDIN.standin_counter.restype = ctypes.c_uint64
+    STANDIN.standin_access_grants.restype = ctypes.c_uint64
+    STANDIN.standin_set_capturing.argtypes = [ctypes.c_void_p]
+    # the environment variables are read at the first init: none has happened yet
+    os.environ.pop("BRIDGE_GPU_MEMORY_LIMIT", None)
+    os.environ.pop("BRIDGE_PINNED_MEMORY_LIMIT", None)
+
+
+def _gpu_present() -> str | None:
+    """None when a CUDA GPU is usable, else why not."""
+    if not GPU_MODE:
+        return "no GPU in this run: scripts/gpu-test runs the gpu tests on a GPU machine"
+    try:
+        from bridge import _runtime
+
+        if _runtime.device_count() == 0:
+            return "the CUDA driver reports no GPU"
+    except Exception as exc:  # noqa: BLE001
+        return f"no usable CUDA driver: {exc}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_skip = _gpu_present()
+    for item in items:
+        if "gpu" in item.keywords and gpu_skip:
+            item.add_marker(pytest.mark.skip(reason=gpu_skip))
+        if "gpu" not in item.keywords and GPU_MODE and "standin" in item.fixturenames:
+            item.add_marker(pytest.mark.skip(reason="stand-in driver test; this is a GPU run"))
+
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def standin():
+    """The stand-in driver, reset: 16 GiB per device, no faults, no limits."""
+    if STANDIN is None:
+        pytest.skip("stand-in driver test; this is a GPU run")
+    from bridge import _runtime
+    from bridge._runtime import core
+
+    STANDIN.standin_clear_faults()
+    STANDIN.standin_set_capturing(None)
+    n = _runtime.device_count()
+    for d in range(n):
+        _runtime.ensure_device(d)
+        STANDIN.standin_set_capacity(d, 16 * GIB)
+        STANDIN.standin_sync_all(d)
+        core.set_limit(d, 0)
+        for tag in range(3):
+            core.set_tag_limit(d, tag, 0)
+        core.reset_peak(d, -1)
+        core.reset_accumulated(d, -1)
+    core.set_pressure_callback(None)
+    import bridge.recovery as recovery
+
+    recovery._installed = False
+    yield STANDIN
+    STANDIN.standin_clear_faults()
+    STANDIN.standin_set_capturing(None)
+    core.set_pressure_callback(None)
+    recovery._installed = False

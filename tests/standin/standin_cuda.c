@@ -1,0 +1,613 @@
+/* standin_cuda.c: a stand-in CUDA driver for the CPU tests.
+ *
+ * It exports the driver entry points the core loads (same names, same
+ * signatures) and behaves like one stream-ordered default pool per device,
+ * with host bookkeeping instead of GPU memory:
+ *   - allocations get unique fake addresses; no memory stands behind them;
+ *   - cuMemFreeAsync only queues the free on its stream: the bytes stay in use
+ *     until that stream (or the context) is synchronized, as on a GPU whose
+ *     stream has not reached the free yet;
+ *   - the capacity of each device can be set, bytes held by "others" (JAX)
+ *     can be added, entry points can be made to fail (fault injection);
+ *   - allocating without a current context fails, as on the real driver.
+ * It is NEVER evidence that anything works on a GPU: it exists so that CI can
+ * test the ledger.  Controls: the standin_* functions at the end.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUevent;
+typedef void *CUmemoryPool;
+typedef unsigned long long CUdeviceptr;
+
+#define OK 0
+#define E_INVALID_VALUE 1
+#define E_OUT_OF_MEMORY 2
+#define E_NOT_INITIALIZED 3
+#define E_INVALID_DEVICE 101
+#define E_INVALID_CONTEXT 201
+#define E_INVALID_HANDLE 400
+
+#define MAXDEV 8
+#define MAXPENDING 65536
+
+/* ---- state (all under mu) ---- */
+typedef struct live { CUdeviceptr ptr; size_t size; int dev; } live;
+typedef struct pending { CUdeviceptr ptr; size_t size; CUstream stream; } pending;
+
+typedef struct device {
+    int ctx_tag;                 /* &ctx_tag is the primary context handle */
+    int pool_tag;                /* &pool_tag is the default pool handle */
+    uint64_t total, capacity;
+    uint64_t used, reserved, used_high, reserved_high, threshold;
+    int pools_supported;
+    pending pend[MAXPENDING];
+    size_t npend;
+    uint64_t access_grants;
+} device;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int initialized, ndev = 2;
+static device devs[MAXDEV];
+static CUdeviceptr next_addr = 0x7f0000000000ull;
+static live *lives;              /* open table of live allocations */
+static size_t nlive, caplive;
+static uint64_t counters[16];    /* see standin_counter */
+static __thread CUcontext current_ctx;
+static __thread int capture_mode;
+static uintptr_t next_handle = 0x1000;
+static CUstream capturing_stream = (CUstream)(uintptr_t)-1;
+
+enum { C_ALLOC, C_FREE, C_SYNC, C_WAIT, C_RECORD, C_SETCTX, C_TRIM, C_MODE };
+
+/* fault injection: entry name -> (code, remaining count) */
+typedef struct fault { char name[48]; int code; int count; } fault;
+static fault faults[16];
+
+static int take_fault(const char *name)
+{
+    for (int i = 0; i < 16; i++)
+        if (faults[i].count > 0 && strcmp(faults[i].name, name) == 0) {
+            faults[i].count--;
+            return faults[i].code;
+        }
+    return 0;
+}
+
+#define FAULT(name)                                                                                \
+    do {                                                                                           \
+        int f_ = take_fault(name);                                                                 \
+        if (f_) {                                                                                  \
+            pthread_mutex_unlock(&mu);                                                             \
+            return f_;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+static int dev_of_ctx(CUcontext c)
+{
+    for (int i = 0; i < ndev; i++)
+        if (c == &devs[i].ctx_tag)
+            return i;
+    return -1;
+}
+
+static int dev_of_pool(CUmemoryPool p)
+{
+    for (int i = 0; i < ndev; i++)
+        if (p == &devs[i].pool_tag)
+            return i;
+    return -1;
+}
+
+static void setup_once(void)
+{
+    if (initialized)
+        return;
+    const char *n = getenv("BRIDGE_STANDIN_DEVICES");
+    ndev = n ? atoi(n) : 2;
+    if (ndev < 0 || ndev > MAXDEV)
+        ndev = 2;
+    const char *t = getenv("BRIDGE_STANDIN_TOTAL");
+    uint64_t total = t ? strtoull(t, NULL, 10) : (16ull << 30);
+    for (int i = 0; i < MAXDEV; i++) {
+        devs[i].total = devs[i].capacity = total;
+        devs[i].pools_supported = 1;
+    }
+    initialized = 1;
+}
+
+/* ---- live table (linear probing on the address) ---- */
+static size_t slot_of(CUdeviceptr p) { return (size_t)((p >> 8) * 0x9E3779B97F4A7C15ull); }
+
+static int live_put(CUdeviceptr p, size_t size, int dev)
+{
+    if ((nlive + 1) * 2 > caplive) {
+        size_t ncap = caplive ? caplive * 2 : 1024;
+        live *n = calloc(ncap, sizeof *n);
+        if (!n)
+            return -1;
+        for (size_t i = 0; i < caplive; i++)
+            if (lives[i].ptr) {
+                size_t j = slot_of(lives[i].ptr) & (ncap - 1);
+                while (n[j].ptr)
+                    j = (j + 1) & (ncap - 1);
+                n[j] = lives[i];
+            }
+        free(lives);
+        lives = n;
+        caplive = ncap;
+    }
+    size_t j = slot_of(p) & (caplive - 1);
+    while (lives[j].ptr)
+        j = (j + 1) & (caplive - 1);
+    lives[j] = (live){p, size, dev};
+    nlive++;
+    return 0;
+}
+
+static int live_take(CUdeviceptr p, live *out)
+{
+    if (!caplive)
+        return -1;
+    size_t j = slot_of(p) & (caplive - 1);
+    while (lives[j].ptr) {
+        if (lives[j].ptr == p) {
+            *out = lives[j];
+            /* backward-shift deletion keeps probe chains intact */
+            size_t i = j;
+            for (;;) {
+                lives[i].ptr = 0;
+                size_t k = i;
+                for (;;) {
+                    k = (k + 1) & (caplive - 1);
+                    if (!lives[k].ptr) {
+                        nlive--;
+                        return 0;
+                    }
+                    size_t h = slot_of(lives[k].ptr) & (caplive - 1);
+                    if ((i <= k) ? (i < h && h <= k) : (i < h || h <= k))
+                        continue;
+                    break;
+                }
+                lives[i] = lives[k];
+                i = k;
+            }
+        }
+        j = (j + 1) & (caplive - 1);
+    }
+    return -1;
+}
+
+static void complete(int dev, CUstream stream, int all)
+{
+    device *d = &devs[dev];
+    size_t kept = 0;
+    for (size_t i = 0; i < d->npend; i++) {
+        if (all || d->pend[i].stream == stream || stream == NULL)
+            d->used -= d->pend[i].size;
+        else
+            d->pend[kept++] = d->pend[i];
+    }
+    d->npend = kept;
+    if (d->reserved > d->threshold && d->reserved > d->used)
+        d->reserved = d->used > d->threshold ? d->used : d->threshold;
+}
+
+/* ---- the driver API ---- */
+CUresult cuInit(unsigned int flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&mu);
+    FAULT("cuInit");
+    setup_once();
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+CUresult cuDriverGetVersion(int *v)
+{
+    *v = 13000;
+    return OK;
+}
+
+CUresult cuGetErrorName(CUresult e, const char **s)
+{
+    switch (e) {
+    case OK: *s = "CUDA_SUCCESS"; break;
+    case E_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case E_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case E_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case 100: *s = "CUDA_ERROR_NO_DEVICE"; break;
+    case E_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case E_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case E_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case 999: *s = "CUDA_ERROR_UNKNOWN"; break;
+    default: *s = NULL; return E_INVALID_VALUE;
+    }
+    return OK;
+}
+
+CUresult cuDeviceGetCount(int *n)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuDeviceGetCount");
+    *n = ndev;
+    pthread_mutex_unlock(&mu);
+    return ndev ? OK : 100;
+}
+
+CUresult cuDeviceGet(CUdevice *d, int ordinal)
+{
+    if (ordinal < 0 || ordinal >= ndev)
+        return E_INVALID_DEVICE;
+    *d = ordinal;
+    return OK;
+}
+
+CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
+{
+    if (dev < 0 || dev >= ndev)
+        return E_INVALID_DEVICE;
+    *pi = attrib == 115 ? devs[dev].pools_supported : 0;
+    return OK;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    if (dev < 0 || dev >= ndev)
+        return E_INVALID_DEVICE;
+    *bytes = devs[dev].total;
+    return OK;
+}
+
+CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    *can = dev != peer && dev >= 0 && peer >= 0 && dev < ndev && peer < ndev;
+    return OK;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice dev)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuDevicePrimaryCtxRetain");
+    *c = &devs[dev].ctx_tag;
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *c)
+{
+    *c = current_ctx;
+    return OK;
+}
+
+CUresult cuCtxSetCurrent(CUcontext c)
+{
+    current_ctx = c;
+    __atomic_fetch_add(&counters[C_SETCTX], 1, __ATOMIC_RELAXED);
+    return OK;
+}
+
+CUresult cuCtxGetDevice(CUdevice *d)
+{
+    int dev = dev_of_ctx(current_ctx);
+    if (dev < 0)
+        return E_INVALID_CONTEXT;
+    *d = dev;
+    return OK;
+}
+
+CUresult cuCtxSynchronize(void)
+{
+    pthread_mutex_lock(&mu);
+    int dev = dev_of_ctx(current_ctx);
+    if (dev >= 0)
+        complete(dev, NULL, 1);
+    counters[C_SYNC]++;
+    pthread_mutex_unlock(&mu);
+    return dev >= 0 ? OK : E_INVALID_CONTEXT;
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *p, CUdevice dev)
+{
+    *p = &devs[dev].pool_tag;
+    return OK;
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemPoolGetAttribute");
+    int dev = dev_of_pool(pool);
+    CUresult r = OK;
+    uint64_t *v = value;
+    if (dev < 0)
+        r = E_INVALID_VALUE;
+    else if (attr == 4)
+        *v = devs[dev].threshold;
+    else if (attr == 5)
+        *v = devs[dev].reserved;
+    else if (attr == 6)
+        *v = devs[dev].reserved_high;
+    else if (attr == 7)
+        *v = devs[dev].used;
+    else if (attr == 8)
+        *v = devs[dev].used_high;
+    else
+        r = E_INVALID_VALUE;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemPoolSetAttribute");
+    int dev = dev_of_pool(pool);
+    CUresult r = OK;
+    uint64_t v = *(uint64_t *)value;
+    if (dev < 0)
+        r = E_INVALID_VALUE;
+    else if (attr == 4)
+        devs[dev].threshold = v;
+    else if (attr == 6)
+        devs[dev].reserved_high = devs[dev].reserved;
+    else if (attr == 8)
+        devs[dev].used_high = devs[dev].used;
+    else
+        r = E_INVALID_VALUE;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    pthread_mutex_lock(&mu);
+    int dev = dev_of_pool(pool);
+    if (dev >= 0) {
+        device *d = &devs[dev];
+        uint64_t floor = d->used > keep ? d->used : keep;
+        if (d->reserved > floor)
+            d->reserved = floor;
+        counters[C_TRIM]++;
+    }
+    pthread_mutex_unlock(&mu);
+    return dev >= 0 ? OK : E_INVALID_VALUE;
+}
+
+typedef struct { struct { int type, id; } location; int flags; } access_desc;
+
+CUresult cuMemPoolSetAccess(CUmemoryPool pool, const access_desc *map, size_t count)
+{
+    pthread_mutex_lock(&mu);
+    int dev = dev_of_pool(pool);
+    if (dev >= 0)
+        devs[dev].access_grants += count;
+    pthread_mutex_unlock(&mu);
+    (void)map;
+    return dev >= 0 ? OK : E_INVALID_VALUE;
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
+{
+    (void)s;
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemAllocFromPoolAsync");
+    int dev = dev_of_pool(pool);
+    CUresult r = OK;
+    if (!current_ctx)
+        r = E_INVALID_CONTEXT; /* what the autograd thread saw on a GPU */
+    else if (dev < 0 || size == 0)
+        r = E_INVALID_VALUE;
+    else if (s == capturing_stream)
+        r = 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED-like: tests assert it never happens */
+    else if (devs[dev].used + size > devs[dev].capacity)
+        r = E_OUT_OF_MEMORY;
+    else {
+        device *d = &devs[dev];
+        CUdeviceptr p = next_addr;
+        next_addr += (size + 511) / 512 * 512 + 512;
+        if (live_put(p, size, dev) != 0) {
+            r = E_OUT_OF_MEMORY;
+        } else {
+            d->used += size;
+            if (d->used > d->used_high)
+                d->used_high = d->used;
+            if (d->used > d->reserved)
+                d->reserved = d->used;
+            if (d->reserved > d->reserved_high)
+                d->reserved_high = d->reserved;
+            *dptr = p;
+            counters[C_ALLOC]++;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemFreeAsync");
+    live l;
+    CUresult r = OK;
+    if (!current_ctx)
+        r = E_INVALID_CONTEXT;
+    else if (s == capturing_stream)
+        r = 900;
+    else if (live_take(p, &l) != 0)
+        r = E_INVALID_VALUE; /* the driver would not know this pointer either */
+    else {
+        device *d = &devs[l.dev];
+        if (d->npend == MAXPENDING)
+            complete(l.dev, NULL, 1);
+        d->pend[d->npend++] = (pending){p, l.size, s};
+        counters[C_FREE]++;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuStreamCreate(CUstream *s, unsigned int flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&mu);
+    *s = (CUstream)(next_handle += 16);
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+CUresult cuStreamSynchronize(CUstream s)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuStreamSynchronize");
+    int dev = dev_of_ctx(current_ctx);
+    if (dev >= 0)
+        complete(dev, s, 0);
+    counters[C_SYNC]++;
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+CUresult cuStreamIsCapturing(CUstream s, int *status)
+{
+    pthread_mutex_lock(&mu);
+    *status = s == capturing_stream ? 1 : 0;
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
+{
+    (void)s;
+    (void)e;
+    (void)flags;
+    __atomic_fetch_add(&counters[C_WAIT], 1, __ATOMIC_RELAXED);
+    return OK;
+}
+
+CUresult cuEventCreate(CUevent *e, unsigned int flags)
+{
+    (void)flags;
+    *e = (CUevent)(uintptr_t)0xE0;
+    return OK;
+}
+
+CUresult cuEventRecord(CUevent e, CUstream s)
+{
+    (void)e;
+    (void)s;
+    __atomic_fetch_add(&counters[C_RECORD], 1, __ATOMIC_RELAXED);
+    return OK;
+}
+
+CUresult cuEventDestroy_v2(CUevent e)
+{
+    (void)e;
+    return OK;
+}
+
+CUresult cuThreadExchangeStreamCaptureMode(int *mode)
+{
+    int old = capture_mode;
+    capture_mode = *mode;
+    *mode = old;
+    __atomic_fetch_add(&counters[C_MODE], 1, __ATOMIC_RELAXED);
+    return OK;
+}
+
+/* ---- controls for the tests ---- */
+void standin_set_capacity(int dev, uint64_t bytes)
+{
+    pthread_mutex_lock(&mu);
+    devs[dev].capacity = bytes;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Bytes held in the pool by others (JAX): counted in USED_MEM_CURRENT. */
+void standin_add_foreign(int dev, int64_t delta)
+{
+    pthread_mutex_lock(&mu);
+    devs[dev].used += (uint64_t)delta;
+    if (devs[dev].used > devs[dev].reserved)
+        devs[dev].reserved = devs[dev].used;
+    pthread_mutex_unlock(&mu);
+}
+
+void standin_set_pools_supported(int dev, int on)
+{
+    pthread_mutex_lock(&mu);
+    devs[dev].pools_supported = on;
+    pthread_mutex_unlock(&mu);
+}
+
+/* The next `count` calls of `entry` return `code`. */
+void standin_fail(const char *entry, int code, int count)
+{
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < 16; i++)
+        if (faults[i].count <= 0 || strcmp(faults[i].name, entry) == 0) {
+            strncpy(faults[i].name, entry, sizeof faults[i].name - 1);
+            faults[i].code = code;
+            faults[i].count = count;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+}
+
+void standin_clear_faults(void)
+{
+    pthread_mutex_lock(&mu);
+    memset(faults, 0, sizeof faults);
+    pthread_mutex_unlock(&mu);
+}
+
+/* Frees queued on streams that have not been synchronized. */
+uint64_t standin_pending_bytes(int dev)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t b = 0;
+    for (size_t i = 0; i < devs[dev].npend; i++)
+        b += devs[dev].pend[i].size;
+    pthread_mutex_unlock(&mu);
+    return b;
+}
+
+uint64_t standin_live_count(void)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t n = nlive;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+uint64_t standin_counter(int which) { return __atomic_load_n(&counters[which], __ATOMIC_RELAXED); }
+
+uint64_t standin_access_grants(int dev) { return devs[dev].access_grants; }
+
+/* Make `s` report an active capture (NULL: none). Driver calls on it fail. */
+void standin_set_capturing(CUstream s)
+{
+    pthread_mutex_lock(&mu);
+    capturing_stream = s ? s : (CUstream)(uintptr_t)-1;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Forget the calling thread's current context (a fresh thread, autograd's). */
+void standin_clear_current(void) { current_ctx = NULL; }
+
+int standin_capture_mode(void) { return capture_mode; }
+
+/* Complete every queued free of a device. */
+void standin_sync_all(int dev)
+{
+    pthread_mutex_lock(&mu);
+    complete(dev, NULL, 1);
+    pthread_mutex_unlock(&mu);
+}
