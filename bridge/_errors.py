@@ -104,3 +104,28 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
     if rc == Status.DRIVER:
         raise BridgeError(f"{what}{where}: CUDA driver error {_driver_error()}.")
     raise BridgeError(f"{what}{where}: core status {rc}")
+
+
+def oom_message(device: int, size: int, rc: int, *, framework: str) -> str:
+    """The text every OOM carries: device, request, budget, each framework's bytes."""
+    from bridge.pool import stats
+
+    try:
+        s = stats(device)
+        held = ", ".join(f"{k} {format_bytes(v)}" for k, v in s.by_framework.items())
+        budget = format_bytes(s.limit) if s.limit else "none"
+        tail = f"pool reserved {format_bytes(s.reserved)} of {format_bytes(s.total)}"
+        torch_cap = s.tags[2]["limit"] if len(s.tags) > 2 else 0
+    except Exception:  # noqa: BLE001 - the message must not fail
+        held, budget, tail, torch_cap = "unknown", "unknown", "", 0
+    if rc == Status.TAG_LIMIT:
+        why = (f"{framework}'s share is capped at {format_bytes(torch_cap)} "
+               "(torch.cuda.set_per_process_memory_fraction)")
+    elif rc == Status.BUDGET:
+        why = f"the bridge budget is {budget}"
+    else:
+        why = f"the device is full (bridge budget {budget})"
+    return (f"Out of memory allocating {size:,} bytes ({format_bytes(size)}) for {framework} on "
+            f"device {device}: {why}. In use: {held}; {tail}. Free arrays or tensors you no "
+            "longer need, lower the batch size, or raise the budget "
+            "(bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT).")

@@ -13,6 +13,8 @@ PINNED_LIMIT_ENV = "BRIDGE_PINNED_MEMORY_LIMIT"
 
 SizeLike = Union[int, float, str, None]
 
+MAX_SIZE = 2**64 - 1  # the core holds sizes as uint64: anything larger would wrap
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1024, "kib": 1024, "kb": 1000,
@@ -61,7 +63,7 @@ def parse_size(value: SizeLike, *, total: int | None = None, name: str = "budget
     if isinstance(value, int):
         if value < 0:
             raise _bad(name, value, "sizes are >= 0")
-        return value
+        return _checked(value, name, value)
     if isinstance(value, float):
         if not 0.0 < value <= 1.0:
             raise _bad(name, value, "a float is a fraction and must be in (0, 1]")
@@ -78,9 +80,18 @@ def parse_size(value: SizeLike, *, total: int | None = None, name: str = "budget
             number, unit = m.group(1), m.group(2).lower()
             if unit == "" and "." in number:
                 raise _bad(name, value, "write a fraction as a percentage ('50%') or a float")
-            return int(float(number) * _UNITS[unit])
+            # whole numbers stay exact (a float would round past 2**53 bytes)
+            n = int(number) * _UNITS[unit] if "." not in number \
+                else int(float(number) * _UNITS[unit])
+            return _checked(n, name, value)
         raise _bad(name, value)
     raise _bad(name, value, f"a {type(value).__name__} is not a size")
+
+
+def _checked(n: int, name: str, value: object) -> int:
+    if n > MAX_SIZE:
+        raise _bad(name, value, "sizes are < 2**64 bytes")
+    return n
 
 
 def _fraction(f: float, total: int | None, name: str, value: object) -> int:

@@ -18,7 +18,7 @@ from bridge._runtime import core
 log = logging.getLogger("bridge")
 
 PressureCallback = Callable[[int, int], object]  # (device, bytes wanted) -> anything
-Releaser = Callable[[int], object]               # (device) -> anything
+Releaser = Callable[[int, int], object]          # (device, tag of the request) -> anything
 
 _lock = threading.Lock()
 _callbacks: list[PressureCallback] = []
@@ -78,7 +78,7 @@ def relieve(device: int, nbytes: int, tag: int = 0) -> bool:
             callbacks = list(_callbacks)
         for name, release in releasers:
             try:
-                release(device)
+                release(device, tag)
             except Exception:  # noqa: BLE001 - recovery never raises into an allocation
                 log.exception("bridge: releasing %s's caches failed", name)
         gc.collect()

@@ -63,7 +63,8 @@ def _flag(name: str, value: object) -> bool:
 
 def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
           budget: SizeLike = None, device: Union[int, Iterable[int], None] = None,
-          release_threshold: SizeLike = None, peer_access: bool = True) -> Bridge:
+          release_threshold: SizeLike = None, peer_access: bool = True,
+          jax_memory: SizeLike = None) -> Bridge:
     """Make the named frameworks allocate from each device's default pool under one budget.
 
     Call it at program start, before the first CUDA tensor or JAX array.
@@ -85,6 +86,10 @@ def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
     peer_access : bool
         With several devices, let each device's kernels read the others'
         pool memory (as torch does when peer access is enabled).
+    jax_memory : int, str or None
+        A hard partition for JAX: its own capped arena of this size instead of
+        the shared pool, and the budget reduced by it. Default: JAX shares the
+        pool (see bridge.adapters.jax for the trade-off).
 
     Returns
     -------
@@ -112,7 +117,7 @@ def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
             _runtime.ensure_device(d)
         b = _bridge if _bridge is not None else Bridge()
         args = (tuple(sorted(f for f, on in flags.items() if on)), budget, tuple(devices),
-                release_threshold, peer_access)
+                release_threshold, peer_access, jax_memory)
         if b._args == args:
             return b
         limits = {}
@@ -135,7 +140,12 @@ def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
         for name in ORDER:
             if flags[name] and name not in b.frameworks:
                 adapter = _adapter(name)
-                adapter.install(b.devices)
+                if name == "jax" and jax_memory is not None:
+                    total = core.stats(b.devices[0])[1]["total"]
+                    adapter.install(b.devices, partition=parse_size(
+                        jax_memory, total=total, name="jax_memory"))
+                else:
+                    adapter.install(b.devices)
                 b.frameworks = b.frameworks | {name}
         b._args = args
         return b

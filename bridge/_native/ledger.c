@@ -77,7 +77,9 @@ typedef struct device_state {
 
 static device_state devices[BRIDGE_MAX_DEVICES];
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
-static bridge_pressure_fn pressure_hook;
+/* Set from Python while other threads allocate without the GIL: atomic, and
+ * read once per use (a second read could see NULL after the first saw a hook). */
+static _Atomic(bridge_pressure_fn) pressure_hook;
 static _Atomic uint64_t bad_frees; /* unknown pointers and double frees, every device */
 
 #define RELAXED memory_order_relaxed
@@ -259,6 +261,11 @@ int bridge_others(int device, uint64_t *out)
  * Fast path without a budget: two atomic adds. */
 static int reserve(device_state *d, int tag, uint64_t size)
 {
+    /* No request larger than the device can succeed; refusing it here also
+     * keeps the sums below from wrapping (SIZE_MAX from a C caller would
+     * otherwise pass every check with a wrapped total). */
+    if (size > d->total)
+        return BRIDGE_E_OOM;
     tag_state *t = &d->tag[tag];
     uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
     uint64_t tcur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
@@ -308,7 +315,7 @@ int bridge_set_tag_limit(int device, int tag, uint64_t limit)
     return BRIDGE_OK;
 }
 
-void bridge_set_pressure_hook(bridge_pressure_fn fn) { pressure_hook = fn; }
+void bridge_set_pressure_hook(bridge_pressure_fn fn) { atomic_store(&pressure_hook, fn); }
 
 /* ---- freeing ---- */
 /* Issue the driver free of a block whose record is already out of the table,
@@ -410,33 +417,41 @@ static int defer_free(device_state *d, const record *rec)
     return 1;
 }
 
+/* records_take's `keep` for bridge_free: a graph block stays in the table,
+ * marked freed by the user, because replays may still write it; the graph's
+ * release returns it.  Runs under the shard lock, so the mark and the figures
+ * change in the same step that bridge_graph_release's sweep sees (taking the
+ * record out and inserting it back, as before, let a sweep in between miss
+ * it: the block then stayed on the ledger for good).
+ * 0: an ordinary block (take it); 1: a graph block, first free; 2: again. */
+static int keep_graph_block(record *r)
+{
+    if (!(r->flags & REC_GRAPH))
+        return 0;
+    if (r->flags & REC_USER_FREED)
+        return 2;
+    r->flags |= REC_USER_FREED;
+    device_state *d = &devices[r->device];
+    count_free(d, r);
+    atomic_fetch_add_explicit(&d->graph_bytes, r->size, RELAXED);
+    return 1;
+}
+
 void bridge_free(void *ptr)
 {
     if (!ptr)
         return;
     record rec;
     /* fast path: one shard lock, the driver free, four atomic subtractions */
-    if (records_take((uintptr_t)ptr, &rec) != 0) {
+    int kept = records_take((uintptr_t)ptr, &rec, keep_graph_block);
+    if (kept < 0 || kept == 2) {
         /* unknown pointer or double free: count it, change nothing else */
         atomic_fetch_add_explicit(&bad_frees, 1, RELAXED);
         return;
     }
+    if (kept == 1)
+        return; /* a graph block: counted as freed, memory kept until the release */
     device_state *d = &devices[rec.device];
-    if (rec.flags & REC_GRAPH) {
-        /* a graph block: replays may still write it, keep the memory until
-         * the graph is released */
-        int again = rec.flags & REC_USER_FREED;
-        rec.flags |= REC_USER_FREED;
-        if (records_insert(&rec) != 0)
-            again = 0; /* cannot happen: the slot was just emptied */
-        if (again) {
-            atomic_fetch_add_explicit(&bad_frees, 1, RELAXED);
-            return;
-        }
-        count_free(d, &rec);
-        atomic_fetch_add_explicit(&d->graph_bytes, rec.size, RELAXED);
-        return;
-    }
     count_free(d, &rec);
     if (atomic_load_explicit(&d->captures_active, RELAXED) && defer_free(d, &rec))
         return;
@@ -504,7 +519,8 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
         flush_deferred(d);
         rc = try_alloc(d, device, size, stream, tag, out);
         /* 2. Ask the frameworks to release their caches, then try again. */
-        if (retryable(rc) && pressure_hook && pressure_hook(device, size, tag)) {
+        bridge_pressure_fn hook = atomic_load(&pressure_hook); /* one read: see its comment */
+        if (retryable(rc) && hook && hook(device, size, tag)) {
             ctx_enter(d, &g);
             if (!atomic_load_explicit(&d->captures_active, RELAXED))
                 bridge_drv.cuStreamSynchronize(stream);

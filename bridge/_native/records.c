@@ -93,7 +93,7 @@ int records_insert(const record *r)
     return 0;
 }
 
-int records_take(uintptr_t ptr, record *out)
+int records_take(uintptr_t ptr, record *out, int (*keep)(record *r))
 {
     if (ptr <= TOMB)
         return -1;
@@ -105,7 +105,12 @@ int records_take(uintptr_t ptr, record *out)
         pthread_mutex_unlock(&s->lock);
         return -1;
     }
+    int kept = keep ? keep(slot) : 0;
     *out = *slot;
+    if (kept) {
+        pthread_mutex_unlock(&s->lock);
+        return kept;
+    }
     memset(slot, 0, sizeof *slot);
     slot->ptr = TOMB;
     s->count--;

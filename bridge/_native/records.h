@@ -31,8 +31,13 @@ typedef struct record {
 /* Insert a record (ptr must not be present).  0 on success, -1 when the host
  * is out of memory. */
 int records_insert(const record *r);
-/* Remove the record of ptr into *out.  0 when found, -1 when unknown. */
-int records_take(uintptr_t ptr, record *out);
+/* Remove the record of ptr into *out.  0 when found, -1 when unknown.
+ * When `keep` is given and returns nonzero for the record, the record stays
+ * in the table (keep may change it, not its key), *out gets its changed copy
+ * and keep's result is returned.  One step under the shard lock: no other
+ * thread ever sees a kept record missing (a graph block freed by the user
+ * while its graph is released, see bridge_free). */
+int records_take(uintptr_t ptr, record *out, int (*keep)(record *r));
 /* Call fn on the record of ptr under its shard's lock; fn may change it (not
  * its key).  Returns fn's result, or -1 when unknown. */
 int records_update(uintptr_t ptr, int (*fn)(record *r, void *arg), void *arg);

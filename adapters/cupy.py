@@ -1,0 +1,98 @@
+"""CuPy on the shared pool: ``cupy.cuda.set_allocator`` with the core's C allocator.
+
+The allocator is a C callable (``bridge._core.CupyAllocator``): it asks CuPy
+for the current device and stream, allocates from the pool without the GIL,
+and wraps the block in CuPy's ``UnownedMemory`` + ``MemoryPointer``. The block
+is owned by a C object whose deallocation frees it on the allocating stream:
+no Python ``__del__`` is involved. Failures go to :func:`_on_failure`, which
+raises CuPy's own ``OutOfMemoryError``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["install", "installed", "OutOfMemoryError"]
+
+from typing import Any, Iterable
+
+import cupy
+from cupy.cuda import memory as _cmem
+
+from bridge import _runtime, recovery
+from bridge._errors import OOM_STATUSES, BridgeError, Status, check, oom_message
+from bridge._runtime import core
+
+
+class OutOfMemoryError(_cmem.OutOfMemoryError):
+    """CuPy's ``OutOfMemoryError``, with the bridge's message (device, budget, frameworks)."""
+
+    def __init__(self, size: int, total: int, limit: int = 0, message: str = "") -> None:
+        super().__init__(size, total, limit)
+        if message:
+            self.args = (message,)
+        self._message = message
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self._size, self._total, self._limit, self._message))
+
+
+_allocator: Any = None
+
+
+def installed() -> bool:
+    """Whether CuPy allocates from the shared pool."""
+    return _allocator is not None and cupy.cuda.get_allocator() is _allocator
+
+
+def _current_stream_fn():
+    fast = getattr(cupy.cuda.stream, "get_current_stream_ptr", None)
+    if fast is not None:
+        return fast
+    return lambda: cupy.cuda.get_current_stream().ptr
+
+
+def _current_device_fn():
+    return getattr(cupy.cuda.device, "get_device_id", None) or cupy.cuda.runtime.getDevice
+
+
+def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
+    """The slow path: set up a device first used now, or raise CuPy's OOM error."""
+    if rc in (Status.DEVICE, Status.NOTINIT):
+        _runtime.ensure_device(device)
+        rc, block = core.alloc_block(device, size, stream, core.TAG_CUPY)
+        if rc == Status.OK:
+            return _allocator.wrap(block)
+    if rc in OOM_STATUSES:
+        raw_rc, raw = core.stats(device)
+        total = raw["tags"][1]["current"] if raw_rc == 0 else 0
+        limit = raw["limit"] if raw_rc == 0 else 0
+        raise OutOfMemoryError(size, total, limit, oom_message(device, size, rc, framework="cupy"))
+    check(rc, what=f"cupy allocation of {size} bytes", device=device)
+    raise BridgeError(f"cupy allocation of {size} bytes failed with status {rc}")
+
+
+def _release_caches(device: int, tag: int) -> None:
+    """Under pressure: CuPy's FFT plans and its own MemoryPool's cached blocks."""
+    try:
+        cupy.fft.config.get_plan_cache().clear()
+    except Exception:  # noqa: BLE001 - no cache for this thread/device
+        pass
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+def install(devices: Iterable[int]) -> None:
+    """Point CuPy's device (and pinned) allocators at the shared pool."""
+    global _allocator
+    for d in devices:
+        _runtime.ensure_device(d)
+    if _allocator is None:
+        _allocator = core.CupyAllocator(
+            _current_device_fn(), _current_stream_fn(), _cmem.UnownedMemory,
+            _cmem.MemoryPointer, _on_failure, core.TAG_CUPY)
+    cupy.cuda.set_allocator(_allocator)
+    try:
+        from bridge import pinned
+    except ImportError:
+        pinned = None  # type: ignore[assignment]
+    if pinned is not None and hasattr(pinned, "cupy_pinned_allocator"):
+        cupy.cuda.set_pinned_memory_allocator(pinned.cupy_pinned_allocator())
+    recovery.register_releaser("cupy", _release_caches)

@@ -1,0 +1,136 @@
+"""PyTorch on the shared pool: a ``CUDAPluggableAllocator`` backed by the core.
+
+Every CUDA tensor's memory comes from ``bridge_torch_alloc`` in the compiled
+core (C++, no GIL, no Python); OOM throws ``CUDA out of memory. ...`` from
+C++, which torch raises as a ``RuntimeError``. The hooks torch offers are all
+connected (empty_cache, memory fraction, record_stream, CUDA graph pools), and
+``torch.cuda.memory_stats`` & co. are answered from the ledger.
+"""
+
+from __future__ import annotations
+
+__all__ = ["install", "installed", "memory_stats"]
+
+import ctypes
+from typing import Any, Iterable, Optional
+
+import torch
+
+from bridge import _runtime, recovery
+from bridge._errors import BridgeError, check
+from bridge._runtime import core
+
+_allocator: Any = None
+_HOOKS = (
+    ("set_init_fn", "bridge_torch_init"),
+    ("set_reset_fn", "bridge_torch_empty_cache"),
+    ("set_memory_fraction_fn", "bridge_torch_memory_fraction"),
+    ("set_record_stream_fn", "bridge_torch_record_stream"),
+    ("set_begin_allocate_to_pool", "bridge_torch_begin_allocate_to_pool"),
+    ("set_end_allocate_to_pool_fn", "bridge_torch_end_allocate_to_pool"),
+    ("set_release_pool", "bridge_torch_release_pool"),
+)
+
+
+def installed() -> bool:
+    """Whether torch allocates from the shared pool."""
+    return _allocator is not None
+
+
+def _device_index(device: Any) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    return torch.cuda._utils._get_device_index(device, optional=True)
+
+
+def memory_stats(device: Any = None) -> dict:
+    """torch's nested memory-stats dict for torch's share, from the ledger.
+
+    Keys as torch names them: ``allocated_bytes.all.current`` and so on. Every
+    torch block is one pool allocation, so "reserved" is what torch holds
+    (live tensors plus blocks kept for captured graphs).
+    """
+    dev = _device_index(device)
+    rc, raw = core.stats(dev)
+    check(rc, what="reading torch's memory figures", device=dev)
+    t = raw["tags"][core.TAG_TORCH]
+    graph = raw["graph_bytes"]
+
+    def stat(current: int, peak: int, allocated: int, freed: int) -> dict:
+        one = {"current": current, "peak": peak, "allocated": allocated, "freed": freed}
+        return {"all": one, "small_pool": dict.fromkeys(one, 0), "large_pool": dict(one)}
+
+    nbytes = stat(t["current"], t["peak"], t["allocated"], t["freed"])
+    count = stat(t["num_allocs"] - t["num_frees"], 0, t["num_allocs"], t["num_frees"])
+    reserved = stat(t["current"] + graph, t["peak"] + graph, t["allocated"], t["freed"])
+    zero = stat(0, 0, 0, 0)
+    return {
+        "allocated_bytes": nbytes, "active_bytes": nbytes, "requested_bytes": nbytes,
+        "reserved_bytes": reserved, "inactive_split_bytes": zero,
+        "allocation": count, "active": count, "segment": count, "inactive_split": zero,
+        "num_alloc_retries": raw["num_retries"], "num_ooms": t["num_ooms"],
+        "num_sync_all_streams": 0, "num_device_alloc": t["num_allocs"],
+        "num_device_free": t["num_frees"], "max_split_size": -1,
+        "oversize_allocations": zero["all"], "oversize_segments": zero["all"],
+    }
+
+
+def _reset_peak(device: Any) -> None:
+    dev = _device_index(device)
+    check(core.reset_peak(dev, core.TAG_TORCH), what="resetting torch's peak", device=dev)
+
+
+def _reset_accumulated(device: Any) -> None:
+    dev = _device_index(device)
+    check(core.reset_accumulated(dev, core.TAG_TORCH), what="resetting torch's counters",
+          device=dev)
+
+
+def _release_caches(device: int, tag: int) -> None:
+    """Under pressure from another framework: torch's cuFFT plan cache.
+
+    Not when torch itself is allocating: torch may hold the plan cache's lock
+    while it allocates a cuFFT work area, and clearing would deadlock.
+    """
+    if tag == core.TAG_TORCH:
+        return
+    cache = torch.backends.cuda.cufft_plan_cache
+    cache[device].clear()
+
+
+def _check_order() -> None:
+    if torch.cuda.is_initialized():
+        raise BridgeError(
+            "call bridge.unify(torch=True) before the first CUDA tensor: torch has already "
+            "initialized its CUDA allocator, and it cannot be swapped afterwards. Move "
+            "bridge.unify() to the top of your program, before any .cuda(), "
+            "torch.device('cuda') tensor or torch.cuda call that starts CUDA.")
+
+
+def install(devices: Iterable[int], *, library: Optional[str] = None) -> None:
+    """Make the compiled core torch's CUDA allocator. Must run before torch starts CUDA."""
+    global _allocator
+    if _allocator is not None:
+        return
+    _check_order()
+    for d in devices:
+        _runtime.ensure_device(d)
+    path = library or core.__file__
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "bridge_torch_alloc",
+                                                     "bridge_torch_free")
+    lib = ctypes.CDLL(path)
+    hooks = alloc.allocator()
+    for setter, symbol in _HOOKS:
+        getattr(hooks, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+    try:
+        torch.cuda.memory.change_current_allocator(alloc)
+    except RuntimeError as exc:
+        raise BridgeError(
+            "call bridge.unify(torch=True) before the first CUDA tensor: torch refused to swap "
+            f"its allocator ({exc}).") from exc
+    _allocator = alloc
+    # torch.cuda.memory_stats & co. read these; a bare pluggable allocator raises.
+    torch._C._cuda_memoryStats = memory_stats
+    torch._C._cuda_resetPeakMemoryStats = _reset_peak
+    torch._C._cuda_resetAccumulatedMemoryStats = _reset_accumulated
+    recovery.register_releaser("torch", _release_caches)

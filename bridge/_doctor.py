@@ -1,0 +1,419 @@
+"""``python -m bridge doctor``: what this machine offers the bridge, and what is in its way.
+
+Nothing here imports CuPy, PyTorch or JAX: installed versions come from
+``importlib.metadata`` and capabilities from the packages' source files, so
+that the doctor never starts a framework's CUDA runtime (which would itself
+be one of the problems it looks for).
+"""
+
+from __future__ import annotations
+
+__all__ = ["Report", "collect", "render", "CONFLICTING_ENV"]
+
+import ctypes
+import dataclasses
+import importlib.metadata as metadata
+import importlib.util
+import os
+import pathlib
+import platform
+import re
+import sys
+from typing import Optional
+
+import bridge
+from bridge import _runtime
+from bridge._errors import BridgeError, format_bytes
+from bridge._runtime import core
+from bridge.budget import GPU_LIMIT_ENV, PINNED_LIMIT_ENV, parse_size
+
+LEVELS = ("ok", "info", "warn", "error")
+
+# Variables whose mere presence deserves a sentence: name -> (level, advice).
+CONFLICTING_ENV: dict[str, tuple[str, str]] = {
+    "PYTORCH_CUDA_ALLOC_CONF": (
+        "warn",
+        "under bridge.unify(torch=True) torch allocates through the bridge, so torch's "
+        "caching-allocator options have no effect, and backend:cudaMallocAsync would take "
+        "torch around the budget if torch starts CUDA before unify(). Unset it."),
+    "XLA_PYTHON_CLIENT_MEM_FRACTION": (
+        "warn",
+        "XLA's cuda_async allocator, which the bridge gives JAX, enforces no byte limit: "
+        "this fraction limits nothing. Set the shared budget instead "
+        "(bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT)."),
+    "CUPY_GPU_MEMORY_LIMIT": (
+        "warn",
+        "this limits CuPy's own memory pool, which bridge.unify(cupy=True) replaces: it has "
+        "no effect on the shared pool. Use BRIDGE_GPU_MEMORY_LIMIT (same syntax) instead."),
+}
+
+
+@dataclasses.dataclass
+class Finding:
+    """One line of the report: a subject, a level in LEVELS, and what to do."""
+
+    level: str
+    subject: str
+    text: str
+
+
+@dataclasses.dataclass
+class Report:
+    """Everything ``python -m bridge doctor`` found (``as_dict`` for ``--json``)."""
+
+    python: dict
+    bridge: dict
+    driver: dict
+    devices: list[dict]
+    frameworks: list[dict]
+    environment: list[Finding]
+
+    @property
+    def problems(self) -> list[Finding]:
+        """Findings at level warn or error, from every section."""
+        found = [f for f in self.environment if f.level in ("warn", "error")]
+        for fw in self.frameworks:
+            found += [Finding(**f) for f in fw["findings"] if f["level"] in ("warn", "error")]
+        if not self.driver["loaded"]:
+            found.append(Finding("error", "driver", self.driver["error"]))
+        for dev in self.devices:
+            if not dev["pools"]:
+                found.append(Finding("error", f"device {dev['index']}", dev["error"] or ""))
+        return found
+
+    def as_dict(self) -> dict:
+        """The report as plain data."""
+        d = dataclasses.asdict(self)
+        d["problems"] = [dataclasses.asdict(f) for f in self.problems]
+        return d
+
+
+# ---- the driver and the GPUs ----
+def _version_text(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _driver() -> dict:
+    info = {"loaded": False, "library": os.environ.get(_runtime.DRIVER_LIBRARY_ENV) or
+            "libcuda.so.1", "error": "", "version": None, "version_text": "", "devices": 0}
+    try:
+        _runtime.ensure_driver()
+    except BridgeError:
+        info["error"] = (f"no usable CUDA driver ({core.load_error() or 'cuInit failed'}): "
+                         "this machine has no NVIDIA driver the bridge can use, so it cannot "
+                         "manage GPU memory here. Frameworks may still be installed; run on "
+                         "a machine with an NVIDIA GPU (check `nvidia-smi`).")
+        return info
+    info["loaded"] = True
+    info["library"] = core.loaded_library()
+    rc, version = core.driver_version()
+    if rc == 0:
+        info["version"], info["version_text"] = version, _version_text(version)
+    rc, n = core.device_count()
+    info["devices"] = n if rc == 0 else 0
+    return info
+
+
+def _driver_call(name: str, *args) -> Optional[int]:
+    """Call an entry point of the loaded driver by name; its CUresult, or None."""
+    try:
+        fn = getattr(ctypes.CDLL(core.loaded_library()), name)
+    except (OSError, AttributeError):
+        return None
+    return int(fn(*args))
+
+
+def _device_name(index: int) -> tuple[Optional[str], Optional[str]]:
+    """(name, compute capability) from the loaded driver; None where it cannot tell."""
+    dev = ctypes.c_int()
+    if _driver_call("cuDeviceGet", ctypes.byref(dev), index) != 0:
+        return None, None
+    buf = ctypes.create_string_buffer(256)
+    name = buf.value.decode(errors="replace") if _driver_call(
+        "cuDeviceGetName", buf, 256, dev) == 0 else ""
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    cc = None
+    if (_driver_call("cuDeviceGetAttribute", ctypes.byref(major), 75, dev) == 0 and
+            _driver_call("cuDeviceGetAttribute", ctypes.byref(minor), 76, dev) == 0 and
+            major.value > 0):
+        cc = f"{major.value}.{minor.value}"
+    return name or None, cc
+
+
+def _devices(count: int) -> list[dict]:
+    devices = []
+    for d in range(count):
+        name, cc = _device_name(d)
+        dev = {"index": d, "name": name, "compute_capability": cc, "pools": False,
+               "total": None, "error": None}
+        try:
+            _runtime.ensure_device(d)
+        except ValueError:
+            pass  # the pool is set up; the bad budget variable is reported with the environment
+        except BridgeError as exc:
+            dev["error"] = str(exc)
+        if core.ready(d):
+            dev["pools"] = True
+            rc, raw = core.stats(d)
+            if rc == 0:
+                dev["total"] = int(raw["total"])
+        devices.append(dev)
+    return devices
+
+
+# ---- installed frameworks, read without importing them ----
+def _distributions() -> dict[str, str]:
+    """Normalized distribution name -> version, for everything installed."""
+    found: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)
+    return found
+
+
+def _package_file(package: str, relative: str) -> Optional[str]:
+    """The text of a file inside an installed package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = pathlib.Path(root) / relative
+        if path.is_file():
+            try:
+                return path.read_text(errors="replace")
+            except OSError:
+                return None
+    return None
+
+
+def _cuda_major_check(name: str, major: Optional[int], driver: dict, findings: list) -> None:
+    drv = driver["version"]
+    if major is not None and drv and major > drv // 1000:
+        findings.append(dict(level="warn", subject=name, text=(
+            f"built for CUDA {major}, but the driver supports CUDA {driver['version_text']}: "
+            f"update the NVIDIA driver or install {name}'s CUDA {drv // 1000} build.")))
+
+
+def _torch(dists: dict, driver: dict) -> dict:
+    fw = {"name": "torch", "installed": "torch" in dists, "version": dists.get("torch"),
+          "usable": False, "findings": []}
+    if not fw["installed"]:
+        return fw
+    f = fw["findings"]
+    version_py = _package_file("torch", "version.py") or ""
+    cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([\d.]+)['\"]", version_py, re.M)
+    pluggable = "CUDAPluggableAllocator" in (_package_file("torch", "cuda/memory.py") or "")
+    if re.search(r"^hip\s*(?::[^=]*)?=\s*['\"]", version_py, re.M):
+        f.append(dict(level="error", subject="torch", text=(
+            "a ROCm build: the bridge manages CUDA memory only; install a CUDA build of torch.")))
+    elif not cuda:
+        f.append(dict(level="warn", subject="torch", text=(
+            "a CPU-only build: torch cannot use the GPU; install a CUDA build "
+            "(https://pytorch.org/get-started/locally/).")))
+    elif not pluggable:
+        f.append(dict(level="error", subject="torch", text=(
+            "has no torch.cuda.memory.CUDAPluggableAllocator, which the bridge plugs into: "
+            "upgrade torch (2.1 or newer).")))
+    else:
+        fw["usable"] = True
+        f.append(dict(level="ok", subject="torch", text=(
+            f"CUDA {cuda.group(1)} build with CUDAPluggableAllocator; call "
+            "bridge.unify(torch=True) before the first CUDA tensor.")))
+        _cuda_major_check("torch", int(cuda.group(1).split(".")[0]), driver, f)
+    return fw
+
+
+def _cupy(dists: dict, driver: dict) -> dict:
+    names = sorted(n for n in dists if re.fullmatch(r"cupy(-cuda\d+x?|-rocm[-\d]*)?", n))
+    fw = {"name": "cupy", "installed": bool(names), "version": None, "usable": False,
+          "distribution": ", ".join(names), "findings": []}
+    if not names:
+        return fw
+    f = fw["findings"]
+    fw["version"] = dists[names[0]]
+    if len(names) > 1:
+        f.append(dict(level="error", subject="cupy", text=(
+            f"several CuPy packages are installed ({', '.join(names)}): they overwrite each "
+            "other; uninstall all of them and install the one for your CUDA version.")))
+    cuda_init = _package_file("cupy", "cuda/__init__.py") or ""
+    if any(n.startswith("cupy-rocm") for n in names):
+        f.append(dict(level="error", subject="cupy", text=(
+            "a ROCm build: the bridge manages CUDA memory only.")))
+    elif "set_allocator" not in cuda_init:
+        f.append(dict(level="error", subject="cupy", text=(
+            "cupy.cuda.set_allocator was not found in this CuPy: reinstall or upgrade CuPy.")))
+    else:
+        fw["usable"] = len(names) == 1
+        f.append(dict(level="ok", subject="cupy", text=(
+            "has cupy.cuda.set_allocator; bridge.unify(cupy=True) replaces its allocator "
+            "(arrays made before the call stay in CuPy's own pool).")))
+    m = re.search(r"cuda(\d+)", names[0])
+    if m:
+        digits = m.group(1)
+        _cuda_major_check("cupy", int(digits[:2] if len(digits) > 2 else digits), driver, f)
+    return fw
+
+
+def _jax(dists: dict, driver: dict) -> dict:
+    fw = {"name": "jax", "installed": "jax" in dists, "version": dists.get("jax"),
+          "jaxlib": dists.get("jaxlib"), "usable": False, "findings": []}
+    if not fw["installed"]:
+        return fw
+    f = fw["findings"]
+    plugins = sorted(n for n in dists if re.fullmatch(r"jax-cuda\d+-(plugin|pjrt)", n))
+    fw["plugins"] = {n: dists[n] for n in plugins}
+    legacy = re.search(r"\+cuda(\d+)", fw["jaxlib"] or "")
+    if not fw["jaxlib"]:
+        f.append(dict(level="error", subject="jax", text=(
+            "jax is installed without jaxlib: pip install -U 'jax[cuda13]' (or cuda12).")))
+    elif not plugins and not legacy:
+        f.append(dict(level="warn", subject="jax", text=(
+            "no CUDA plugin (jax-cuda12-plugin / jax-cuda13-plugin): JAX runs on the CPU "
+            "and the bridge has nothing to do for it. pip install -U 'jax[cuda13]' (or cuda12).")))
+    else:
+        fw["usable"] = True
+        major = int(legacy.group(1)[:2]) if legacy else int(re.search(r"\d+", plugins[0])[0])
+        f.append(dict(level="ok", subject="jax", text=(
+            "has a CUDA backend; call bridge.unify(jax=True) before JAX's first GPU operation "
+            "(it sets XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async without preallocation).")))
+        _cuda_major_check("jax", major, driver, f)
+    return fw
+
+
+def _cuda_python(dists: dict) -> dict:
+    names = [n for n in ("cuda-python", "cuda-bindings", "cuda-core") if n in dists]
+    return {"name": "cuda-python", "installed": bool(names),
+            "version": ", ".join(f"{n} {dists[n]}" for n in names) or None,
+            "usable": None, "findings": [dict(level="info", subject="cuda-python", text=(
+                "optional: the bridge loads the driver itself and does not need it."))]
+            if names else []}
+
+
+# ---- the environment ----
+def _truthy(value: str) -> bool:
+    return value.strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _environment(devices: list[dict]) -> list[Finding]:
+    env = os.environ
+    found = []
+    for name, (level, advice) in CONFLICTING_ENV.items():
+        if name in env:
+            found.append(Finding(level, f"{name}={env[name]}", advice))
+    pre = env.get("XLA_PYTHON_CLIENT_PREALLOCATE")
+    if pre is not None and _truthy(pre):
+        found.append(Finding("warn", f"XLA_PYTHON_CLIENT_PREALLOCATE={pre}", (
+            "JAX would reserve most of the GPU at start (0.75 of it with cuda_async) before "
+            "any other framework can use it. Unset it or set it to false; "
+            "bridge.unify(jax=True) turns preallocation off.")))
+    alloc = env.get("XLA_PYTHON_CLIENT_ALLOCATOR")
+    if alloc is not None and alloc.strip().lower() != "cuda_async":
+        found.append(Finding("warn", f"XLA_PYTHON_CLIENT_ALLOCATOR={alloc}", (
+            "JAX would allocate from its own arena outside the shared pool and budget. "
+            "Unset it (bridge.unify(jax=True) sets cuda_async) or set it to cuda_async.")))
+    totals = [d["total"] for d in devices if d["total"]]
+    for name in (GPU_LIMIT_ENV, PINNED_LIMIT_ENV):
+        raw = env.get(name)
+        if raw is None or raw.strip() == "":
+            continue
+        total = min(totals) if totals and name == GPU_LIMIT_ENV else 1 << 40
+        try:
+            size = parse_size(raw, total=total, name=name)
+        except ValueError as exc:
+            found.append(Finding("error", f"{name}={raw}",
+                                 f"{exc} bridge.unify() and the pools raise on this value."))
+            continue
+        if name == GPU_LIMIT_ENV and totals:
+            what = f"a budget of {format_bytes(size or 0)} per device" if size else "no limit"
+        else:
+            what = f"{format_bytes(size or 0)}" if size else "no limit"
+        found.append(Finding("ok", f"{name}={raw}", f"valid: {what}."))
+    if "CUDA_VISIBLE_DEVICES" in env:
+        found.append(Finding("info", f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}",
+                             "only these GPUs are visible to this process."))
+    if env.get(_runtime.DRIVER_LIBRARY_ENV):
+        found.append(Finding("info", f"{_runtime.DRIVER_LIBRARY_ENV}="
+                             f"{env[_runtime.DRIVER_LIBRARY_ENV]}",
+                             "the bridge loads this library instead of libcuda.so.1."))
+    return found
+
+
+def collect() -> Report:
+    """Look at the driver, GPUs, frameworks and environment; import no framework.
+
+    Returns
+    -------
+    Report
+    """
+    driver = _driver()
+    devices = _devices(driver["devices"]) if driver["loaded"] else []
+    dists = _distributions()
+    frameworks = [_cupy(dists, driver), _torch(dists, driver), _jax(dists, driver),
+                  _cuda_python(dists)]
+    return Report(
+        python={"version": platform.python_version(), "executable": sys.executable},
+        bridge={"version": bridge.__version__, "path": str(pathlib.Path(bridge.__file__).parent)},
+        driver=driver, devices=devices, frameworks=frameworks,
+        environment=_environment(devices))
+
+
+def _tag(level: str) -> str:
+    return f"[{level}]".ljust(8)
+
+
+def render(report: Report) -> str:
+    """The report as the text ``python -m bridge doctor`` prints."""
+    out = ["bridge doctor", "",
+           f"  Python       {report.python['version']} ({report.python['executable']})",
+           f"  bridge       {report.bridge['version']} ({report.bridge['path']})", "", "Driver"]
+    drv = report.driver
+    if drv["loaded"]:
+        out.append(f"  {_tag('ok')}loaded {drv['library']}; CUDA driver "
+                   f"{drv['version_text'] or 'version unknown'} ({drv['version']})")
+        out.append(f"  GPUs: {drv['devices']}" + ("" if drv["devices"] else
+                   " - the driver loaded but sees no GPU; check CUDA_VISIBLE_DEVICES "
+                   "and `nvidia-smi`."))
+    else:
+        out.append(f"  {_tag('error')}{drv['error']}")
+    for dev in report.devices:
+        label = dev["name"] or "name unavailable"
+        if dev["compute_capability"]:
+            label += f", compute capability {dev['compute_capability']}"
+        total = format_bytes(dev["total"]) if dev["total"] else "memory unknown"
+        pools = "memory pools: yes" if dev["pools"] else f"memory pools: NO - {dev['error']}"
+        out.append(f"  {_tag('ok' if dev['pools'] else 'error')}"
+                   f"device {dev['index']}: {label}; {total}; {pools}")
+    out += ["", "Frameworks (read from package metadata; none was imported)"]
+    for fw in report.frameworks:
+        if not fw["installed"]:
+            out.append(f"  {fw['name']:<12} not installed")
+            continue
+        extra = ""
+        if fw.get("distribution"):
+            extra = f" ({fw['distribution']})"
+        if fw.get("jaxlib"):
+            extra = f" (jaxlib {fw['jaxlib']}" + "".join(
+                f", {n} {v}" for n, v in fw.get("plugins", {}).items()) + ")"
+        out.append(f"  {fw['name']:<12} {fw['version']}{extra}")
+        for f in fw["findings"]:
+            out.append(f"    {_tag(f['level'])}{f['text']}")
+    out += ["", "Environment"]
+    if not report.environment:
+        out.append(f"  {_tag('ok')}no variable that concerns the bridge is set.")
+    for f in report.environment:
+        out.append(f"  {_tag(f.level)}{f.subject}: {f.text}")
+    problems = report.problems
+    out.append("")
+    if not drv["loaded"]:
+        out.append("Summary: no GPU stack here; the bridge cannot run on this machine.")
+    elif not report.devices:
+        out.append("Summary: the driver sees no GPU; the bridge cannot run in this process.")
+    elif problems:
+        out.append(f"Summary: {len(problems)} thing(s) to look at above ([warn], [error]).")
+    else:
+        out.append("Summary: ready; bridge.unify() can run here.")
+    return "\n".join(out)

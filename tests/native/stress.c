@@ -1,0 +1,646 @@
+/* stress.c: threads against the core's ledger, built with a sanitizer.
+ *
+ * A standalone program (no Python): it links driver.c, records.c and ledger.c
+ * and loads the stand-in driver (tests/standin/standin_cuda.c) through
+ * bridge_init(path), so ThreadSanitizer sees every lock and atomic of the core
+ * and AddressSanitizer (with LeakSanitizer) every byte it mallocs.
+ * scripts/sanitize builds it twice (-fsanitize=thread, -fsanitize=address)
+ * and runs both; any sanitizer report or failed CHECK exits non-zero.
+ *
+ * Usage: stress <libstandin_cuda.so> [scale]   (scale 1 = the CI run)
+ *
+ * Phases, each followed by check_idle() (every figure back to 0):
+ *   init        bridge_init and device setup from many threads at once
+ *   edge        threads allocating and freeing at the budget edge; the ledger
+ *               peak and the live bytes never pass the budget
+ *   cross       blocks allocated on one thread, freed on another
+ *   limits      the budget, the tag caps and the pressure hook changed while
+ *               threads allocate
+ *   record      bridge_record_stream / bridge_lookup racing bridge_free
+ *   double      several threads freeing the same pointers: one free counts,
+ *               the others are bad frees
+ *   graph       captures begin and end while threads allocate and free
+ *               (deferred frees), graph blocks freed racing their release
+ *   huge        sizes that would overflow the ledger's arithmetic
+ */
+#include "bridge.h"
+
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KIB (1024ull)
+#define MIB (1024ull * 1024ull)
+#define NDEV 2
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "stress: %s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);      \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static int scale = 1;
+
+/* ---- the stand-in driver's controls (same library the core loaded) ---- */
+static struct {
+    void (*set_capacity)(int dev, uint64_t bytes);
+    void (*add_foreign)(int dev, int64_t delta);
+    void (*sync_all)(int dev);
+    uint64_t (*live_count)(void);
+} standin;
+
+static void load_standin(const char *path)
+{
+    /* bridge_init loaded it already: this returns the same handle */
+    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    CHECK(lib, "%s is not loaded: %s", path, dlerror());
+    *(void **)&standin.set_capacity = dlsym(lib, "standin_set_capacity");
+    *(void **)&standin.add_foreign = dlsym(lib, "standin_add_foreign");
+    *(void **)&standin.sync_all = dlsym(lib, "standin_sync_all");
+    *(void **)&standin.live_count = dlsym(lib, "standin_live_count");
+    CHECK(standin.set_capacity && standin.add_foreign && standin.sync_all && standin.live_count,
+          "%s lacks the standin_* controls", path);
+    /* the handle stays open for the life of the program, like the core's */
+}
+
+/* ---- small helpers ---- */
+static uint64_t rnd(uint64_t *s) /* xorshift64* */
+{
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 0x2545F4914F6CDD1Dull;
+}
+
+static void *stream_of(int i) { return (void *)(uintptr_t)(0x5000 + 16 * (uintptr_t)i); }
+
+static bridge_stats stats_of(int dev)
+{
+    bridge_stats s;
+    CHECK(bridge_get_stats(dev, &s) == BRIDGE_OK, "stats of device %d", dev);
+    return s;
+}
+
+typedef void *(*thread_fn)(void *);
+static void run_threads(int n, thread_fn fn, void *args, size_t arg_size)
+{
+    pthread_t t[64];
+    CHECK(n <= 64, "too many threads");
+    for (int i = 0; i < n; i++)
+        CHECK(pthread_create(&t[i], NULL, fn, (char *)args + (size_t)i * arg_size) == 0,
+              "pthread_create");
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+}
+
+/* Every device idle: no live block, no reservation, no deferred free, no graph
+ * block, the driver's pool empty, and `committed` back to 0 (seen through
+ * others: with X foreign bytes in the pool, others must read exactly X). */
+static void check_idle(const char *phase)
+{
+    CHECK(bridge_live_records() == 0, "%s: %" PRIu64 " records left", phase, bridge_live_records());
+    for (int d = 0; d < NDEV; d++) {
+        CHECK(bridge_trim(d, 0) == BRIDGE_OK, "%s: trim", phase); /* flushes deferred frees */
+        standin.sync_all(d);
+        bridge_stats s = stats_of(d);
+        CHECK(s.used == 0, "%s: device %d ledger %" PRIu64 " after every free", phase, d, s.used);
+        CHECK(s.num_deferred == 0, "%s: device %d %" PRIu64 " deferred", phase, d, s.num_deferred);
+        CHECK(s.graph_bytes == 0, "%s: device %d graph bytes %" PRIu64, phase, d, s.graph_bytes);
+        CHECK(s.pool_used == 0, "%s: device %d pool used %" PRIu64, phase, d, s.pool_used);
+        CHECK(s.num_allocs == s.num_frees, "%s: device %d allocs %" PRIu64 " frees %" PRIu64,
+              phase, d, s.num_allocs, s.num_frees);
+        for (int t = 0; t < BRIDGE_NTAGS; t++) {
+            bridge_tag_stats *ts = &s.tag[t];
+            CHECK(ts->current == 0, "%s: device %d tag %d current %" PRIu64, phase, d, t,
+                  ts->current);
+            CHECK(ts->allocated == ts->freed, "%s: device %d tag %d allocated %" PRIu64
+                  " freed %" PRIu64, phase, d, t, ts->allocated, ts->freed);
+            CHECK(ts->num_allocs == ts->num_frees, "%s: device %d tag %d", phase, d, t);
+        }
+        uint64_t others = 0;
+        standin.add_foreign(d, 12345);
+        CHECK(bridge_others(d, &others) == BRIDGE_OK, "others");
+        standin.add_foreign(d, -12345);
+        CHECK(others == 12345, "%s: device %d others %" PRIu64 " with 12345 foreign bytes "
+              "(committed did not return to 0)", phase, d, others);
+    }
+    CHECK(standin.live_count() == 0, "%s: the driver holds %" PRIu64 " blocks", phase,
+          standin.live_count());
+}
+
+/* Start a phase from a clean slate: no limit, figures reset. */
+static void reset(void)
+{
+    bridge_set_pressure_hook(NULL);
+    for (int d = 0; d < NDEV; d++) {
+        CHECK(bridge_set_limit(d, 0) == BRIDGE_OK, "set_limit");
+        for (int t = 0; t < BRIDGE_NTAGS; t++)
+            CHECK(bridge_set_tag_limit(d, t, 0) == BRIDGE_OK, "set_tag_limit");
+        CHECK(bridge_reset_peak(d, -1) == BRIDGE_OK, "reset_peak");
+        CHECK(bridge_reset_accumulated(d, -1) == BRIDGE_OK, "reset_accumulated");
+    }
+}
+
+/* Accounting every allocating thread keeps: bytes it holds, added after a
+ * successful alloc, removed before the free, so the sum never exceeds what
+ * the ledger granted. */
+static _Atomic uint64_t live_bytes[NDEV];
+
+static int status_ok_or_refused(int rc)
+{
+    return rc == BRIDGE_OK || rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM ||
+           rc == BRIDGE_E_TAG_LIMIT;
+}
+
+/* ---- phase: init ---- */
+static const char *standin_path;
+
+static void *init_thread(void *arg)
+{
+    (void)arg;
+    CHECK(bridge_init(standin_path) == BRIDGE_OK, "bridge_init: %s", bridge_load_error());
+    for (int d = 0; d < NDEV; d++)
+        CHECK(bridge_device_setup(d, UINT64_MAX) == BRIDGE_OK, "setup %d", d);
+    CHECK(bridge_device_ready(0) && bridge_device_ready(1), "ready");
+    return NULL;
+}
+
+static void phase_init(void)
+{
+    int dummy[8];
+    run_threads(8, init_thread, dummy, sizeof dummy[0]);
+    int count = 0;
+    CHECK(bridge_device_count(&count) == BRIDGE_OK && count >= NDEV, "device count %d", count);
+}
+
+/* ---- phase: edge ---- */
+typedef struct worker {
+    int id;
+    int dev;
+    int iters;
+    uint64_t limit;         /* live bytes of dev never pass it (0: no check) */
+    uint64_t max_size;
+    uint64_t seed;
+    int tags;               /* rotate tags 0..tags-1 */
+    uint64_t refusals, ok;
+} worker;
+
+#define HOLD 8
+
+static void *edge_thread(void *arg)
+{
+    worker *w = arg;
+    void *held[HOLD] = {0};
+    size_t sizes[HOLD] = {0};
+    uint64_t s = w->seed;
+    for (int i = 0; i < w->iters; i++) {
+        int k = (int)(rnd(&s) % HOLD);
+        if (held[k]) {
+            atomic_fetch_sub(&live_bytes[w->dev], sizes[k]);
+            bridge_free(held[k]);
+            held[k] = NULL;
+            continue;
+        }
+        size_t size = 1 + rnd(&s) % w->max_size;
+        int tag = w->tags ? (int)(rnd(&s) % (uint64_t)w->tags) : BRIDGE_TAG_TORCH;
+        void *p = NULL;
+        int rc = bridge_alloc(w->dev, size, stream_of(w->id), tag, &p);
+        CHECK(status_ok_or_refused(rc), "alloc status %d", rc);
+        if (rc != BRIDGE_OK) {
+            CHECK(p == NULL, "a refused alloc gave a pointer");
+            w->refusals++;
+            continue;
+        }
+        CHECK(p != NULL, "OK with a null pointer");
+        w->ok++;
+        uint64_t now = atomic_fetch_add(&live_bytes[w->dev], size) + size;
+        if (w->limit)
+            CHECK(now <= w->limit, "live bytes %" PRIu64 " passed the budget %" PRIu64, now,
+                  w->limit);
+        held[k] = p;
+        sizes[k] = size;
+    }
+    for (int k = 0; k < HOLD; k++)
+        if (held[k]) {
+            atomic_fetch_sub(&live_bytes[w->dev], sizes[k]);
+            bridge_free(held[k]);
+        }
+    return NULL;
+}
+
+static void phase_edge(void)
+{
+    reset();
+    const uint64_t limit = 1 * MIB;
+    CHECK(bridge_set_limit(0, limit) == BRIDGE_OK, "set_limit");
+    CHECK(bridge_set_limit(1, limit / 2) == BRIDGE_OK, "set_limit");
+    worker w[8];
+    for (int i = 0; i < 8; i++)
+        w[i] = (worker){.id = i, .dev = i % 4 == 3, .iters = 4000 * scale,
+                        .limit = i % 4 == 3 ? limit / 2 : limit, .max_size = 128 * KIB,
+                        .seed = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1), .tags = BRIDGE_NTAGS};
+    run_threads(8, edge_thread, w, sizeof w[0]);
+    uint64_t refusals = 0, ok = 0;
+    for (int i = 0; i < 8; i++)
+        refusals += w[i].refusals, ok += w[i].ok;
+    bridge_stats s0 = stats_of(0), s1 = stats_of(1);
+    CHECK(s0.peak_used <= limit, "device 0 peak %" PRIu64 " > budget", s0.peak_used);
+    CHECK(s1.peak_used <= limit / 2, "device 1 peak %" PRIu64 " > budget", s1.peak_used);
+    CHECK(s0.peak_used > limit / 2, "device 0 never came near its budget (peak %" PRIu64 ")",
+          s0.peak_used);
+    CHECK(refusals > 0, "the budget never refused anything: not at the edge");
+    printf("  edge: %" PRIu64 " allocations, %" PRIu64 " refused at the budget, peak %" PRIu64
+           " of %" PRIu64 "\n", ok, refusals, s0.peak_used, limit);
+    check_idle("edge");
+}
+
+/* ---- phase: cross (allocated here, freed there) ---- */
+#define RING 256
+static struct {
+    pthread_mutex_t mu;
+    void *slot[RING];
+    size_t head, tail; /* head - tail = blocks waiting */
+    int producers_left;
+} ring = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void *producer_thread(void *arg)
+{
+    worker *w = arg;
+    uint64_t s = w->seed;
+    for (int i = 0; i < w->iters; i++) {
+        void *p = NULL;
+        size_t size = 1 + rnd(&s) % w->max_size;
+        int rc = bridge_alloc(w->dev, size, stream_of(w->id), BRIDGE_TAG_CUPY, &p);
+        CHECK(status_ok_or_refused(rc), "alloc status %d", rc);
+        if (rc != BRIDGE_OK)
+            continue;
+        pthread_mutex_lock(&ring.mu);
+        if (ring.head - ring.tail < RING) {
+            ring.slot[ring.head++ % RING] = p;
+            p = NULL;
+        }
+        pthread_mutex_unlock(&ring.mu);
+        bridge_free(p); /* the ring was full: free it here; NULL is a no-op */
+    }
+    pthread_mutex_lock(&ring.mu);
+    ring.producers_left--;
+    pthread_mutex_unlock(&ring.mu);
+    return NULL;
+}
+
+static void *consumer_thread(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        void *p = NULL;
+        int done;
+        pthread_mutex_lock(&ring.mu);
+        if (ring.head != ring.tail)
+            p = ring.slot[ring.tail++ % RING];
+        done = ring.producers_left == 0 && ring.head == ring.tail;
+        pthread_mutex_unlock(&ring.mu);
+        if (p)
+            bridge_free(p);
+        else if (done)
+            return NULL;
+        else
+            sched_yield();
+    }
+}
+
+static void *cross_thread(void *arg)
+{
+    worker *w = arg;
+    return w->id < 4 ? producer_thread(w) : consumer_thread(w);
+}
+
+static void phase_cross(void)
+{
+    reset();
+    CHECK(bridge_set_limit(0, 2 * MIB) == BRIDGE_OK, "set_limit");
+    ring.producers_left = 4;
+    worker w[8];
+    for (int i = 0; i < 8; i++)
+        w[i] = (worker){.id = i, .dev = 0, .iters = 3000 * scale, .max_size = 64 * KIB,
+                        .seed = 0xC0FFEEull * (uint64_t)(i + 7)};
+    run_threads(8, cross_thread, w, sizeof w[0]);
+    CHECK(stats_of(0).peak_used <= 2 * MIB, "peak passed the budget");
+    check_idle("cross");
+}
+
+/* ---- phase: limits (budget, tag caps, hook changed under the allocators) ---- */
+static atomic_int limits_stop;
+static atomic_int hook_calls;
+
+static int pressure_hook(int device, size_t size, int tag)
+{
+    (void)size;
+    (void)tag;
+    atomic_fetch_add(&hook_calls, 1);
+    standin.sync_all(device); /* "a framework dropped its cache": queued frees land */
+    return 1;
+}
+
+static void *limit_changer(void *arg)
+{
+    uint64_t s = *(uint64_t *)arg;
+    static const uint64_t budgets[] = {256 * KIB, 1 * MIB, 4 * MIB};
+    static const uint64_t caps[] = {0, 512 * KIB, 2 * MIB};
+    while (!atomic_load(&limits_stop)) {
+        CHECK(bridge_set_limit(0, budgets[rnd(&s) % 3]) == BRIDGE_OK, "set_limit");
+        CHECK(bridge_set_tag_limit(0, (int)(rnd(&s) % BRIDGE_NTAGS), caps[rnd(&s) % 3]) ==
+                  BRIDGE_OK, "set_tag_limit");
+        bridge_set_pressure_hook(rnd(&s) % 2 ? pressure_hook : NULL);
+        if (rnd(&s) % 8 == 0)
+            bridge_reset_peak(0, -1);
+        sched_yield();
+    }
+    return NULL;
+}
+
+static void phase_limits(void)
+{
+    reset();
+    atomic_store(&limits_stop, 0);
+    CHECK(bridge_set_limit(0, 1 * MIB) == BRIDGE_OK, "set_limit");
+    pthread_t changer;
+    uint64_t seed = 42;
+    CHECK(pthread_create(&changer, NULL, limit_changer, &seed) == 0, "pthread_create");
+    worker w[6];
+    for (int i = 0; i < 6; i++)
+        w[i] = (worker){.id = i, .dev = 0, .iters = 3000 * scale, .limit = 4 * MIB,
+                        .max_size = 256 * KIB, .seed = 0xABCDEFull * (uint64_t)(i + 3),
+                        .tags = BRIDGE_NTAGS};
+    run_threads(6, edge_thread, w, sizeof w[0]);
+    atomic_store(&limits_stop, 1);
+    pthread_join(changer, NULL);
+    bridge_stats s = stats_of(0);
+    CHECK(s.peak_used <= 4 * MIB, "peak %" PRIu64 " passed the largest budget", s.peak_used);
+    printf("  limits: pressure hook called %d times\n", atomic_load(&hook_calls));
+    check_idle("limits");
+}
+
+/* ---- phase: record (record_stream and lookup racing free) ---- */
+#define NSLOTS 32
+static _Atomic(void *) slots[NSLOTS];
+static atomic_int record_stop;
+
+static void *slot_owner(void *arg)
+{
+    worker *w = arg;
+    uint64_t s = w->seed;
+    for (int i = 0; i < w->iters; i++) {
+        int k = (int)(rnd(&s) % NSLOTS);
+        void *old = atomic_exchange(&slots[k], NULL);
+        if (old) {
+            bridge_free(old);
+            continue;
+        }
+        void *p = NULL;
+        int rc = bridge_alloc(0, 1 + rnd(&s) % (16 * KIB), stream_of(w->id), BRIDGE_TAG_TORCH, &p);
+        CHECK(rc == BRIDGE_OK, "alloc without a budget: %d", rc);
+        void *expected = NULL;
+        if (!atomic_compare_exchange_strong(&slots[k], &expected, p))
+            bridge_free(p);
+    }
+    return NULL;
+}
+
+static void *recorder(void *arg)
+{
+    worker *w = arg;
+    uint64_t s = w->seed;
+    while (!atomic_load(&record_stop)) {
+        void *p = atomic_load(&slots[rnd(&s) % NSLOTS]);
+        if (!p)
+            continue;
+        /* the block may be freed at any moment: OK or INVALID, never a crash */
+        int rc = bridge_record_stream(p, stream_of(16 + (int)(rnd(&s) % 6)));
+        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_INVALID, "record_stream %d", rc);
+        size_t size = 0;
+        int dev = -1, tag = -1;
+        rc = bridge_lookup(p, &size, &dev, &tag);
+        CHECK(rc == BRIDGE_E_INVALID || (rc == BRIDGE_OK && dev == 0 && size > 0 &&
+                                         tag == BRIDGE_TAG_TORCH), "lookup %d", rc);
+    }
+    return NULL;
+}
+
+static void *record_thread(void *arg)
+{
+    worker *w = arg;
+    if (w->id < 3) {
+        slot_owner(w);
+        return NULL;
+    }
+    return recorder(w);
+}
+
+static void phase_record(void)
+{
+    reset();
+    atomic_store(&record_stop, 0);
+    worker w[6];
+    for (int i = 0; i < 6; i++)
+        w[i] = (worker){.id = i, .dev = 0, .iters = 4000 * scale,
+                        .seed = 0x5EEDull * (uint64_t)(i + 11)};
+    /* recorders run until the owners are done */
+    pthread_t t[6];
+    for (int i = 0; i < 6; i++)
+        CHECK(pthread_create(&t[i], NULL, record_thread, &w[i]) == 0, "pthread_create");
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    atomic_store(&record_stop, 1);
+    for (int i = 3; i < 6; i++)
+        pthread_join(t[i], NULL);
+    for (int k = 0; k < NSLOTS; k++)
+        bridge_free(atomic_exchange(&slots[k], NULL));
+    check_idle("record");
+}
+
+/* ---- phase: double (the same pointers freed by several threads) ---- */
+#define DOUBLE_N 64
+static void *double_ptrs[DOUBLE_N];
+static pthread_barrier_t double_go;
+
+static void *double_freer(void *arg)
+{
+    int id = *(int *)arg;
+    pthread_barrier_wait(&double_go);
+    for (int i = 0; i < DOUBLE_N; i++)
+        bridge_free(double_ptrs[(i + id * 7) % DOUBLE_N]);
+    return NULL;
+}
+
+static void phase_double(void)
+{
+    reset();
+    const int nthreads = 4, rounds = 50 * scale;
+    uint64_t bad0 = stats_of(0).num_bad_frees;
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < DOUBLE_N; i++)
+            CHECK(bridge_alloc(i % NDEV, 4096 + (size_t)i, stream_of(i % 3), i % BRIDGE_NTAGS,
+                               &double_ptrs[i]) == BRIDGE_OK, "alloc");
+        pthread_barrier_init(&double_go, NULL, (unsigned)nthreads);
+        int ids[4] = {0, 1, 2, 3};
+        run_threads(nthreads, double_freer, ids, sizeof ids[0]);
+        pthread_barrier_destroy(&double_go);
+    }
+    /* a pointer the bridge never gave out, and one inside a block */
+    bridge_free((void *)(uintptr_t)0xdeadbeef000ull);
+    bridge_free((void *)(uintptr_t)1);
+    uint64_t bad = stats_of(0).num_bad_frees - bad0;
+    uint64_t expected = (uint64_t)rounds * DOUBLE_N * (uint64_t)(nthreads - 1) + 2;
+    CHECK(bad == expected, "bad frees %" PRIu64 ", expected %" PRIu64, bad, expected);
+    check_idle("double");
+}
+
+/* ---- phase: graph (captures, deferred frees, graph blocks racing release) ---- */
+static atomic_int graph_stop;
+
+static void *capture_toggler(void *arg)
+{
+    (void)arg;
+    uint64_t id = 1000;
+    while (!atomic_load(&graph_stop)) {
+        id++;
+        CHECK(bridge_graph_begin(0, 7, id) == BRIDGE_OK, "graph_begin");
+        void *p = NULL;
+        int rc = bridge_alloc_graph(0, 4096, BRIDGE_TAG_TORCH, 7, id, &p);
+        CHECK(rc == BRIDGE_OK, "alloc_graph %d", rc);
+        sched_yield();
+        CHECK(bridge_graph_end(0, 7, id) == BRIDGE_OK, "graph_end");
+        bridge_free(p); /* kept for replays until the release */
+        CHECK(bridge_graph_release(0, 7, id) == BRIDGE_OK, "graph_release");
+    }
+    return NULL;
+}
+
+typedef struct graph_race {
+    void *blocks[16];
+    uint64_t id;
+    pthread_barrier_t *go;
+    int releaser;
+} graph_race;
+
+static void *graph_race_thread(void *arg)
+{
+    graph_race *g = arg;
+    pthread_barrier_wait(g->go);
+    if (g->releaser) {
+        CHECK(bridge_graph_release(1, 9, g->id) == BRIDGE_OK, "graph_release");
+    } else {
+        for (int i = 0; i < 16; i++)
+            bridge_free(g->blocks[i]);
+    }
+    return NULL;
+}
+
+static void phase_graph(void)
+{
+    reset();
+    /* 1. ordinary frees while captures come and go: some are deferred */
+    atomic_store(&graph_stop, 0);
+    pthread_t toggler;
+    CHECK(pthread_create(&toggler, NULL, capture_toggler, NULL) == 0, "pthread_create");
+    worker w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = (worker){.id = i, .dev = 0, .iters = 2000 * scale, .max_size = 32 * KIB,
+                        .seed = 0x6A09E667ull * (uint64_t)(i + 1), .tags = BRIDGE_NTAGS};
+    run_threads(4, edge_thread, w, sizeof w[0]);
+    atomic_store(&graph_stop, 1);
+    pthread_join(toggler, NULL);
+    check_idle("graph (deferred frees)");
+
+    /* 2. the user frees graph blocks while the graph is released */
+    reset();
+    for (int r = 0; r < 200 * scale; r++) {
+        graph_race g[2];
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, 2);
+        uint64_t id = (uint64_t)r;
+        CHECK(bridge_graph_begin(1, 9, id) == BRIDGE_OK, "graph_begin");
+        for (int i = 0; i < 16; i++)
+            CHECK(bridge_alloc_graph(1, 512 + (size_t)i, BRIDGE_TAG_TORCH, 9, id,
+                                     &g[0].blocks[i]) == BRIDGE_OK, "alloc_graph");
+        CHECK(bridge_graph_end(1, 9, id) == BRIDGE_OK, "graph_end");
+        g[0].id = g[1].id = id;
+        g[0].go = g[1].go = &go;
+        g[0].releaser = 0;
+        g[1].releaser = 1;
+        run_threads(2, graph_race_thread, g, sizeof g[0]);
+        pthread_barrier_destroy(&go);
+        bridge_stats s = stats_of(1);
+        CHECK(s.used == 0 && s.graph_bytes == 0,
+              "round %d: after the user freed every graph block and the graph was released, "
+              "the ledger holds %" PRIu64 " bytes (graph bytes %" PRIu64 ")", r, s.used,
+              s.graph_bytes);
+    }
+    check_idle("graph (release racing free)");
+}
+
+/* ---- phase: huge (sizes near 2^64 must not wrap the ledger) ---- */
+static void phase_huge(void)
+{
+    reset();
+    CHECK(bridge_set_limit(0, 1 * MIB) == BRIDGE_OK, "set_limit");
+    void *keep = NULL;
+    CHECK(bridge_alloc(0, 4096, NULL, BRIDGE_TAG_TORCH, &keep) == BRIDGE_OK, "alloc");
+    const size_t sizes[] = {SIZE_MAX, SIZE_MAX - 4095, (size_t)1 << 63, SIZE_MAX / 2 + 1};
+    for (int limited = 1; limited >= 0; limited--) {
+        CHECK(bridge_set_limit(0, limited ? 1 * MIB : 0) == BRIDGE_OK, "set_limit");
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            void *p = NULL;
+            int rc = bridge_alloc(0, sizes[i], NULL, BRIDGE_TAG_TORCH, &p);
+            CHECK(rc != BRIDGE_OK && p == NULL, "a %zu-byte allocation succeeded", sizes[i]);
+            bridge_stats s = stats_of(0);
+            CHECK(s.used == 4096 && s.tag[BRIDGE_TAG_TORCH].current == 4096,
+                  "a refused %zu-byte request left the ledger at %" PRIu64, sizes[i], s.used);
+            CHECK(s.peak_used == 4096, "peak %" PRIu64 " after a refused request", s.peak_used);
+        }
+    }
+    bridge_free(keep);
+    check_idle("huge");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s <libstandin_cuda.so> [scale]\n", argv[0]);
+        return 2;
+    }
+    standin_path = argv[1];
+    if (argc > 2)
+        scale = atoi(argv[2]) > 0 ? atoi(argv[2]) : 1;
+    setvbuf(stdout, NULL, _IONBF, 0);
+
+    printf("stress: init\n");
+    phase_init();
+    load_standin(standin_path);
+    for (int d = 0; d < NDEV; d++)
+        standin.set_capacity(d, 64 * MIB);
+    printf("stress: edge\n");
+    phase_edge();
+    printf("stress: cross\n");
+    phase_cross();
+    printf("stress: limits\n");
+    phase_limits();
+    printf("stress: record\n");
+    phase_record();
+    printf("stress: double\n");
+    phase_double();
+    printf("stress: graph\n");
+    phase_graph();
+    printf("stress: huge\n");
+    phase_huge();
+    printf("stress: all phases passed\n");
+    return 0;
+}

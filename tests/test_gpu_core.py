@@ -1,0 +1,215 @@
+"""The core on a real GPU, no framework: figures against the driver's own,
+the budget under threads, no leaks. (Run by scripts/gpu-test.)"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from gpu_util import GIB, MIB, RESERVED, THRESHOLD, USED, ctx_sync, device_bytes, driver_pool_attr, memset
+
+pytestmark = pytest.mark.gpu
+
+TAG_OTHER = 0
+
+
+@pytest.fixture(scope="module")
+def core():
+    import bridge
+    from bridge._runtime import core
+
+    b = bridge.unify(cupy=False, torch=False)
+    assert b.devices and b.frameworks == frozenset()
+    # the primary context must be current for cuda.bindings calls in this thread
+    rc, ptr = core.alloc(0, 1, 0, TAG_OTHER)
+    core.free(ptr)
+    yield core
+    core.set_limit(0, 0)
+
+
+@pytest.fixture
+def clean(core):
+    core.set_limit(0, 0)
+    ctx_sync()
+    yield core
+    core.set_limit(0, 0)
+
+
+def test_pool_figures_equal_the_driver(clean):
+    import bridge
+
+    core = clean
+    base_ledger = bridge.stats(0).ledger
+    sizes = [1 * MIB, 7 * MIB + 3, 64 * MIB]
+    ptrs = []
+    for n in sizes:
+        rc, p = core.alloc(0, n, 0, TAG_OTHER)
+        assert rc == 0 and p != 0
+        ptrs.append(p)
+    ctx_sync()
+    pool = bridge.pool(0)
+    assert pool.used_bytes() == driver_pool_attr(USED)
+    assert pool.total_bytes() == driver_pool_attr(RESERVED)
+    assert pool.free_bytes() == driver_pool_attr(RESERVED) - driver_pool_attr(USED)
+    s = bridge.stats(0)
+    assert s.ledger - base_ledger == sum(sizes)
+    assert s.used >= sum(sizes)
+    for p in ptrs:
+        core.free(p)
+    ctx_sync()
+    assert bridge.stats(0).ledger == base_ledger
+    assert pool.used_bytes() == driver_pool_attr(USED)
+
+
+def test_memory_is_real_device_memory(clean):
+    core = clean
+    n = 3 * MIB + 17
+    rc, p = core.alloc(0, n, 0, TAG_OTHER)
+    assert rc == 0
+    memset(p, 0xAB, n)
+    assert device_bytes(p, n) == b"\xab" * n
+    core.free(p)
+
+
+def test_release_threshold_is_what_bridge_set(clean):
+    import bridge
+
+    assert driver_pool_attr(THRESHOLD) == bridge.pool(0).release_threshold == 2**64 - 1
+
+
+def test_budget_holds_under_threads_on_real_memory(clean):
+    import bridge
+
+    core = clean
+    base = bridge.stats(0).ledger
+    limit = base + 1 * GIB
+    core.set_limit(0, limit)
+    core.reset_peak(0, -1)
+    refused = [0] * 8
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        rng = random.Random(k)
+        live = []
+        for _ in range(600):
+            if live and (rng.random() < 0.45 or len(live) > 12):
+                core.free(live.pop(rng.randrange(len(live))))
+                continue
+            rc, p = core.alloc(0, rng.randint(1, 96) * MIB, 0, TAG_OTHER)
+            if rc == 0:
+                live.append(p)
+            elif rc == 1:  # BUDGET
+                refused[k] += 1
+            else:
+                errors.append(f"status {rc}")
+        for p in live:
+            core.free(p)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    s = bridge.stats(0)
+    assert not errors
+    assert sum(refused) > 0, "the stress never reached the budget edge"
+    assert s.ledger_peak <= limit
+    assert s.ledger == base
+
+
+def test_budget_counts_other_users_of_the_pool(clean):
+    """Bytes someone else (JAX, here cuda.bindings) holds in the pool count."""
+    import bridge
+    from cuda.bindings import driver as cu
+
+    core = clean
+    err, pool = cu.cuDeviceGetDefaultMemPool(0)
+    err, foreign = cu.cuMemAllocFromPoolAsync(1 * GIB, pool, cu.CUstream(0))
+    assert err == cu.CUresult.CUDA_SUCCESS
+    ctx_sync()
+    try:
+        s = bridge.stats(0)
+        assert s.by_framework["other"] >= 1 * GIB
+        core.set_limit(0, s.used + 512 * MIB)
+        rc, p = core.alloc(0, 768 * MIB, 0, TAG_OTHER)
+        assert rc == 1 and p == 0  # refused: BUDGET
+        rc, p = core.alloc(0, 256 * MIB, 0, TAG_OTHER)
+        assert rc == 0 and p != 0
+        core.free(p)
+    finally:
+        core.set_limit(0, 0)
+        cu.cuMemFreeAsync(foreign, cu.CUstream(0))
+        ctx_sync()
+
+
+def test_thread_without_context_allocates(clean):
+    """torch's autograd thread has no current context: the core makes one current."""
+    core = clean
+    out = {}
+
+    def work():
+        from cuda.bindings import driver as cu
+
+        err, ctx = cu.cuCtxGetCurrent()
+        out["had_context"] = int(ctx) != 0 if ctx is not None else False
+        out["rc"], out["ptr"] = core.alloc(0, 4 * MIB, 0, TAG_OTHER)
+        if out["rc"] == 0:
+            memset(out["ptr"], 7, 4 * MIB)
+            out["bytes"] = device_bytes(out["ptr"], 16)
+            core.free(out["ptr"])
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert out["had_context"] is False
+    assert out["rc"] == 0 and out["ptr"] != 0
+    assert out["bytes"] == b"\x07" * 16
+
+
+def test_no_leak_after_many_cycles(clean):
+    import bridge
+
+    core = clean
+    ctx_sync()
+    base_used = driver_pool_attr(USED)
+    base_records = core.live_records()
+    for i in range(20000):
+        rc, p = core.alloc(0, (i % 97 + 1) * 4096, 0, TAG_OTHER)
+        assert rc == 0
+        core.free(p)
+    ctx_sync()
+    assert driver_pool_attr(USED) == base_used
+    assert core.live_records() == base_records
+    assert bridge.stats(0).num_bad_frees == 0
+
+
+def test_free_all_blocks_returns_idle_memory(clean):
+    import bridge
+
+    core = clean
+    rc, p = core.alloc(0, 512 * MIB, 0, TAG_OTHER)
+    assert rc == 0
+    core.free(p)
+    ctx_sync()
+    before = driver_pool_attr(RESERVED)
+    assert before >= 512 * MIB
+    bridge.pool(0).free_all_blocks()
+    after = driver_pool_attr(RESERVED)
+    assert after <= before - 512 * MIB
+    assert bridge.pool(0).total_bytes() == after
+
+
+def test_double_free_is_counted_not_raised(clean):
+    import bridge
+
+    core = clean
+    rc, p = core.alloc(0, MIB, 0, TAG_OTHER)
+    before = bridge.stats(0)
+    core.free(p)
+    core.free(p)
+    core.free(0xDEAD0000)
+    after = bridge.stats(0)
+    assert after.num_bad_frees == before.num_bad_frees + 2
+    assert after.ledger == before.ledger - MIB

@@ -1,0 +1,170 @@
+"""CuPy on the shared pool, on a real GPU. (Run by scripts/gpu-test.)"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from gpu_util import GIB, MIB, RESERVED, USED, driver_pool_attr
+
+pytestmark = pytest.mark.gpu
+TAG_CUPY = 1
+
+
+@pytest.fixture(scope="module")
+def cupy():
+    cupy = pytest.importorskip("cupy")
+    import bridge
+
+    b = bridge.unify(cupy=True, torch=False)
+    assert "cupy" in b.frameworks
+    yield cupy
+    bridge.pool(0).set_limit(0)
+
+
+@pytest.fixture
+def fresh(cupy):
+    import bridge
+
+    bridge.pool(0).set_limit(0)
+    cupy.cuda.Device().synchronize()
+    yield cupy
+    bridge.pool(0).set_limit(0)
+    cupy.cuda.Device().synchronize()
+
+
+def test_arrays_come_from_the_ledger(fresh):
+    import bridge
+    from bridge._runtime import core
+
+    cupy = fresh
+    before = bridge.stats(0).by_framework["cupy"]
+    a = cupy.empty(3 * MIB, dtype=cupy.uint8)
+    rc, size, dev, tag = core.lookup(a.data.ptr)
+    assert (rc, size, dev, tag) == (0, 3 * MIB, 0, TAG_CUPY)
+    assert isinstance(a.data.mem.owner if hasattr(a.data.mem, "owner") else None,
+                      (core.Block, type(None)))
+    assert bridge.stats(0).by_framework["cupy"] == before + 3 * MIB
+    a[:] = 5
+    assert int(a.sum()) == 15 * MIB
+    del a
+    cupy.cuda.Device().synchronize()
+    assert bridge.stats(0).by_framework["cupy"] == before
+
+
+def test_streams_reuse_is_correct(fresh):
+    cupy = fresh
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(4)]
+    sums = []
+    for rep in range(20):
+        for k, s in enumerate(streams):
+            with s:
+                a = cupy.full(1 << 20, rep * 4 + k, dtype=cupy.int64)
+                b = a * 2
+                sums.append((rep * 4 + k, b.sum()))
+                del a, b
+    for s in streams:
+        s.synchronize()
+    for v, total in sums:
+        assert int(total) == v * 2 * (1 << 20)
+
+
+def test_seed_lifecycle_on_the_shared_pool(fresh):
+    import bridge
+
+    cupy = fresh
+    pool = bridge.pool()
+    used0 = pool.used_bytes()
+    a = cupy.ones(256 * MIB, dtype=cupy.uint8)
+    cupy.cuda.Device().synchronize()
+    assert pool.used_bytes() >= used0 + 256 * MIB
+    assert pool.total_bytes() >= pool.used_bytes()
+    del a
+    cupy.cuda.Device().synchronize()
+    assert pool.used_bytes() == used0 == driver_pool_attr(USED)
+    assert pool.total_bytes() >= used0 + 256 * MIB  # kept in the pool
+    pool.free_all_blocks()
+    assert pool.total_bytes() < used0 + 256 * MIB
+    assert pool.total_bytes() == driver_pool_attr(RESERVED)
+
+
+def test_oom_is_cupys_with_breakdown(fresh):
+    import bridge
+
+    cupy = fresh
+    bridge.pool().set_limit(bridge.stats().used + 256 * MIB)
+    with pytest.raises(cupy.cuda.memory.OutOfMemoryError) as info:
+        cupy.empty(512 * MIB, dtype=cupy.uint8)
+    msg = str(info.value)
+    for word in ("512", "device 0", "budget", "cupy", "torch", "jax"):
+        assert word in msg
+    a = cupy.ones(128 * MIB, dtype=cupy.uint8)
+    assert int(a.sum()) == 128 * MIB
+
+
+def test_fft_plan_cache_is_released_under_pressure(fresh):
+    import bridge
+
+    cupy = fresh
+    cache = cupy.fft.config.get_plan_cache()
+    cache.clear()
+    x = cupy.random.random(1 << 22).astype(cupy.complex64)
+    cupy.fft.fft(x)
+    assert cache.get_curr_size() > 0
+    bridge.pool().set_limit(bridge.stats().used + 64 * MIB)
+    with pytest.raises(cupy.cuda.memory.OutOfMemoryError):
+        cupy.empty(512 * MIB, dtype=cupy.uint8)
+    assert cache.get_curr_size() == 0
+
+
+def test_garbage_is_collected_before_failing(fresh):
+    import bridge
+
+    cupy = fresh
+
+    class Holder:
+        pass
+
+    gc.disable()
+    try:
+        h = Holder()
+        h.me = h
+        h.array = cupy.ones(768 * MIB, dtype=cupy.uint8)
+        del h
+        bridge.pool().set_limit(bridge.stats().used + 256 * MIB)
+        retries = bridge.stats().num_retries
+        a = cupy.empty(512 * MIB, dtype=cupy.uint8)  # fits only once the cycle is gone
+        assert a.nbytes == 512 * MIB
+        assert bridge.stats().num_retries == retries + 1
+    finally:
+        gc.enable()
+
+
+def test_cupys_own_memory_pool_is_emptied_when_the_device_is_full(fresh):
+    """Blocks cached by CuPy's previous MemoryPool are returned before an OOM."""
+    import bridge
+
+    cupy = fresh
+    old = cupy.get_default_memory_pool()
+    free, total = cupy.cuda.runtime.memGetInfo()
+    hold = free - 20 * GIB
+    mem = old.malloc(hold)  # CuPy's own pool, outside the shared pool
+    del mem
+    assert old.total_bytes() >= hold
+    bridge.pool().free_all_blocks()
+    a = cupy.empty(40 * GIB, dtype=cupy.uint8)  # needs what CuPy's pool caches
+    assert a.nbytes == 40 * GIB
+    assert old.total_bytes() == 0
+    del a
+
+
+def test_current_device_picks_the_pool(fresh):
+    cupy = fresh
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("one GPU: per-device pools need two")
+    from bridge._runtime import core
+
+    with cupy.cuda.Device(1):
+        a = cupy.ones(MIB, dtype=cupy.uint8)
+        assert core.lookup(a.data.ptr)[2] == 1
