@@ -44,10 +44,9 @@ def installed() -> bool:
 
 
 def _current_stream_fn():
-    fast = getattr(cupy.cuda.stream, "get_current_stream_ptr", None)
-    if fast is not None:
-        return fast
-    return lambda: cupy.cuda.get_current_stream().ptr
+    # The Stream object, not its handle: the block keeps it alive until the
+    # free is queued on it (a destroyed stream must never reach the driver).
+    return cupy.cuda.get_current_stream
 
 
 def _current_device_fn():
@@ -58,7 +57,8 @@ def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
     """The slow path: set up a device first used now, or raise CuPy's OOM error."""
     if rc in (Status.DEVICE, Status.NOTINIT):
         _runtime.ensure_device(device)
-        rc, block = core.alloc_block(device, size, stream, core.TAG_CUPY)
+        rc, block = core.alloc_block(device, size, stream, core.TAG_CUPY,
+                                     cupy.cuda.get_current_stream())
         if rc == Status.OK:
             return _allocator.wrap(block)
     if rc in OOM_STATUSES:

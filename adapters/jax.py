@@ -26,9 +26,10 @@ import sys
 import warnings
 from typing import Iterable, Optional
 
-from bridge import _runtime, pool
+from bridge import _runtime
 from bridge._errors import BridgeError, check
 from bridge._runtime import core
+from bridge.pool import register_attribution
 
 SHARED_ENV = {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async",
               "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
@@ -132,6 +133,6 @@ def install(devices: Iterable[int], *, partition: Optional[int] = None) -> None:
     for d in devices:
         check(core.reassert(d), what="re-asserting the pool after JAX started", device=d)
     if partition is None:
-        pool.register_attribution("jax", jax_bytes)
+        register_attribution("jax", jax_bytes)
     _partition = partition
     _installed = True

@@ -129,6 +129,9 @@ def install(devices: Iterable[int], *, library: Optional[str] = None) -> None:
             "call bridge.unify(torch=True) before the first CUDA tensor: torch refused to swap "
             f"its allocator ({exc}).") from exc
     _allocator = alloc
+    # torch's streams come from a pool and are never destroyed: its freed
+    # blocks can be cached on any stream.
+    check(core.set_cache_any_stream(core.TAG_TORCH, True), what="configuring the cache")
     # torch.cuda.memory_stats & co. read these; a bare pluggable allocator raises.
     torch._C._cuda_memoryStats = memory_stats
     torch._C._cuda_resetPeakMemoryStats = _reset_peak

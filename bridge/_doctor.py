@@ -8,7 +8,7 @@ be one of the problems it looks for).
 
 from __future__ import annotations
 
-__all__ = ["Report", "collect", "render", "CONFLICTING_ENV"]
+__all__ = ["Finding", "Framework", "Report", "collect", "render", "CONFLICTING_ENV"]
 
 import ctypes
 import dataclasses
@@ -19,7 +19,6 @@ import pathlib
 import platform
 import re
 import sys
-from typing import Optional
 
 import bridge
 from bridge import _runtime
@@ -34,8 +33,9 @@ CONFLICTING_ENV: dict[str, tuple[str, str]] = {
     "PYTORCH_CUDA_ALLOC_CONF": (
         "warn",
         "under bridge.unify(torch=True) torch allocates through the bridge, so torch's "
-        "caching-allocator options have no effect, and backend:cudaMallocAsync would take "
-        "torch around the budget if torch starts CUDA before unify(). Unset it."),
+        "caching-allocator options (backend, expandable_segments, max_split_size_mb, ...) "
+        "have no effect; without unify() torch's own allocator uses them outside the "
+        "budget. Unset it."),
     "XLA_PYTHON_CLIENT_MEM_FRACTION": (
         "warn",
         "XLA's cuda_async allocator, which the bridge gives JAX, enforces no byte limit: "
@@ -58,6 +58,22 @@ class Finding:
 
 
 @dataclasses.dataclass
+class Framework:
+    """What the doctor found of one installed framework, without importing it."""
+
+    name: str
+    installed: bool = False
+    version: str | None = None
+    detail: str = ""             # the distributions, jaxlib and plugins
+    usable: bool | None = None   # None: not a framework the bridge plugs into
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+
+    def add(self, level: str, text: str) -> None:
+        """Note a finding about this framework."""
+        self.findings.append(Finding(level, self.name, text))
+
+
+@dataclasses.dataclass
 class Report:
     """Everything ``python -m bridge doctor`` found (``as_dict`` for ``--json``)."""
 
@@ -65,7 +81,7 @@ class Report:
     bridge: dict
     driver: dict
     devices: list[dict]
-    frameworks: list[dict]
+    frameworks: list[Framework]
     environment: list[Finding]
 
     @property
@@ -73,7 +89,7 @@ class Report:
         """Findings at level warn or error, from every section."""
         found = [f for f in self.environment if f.level in ("warn", "error")]
         for fw in self.frameworks:
-            found += [Finding(**f) for f in fw["findings"] if f["level"] in ("warn", "error")]
+            found += [f for f in fw.findings if f.level in ("warn", "error")]
         if not self.driver["loaded"]:
             found.append(Finding("error", "driver", self.driver["error"]))
         for dev in self.devices:
@@ -114,7 +130,7 @@ def _driver() -> dict:
     return info
 
 
-def _driver_call(name: str, *args) -> Optional[int]:
+def _driver_call(name: str, *args: object) -> int | None:
     """Call an entry point of the loaded driver by name; its CUresult, or None."""
     try:
         fn = getattr(ctypes.CDLL(core.loaded_library()), name)
@@ -123,7 +139,7 @@ def _driver_call(name: str, *args) -> Optional[int]:
     return int(fn(*args))
 
 
-def _device_name(index: int) -> tuple[Optional[str], Optional[str]]:
+def _device_name(index: int) -> tuple[str | None, str | None]:
     """(name, compute capability) from the loaded driver; None where it cannot tell."""
     dev = ctypes.c_int()
     if _driver_call("cuDeviceGet", ctypes.byref(dev), index) != 0:
@@ -172,7 +188,7 @@ def _distributions() -> dict[str, str]:
     return found
 
 
-def _package_file(package: str, relative: str) -> Optional[str]:
+def _package_file(package: str, relative: str) -> str | None:
     """The text of a file inside an installed package, found without importing it."""
     try:
         spec = importlib.util.find_spec(package)
@@ -190,131 +206,118 @@ def _package_file(package: str, relative: str) -> Optional[str]:
     return None
 
 
-def _cuda_major_check(name: str, major: Optional[int], driver: dict, findings: list) -> None:
+def _cuda_major_check(fw: Framework, major: int | None, driver: dict) -> None:
     drv = driver["version"]
     if major is not None and drv and major > drv // 1000:
-        findings.append(dict(level="warn", subject=name, text=(
-            f"built for CUDA {major}, but the driver supports CUDA {driver['version_text']}: "
-            f"update the NVIDIA driver or install {name}'s CUDA {drv // 1000} build.")))
+        fw.add("warn", f"built for CUDA {major}, but the driver supports CUDA "
+               f"{driver['version_text']}: update the NVIDIA driver or install "
+               f"{fw.name}'s CUDA {drv // 1000} build.")
 
 
-def _torch(dists: dict, driver: dict) -> dict:
-    fw = {"name": "torch", "installed": "torch" in dists, "version": dists.get("torch"),
-          "usable": False, "findings": []}
-    if not fw["installed"]:
+def _torch(dists: dict[str, str], driver: dict) -> Framework:
+    fw = Framework("torch", "torch" in dists, dists.get("torch"))
+    if not fw.installed:
         return fw
-    f = fw["findings"]
     version_py = _package_file("torch", "version.py") or ""
     cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([\d.]+)['\"]", version_py, re.M)
     pluggable = "CUDAPluggableAllocator" in (_package_file("torch", "cuda/memory.py") or "")
     if re.search(r"^hip\s*(?::[^=]*)?=\s*['\"]", version_py, re.M):
-        f.append(dict(level="error", subject="torch", text=(
-            "a ROCm build: the bridge manages CUDA memory only; install a CUDA build of torch.")))
+        fw.add("error", "a ROCm build: the bridge manages CUDA memory only; install a CUDA "
+               "build of torch.")
     elif not cuda:
-        f.append(dict(level="warn", subject="torch", text=(
-            "a CPU-only build: torch cannot use the GPU; install a CUDA build "
-            "(https://pytorch.org/get-started/locally/).")))
+        fw.add("warn", "a CPU-only build: torch cannot use the GPU; install a CUDA build "
+               "(https://pytorch.org/get-started/locally/).")
     elif not pluggable:
-        f.append(dict(level="error", subject="torch", text=(
-            "has no torch.cuda.memory.CUDAPluggableAllocator, which the bridge plugs into: "
-            "upgrade torch (2.1 or newer).")))
+        fw.add("error", "has no torch.cuda.memory.CUDAPluggableAllocator, which the bridge "
+               "plugs into: upgrade torch (2.1 or newer).")
     else:
-        fw["usable"] = True
-        f.append(dict(level="ok", subject="torch", text=(
-            f"CUDA {cuda.group(1)} build with CUDAPluggableAllocator; call "
-            "bridge.unify(torch=True) before the first CUDA tensor.")))
-        _cuda_major_check("torch", int(cuda.group(1).split(".")[0]), driver, f)
+        fw.usable = True
+        fw.add("ok", f"CUDA {cuda.group(1)} build with CUDAPluggableAllocator; call "
+               "bridge.unify(torch=True) before the first CUDA tensor.")
+        _cuda_major_check(fw, int(cuda.group(1).split(".")[0]), driver)
     return fw
 
 
-def _cupy(dists: dict, driver: dict) -> dict:
+def _cupy(dists: dict[str, str], driver: dict) -> Framework:
     names = sorted(n for n in dists if re.fullmatch(r"cupy(-cuda\d+x?|-rocm[-\d]*)?", n))
-    fw = {"name": "cupy", "installed": bool(names), "version": None, "usable": False,
-          "distribution": ", ".join(names), "findings": []}
+    fw = Framework("cupy", bool(names), dists[names[0]] if names else None,
+                   detail=", ".join(names))
     if not names:
         return fw
-    f = fw["findings"]
-    fw["version"] = dists[names[0]]
     if len(names) > 1:
-        f.append(dict(level="error", subject="cupy", text=(
-            f"several CuPy packages are installed ({', '.join(names)}): they overwrite each "
-            "other; uninstall all of them and install the one for your CUDA version.")))
-    cuda_init = _package_file("cupy", "cuda/__init__.py") or ""
+        fw.add("error", f"several CuPy packages are installed ({', '.join(names)}): they "
+               "overwrite each other; uninstall all of them and install the one for your "
+               "CUDA version.")
     if any(n.startswith("cupy-rocm") for n in names):
-        f.append(dict(level="error", subject="cupy", text=(
-            "a ROCm build: the bridge manages CUDA memory only.")))
-    elif "set_allocator" not in cuda_init:
-        f.append(dict(level="error", subject="cupy", text=(
-            "cupy.cuda.set_allocator was not found in this CuPy: reinstall or upgrade CuPy.")))
+        fw.add("error", "a ROCm build: the bridge manages CUDA memory only.")
+    elif "set_allocator" not in (_package_file("cupy", "cuda/__init__.py") or ""):
+        fw.add("error", "cupy.cuda.set_allocator was not found in this CuPy: reinstall or "
+               "upgrade CuPy.")
     else:
-        fw["usable"] = len(names) == 1
-        f.append(dict(level="ok", subject="cupy", text=(
-            "has cupy.cuda.set_allocator; bridge.unify(cupy=True) replaces its allocator "
-            "(arrays made before the call stay in CuPy's own pool).")))
+        fw.usable = len(names) == 1
+        fw.add("ok", "has cupy.cuda.set_allocator; bridge.unify(cupy=True) replaces its "
+               "allocator (arrays made before the call stay in CuPy's own pool).")
     m = re.search(r"cuda(\d+)", names[0])
-    if m:
+    if m:  # cupy-cuda12x -> 12; the old cupy-cuda117 -> 11
         digits = m.group(1)
-        _cuda_major_check("cupy", int(digits[:2] if len(digits) > 2 else digits), driver, f)
+        _cuda_major_check(fw, int(digits[:2] if len(digits) > 2 else digits), driver)
     return fw
 
 
-def _jax(dists: dict, driver: dict) -> dict:
-    fw = {"name": "jax", "installed": "jax" in dists, "version": dists.get("jax"),
-          "jaxlib": dists.get("jaxlib"), "usable": False, "findings": []}
-    if not fw["installed"]:
+def _jax(dists: dict[str, str], driver: dict) -> Framework:
+    fw = Framework("jax", "jax" in dists, dists.get("jax"))
+    if not fw.installed:
         return fw
-    f = fw["findings"]
+    jaxlib = dists.get("jaxlib")
     plugins = sorted(n for n in dists if re.fullmatch(r"jax-cuda\d+-(plugin|pjrt)", n))
-    fw["plugins"] = {n: dists[n] for n in plugins}
-    legacy = re.search(r"\+cuda(\d+)", fw["jaxlib"] or "")
-    if not fw["jaxlib"]:
-        f.append(dict(level="error", subject="jax", text=(
-            "jax is installed without jaxlib: pip install -U 'jax[cuda13]' (or cuda12).")))
+    fw.detail = ", ".join([f"jaxlib {jaxlib}"] + [f"{n} {dists[n]}" for n in plugins])
+    legacy = re.search(r"\+cuda(\d+)", jaxlib or "")  # jaxlib 0.4.7+cuda12.cudnn88
+    if not jaxlib:
+        fw.add("error", "jax is installed without jaxlib: pip install -U 'jax[cuda13]' "
+               "(or cuda12).")
     elif not plugins and not legacy:
-        f.append(dict(level="warn", subject="jax", text=(
-            "no CUDA plugin (jax-cuda12-plugin / jax-cuda13-plugin): JAX runs on the CPU "
-            "and the bridge has nothing to do for it. pip install -U 'jax[cuda13]' (or cuda12).")))
+        fw.add("warn", "no CUDA plugin (jax-cuda12-plugin / jax-cuda13-plugin): JAX runs on "
+               "the CPU and the bridge has nothing to do for it. pip install -U "
+               "'jax[cuda13]' (or cuda12).")
     else:
-        fw["usable"] = True
-        major = int(legacy.group(1)[:2]) if legacy else int(re.search(r"\d+", plugins[0])[0])
-        f.append(dict(level="ok", subject="jax", text=(
-            "has a CUDA backend; call bridge.unify(jax=True) before JAX's first GPU operation "
-            "(it sets XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async without preallocation).")))
-        _cuda_major_check("jax", major, driver, f)
+        fw.usable = True
+        digits = legacy.group(1)[:2] if legacy else re.sub(r"\D", "", plugins[0])
+        fw.add("ok", "has a CUDA backend; call bridge.unify(jax=True) before JAX's first GPU "
+               "operation (it sets XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async without "
+               "preallocation).")
+        _cuda_major_check(fw, int(digits), driver)
     return fw
 
 
-def _cuda_python(dists: dict) -> dict:
+def _cuda_python(dists: dict[str, str]) -> Framework:
     names = [n for n in ("cuda-python", "cuda-bindings", "cuda-core") if n in dists]
-    return {"name": "cuda-python", "installed": bool(names),
-            "version": ", ".join(f"{n} {dists[n]}" for n in names) or None,
-            "usable": None, "findings": [dict(level="info", subject="cuda-python", text=(
-                "optional: the bridge loads the driver itself and does not need it."))]
-            if names else []}
+    fw = Framework("cuda-python", bool(names),
+                   ", ".join(f"{n} {dists[n]}" for n in names) or None)
+    if names:
+        fw.add("info", "optional: the bridge loads the driver itself and does not need it.")
+    return fw
 
 
 # ---- the environment ----
-def _truthy(value: str) -> bool:
-    return value.strip().lower() not in ("", "0", "false", "no", "off")
-
-
 def _environment(devices: list[dict]) -> list[Finding]:
     env = os.environ
     found = []
     for name, (level, advice) in CONFLICTING_ENV.items():
         if name in env:
             found.append(Finding(level, f"{name}={env[name]}", advice))
+    # the same rule as bridge.unify(jax=True), which refuses other values
     pre = env.get("XLA_PYTHON_CLIENT_PREALLOCATE")
-    if pre is not None and _truthy(pre):
+    if pre is not None and pre.lower() != "false":
         found.append(Finding("warn", f"XLA_PYTHON_CLIENT_PREALLOCATE={pre}", (
             "JAX would reserve most of the GPU at start (0.75 of it with cuda_async) before "
-            "any other framework can use it. Unset it or set it to false; "
-            "bridge.unify(jax=True) turns preallocation off.")))
+            "any other framework can use it, and bridge.unify(jax=True) refuses to start "
+            "with any value but false. Unset it (the bridge sets false).")))
     alloc = env.get("XLA_PYTHON_CLIENT_ALLOCATOR")
-    if alloc is not None and alloc.strip().lower() != "cuda_async":
+    if alloc is not None and alloc.lower() != "cuda_async":
         found.append(Finding("warn", f"XLA_PYTHON_CLIENT_ALLOCATOR={alloc}", (
-            "JAX would allocate from its own arena outside the shared pool and budget. "
-            "Unset it (bridge.unify(jax=True) sets cuda_async) or set it to cuda_async.")))
+            "JAX would allocate from its own arena outside the shared pool and budget, and "
+            "bridge.unify(jax=True) refuses to start with it (unless jax_memory= asks for "
+            "that arena). Unset it (the bridge sets cuda_async).")))
     totals = [d["total"] for d in devices if d["total"]]
     for name in (GPU_LIMIT_ENV, PINNED_LIMIT_ENV):
         raw = env.get(name)
@@ -324,8 +327,10 @@ def _environment(devices: list[dict]) -> list[Finding]:
         try:
             size = parse_size(raw, total=total, name=name)
         except ValueError as exc:
+            who = ("bridge.unify() and bridge.pool()" if name == GPU_LIMIT_ENV else
+                   "bridge's pinned-memory functions")
             found.append(Finding("error", f"{name}={raw}",
-                                 f"{exc} bridge.unify() and the pools raise on this value."))
+                                 f"{exc} {who} raise ValueError on this value: fix or unset it."))
             continue
         if name == GPU_LIMIT_ENV and totals:
             what = f"a budget of {format_bytes(size or 0)} per device" if size else "no limit"
@@ -389,18 +394,12 @@ def render(report: Report) -> str:
                    f"device {dev['index']}: {label}; {total}; {pools}")
     out += ["", "Frameworks (read from package metadata; none was imported)"]
     for fw in report.frameworks:
-        if not fw["installed"]:
-            out.append(f"  {fw['name']:<12} not installed")
+        if not fw.installed:
+            out.append(f"  {fw.name:<12} not installed")
             continue
-        extra = ""
-        if fw.get("distribution"):
-            extra = f" ({fw['distribution']})"
-        if fw.get("jaxlib"):
-            extra = f" (jaxlib {fw['jaxlib']}" + "".join(
-                f", {n} {v}" for n, v in fw.get("plugins", {}).items()) + ")"
-        out.append(f"  {fw['name']:<12} {fw['version']}{extra}")
-        for f in fw["findings"]:
-            out.append(f"    {_tag(f['level'])}{f['text']}")
+        out.append(f"  {fw.name:<12} {fw.version}" + (f" ({fw.detail})" if fw.detail else ""))
+        for f in fw.findings:
+            out.append(f"    {_tag(f.level)}{f.text}")
     out += ["", "Environment"]
     if not report.environment:
         out.append(f"  {_tag('ok')}no variable that concerns the bridge is set.")

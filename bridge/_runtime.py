@@ -14,6 +14,7 @@ from bridge.budget import GPU_LIMIT_ENV, size_from_env
 
 DRIVER_LIBRARY_ENV = "BRIDGE_CUDA_LIBRARY"  # another libcuda (the tests' stand-in)
 MAX_THRESHOLD = 2**64 - 1                   # the pool keeps what it has until trimmed
+CACHE_LIMIT_ENV = "BRIDGE_CACHE_LIMIT"      # bytes of freed blocks kept per device (0: none)
 
 _lock = threading.RLock()
 _release_threshold = MAX_THRESHOLD
@@ -58,7 +59,10 @@ def resolve_devices(device: DeviceArg) -> list[int]:
         return list(range(n))
     if isinstance(device, bool):
         raise ValueError(f"device={device!r}: pass an int or a list of ints")
-    devices = [device] if isinstance(device, int) else list(device)
+    try:
+        devices = [device] if isinstance(device, int) else list(device)
+    except TypeError:  # neither an int nor an iterable (a float, say)
+        raise ValueError(f"device={device!r}: pass an int or a list of ints") from None
     for d in devices:
         if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d < n:
             raise ValueError(f"device={device!r}: every device must be an int in [0, {n})")
@@ -88,6 +92,9 @@ def ensure_device(device: int) -> None:
         limit = size_from_env(GPU_LIMIT_ENV, total=stats["total"])
         if limit is not None:
             check(core.set_limit(device, limit), what="setting the budget", device=device)
+        cache = size_from_env(CACHE_LIMIT_ENV, total=stats["total"])
+        if cache is not None:
+            check(core.set_cache(device, cache), what="sizing the cache", device=device)
 
 
 def set_release_threshold(threshold: int) -> None:

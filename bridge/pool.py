@@ -38,10 +38,14 @@ class Stats:
     limit : int
         The budget in bytes; 0 = no limit.
     used : int
-        Bytes in use in the pool by every framework (the driver's
-        ``USED_MEM_CURRENT``): what the budget is checked against.
+        Bytes in use in the pool by every framework: the driver's
+        ``USED_MEM_CURRENT`` less the bridge's cache of freed blocks.
     reserved : int
         Bytes the pool holds from the driver (used + idle, ``RESERVED_MEM_CURRENT``).
+    cached : int
+        Freed blocks the bridge keeps for reuse by the next allocation of the
+        same size on the same stream (idle, counted in ``reserved`` and in the
+        budget; returned to the pool before any allocation fails).
     peak_used : int
         Highest ``used`` seen by the driver (``USED_MEM_HIGH``).
     num_allocs : int
@@ -74,6 +78,7 @@ class Stats:
     num_allocs: int
     num_ooms: int
     by_framework: dict[str, int]
+    cached: int = 0
     ledger: int = 0
     ledger_peak: int = 0
     total: int = 0
@@ -133,7 +138,8 @@ def _snapshot(device: int) -> Stats:
         "other": int(tags[0]["current"]) + max(0, outside - jax),
     }
     return Stats(
-        device=device, limit=raw["limit"], used=raw["pool_used"],
+        device=device, limit=raw["limit"], used=max(0, raw["pool_used"] - raw["cached"]),
+        cached=raw["cached"],
         reserved=raw["pool_reserved"], peak_used=raw["pool_used_high"],
         num_allocs=raw["num_allocs"], num_ooms=raw["num_ooms"], by_framework=by,
         ledger=raw["used"], ledger_peak=raw["peak_used"], total=raw["total"],
@@ -179,8 +185,9 @@ class Pool:
         return self._device
 
     def used_bytes(self) -> int:
-        """Bytes in use in the pool, every framework."""
-        return int(_raw(self._device)["pool_used"])
+        """Bytes in use in the pool, every framework (the bridge's cache counts as free)."""
+        raw = _raw(self._device)
+        return max(0, int(raw["pool_used"]) - int(raw["cached"]))
 
     def total_bytes(self) -> int:
         """Bytes the pool holds from the driver (in use + idle)."""
@@ -189,7 +196,7 @@ class Pool:
     def free_bytes(self) -> int:
         """Idle bytes the pool holds (total - used)."""
         raw = _raw(self._device)
-        return max(0, int(raw["pool_reserved"]) - int(raw["pool_used"]))
+        return max(0, int(raw["pool_reserved"]) - int(raw["pool_used"]) + int(raw["cached"]))
 
     def free_all_blocks(self) -> None:
         """Return the pool's idle memory to the driver (synchronizes the device)."""

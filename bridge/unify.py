@@ -140,12 +140,15 @@ def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
         for name in ORDER:
             if flags[name] and name not in b.frameworks:
                 adapter = _adapter(name)
-                if name == "jax" and jax_memory is not None:
-                    total = core.stats(b.devices[0])[1]["total"]
-                    adapter.install(b.devices, partition=parse_size(
-                        jax_memory, total=total, name="jax_memory"))
-                else:
-                    adapter.install(b.devices)
+                try:  # an adapter imports its framework lazily, in install()
+                    if name == "jax" and jax_memory is not None:
+                        total = core.stats(b.devices[0])[1]["total"]
+                        adapter.install(b.devices, partition=parse_size(
+                            jax_memory, total=total, name="jax_memory"))
+                    else:
+                        adapter.install(b.devices)
+                except ImportError as exc:
+                    raise _not_installed(name, exc) from exc
                 b.frameworks = b.frameworks | {name}
         b._args = args
         return b
@@ -155,6 +158,10 @@ def _adapter(name: str):
     try:
         return importlib.import_module(f"bridge.adapters.{name}")
     except ImportError as exc:  # the framework itself is missing
-        raise BridgeError(
-            f"bridge.unify({name}=True): {name} is not installed ({exc}). Install it "
-            f"(pip install 'bridge[{name}]') or pass {name}=False.") from exc
+        raise _not_installed(name, exc) from exc
+
+
+def _not_installed(name: str, exc: ImportError) -> BridgeError:
+    return BridgeError(
+        f"bridge.unify({name}=True): {name} is not installed ({exc}). Install it "
+        f"(pip install 'bridge[{name}]') or pass {name}=False.")

@@ -96,6 +96,7 @@ def standin():
         STANDIN.standin_set_capacity(d, 16 * GIB)
         STANDIN.standin_sync_all(d)
         core.set_limit(d, 0)
+        core.set_cache(d, 0)  # off by default here: tests of the cache turn it on
         for tag in range(3):
             core.set_tag_limit(d, tag, 0)
         core.reset_peak(d, -1)

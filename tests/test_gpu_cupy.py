@@ -28,6 +28,7 @@ def fresh(cupy):
     import bridge
 
     bridge.pool(0).set_limit(0)
+    gc.collect()
     cupy.cuda.Device().synchronize()
     yield cupy
     bridge.pool(0).set_limit(0)

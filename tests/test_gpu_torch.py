@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -21,7 +22,9 @@ def torch():
 
     b = bridge.unify(cupy=False, torch=True)
     assert "torch" in b.frameworks
-    assert torch.cuda.memory.get_current_allocator is not None
+    from bridge.adapters import torch as adapter
+
+    assert adapter.installed()
     yield torch
     bridge.pool(0).set_limit(0)
 
@@ -31,10 +34,12 @@ def fresh(torch):
     import bridge
 
     bridge.pool(0).set_limit(0)
+    gc.collect()  # tensors held by earlier tests' tracebacks go now, not mid-test
     torch.cuda.synchronize()
     yield torch
     bridge.pool(0).set_limit(0)
     torch.cuda.set_per_process_memory_fraction(1.0)
+    gc.collect()
     torch.cuda.synchronize()
 
 
@@ -139,6 +144,8 @@ def test_many_streams_and_threads(fresh):
         t.join()
     torch.cuda.synchronize()
     assert errors == []
+    # each new stream got a cuBLAS workspace that torch caches; drop them
+    torch._C._cuda_clearCublasWorkspaces()
     assert torch.cuda.memory_allocated() == base
 
 
@@ -212,20 +219,22 @@ def test_graph_memory_is_returned_when_the_graph_goes(fresh):
         (x @ x).relu()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
+    bridge.pool(0).free_all_blocks()
     before = bridge.stats(0).ledger
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         y = (x @ x).relu() * 2
     g.replay()
     torch.cuda.synchronize()
-    held = bridge.stats(0).ledger
-    assert held >= before + 4 * MIB  # y and the intermediate stay for replays
+    s = bridge.stats(0)
+    assert s.ledger - s.cached >= before + 4 * MIB  # y and the intermediate stay for replays
     del y
     g.reset()
     del g
     torch.cuda.synchronize()
-    assert bridge.stats(0).ledger == before
-    assert bridge.stats(0).num_bad_frees == 0
+    s = bridge.stats(0)
+    assert s.ledger - s.cached == before
+    assert s.num_bad_frees == 0
 
 
 def test_oom_is_torch_oom_with_breakdown(fresh):
@@ -240,7 +249,8 @@ def test_oom_is_torch_oom_with_breakdown(fresh):
     assert msg.startswith("CUDA out of memory.")
     for word in ("device 0", "budget", "torch", "cupy", "jax"):
         assert word in msg
-    assert accelerate_memory.should_reduce_batch_size(info.value)
+    assert isinstance(info.value, RuntimeError) and len(info.value.args) == 1, info.value.args
+    assert accelerate_memory.should_reduce_batch_size(info.value), repr(info.value)
     # torch keeps working, and smaller requests pass
     t = torch.ones(256 * MIB, dtype=torch.uint8, device="cuda")
     assert int(t.sum().item()) == 256 * MIB
@@ -261,7 +271,8 @@ def test_find_executable_batch_size_recovers(fresh):
         return batch_size, int(t.numel())
 
     bs, n = step()
-    assert bs <= 1024 and n == bs * MIB and tried[0] == 4096
+    assert tried[0] == 4096 and len(tried) > 1 and tried == sorted(tried, reverse=True)
+    assert n == bs * MIB and bs < 4096
 
 
 def test_empty_cache_returns_idle_pool_memory(fresh):

@@ -102,6 +102,14 @@ int bridge_record_stream(void *ptr, void *stream);
 /* Size and device of a live allocation; BRIDGE_E_INVALID when unknown. */
 int bridge_lookup(void *ptr, size_t *size, int *device, int *tag);
 
+/* ---- the cache of freed blocks (cache.c) ---- */
+/* Cap the cached bytes of a device (0 turns the cache off and empties it) and
+ * the largest block that is cached. */
+int bridge_set_cache(int device, uint64_t limit, uint64_t max_block);
+/* Cache `tag`'s blocks on every stream, not only the default streams: for a
+ * framework whose streams are never destroyed (torch's stream pool). */
+int bridge_set_cache_any_stream(int tag, int on);
+
 /* ---- CUDA graph capture (torch's hooks) ---- */
 /* While a capture is active on a device: allocations that the caller routes
  * to the capture (bridge_alloc_graph) come from a side stream and stay
@@ -148,6 +156,8 @@ typedef struct bridge_stats {
     uint64_t num_driver_errors;
     uint64_t num_deferred;   /* frees waiting for a capture to end */
     uint64_t graph_bytes;    /* bytes held by captured graphs */
+    uint64_t cached;         /* freed blocks kept for reuse (part of `used`) */
+    uint64_t cache_limit;    /* cap of `cached`; 0 = no cache */
     bridge_tag_stats tag[BRIDGE_NTAGS];
 } bridge_stats;
 
@@ -158,6 +168,68 @@ int bridge_reset_accumulated(int device, int tag);
 int bridge_others(int device, uint64_t *out);
 /* Live allocations on every device (records in the table). */
 uint64_t bridge_live_records(void);
+
+/* ---- pinned host memory (pinned.c) ---- */
+/* One process-wide pool of page-locked host memory: blocks cut to size
+ * classes, kept in free lists, reused once every asynchronous copy recorded
+ * against them has completed.  See pinned.c for the glossary. */
+enum bridge_pinned_backend {
+    BRIDGE_PINNED_CACHED = 0,  /* cuMemHostAlloc blocks (portable) */
+    BRIDGE_PINNED_MEMPOOL = 1, /* a host-located stream-ordered pool (cuMemPoolCreate) */
+    BRIDGE_PINNED_AUTO = 2     /* MEMPOOL where the driver offers it, else CACHED */
+};
+typedef struct bridge_pinned_block bridge_pinned_block; /* opaque */
+
+/* Retain device 0's primary context (host allocations are made in it) and
+ * choose the base of new blocks; *chosen gets it.  Callable again to switch
+ * bases while no block is lent or awaited (else BRIDGE_E_INVALID);
+ * BRIDGE_E_NOPOOLS when MEMPOOL was asked for and the driver has none. */
+int bridge_pinned_setup(int backend, int *chosen);
+/* Lend a block of at least `size` (> 0) bytes with one reference.  With
+ * may_block 0 it only reuses a free block (no driver call, fit for holding
+ * the GIL) and gives *out NULL with BRIDGE_OK when it would have to ask the
+ * driver.  BRIDGE_E_BUDGET past the limit, BRIDGE_E_OOM when the system
+ * cannot pin more. */
+int bridge_pinned_alloc(size_t size, int may_block, bridge_pinned_block **out);
+void *bridge_pinned_ptr(const bridge_pinned_block *b);
+size_t bridge_pinned_size(const bridge_pinned_block *b);
+/* References: every view of a block holds one.  The last release returns
+ * the block to the pool; never fails, needs no GIL. */
+void bridge_pinned_retain(bridge_pinned_block *b);
+void bridge_pinned_release(bridge_pinned_block *b);
+/* Record an event on `stream` against the lent block holding `addr`: the
+ * block is not reused before the stream's work queued so far completed.
+ * BRIDGE_E_INVALID when no lent block holds `addr` or the stream is bad. */
+int bridge_pinned_record(const void *addr, void *stream);
+/* The lent block holding `addr`: its start and requested size. */
+int bridge_pinned_lookup(const void *addr, void **base, size_t *size);
+int bridge_pinned_set_limit(uint64_t limit); /* 0 = none; trims to fit */
+/* Give every free block whose copies completed back to the system (and,
+ * for MEMPOOL blocks, the awaited ones too: freed on the stream). */
+int bridge_pinned_trim(void);
+int bridge_pinned_reset_peak(void);
+
+typedef struct bridge_pinned_stats {
+    int backend;                /* enum bridge_pinned_backend; -1 before setup */
+    int mempool_available;      /* 1 when a host-located pool was created */
+    uint64_t limit;             /* 0 = none; `total` never passes it */
+    uint64_t used;              /* bytes of lent blocks (class sizes) */
+    uint64_t free;              /* bytes of free blocks, pending ones included */
+    uint64_t total;             /* bytes held from the driver: used + free */
+    uint64_t peak_used;
+    uint64_t n_free_blocks;     /* free blocks, pending ones included */
+    uint64_t n_pending_blocks;  /* free blocks awaiting a recorded copy */
+    uint64_t n_live_blocks;     /* lent blocks */
+    uint64_t num_allocs;        /* blocks lent, cumulative */
+    uint64_t num_reuses;        /* of which came from the free lists */
+    uint64_t num_base_allocs;   /* driver allocations */
+    uint64_t num_base_frees;    /* driver frees */
+    uint64_t num_ooms;          /* refused requests */
+    uint64_t num_driver_errors;
+    uint64_t num_records;       /* bridge_pinned_record calls */
+} bridge_pinned_stats;
+
+int bridge_pinned_get_stats(bridge_pinned_stats *out);
 
 /* ---- torch's CUDAPluggableAllocator ABI (torch_abi.cpp) ---- */
 void *bridge_torch_alloc(size_t size, int device, void *stream);

@@ -50,6 +50,17 @@ typedef struct {
     int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
 } bridge_CUmemAccessDesc;
 
+/* CUmemPoolProps (88 bytes in CUDA 11.2 to 13). */
+typedef struct {
+    int allocType;   /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+    int handleTypes; /* CU_MEM_HANDLE_TYPE_NONE = 0 */
+    bridge_CUmemLocation location; /* HOST = 2 (id ignored), HOST_NUMA = 3 (id = node) */
+    void *win32SecurityAttributes;
+    size_t maxSize;  /* 0 = the system's default */
+    unsigned short usage;
+    unsigned char reserved[54];
+} bridge_CUmemPoolProps;
+
 /* The table of entry points.  X(name, return, args) */
 #define BRIDGE_DRIVER_ENTRIES(X)                                               \
     X(cuInit, (unsigned int flags))                                            \
@@ -81,7 +92,13 @@ typedef struct {
     X(cuEventCreate, (CUevent * event, unsigned int flags))                    \
     X(cuEventRecord, (CUevent event, CUstream stream))                         \
     X(cuEventDestroy_v2, (CUevent event))                                      \
-    X(cuThreadExchangeStreamCaptureMode, (int *mode))
+    X(cuThreadExchangeStreamCaptureMode, (int *mode))                         \
+    X(cuStreamGetCtx, (CUstream stream, CUcontext * pctx))                     \
+    X(cuEventQuery, (CUevent event))                                           \
+    X(cuMemHostAlloc, (void **pp, size_t bytes, unsigned int flags))           \
+    X(cuMemFreeHost, (void *p))                                                \
+    X(cuMemPoolCreate, (CUmemoryPool * pool, const bridge_CUmemPoolProps *props)) \
+    X(cuMemPoolDestroy, (CUmemoryPool pool))
 
 #define BRIDGE_DECLARE_ENTRY(name, args) CUresult(*name) args;
 typedef struct bridge_driver {

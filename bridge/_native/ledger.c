@@ -17,6 +17,7 @@
 #include "bridge.h"
 #include "driver.h"
 #include "records.h"
+#include "cache.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -417,6 +418,64 @@ static int defer_free(device_state *d, const record *rec)
     return 1;
 }
 
+/* ---- the cache in front of the pool (cache.c) ---- */
+/* Tags whose streams live as long as the process (torch's pooled streams):
+ * their blocks are cached on any stream.  Other tags' blocks are cached on
+ * the default streams only, since a user stream may be destroyed and its
+ * handle reused, and stream order is what makes a cached block safe. */
+static atomic_int cache_any_stream[BRIDGE_NTAGS];
+
+static inline int default_stream(CUstream s) { return (uintptr_t)s <= 2; /* NULL, legacy, per-thread */ }
+
+static void release_cached(int device, uintptr_t ptr, uint64_t size, CUstream stream)
+{
+    record rec = {.ptr = ptr, .size = size, .stream = stream, .device = device};
+    release_block(&devices[device], &rec);
+}
+
+/* Every cached block of a device back to the pool. */
+static void flush_cache(int device) { cache_flush(device, release_cached); }
+
+/* An allocation served from the cache: the bytes are already on the ledger
+ * (reserved and committed); only the framework's figures move. */
+static int adopt_cached(device_state *d, int device, uintptr_t p, size_t size, CUstream stream,
+                        int tag, void **out)
+{
+    tag_state *t = &d->tag[tag];
+    uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
+    uint64_t tcur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
+    record rec = {.ptr = p, .size = size, .stream = stream, .device = device, .tag = (uint8_t)tag};
+    if ((tlimit && tcur > tlimit) || records_insert(&rec) != 0) {
+        atomic_fetch_sub_explicit(&t->current, size, RELAXED);
+        release_block(d, &rec);
+        return BRIDGE_E_TAG_LIMIT;
+    }
+    atomic_max(&t->peak, tcur);
+    atomic_fetch_add_explicit(&t->allocated, size, RELAXED);
+    atomic_fetch_add_explicit(&t->num_allocs, 1, RELAXED);
+    atomic_fetch_add_explicit(&d->num_allocs, 1, RELAXED);
+    *out = (void *)p;
+    return BRIDGE_OK;
+}
+
+int bridge_set_cache(int device, uint64_t limit, uint64_t max_block)
+{
+    if (!device_of(device))
+        return BRIDGE_E_DEVICE;
+    cache_set_limits(device, limit, max_block);
+    if (!limit)
+        flush_cache(device);
+    return BRIDGE_OK;
+}
+
+int bridge_set_cache_any_stream(int tag, int on)
+{
+    if (tag < 0 || tag >= BRIDGE_NTAGS)
+        return BRIDGE_E_INVALID;
+    atomic_store(&cache_any_stream[tag], on ? 1 : 0);
+    return BRIDGE_OK;
+}
+
 /* records_take's `keep` for bridge_free: a graph block stays in the table,
  * marked freed by the user, because replays may still write it; the graph's
  * release returns it.  Runs under the shard lock, so the mark and the figures
@@ -453,7 +512,13 @@ void bridge_free(void *ptr)
         return; /* a graph block: counted as freed, memory kept until the release */
     device_state *d = &devices[rec.device];
     count_free(d, &rec);
-    if (atomic_load_explicit(&d->captures_active, RELAXED) && defer_free(d, &rec))
+    int capturing = atomic_load_explicit(&d->captures_active, RELAXED);
+    if (capturing && defer_free(d, &rec))
+        return;
+    /* fast path: kept for the next allocation of this size on this stream */
+    if (!capturing && !rec.nrec &&
+        (default_stream(rec.stream) || atomic_load_explicit(&cache_any_stream[rec.tag], RELAXED)) &&
+        cache_put(rec.device, rec.stream, rec.size, rec.ptr))
         return;
     release_block(d, &rec);
     flush_deferred(d);
@@ -504,6 +569,11 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
     device_state *d = device_of(device);
     if (!d)
         return bridge_initialized() ? BRIDGE_E_DEVICE : BRIDGE_E_NOTINIT;
+    /* fastest path: a block of this size freed on this stream (one lock, one
+     * pop, one shard lock; no driver call, so no context needed) */
+    uintptr_t hit = cache_take(device, stream, size);
+    if (hit && adopt_cached(d, device, hit, size, stream, tag, out) == BRIDGE_OK)
+        return BRIDGE_OK;
     ctx_guard g;
     ctx_enter(d, &g);
     if (atomic_load_explicit(&d->num_deferred, RELAXED))
@@ -514,6 +584,7 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
     if (retryable(rc)) {
         /* 1. Let the stream's pending frees land and complete deferred ones.
          *    (Not while a capture runs: a synchronize would invalidate it.) */
+        flush_cache(device);
         if (!atomic_load_explicit(&d->captures_active, RELAXED))
             bridge_drv.cuStreamSynchronize(stream);
         flush_deferred(d);
@@ -521,7 +592,11 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
         /* 2. Ask the frameworks to release their caches, then try again. */
         bridge_pressure_fn hook = atomic_load(&pressure_hook); /* one read: see its comment */
         if (retryable(rc) && hook && hook(device, size, tag)) {
-            ctx_enter(d, &g);
+            /* The hook ran Python, which may have switched the context: make
+             * the device's current again, but keep `g` as it is: it holds the
+             * caller's context for ctx_exit (a second ctx_enter(d, &g) here
+             * overwrote it, and the caller was left on this device's). */
+            bridge_drv.cuCtxSetCurrent(d->ctx);
             if (!atomic_load_explicit(&d->captures_active, RELAXED))
                 bridge_drv.cuStreamSynchronize(stream);
             rc = try_alloc(d, device, size, stream, tag, out);
@@ -747,6 +822,7 @@ int bridge_trim(int device, uint64_t keep)
         return BRIDGE_E_DEVICE;
     ctx_guard g;
     ctx_enter(d, &g);
+    flush_cache(device);
     flush_deferred(d);
     if (!atomic_load(&d->captures_active))
         bridge_drv.cuCtxSynchronize(); /* pending frees return to the pool */
@@ -775,6 +851,8 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->num_driver_errors = atomic_load(&d->num_driver_errors);
     out->num_deferred = atomic_load(&d->num_deferred);
     out->graph_bytes = atomic_load(&d->graph_bytes);
+    out->cached = cache_bytes(device);
+    out->cache_limit = cache_limit(device);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];
         out->tag[i] = (bridge_tag_stats){

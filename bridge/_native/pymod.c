@@ -14,12 +14,17 @@
 
 #include "bridge.h"
 
+static PyObject *str_ptr; /* interned "ptr" */
+
 /* ---- Block ---- */
 typedef struct {
     PyObject_HEAD
     void *ptr;
     size_t size;
     int device;
+    PyObject *stream; /* the framework's stream object, kept alive until the
+                         free is queued on it (a destroyed stream must never
+                         be handed to the driver); may be NULL */
 } Block;
 
 static void Block_dealloc(Block *self)
@@ -31,6 +36,7 @@ static void Block_dealloc(Block *self)
         bridge_free(p); /* never fails: counts what went wrong */
         Py_END_ALLOW_THREADS
     }
+    Py_CLEAR(self->stream);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -68,7 +74,7 @@ static PyTypeObject BlockType = {
     .tp_getset = Block_getset,
 };
 
-static PyObject *block_new(void *ptr, size_t size, int device)
+static PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
 {
     Block *b = PyObject_New(Block, &BlockType);
     if (!b) {
@@ -80,6 +86,8 @@ static PyObject *block_new(void *ptr, size_t size, int device)
     b->ptr = ptr;
     b->size = size;
     b->device = device;
+    Py_XINCREF(stream);
+    b->stream = stream;
     return (PyObject *)b;
 }
 
@@ -87,7 +95,7 @@ static PyObject *block_new(void *ptr, size_t size, int device)
 typedef struct {
     PyObject_HEAD
     PyObject *get_device;     /* () -> int: CuPy's current device */
-    PyObject *get_stream;     /* () -> int: CuPy's current stream handle */
+    PyObject *get_stream;     /* () -> CuPy's current Stream (its .ptr is the handle) */
     PyObject *unowned;        /* cupy.cuda.memory.UnownedMemory */
     PyObject *pointer;        /* cupy.cuda.memory.MemoryPointer */
     PyObject *on_failure;     /* (size, device, stream, status) -> MemoryPointer or raise */
@@ -165,22 +173,28 @@ static PyObject *CupyAllocator_vectorcall(PyObject *callable, PyObject *const *a
     Py_DECREF(o);
     if (dev == -1 && PyErr_Occurred())
         return NULL;
-    o = PyObject_CallNoArgs(self->get_stream);
-    if (!o)
+    PyObject *stream_obj = PyObject_CallNoArgs(self->get_stream);
+    if (!stream_obj)
         return NULL;
-    void *stream = PyLong_AsVoidPtr(o);
-    Py_DECREF(o);
-    if (!stream && PyErr_Occurred())
+    o = PyObject_GetAttr(stream_obj, str_ptr);
+    void *stream = o ? PyLong_AsVoidPtr(o) : NULL;
+    Py_XDECREF(o);
+    if (!o || (!stream && PyErr_Occurred())) {
+        Py_DECREF(stream_obj);
         return NULL;
+    }
     void *ptr = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = bridge_alloc((int)dev, size, stream, self->tag, &ptr);
     Py_END_ALLOW_THREADS
-    if (rc != BRIDGE_OK)
+    if (rc != BRIDGE_OK) {
+        Py_DECREF(stream_obj);
         return PyObject_CallFunction(self->on_failure, "nlni", (Py_ssize_t)size, dev,
                                      (Py_ssize_t)(intptr_t)stream, rc);
-    PyObject *block = block_new(ptr, size, (int)dev);
+    }
+    PyObject *block = block_new(ptr, size, (int)dev, stream_obj);
+    Py_DECREF(stream_obj);
     if (!block)
         return NULL;
     PyObject *out = wrap_block(self, block, ptr, size, (int)dev);
@@ -443,6 +457,29 @@ static PyObject *py_set_limit(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_limit(dev, limit));
 }
 
+static PyObject *py_set_cache(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    unsigned long long limit, max_block = 256ull << 20;
+    if (!PyArg_ParseTuple(args, "iK|K", &dev, &limit, &max_block))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_set_cache(dev, limit, max_block);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_set_cache_any_stream(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int tag, on;
+    if (!PyArg_ParseTuple(args, "ip", &tag, &on))
+        return NULL;
+    return PyLong_FromLong(bridge_set_cache_any_stream(tag, on));
+}
+
 static PyObject *py_set_tag_limit(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -479,7 +516,8 @@ static PyObject *py_alloc_block(PyObject *m, PyObject *args)
     int dev, tag;
     Py_ssize_t size;
     unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "inKi", &dev, &size, &stream, &tag))
+    PyObject *stream_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "inKi|O", &dev, &size, &stream, &tag, &stream_obj))
         return NULL;
     if (size < 0) {
         PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
@@ -492,7 +530,7 @@ static PyObject *py_alloc_block(PyObject *m, PyObject *args)
     Py_END_ALLOW_THREADS
     if (rc != BRIDGE_OK)
         return Py_BuildValue("iO", rc, Py_None);
-    PyObject *b = block_new(p, (size_t)size, dev);
+    PyObject *b = block_new(p, (size_t)size, dev, stream_obj == Py_None ? NULL : stream_obj);
     if (!b)
         return NULL;
     return Py_BuildValue("iN", rc, b);
@@ -559,6 +597,7 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(limit) PUT(used) PUT(peak_used) PUT(pool_used) PUT(pool_reserved) PUT(pool_used_high)
     PUT(release_threshold) PUT(total) PUT(num_allocs) PUT(num_frees) PUT(num_ooms)
     PUT(num_retries) PUT(num_bad_frees) PUT(num_driver_errors) PUT(num_deferred) PUT(graph_bytes)
+    PUT(cached) PUT(cache_limit)
 #undef PUT
     {
         PyObject *tags = PyList_New(BRIDGE_NTAGS);
@@ -649,6 +688,10 @@ static PyObject *py_alloc_graph(PyObject *m, PyObject *args)
     unsigned long long a, b;
     if (!PyArg_ParseTuple(args, "iniKK", &dev, &size, &tag, &a, &b))
         return NULL;
+    if (size < 0) {
+        PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
+        return NULL;
+    }
     void *p = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -673,9 +716,11 @@ static PyMethodDef methods[] = {
     {"trim", py_trim, METH_VARARGS, "trim(device, keep=0) -> status"},
     {"grant_peer_access", py_grant_peer_access, METH_VARARGS, "-> (status, peers granted)"},
     {"set_limit", py_set_limit, METH_VARARGS, "set_limit(device, bytes) -> status"},
+    {"set_cache", py_set_cache, METH_VARARGS, "set_cache(device, limit, max_block=256MiB) -> status"},
+    {"set_cache_any_stream", py_set_cache_any_stream, METH_VARARGS, "set_cache_any_stream(tag, on) -> status"},
     {"set_tag_limit", py_set_tag_limit, METH_VARARGS, "set_tag_limit(device, tag, bytes) -> status"},
     {"alloc", py_alloc, METH_VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)"},
-    {"alloc_block", py_alloc_block, METH_VARARGS, "alloc_block(device, size, stream, tag) -> (status, Block|None)"},
+    {"alloc_block", py_alloc_block, METH_VARARGS, "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
     {"free", py_free, METH_VARARGS, "free(ptr): never raises"},
     {"record_stream", py_record_stream, METH_VARARGS, "record_stream(ptr, stream) -> status"},
     {"lookup", py_lookup, METH_VARARGS, "lookup(ptr) -> (status, size, device, tag)"},
@@ -696,8 +741,14 @@ static struct PyModuleDef moduledef = {
     NULL, NULL, NULL, NULL,
 };
 
+/* The pinned pool's type and functions (pypinned.c). */
+int bridge_pypinned_add(PyObject *m);
+
 PyMODINIT_FUNC PyInit__core(void)
 {
+    str_ptr = PyUnicode_InternFromString("ptr");
+    if (!str_ptr)
+        return NULL;
     if (PyType_Ready(&BlockType) < 0 || PyType_Ready(&CupyAllocatorType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
@@ -710,7 +761,8 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "MAX_DEVICES", BRIDGE_MAX_DEVICES) < 0 ||
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
-        PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0) {
+        PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0 ||
+        bridge_pypinned_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

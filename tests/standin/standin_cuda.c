@@ -9,7 +9,12 @@
  *     stream has not reached the free yet;
  *   - the capacity of each device can be set, bytes held by "others" (JAX)
  *     can be added, entry points can be made to fail (fault injection);
- *   - allocating without a current context fails, as on the real driver.
+ *   - allocating without a current context fails, as on the real driver;
+ *   - pinned host memory (cuMemHostAlloc, host-located pools made by
+ *     cuMemPoolCreate) is real malloc'd memory, so numpy views work;
+ *   - events are real objects: recorded while standin_hold_events(1) they
+ *     stay pending (cuEventQuery: CUDA_ERROR_NOT_READY) until their stream
+ *     or context is synchronized or standin_complete_events() is called.
  * It is NEVER evidence that anything works on a GPU: it exists so that CI can
  * test the ledger.  Controls: the standin_* functions at the end.
  */
@@ -64,7 +69,8 @@ static __thread int capture_mode;
 static uintptr_t next_handle = 0x1000;
 static CUstream capturing_stream = (CUstream)(uintptr_t)-1;
 
-enum { C_ALLOC, C_FREE, C_SYNC, C_WAIT, C_RECORD, C_SETCTX, C_TRIM, C_MODE };
+enum { C_ALLOC, C_FREE, C_SYNC, C_WAIT, C_RECORD, C_SETCTX, C_TRIM, C_MODE,
+       C_HOSTALLOC, C_HOSTFREE, C_EVCREATE, C_EVQUERY, C_HOSTPOOL };
 
 /* fault injection: entry name -> (code, remaining count) */
 typedef struct fault { char name[48]; int code; int count; } fault;
@@ -199,6 +205,98 @@ static void complete(int dev, CUstream stream, int all)
         d->reserved = d->used > d->threshold ? d->used : d->threshold;
 }
 
+/* ---- events, streams, pinned host memory (all under mu) ---- */
+typedef struct sevent {
+    struct sevent *next;
+    CUstream stream;  /* last stream recorded on */
+    int pending;      /* 1: cuEventQuery says NOT_READY */
+} sevent;
+static sevent *events;           /* every live event */
+static int hold_events;          /* 1: events recorded now stay pending */
+
+#define MAXSTREAMS 4096
+static struct { CUstream s; CUcontext ctx; } streams[MAXSTREAMS];
+static int nstreams;
+
+typedef struct hostpool { int in_use; uint64_t used, reserved, threshold; } hostpool;
+#define MAXHOSTPOOLS 4
+static hostpool hostpools[MAXHOSTPOOLS];
+static int host_pools_supported = 1;
+
+typedef struct hostblk { struct hostblk *next; void *p; size_t size; hostpool *pool; } hostblk;
+static hostblk *hostblks;        /* live pinned host allocations */
+static uint64_t host_used, host_capacity = UINT64_MAX;
+
+static void events_complete(CUstream s, int all)
+{
+    for (sevent *e = events; e; e = e->next)
+        if (all || e->stream == s)
+            e->pending = 0;
+}
+
+static hostpool *host_pool_of(CUmemoryPool p)
+{
+    for (int i = 0; i < MAXHOSTPOOLS; i++)
+        if (p == (CUmemoryPool)&hostpools[i] && hostpools[i].in_use)
+            return &hostpools[i];
+    return NULL;
+}
+
+static CUresult host_alloc(void **pp, size_t size, hostpool *pool)
+{
+    if (!current_ctx)
+        return E_INVALID_CONTEXT;
+    if (size == 0)
+        return E_INVALID_VALUE;
+    if (host_used + size > host_capacity)
+        return E_OUT_OF_MEMORY;
+    size_t rounded = (size + 4095) / 4096 * 4096;
+    hostblk *h = malloc(sizeof *h);
+    void *p = h ? aligned_alloc(4096, rounded) : NULL;
+    if (!p) {
+        free(h);
+        return E_OUT_OF_MEMORY;
+    }
+    *h = (hostblk){hostblks, p, size, pool};
+    hostblks = h;
+    host_used += size;
+    if (pool) {
+        pool->used += size;
+        if (pool->used > pool->reserved)
+            pool->reserved = pool->used;
+    }
+    *pp = p;
+    return OK;
+}
+
+/* Free a pinned host allocation; `pool` must match where it came from. */
+static CUresult host_free(void *p, int from_pool)
+{
+    for (hostblk **pp = &hostblks; *pp; pp = &(*pp)->next) {
+        hostblk *h = *pp;
+        if (h->p != p)
+            continue;
+        if ((h->pool != NULL) != from_pool)
+            return E_INVALID_VALUE;
+        *pp = h->next;
+        host_used -= h->size;
+        if (h->pool)
+            h->pool->used -= h->size;
+        free(h->p);
+        free(h);
+        return OK;
+    }
+    return E_INVALID_VALUE;
+}
+
+static int host_owns(void *p)
+{
+    for (hostblk *h = hostblks; h; h = h->next)
+        if (h->p == p)
+            return 1;
+    return 0;
+}
+
 /* ---- the driver API ---- */
 CUresult cuInit(unsigned int flags)
 {
@@ -307,8 +405,10 @@ CUresult cuCtxSynchronize(void)
 {
     pthread_mutex_lock(&mu);
     int dev = dev_of_ctx(current_ctx);
-    if (dev >= 0)
+    if (dev >= 0) {
         complete(dev, NULL, 1);
+        events_complete(NULL, 1);
+    }
     counters[C_SYNC]++;
     pthread_mutex_unlock(&mu);
     return dev >= 0 ? OK : E_INVALID_CONTEXT;
@@ -327,7 +427,17 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
     int dev = dev_of_pool(pool);
     CUresult r = OK;
     uint64_t *v = value;
-    if (dev < 0)
+    hostpool *hp = host_pool_of(pool);
+    if (hp) {
+        if (attr == 4)
+            *v = hp->threshold;
+        else if (attr == 5 || attr == 6)
+            *v = hp->reserved;
+        else if (attr == 7 || attr == 8)
+            *v = hp->used;
+        else
+            r = E_INVALID_VALUE;
+    } else if (dev < 0)
         r = E_INVALID_VALUE;
     else if (attr == 4)
         *v = devs[dev].threshold;
@@ -370,6 +480,13 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
     pthread_mutex_lock(&mu);
     int dev = dev_of_pool(pool);
+    hostpool *hp = host_pool_of(pool);
+    if (hp) {
+        hp->reserved = hp->used > keep ? hp->used : keep;
+        counters[C_TRIM]++;
+        pthread_mutex_unlock(&mu);
+        return OK;
+    }
     if (dev >= 0) {
         device *d = &devs[dev];
         uint64_t floor = d->used > keep ? d->used : keep;
@@ -401,6 +518,17 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool po
     FAULT("cuMemAllocFromPoolAsync");
     int dev = dev_of_pool(pool);
     CUresult r = OK;
+    hostpool *hp = host_pool_of(pool);
+    if (hp) {
+        void *hptr = NULL;
+        r = host_alloc(&hptr, size, hp);
+        if (r == OK) {
+            *dptr = (CUdeviceptr)(uintptr_t)hptr;
+            counters[C_HOSTALLOC]++;
+        }
+        pthread_mutex_unlock(&mu);
+        return r;
+    }
     if (!current_ctx)
         r = E_INVALID_CONTEXT; /* what the autograd thread saw on a GPU */
     else if (dev < 0 || size == 0)
@@ -437,6 +565,14 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
     FAULT("cuMemFreeAsync");
     live l;
     CUresult r = OK;
+    if (current_ctx && host_owns((void *)(uintptr_t)p)) {
+        /* a host-pool block: freed at once (as if its stream were idle) */
+        r = host_free((void *)(uintptr_t)p, 1);
+        if (r == OK)
+            counters[C_HOSTFREE]++;
+        pthread_mutex_unlock(&mu);
+        return r;
+    }
     if (!current_ctx)
         r = E_INVALID_CONTEXT;
     else if (s == capturing_stream)
@@ -459,8 +595,33 @@ CUresult cuStreamCreate(CUstream *s, unsigned int flags)
     (void)flags;
     pthread_mutex_lock(&mu);
     *s = (CUstream)(next_handle += 16);
+    if (nstreams < MAXSTREAMS) {
+        streams[nstreams].s = *s;
+        streams[nstreams++].ctx = current_ctx;
+    }
     pthread_mutex_unlock(&mu);
     return OK;
+}
+
+CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuStreamGetCtx");
+    CUresult r = E_INVALID_HANDLE;
+    *ctx = NULL;
+    if ((uintptr_t)s <= 2) {
+        *ctx = current_ctx;
+        r = current_ctx ? OK : E_INVALID_CONTEXT;
+    } else {
+        for (int i = 0; i < nstreams; i++)
+            if (streams[i].s == s) {
+                *ctx = streams[i].ctx ? streams[i].ctx : (CUcontext)&devs[0].ctx_tag;
+                r = OK;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 CUresult cuStreamSynchronize(CUstream s)
@@ -470,6 +631,7 @@ CUresult cuStreamSynchronize(CUstream s)
     int dev = dev_of_ctx(current_ctx);
     if (dev >= 0)
         complete(dev, s, 0);
+    events_complete(s, 0);
     counters[C_SYNC]++;
     pthread_mutex_unlock(&mu);
     return OK;
@@ -495,22 +657,110 @@ CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
 CUresult cuEventCreate(CUevent *e, unsigned int flags)
 {
     (void)flags;
-    *e = (CUevent)(uintptr_t)0xE0;
-    return OK;
+    pthread_mutex_lock(&mu);
+    FAULT("cuEventCreate");
+    sevent *ev = calloc(1, sizeof *ev);
+    if (ev) {
+        ev->next = events;
+        events = ev;
+        counters[C_EVCREATE]++;
+    }
+    *e = ev;
+    pthread_mutex_unlock(&mu);
+    return ev ? OK : E_OUT_OF_MEMORY;
 }
 
 CUresult cuEventRecord(CUevent e, CUstream s)
 {
-    (void)e;
-    (void)s;
-    __atomic_fetch_add(&counters[C_RECORD], 1, __ATOMIC_RELAXED);
-    return OK;
+    pthread_mutex_lock(&mu);
+    FAULT("cuEventRecord");
+    sevent *ev = e;
+    if (ev) {
+        ev->stream = s;
+        ev->pending = hold_events;
+    }
+    counters[C_RECORD]++;
+    pthread_mutex_unlock(&mu);
+    return ev ? OK : E_INVALID_HANDLE;
+}
+
+CUresult cuEventQuery(CUevent e)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuEventQuery");
+    sevent *ev = e;
+    counters[C_EVQUERY]++;
+    CUresult r = !ev ? E_INVALID_HANDLE : ev->pending ? 600 /* CUDA_ERROR_NOT_READY */ : OK;
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 CUresult cuEventDestroy_v2(CUevent e)
 {
-    (void)e;
-    return OK;
+    pthread_mutex_lock(&mu);
+    CUresult r = E_INVALID_HANDLE;
+    for (sevent **pp = &events; *pp; pp = &(*pp)->next)
+        if (*pp == e) {
+            *pp = (*pp)->next;
+            free(e);
+            r = OK;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemHostAlloc");
+    CUresult r = host_alloc(pp, bytes, NULL);
+    if (r == OK)
+        counters[C_HOSTALLOC]++;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuMemFreeHost(void *p)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemFreeHost");
+    CUresult r = host_free(p, 0);
+    if (r == OK)
+        counters[C_HOSTFREE]++;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* Only host-located pinned pools: the ledger uses the default pools. */
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props)
+{
+    const int *f = props; /* allocType, handleTypes, location.type, location.id */
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemPoolCreate");
+    CUresult r = 801; /* CUDA_ERROR_NOT_SUPPORTED */
+    if (host_pools_supported && f[0] == 1 && (f[2] == 2 || f[2] == 3))
+        for (int i = 0; i < MAXHOSTPOOLS; i++)
+            if (!hostpools[i].in_use) {
+                hostpools[i] = (hostpool){1, 0, 0, 0};
+                *pool = &hostpools[i];
+                counters[C_HOSTPOOL]++;
+                r = OK;
+                break;
+            }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    pthread_mutex_lock(&mu);
+    hostpool *hp = host_pool_of(pool);
+    if (hp)
+        hp->in_use = 0;
+    pthread_mutex_unlock(&mu);
+    return hp ? OK : E_INVALID_VALUE;
 }
 
 CUresult cuThreadExchangeStreamCaptureMode(int *mode)
@@ -610,4 +860,77 @@ void standin_sync_all(int dev)
     pthread_mutex_lock(&mu);
     complete(dev, NULL, 1);
     pthread_mutex_unlock(&mu);
+}
+
+/* Events recorded from now on stay pending (1) or complete at once (0). */
+void standin_hold_events(int on)
+{
+    pthread_mutex_lock(&mu);
+    hold_events = on;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Complete every pending event (the GPU caught up). */
+void standin_complete_events(void)
+{
+    pthread_mutex_lock(&mu);
+    events_complete(NULL, 1);
+    pthread_mutex_unlock(&mu);
+}
+
+uint64_t standin_pending_events(void)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t n = 0;
+    for (sevent *e = events; e; e = e->next)
+        n += e->pending;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+uint64_t standin_live_events(void)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t n = 0;
+    for (sevent *e = events; e; e = e->next)
+        n++;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+/* Pinned host bytes the system lets the process hold (UINT64_MAX: any). */
+void standin_set_host_capacity(uint64_t bytes)
+{
+    pthread_mutex_lock(&mu);
+    host_capacity = bytes;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Pinned host bytes allocated (cuMemHostAlloc and host pools), not freed. */
+uint64_t standin_host_used(void)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t b = host_used;
+    pthread_mutex_unlock(&mu);
+    return b;
+}
+
+void standin_set_host_pools_supported(int on)
+{
+    pthread_mutex_lock(&mu);
+    host_pools_supported = on;
+    pthread_mutex_unlock(&mu);
+}
+
+/* A stream of device `dev`'s primary context (what torch or CuPy would make). */
+CUstream standin_new_stream(int dev)
+{
+    pthread_mutex_lock(&mu);
+    CUstream s = (CUstream)(next_handle += 16);
+    if (nstreams < MAXSTREAMS && dev >= 0 && dev < ndev) {
+        streams[nstreams].s = s;
+        streams[nstreams++].ctx = &devs[dev].ctx_tag;
+    }
+    pthread_mutex_unlock(&mu);
+    return s;
 }

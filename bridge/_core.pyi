@@ -1,0 +1,118 @@
+"""Type stub of bridge._core, the compiled core (bridge/_native/pymod.c).
+
+Every function returns a status code (see ``bridge._errors.Status``), alone or
+first in a tuple; ``bridge._errors.check`` turns it into an exception.
+"""
+
+from collections.abc import Callable
+from typing import Any, TypedDict, final
+
+MAX_DEVICES: int
+TAG_OTHER: int
+TAG_CUPY: int
+TAG_TORCH: int
+
+class TagStats(TypedDict):
+    """One framework tag's figures (``bridge_tag_stats`` in bridge.h)."""
+
+    current: int
+    peak: int
+    allocated: int
+    freed: int
+    num_allocs: int
+    num_frees: int
+    num_ooms: int
+    limit: int
+
+class RawStats(TypedDict):
+    """One device's figures (``bridge_stats`` in bridge.h)."""
+
+    limit: int
+    used: int
+    peak_used: int
+    pool_used: int
+    pool_reserved: int
+    pool_used_high: int
+    release_threshold: int
+    total: int
+    num_allocs: int
+    num_frees: int
+    num_ooms: int
+    num_retries: int
+    num_bad_frees: int
+    num_driver_errors: int
+    num_deferred: int
+    graph_bytes: int
+    tags: list[TagStats]
+
+@final
+class Block:
+    """One allocation from the shared pool, freed when this object dies."""
+
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+
+@final
+class CupyAllocator:
+    """CuPy allocator on the shared pool: call with a size, get a MemoryPointer."""
+
+    def __new__(
+        cls,
+        get_device: Callable[[], int],
+        get_stream: Callable[[], Any],
+        unowned_memory: Any,
+        memory_pointer: Any,
+        on_failure: Callable[[int, int, int, int], Any],
+        tag: int = ...,
+    ) -> CupyAllocator: ...
+    def __call__(self, size: int, /) -> Any: ...
+    def wrap(self, block: Block, /) -> Any: ...
+
+# ---- the driver ----
+def init(path: str | None = None, /) -> int: ...
+def initialized() -> bool: ...
+def device_count() -> tuple[int, int]: ...
+def driver_version() -> tuple[int, int]: ...
+def current_device() -> tuple[int, int]: ...
+def last_driver_error() -> tuple[int, str]: ...
+def loaded_library() -> str: ...
+def load_error() -> str: ...
+
+# ---- devices and pools ----
+def setup(device: int, release_threshold: int, /) -> int: ...
+def ready(device: int, /) -> bool: ...
+def reassert(device: int, /) -> int: ...
+def pool_attribute(device: int, attr: int, /) -> tuple[int, int]: ...
+def trim(device: int, keep: int = 0, /) -> int: ...
+def grant_peer_access(device: int, /) -> tuple[int, int]: ...
+
+# ---- budget ----
+def set_limit(device: int, limit: int, /) -> int: ...
+def set_tag_limit(device: int, tag: int, limit: int, /) -> int: ...
+
+# ---- allocation ----
+def alloc(device: int, size: int, stream: int, tag: int, /) -> tuple[int, int]: ...
+def alloc_block(
+    device: int, size: int, stream: int, tag: int, stream_object: object = None, /
+) -> tuple[int, Block | None]: ...
+def free(ptr: int, /) -> None: ...
+def record_stream(ptr: int, stream: int, /) -> int: ...
+def lookup(ptr: int, /) -> tuple[int, int, int, int]: ...
+
+# ---- figures ----
+def stats(device: int, /) -> tuple[int, RawStats]: ...
+def reset_peak(device: int, tag: int = -1, /) -> int: ...
+def reset_accumulated(device: int, tag: int = -1, /) -> int: ...
+def others(device: int, /) -> tuple[int, int]: ...
+def live_records() -> int: ...
+
+# ---- CUDA graph capture ----
+def graph(op: int, device: int, id0: int, id1: int, /) -> int: ...
+def alloc_graph(device: int, size: int, tag: int, id0: int, id1: int, /) -> tuple[int, int]: ...
+
+# ---- recovery ----
+def set_pressure_callback(callback: Callable[[int, int, int], object] | None, /) -> None: ...

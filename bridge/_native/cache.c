@@ -1,0 +1,127 @@
+/* cache.c: exact-size, per-stream cache of freed blocks (see cache.h). */
+#include "cache.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "bridge.h"
+
+#define SLOTS 4096  /* (stream, size) keys per device; power of two */
+#define DEPTH 16    /* blocks kept per key */
+
+typedef struct slot {
+    CUstream stream;   /* key part 1 */
+    uint64_t size;     /* key part 2; 0 = never used */
+    uint32_t n;        /* blocks in ptrs[0..n) */
+    uintptr_t ptrs[DEPTH];
+} slot;
+
+typedef struct dcache {
+    pthread_mutex_t lock;
+    slot *slots;               /* SLOTS entries, allocated on first put */
+    _Atomic uint64_t bytes;    /* cached bytes; <= limit after every put */
+    _Atomic uint64_t limit;    /* cap; 0 = caching off */
+    _Atomic uint64_t max_block;/* larger blocks are never cached */
+    uint32_t keys;             /* slots with size != 0 */
+} dcache;
+
+#define DEFAULT_LIMIT (1ull << 30)
+#define DEFAULT_MAX_BLOCK (256ull << 20)
+static dcache caches[BRIDGE_MAX_DEVICES] = {
+    [0 ... BRIDGE_MAX_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, DEFAULT_LIMIT,
+                                      DEFAULT_MAX_BLOCK, 0}};
+
+static inline uint64_t hash(CUstream s, uint64_t size)
+{
+    return ((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) ^ (size * 0xC2B2AE3D27D4EB4Full);
+}
+
+/* The slot of (s, size), or the empty slot where it would go; NULL if full. */
+static slot *find(dcache *c, CUstream s, uint64_t size, int insert)
+{
+    uint64_t h = hash(s, size);
+    for (uint32_t i = 0; i < SLOTS; i++) {
+        slot *sl = &c->slots[(h + i) & (SLOTS - 1)];
+        if (sl->size == size && sl->stream == s)
+            return sl;
+        if (sl->size == 0) {
+            if (!insert || c->keys >= SLOTS / 2)
+                return NULL;
+            sl->size = size;
+            sl->stream = s;
+            c->keys++;
+            return sl;
+        }
+    }
+    return NULL;
+}
+
+uintptr_t cache_take(int device, CUstream stream, uint64_t size)
+{
+    dcache *c = &caches[device];
+    if (!atomic_load_explicit(&c->bytes, memory_order_relaxed))
+        return 0; /* nothing cached: no lock */
+    uintptr_t p = 0;
+    pthread_mutex_lock(&c->lock);
+    slot *sl = c->slots ? find(c, stream, size, 0) : NULL;
+    if (sl && sl->n) {
+        p = sl->ptrs[--sl->n];
+        atomic_fetch_sub_explicit(&c->bytes, size, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return p;
+}
+
+int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr)
+{
+    dcache *c = &caches[device];
+    uint64_t limit = atomic_load_explicit(&c->limit, memory_order_relaxed);
+    if (!limit || size > atomic_load_explicit(&c->max_block, memory_order_relaxed))
+        return 0;
+    int kept = 0;
+    pthread_mutex_lock(&c->lock);
+    if (!c->slots)
+        c->slots = calloc(SLOTS, sizeof(slot));
+    if (c->slots && atomic_load_explicit(&c->bytes, memory_order_relaxed) + size <= limit) {
+        slot *sl = find(c, stream, size, 1);
+        if (sl && sl->n < DEPTH) {
+            sl->ptrs[sl->n++] = ptr;
+            atomic_fetch_add_explicit(&c->bytes, size, memory_order_relaxed);
+            kept = 1;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return kept;
+}
+
+uint64_t cache_flush(int device, cache_release_fn release)
+{
+    dcache *c = &caches[device];
+    if (!atomic_load(&c->bytes))
+        return 0;
+    /* Take the blocks out under the lock, release them after it. */
+    pthread_mutex_lock(&c->lock);
+    slot *old = c->slots;
+    c->slots = NULL;
+    c->keys = 0;
+    uint64_t bytes = atomic_exchange(&c->bytes, 0);
+    pthread_mutex_unlock(&c->lock);
+    if (old) {
+        for (uint32_t i = 0; i < SLOTS; i++)
+            for (uint32_t k = 0; k < old[i].n; k++)
+                release(device, old[i].ptrs[k], old[i].size, old[i].stream);
+        free(old);
+    }
+    return bytes;
+}
+
+uint64_t cache_bytes(int device) { return atomic_load(&caches[device].bytes); }
+
+uint64_t cache_limit(int device) { return atomic_load(&caches[device].limit); }
+
+void cache_set_limits(int device, uint64_t limit, uint64_t max_block)
+{
+    atomic_store(&caches[device].limit, limit);
+    atomic_store(&caches[device].max_block, max_block);
+}

@@ -1,0 +1,112 @@
+"""The cache of freed blocks in front of the pool (stand-in driver)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge._runtime import core
+
+MIB = 1 << 20
+OTHER, CUPY, TORCH = 0, 1, 2
+SIDE = 0x5000  # a user stream handle (the stand-in accepts any)
+
+
+@pytest.fixture
+def cache(standin):
+    core.set_cache(0, 64 * MIB)
+    core.set_cache_any_stream(TORCH, False)
+    yield standin
+    core.set_cache(0, 0)
+    core.set_cache_any_stream(TORCH, False)
+
+
+def stats():
+    return core.stats(0)[1]
+
+
+def test_same_size_same_stream_reuses_the_block(cache):
+    rc, p = core.alloc(0, 3 * MIB, 0, CUPY)
+    allocs = cache.standin_counter(0)
+    core.free(p)
+    assert stats()["cached"] == 3 * MIB
+    assert stats()["tags"][CUPY]["current"] == 0
+    rc, q = core.alloc(0, 3 * MIB, 0, TORCH)
+    assert rc == 0 and q == p
+    assert cache.standin_counter(0) == allocs  # no driver call
+    assert stats()["cached"] == 0 and stats()["tags"][TORCH]["current"] == 3 * MIB
+    core.free(q)
+
+
+def test_other_size_or_stream_misses(cache):
+    rc, p = core.alloc(0, 3 * MIB, 0, CUPY)
+    core.free(p)
+    rc, q = core.alloc(0, 3 * MIB + 1, 0, CUPY)
+    assert q != p
+    rc, r = core.alloc(0, 3 * MIB, SIDE, TORCH)
+    assert r != p
+    for x in (q, r):
+        core.free(x)
+
+
+def test_user_streams_are_not_cached_unless_the_framework_keeps_them(cache):
+    rc, p = core.alloc(0, MIB, SIDE, CUPY)
+    core.free(p)
+    assert stats()["cached"] == 0  # a CuPy user stream may be destroyed
+    core.set_cache_any_stream(TORCH, True)
+    rc, p = core.alloc(0, MIB, SIDE, TORCH)
+    core.free(p)
+    assert stats()["cached"] == MIB  # torch's pooled streams live on
+    rc, q = core.alloc(0, MIB, SIDE, TORCH)
+    assert q == p
+    core.free(q)
+
+
+def test_cached_bytes_count_in_the_budget_and_go_back_under_pressure(cache):
+    core.set_limit(0, 10 * MIB)
+    rc, p = core.alloc(0, 6 * MIB, 0, CUPY)
+    core.free(p)
+    assert stats()["cached"] == 6 * MIB and stats()["used"] == 6 * MIB
+    rc, q = core.alloc(0, 8 * MIB, 0, TORCH)  # fits only once the cache is emptied
+    assert rc == 0
+    s = stats()
+    assert s["cached"] == 0 and s["used"] == 8 * MIB and s["peak_used"] <= 10 * MIB
+    core.free(q)
+    core.set_limit(0, 0)
+
+
+def test_cap_and_largest_block(cache):
+    core.set_cache(0, 4 * MIB, 2 * MIB)
+    ptrs = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(6)]
+    big = core.alloc(0, 3 * MIB, 0, CUPY)[1]
+    for p in ptrs + [big]:
+        core.free(p)
+    assert stats()["cached"] == 4 * MIB  # four of the six, not the 3 MiB block
+
+
+def test_trim_and_turning_off_empty_the_cache(cache):
+    rc, p = core.alloc(0, MIB, 0, CUPY)
+    core.free(p)
+    assert stats()["cached"] == MIB
+    assert core.trim(0, 0) == 0
+    assert stats()["cached"] == 0 and stats()["used"] == 0
+    rc, p = core.alloc(0, MIB, 0, CUPY)
+    core.free(p)
+    core.set_cache(0, 0)
+    assert stats()["cached"] == 0 and stats()["used"] == 0
+
+
+def test_recorded_blocks_are_not_cached(cache):
+    rc, p = core.alloc(0, MIB, 0, CUPY)
+    assert core.record_stream(p, SIDE) == 0
+    core.free(p)
+    assert stats()["cached"] == 0
+
+
+def test_tag_cap_holds_on_a_cache_hit(cache):
+    rc, p = core.alloc(0, 2 * MIB, 0, CUPY)
+    core.free(p)
+    core.set_tag_limit(0, TORCH, MIB)
+    rc, q = core.alloc(0, 2 * MIB, 0, TORCH)
+    assert rc == 8 and q == 0  # TAG_LIMIT
+    assert stats()["tags"][TORCH]["current"] == 0
+    core.set_tag_limit(0, TORCH, 0)

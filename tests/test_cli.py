@@ -1,0 +1,367 @@
+"""python -m bridge doctor / stats, on the stand-in driver and without any driver."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import bridge
+from bridge import _doctor
+from bridge.__main__ import COLUMNS, main
+from bridge._errors import format_bytes
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+MIB = 1 << 20
+GIB = 1 << 30
+CONFLICTING = ("PYTORCH_CUDA_ALLOC_CONF", "XLA_PYTHON_CLIENT_PREALLOCATE",
+               "XLA_PYTHON_CLIENT_ALLOCATOR", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+               "CUPY_GPU_MEMORY_LIMIT", "BRIDGE_GPU_MEMORY_LIMIT", "BRIDGE_PINNED_MEMORY_LIMIT")
+
+
+def run_main(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(list(argv), stdout=out, stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def run_cli(*argv: str, env: dict | None = None, code: str | None = None,
+            pythonpath: str | None = None) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    for name in CONFLICTING:
+        e.pop(name, None)
+    e.update(env or {})
+    if pythonpath:
+        e["PYTHONPATH"] = pythonpath + os.pathsep + e.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "bridge", *argv]
+    return subprocess.run(cmd, env=e, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in CONFLICTING:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture
+def allocations(standin):
+    """3 MiB of CuPy on device 0, 5 MiB of torch on device 1, a 1 GiB budget on device 0."""
+    from bridge._runtime import core
+
+    ptrs = []
+    for dev, size, tag in ((0, 3 * MIB, 1), (1, 5 * MIB, 2), (0, 7 * MIB, 2)):
+        rc, p = core.alloc(dev, size, 0, tag)
+        assert rc == 0 and p
+        ptrs.append(p)
+    bridge.pool(0).set_limit(size=GIB)
+    yield
+    for p in ptrs:
+        core.free(p)
+    bridge.pool(0).set_limit(0)
+
+
+# ---- doctor ----
+def test_doctor_reports_driver_gpus_and_pools(standin, clean_env):
+    rc, out, err = run_main("doctor")
+    assert rc == 0, err
+    assert "CUDA driver 13.0 (13000)" in out  # the stand-in reports 13000
+    assert "GPUs: 2" in out
+    for d in (0, 1):
+        assert f"device {d}: name unavailable; 16.00 GiB; memory pools: yes" in out
+    for fw in ("cupy", "torch", "jax", "cuda-python"):
+        assert fw in out
+    assert "Summary: ready" in out
+
+
+def test_doctor_json_matches_the_core(standin, clean_env):
+    rc, out, _ = run_main("doctor", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["driver"]["loaded"] and doc["driver"]["version"] == 13000
+    assert [d["index"] for d in doc["devices"]] == [0, 1]
+    for d in doc["devices"]:
+        assert d["pools"] is True and d["total"] == bridge.stats(d["index"]).total == 16 * GIB
+    assert doc["problems"] == []
+    assert doc["bridge"]["version"] == bridge.__version__
+
+
+def test_doctor_without_a_driver_exits_0_and_says_so():
+    r = run_cli("doctor", env={"BRIDGE_CUDA_LIBRARY": "/nonexistent"})
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "no usable CUDA driver" in r.stdout and "/nonexistent" in r.stdout
+    assert "Summary: no GPU stack here" in r.stdout
+    assert "Frameworks" in r.stdout  # the rest of the report still runs
+
+
+def test_doctor_in_a_subprocess_on_the_standin(standin):
+    r = run_cli("doctor")
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "memory pools: yes" in r.stdout and "Summary: ready" in r.stdout
+
+
+def test_doctor_and_stats_with_no_gpu(standin):
+    env = {"BRIDGE_STANDIN_DEVICES": "0"}
+    r = run_cli("doctor", env=env)
+    assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr
+    assert "GPUs: 0" in r.stdout and "sees no GPU" in r.stdout
+    r = run_cli("stats", env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
+    assert "no CUDA device" in r.stderr
+
+
+def test_doctor_flags_a_device_without_pools(standin):
+    code = textwrap.dedent("""
+        import ctypes, os, sys
+        from bridge import _runtime
+        _runtime.ensure_driver()
+        ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"]).standin_set_pools_supported(1, 0)
+        from bridge.__main__ import main
+        sys.exit(main(["doctor"]))
+    """)
+    r = run_cli(code=code)
+    assert r.returncode == 0, r.stderr
+    assert "device 0: name unavailable; 16.00 GiB; memory pools: yes" in r.stdout
+    assert "device 1:" in r.stdout and "memory pools: NO" in r.stdout
+    assert "Update the NVIDIA driver" in r.stdout
+    assert "Summary: 1 thing(s) to look at" in r.stdout
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", "Unset it"),
+    ("XLA_PYTHON_CLIENT_PREALLOCATE", "true", "refuses to start"),
+    ("XLA_PYTHON_CLIENT_PREALLOCATE", "0", "refuses to start"),
+    ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", "outside the shared pool"),
+    ("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5", "limits nothing"),
+    ("CUPY_GPU_MEMORY_LIMIT", "50%", "BRIDGE_GPU_MEMORY_LIMIT"),
+])
+def test_doctor_flags_conflicting_env(standin, clean_env, name, value, words):
+    clean_env.setenv(name, value)
+    rc, out, _ = run_main("doctor")
+    assert rc == 0
+    line = next(ln for ln in out.splitlines() if f"{name}={value}" in ln)
+    assert line.lstrip().startswith("[warn]") and words in line
+    doc = json.loads(run_main("doctor", "--json")[1])
+    assert [p["subject"] for p in doc["problems"]] == [f"{name}={value}"]
+
+
+@pytest.mark.parametrize("name, value", [
+    ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"), ("XLA_PYTHON_CLIENT_PREALLOCATE", "False"),
+    ("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async"),
+])
+def test_doctor_accepts_settings_the_bridge_wants(standin, clean_env, name, value):
+    clean_env.setenv(name, value)
+    doc = json.loads(run_main("doctor", "--json")[1])
+    assert doc["problems"] == []
+
+
+@pytest.mark.parametrize("name", ["BRIDGE_GPU_MEMORY_LIMIT", "BRIDGE_PINNED_MEMORY_LIMIT"])
+def test_doctor_flags_bad_bridge_limits(standin, clean_env, name):
+    clean_env.setenv(name, "lots")
+    rc, out, _ = run_main("doctor")
+    assert rc == 0
+    line = next(ln for ln in out.splitlines() if f"{name}=lots" in ln)
+    assert line.lstrip().startswith("[error]") and "not a valid size" in line
+    assert "fix or unset it" in line
+
+
+def test_doctor_shows_a_valid_budget(standin, clean_env):
+    clean_env.setenv("BRIDGE_GPU_MEMORY_LIMIT", "25%")
+    rc, out, _ = run_main("doctor")
+    assert "BRIDGE_GPU_MEMORY_LIMIT=25%: valid: a budget of 4.00 GiB per device" in out
+
+
+def _fake_package(root: pathlib.Path, dist: str, version: str, files: dict[str, str]) -> None:
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+POISON = "raise ImportError('the doctor must not import this framework')\n"
+
+
+def test_doctor_reads_frameworks_without_importing_them(standin, tmp_path):
+    _fake_package(tmp_path, "torch", "2.11.0", {
+        "torch/__init__.py": POISON, "torch/version.py": "cuda: Optional[str] = '13.0'\n",
+        "torch/cuda/memory.py": "class CUDAPluggableAllocator:\n    pass\n"})
+    _fake_package(tmp_path, "cupy-cuda13x", "14.2.0", {
+        "cupy/__init__.py": POISON,
+        "cupy/cuda/__init__.py": "from cupy.cuda.memory import set_allocator\n"})
+    _fake_package(tmp_path, "jax", "0.11.2", {"jax/__init__.py": POISON})
+    _fake_package(tmp_path, "jaxlib", "0.11.2", {"jaxlib/__init__.py": POISON})
+    _fake_package(tmp_path, "jax-cuda13-plugin", "0.11.2", {})
+    code = ("import sys; from bridge.__main__ import main; rc = main(['doctor']); "
+            "assert not {'torch', 'cupy', 'jax', 'jaxlib'} & set(sys.modules); sys.exit(rc)")
+    r = run_cli(code=code, pythonpath=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert "torch        2.11.0" in out and "CUDA 13.0 build with CUDAPluggableAllocator" in out
+    assert "cupy         14.2.0 (cupy-cuda13x)" in out and "has cupy.cuda.set_allocator" in out
+    assert "jax          0.11.2 (jaxlib 0.11.2, jax-cuda13-plugin 0.11.2)" in out
+    assert "has a CUDA backend" in out
+    assert "Summary: ready" in out
+
+
+DRIVER_13 = {"version": 13000, "version_text": "13.0"}
+
+
+@pytest.fixture
+def fake_site(tmp_path, monkeypatch):
+    """Package files come from tmp_path (find_spec would return an imported real torch)."""
+    def package_file(package: str, relative: str) -> str | None:
+        path = tmp_path / package / relative
+        return path.read_text() if path.is_file() else None
+
+    monkeypatch.setattr(_doctor, "_package_file", package_file)
+    return tmp_path
+
+
+def test_doctor_torch_verdicts(fake_site):
+    tmp_path = fake_site
+    _fake_package(tmp_path, "torch", "2.11.0", {
+        "torch/__init__.py": POISON, "torch/version.py": "cuda = None\n",
+        "torch/cuda/memory.py": "class CUDAPluggableAllocator: pass\n"})
+    fw = _doctor._torch({"torch": "2.11.0"}, DRIVER_13)
+    assert not fw.usable and "CPU-only build" in fw.findings[0].text
+    (tmp_path / "torch/version.py").write_text("cuda = '12.1'\n")
+    (tmp_path / "torch/cuda/memory.py").write_text("# torch 1.13\n")
+    fw = _doctor._torch({"torch": "1.13.0"}, DRIVER_13)
+    assert not fw.usable and "CUDAPluggableAllocator" in fw.findings[0].text
+    (tmp_path / "torch/cuda/memory.py").write_text("class CUDAPluggableAllocator: pass\n")
+    (tmp_path / "torch/version.py").write_text("cuda = '14.0'\n")
+    fw = _doctor._torch({"torch": "3.0.0"}, DRIVER_13)
+    assert fw.usable and fw.findings[-1].level == "warn"
+    assert "built for CUDA 14, but the driver supports CUDA 13.0" in fw.findings[-1].text
+
+
+def test_doctor_flags_two_cupy_packages_and_a_cpu_only_jax(fake_site):
+    tmp_path = fake_site
+    _fake_package(tmp_path, "cupy-cuda12x", "13.0.0", {
+        "cupy/__init__.py": POISON, "cupy/cuda/__init__.py": "set_allocator = None\n"})
+    fw = _doctor._cupy({"cupy-cuda12x": "13.0.0", "cupy-cuda13x": "14.0.0"}, DRIVER_13)
+    assert not fw.usable
+    assert "several CuPy packages" in fw.findings[0].text
+    fw = _doctor._jax({"jax": "0.11.2", "jaxlib": "0.11.2"}, DRIVER_13)
+    assert not fw.usable and "no CUDA plugin" in fw.findings[0].text
+
+
+# ---- stats ----
+def _table(out: str) -> dict[int, dict[str, str]]:
+    lines = [ln.split() for ln in out.splitlines() if ln.strip()]
+    header = next(i for i, ln in enumerate(lines) if ln[:1] == ["device"])
+    assert tuple(lines[header]) == COLUMNS
+    rows = {}
+    for cells in lines[header + 1:]:
+        # "16.00 GiB" is two words: put the numbers and their units back together
+        merged, i = [cells[0]], 1
+        while i < len(cells):
+            if i + 1 < len(cells) and cells[i + 1] in ("B", "KiB", "MiB", "GiB", "TiB"):
+                merged.append(f"{cells[i]} {cells[i + 1]}")
+                i += 2
+            else:
+                merged.append(cells[i])
+                i += 1
+        rows[int(merged[0])] = dict(zip(COLUMNS, merged, strict=True))
+    return rows
+
+
+def test_stats_table_matches_bridge_stats(allocations):
+    rc, out, err = run_main("stats")
+    assert rc == 0, err
+    rows = _table(out)
+    assert sorted(rows) == [0, 1]
+    for d, row in rows.items():
+        s = bridge.stats(d)
+        for fw in ("cupy", "torch", "jax", "other"):
+            assert row[fw] == format_bytes(s.by_framework[fw])
+        assert row["used"] == format_bytes(s.used)
+        assert row["reserved"] == format_bytes(s.reserved)
+        assert row["peak"] == format_bytes(s.peak_used)
+        assert row["total"] == format_bytes(s.total) == "16.00 GiB"
+        assert row["budget"] == (format_bytes(s.limit) if s.limit else "none")
+    assert rows[0]["cupy"] == "3.00 MiB" and rows[0]["torch"] == "7.00 MiB"
+    assert rows[1]["torch"] == "5.00 MiB" and rows[0]["budget"] == "1.00 GiB"
+    assert rows[1]["budget"] == "none"
+
+
+def test_stats_json_matches_bridge_stats(allocations):
+    rc, out, _ = run_main("stats", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert [d["device"] for d in doc["devices"]] == [0, 1]
+    for d in doc["devices"]:
+        assert d == json.loads(json.dumps(bridge.stats(d["device"]).as_dict()))
+    assert doc["devices"][0]["by_framework"]["cupy"] == 3 * MIB
+    assert doc["devices"][0]["limit"] == GIB
+
+
+def test_stats_one_device(allocations):
+    rc, out, _ = run_main("stats", "--device", "1", "--json")
+    assert [d["device"] for d in json.loads(out)["devices"]] == [1]
+    assert run_main("stats", "--device", "7")[0] == 1
+
+
+def test_stats_watch_refreshes_count_times(allocations):
+    rc, out, _ = run_main("stats", "--watch", "0.01", "--count", "3", "--json")
+    assert rc == 0
+    docs = [json.loads(ln) for ln in out.splitlines()]
+    assert len(docs) == 3 and docs[0]["time"] <= docs[1]["time"] <= docs[2]["time"]
+    rc, out, _ = run_main("stats", "--watch", "0.01", "--count", "2")
+    assert rc == 0 and out.count("bridge pool figures") == 2
+
+
+def test_stats_watch_stops_on_ctrl_c(allocations, monkeypatch):
+    import bridge.__main__ as cli
+
+    def interrupt(_seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.time, "sleep", interrupt)
+    rc, out, _ = run_main("stats", "--watch")
+    assert rc == 0 and out.count("bridge pool figures") == 1
+
+
+def test_stats_without_a_driver_exits_1_with_a_sentence():
+    r = run_cli("stats", env={"BRIDGE_CUDA_LIBRARY": "/nonexistent"})
+    assert r.returncode == 1
+    assert "Traceback" not in r.stdout + r.stderr
+    assert r.stderr.startswith("bridge stats: ") and "no usable CUDA driver" in r.stderr
+
+
+def test_stats_with_a_bad_budget_variable(standin):
+    r = run_cli("stats", env={"BRIDGE_GPU_MEMORY_LIMIT": "lots"})
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "BRIDGE_GPU_MEMORY_LIMIT='lots'" in r.stderr
+
+
+@pytest.mark.parametrize("argv", [["stats", "--watch", "0"], ["stats", "--count", "0"],
+                                  ["stats", "--watch", "soon"], ["frobnicate"]])
+def test_usage_errors_exit_2(argv, capsys):
+    assert main(argv) == 2
+
+
+def test_no_command_prints_help():
+    rc, out, _ = run_main()
+    assert rc == 2 and "doctor" in out and "stats" in out
+
+
+@pytest.mark.gpu
+def test_doctor_and_stats_on_a_gpu():
+    r = run_cli("doctor")
+    assert r.returncode == 0 and "memory pools: yes" in r.stdout
+    assert "name unavailable" not in r.stdout  # the real driver names its GPUs
+    r = run_cli("stats", "--json")
+    assert r.returncode == 0
+    assert all(d["total"] > 0 for d in json.loads(r.stdout)["devices"])

@@ -1,0 +1,310 @@
+"""bridge.unify() on the stand-in driver, and start-up errors in a fresh process."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import bridge
+from bridge._errors import BridgeError, Status
+from bridge._runtime import core
+
+MIB = 1 << 20
+GIB = 1 << 30
+TOTAL = 16 * GIB  # the stand-in's device memory
+unify_mod = importlib.import_module("bridge.unify")  # `bridge.unify` is the function
+
+
+def limits() -> tuple[int, int]:
+    return tuple(core.stats(d)[1]["limit"] for d in (0, 1))
+
+
+@pytest.fixture
+def fresh(standin, monkeypatch):
+    """As if unify() had never been called in this process (restored afterwards)."""
+    monkeypatch.setattr(unify_mod, "_bridge", None)
+    # the JAX adapter writes these before it imports jax
+    for var in ("XLA_PYTHON_CLIENT_ALLOCATOR", "XLA_PYTHON_CLIENT_PREALLOCATE",
+                "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        monkeypatch.setenv(var, "")  # records the value to restore, even "unset"
+        monkeypatch.delenv(var)
+    yield standin
+
+
+class FakeAdapter:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def install(self, devices, **kw):
+        self.log.append((self.name, tuple(devices)))
+
+
+@pytest.fixture
+def fake_adapters(fresh, monkeypatch):
+    """Frameworks 'installed' without touching a real one: records install calls."""
+    log: list = []
+    adapters = {n: FakeAdapter(n, log) for n in ("cupy", "torch", "jax")}
+    monkeypatch.setattr(unify_mod, "_adapter", lambda name: adapters[name])
+    return log
+
+
+class _Missing(importlib.abc.MetaPathFinder):
+    """Makes `import <name>` fail as it does where the package is not installed."""
+
+    def __init__(self, names):
+        self.names = set(names)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return None
+
+
+@pytest.fixture
+def not_installed(monkeypatch):
+    def hide(*names):
+        for mod in list(sys.modules):
+            if mod.split(".")[0] in names or mod in {f"bridge.adapters.{n}" for n in names}:
+                monkeypatch.delitem(sys.modules, mod)
+        monkeypatch.setattr(sys, "meta_path", [_Missing(names)] + sys.meta_path)
+    return hide
+
+
+# ---- the returned object ----
+def test_returns_the_same_object_on_repeat(fresh):
+    b = bridge.unify(cupy=False, torch=False)
+    assert isinstance(b, bridge.Bridge)
+    assert bridge.unify(cupy=False, torch=False) is b
+    assert unify_mod.current() is b
+    assert b.devices == (0, 1)  # every visible device
+    assert b.frameworks == frozenset()
+    # other arguments: still the same object, updated
+    assert bridge.unify(cupy=False, torch=False, budget="1GiB") is b
+    assert "frameworks=[none]" in repr(b)
+
+
+def test_budget_is_applied_per_device(fresh):
+    bridge.unify(cupy=False, torch=False, budget="1GiB")
+    assert limits() == (GIB, GIB)
+    assert bridge.pool(0).get_limit() == bridge.pool(1).get_limit() == GIB
+    # the budget is enforced on each device
+    for d in (0, 1):
+        assert core.alloc(d, GIB + 1, 0, core.TAG_CUPY) == (Status.BUDGET, 0)
+
+
+@pytest.mark.parametrize("budget, expected", [
+    (123456789, 123456789), (0.25, TOTAL // 4), ("50%", TOTAL // 2), ("512MiB", 512 * MIB),
+    ("40GB", 40 * 1000**3), ("1073741824", GIB), (0, 0),
+])
+def test_budget_forms(fresh, budget, expected):
+    bridge.unify(cupy=False, torch=False, budget=budget)
+    assert limits() == (expected, expected)
+
+
+def test_budget_for_chosen_devices_only(fresh):
+    b = bridge.unify(cupy=False, torch=False, budget="2GiB", device=1)
+    assert b.devices == (1,)
+    assert limits() == (0, 2 * GIB)
+    b2 = bridge.unify(cupy=False, torch=False, budget="3GiB", device=[1, 0, 1])
+    assert b2 is b
+    assert b.devices == (0, 1)
+    assert limits() == (3 * GIB, 3 * GIB)
+
+
+def test_no_budget_keeps_the_limit_set_earlier(fresh):
+    bridge.pool(0).set_limit(size=5 * MIB)
+    bridge.unify(cupy=False, torch=False)
+    assert limits() == (5 * MIB, 0)
+
+
+def test_same_arguments_change_nothing(fresh):
+    b = bridge.unify(cupy=False, torch=False, budget="1GiB")
+    bridge.pool(0).set_limit(size="3GiB")  # the user changed it since
+    assert bridge.unify(cupy=False, torch=False, budget="1GiB") is b
+    assert limits() == (3 * GIB, GIB)
+
+
+def test_budget_from_the_environment_when_none_given(standin, monkeypatch):
+    """BRIDGE_GPU_MEMORY_LIMIT is read when a device is set up: a fresh process."""
+    script = textwrap.dedent("""
+        import bridge
+        b = bridge.unify(cupy=False, torch=False)
+        print([bridge.pool(d).get_limit() for d in b.devices])
+        b = bridge.unify(cupy=False, torch=False, budget="1GiB")  # an argument wins
+        print([bridge.pool(d).get_limit() for d in b.devices])
+    """)
+    out = _run(script, BRIDGE_GPU_MEMORY_LIMIT="25%")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == [f"[{TOTAL // 4}, {TOTAL // 4}]", f"[{GIB}, {GIB}]"]
+
+
+@pytest.mark.parametrize("raw", ["lots", "150%", "-1", "0.5"])
+def test_bad_environment_budget_names_the_variable(standin, raw):
+    out = _run("import bridge; bridge.stats(0)", BRIDGE_GPU_MEMORY_LIMIT=raw)
+    assert out.returncode != 0
+    assert "ValueError" in out.stderr
+    assert f"BRIDGE_GPU_MEMORY_LIMIT={raw!r}" in out.stderr
+
+
+# ---- bad arguments change nothing ----
+@pytest.mark.parametrize("budget", ["abc", "150%", "0.5", -1, True, 1.5, 2**64, [1]])
+def test_bad_budget_raises_valueerror_and_changes_nothing(fresh, budget):
+    bridge.pool(0).set_limit(size=7 * MIB)
+    with pytest.raises(ValueError, match="budget="):
+        bridge.unify(cupy=False, torch=False, budget=budget)
+    assert limits() == (7 * MIB, 0)
+    assert unify_mod.current() is None
+
+
+def test_bad_budget_after_a_good_call_keeps_the_bridge(fresh):
+    b = bridge.unify(cupy=False, torch=False, budget="1GiB")
+    with pytest.raises(ValueError):
+        bridge.unify(cupy=False, torch=False, budget="lots")
+    assert unify_mod.current() is b
+    assert limits() == (GIB, GIB)
+
+
+@pytest.mark.parametrize("device", [2, -1, [0, 5], True, "0", [0, "1"], 1.0])
+def test_bad_device_raises_valueerror_and_changes_nothing(fresh, device):
+    with pytest.raises(ValueError, match="device"):
+        bridge.unify(cupy=False, torch=False, budget="1GiB", device=device)
+    assert limits() == (0, 0)
+    assert unify_mod.current() is None
+
+
+@pytest.mark.parametrize("flag", ["cupy", "torch", "jax", "peer_access"])
+def test_flags_must_be_bool(fresh, flag):
+    kwargs = {"cupy": False, "torch": False, flag: "yes"}
+    with pytest.raises(ValueError, match=flag):
+        bridge.unify(**kwargs)
+    assert unify_mod.current() is None
+
+
+def test_peer_access_is_granted_between_devices(fresh):
+    before = [fresh.standin_access_grants(d) for d in (0, 1)]
+    bridge.unify(cupy=False, torch=False)
+    assert [fresh.standin_access_grants(d) - b for d, b in zip((0, 1), before)] == [1, 1]
+
+
+# ---- frameworks ----
+@pytest.mark.parametrize("name", ["jax", "cupy", "torch"])
+def test_framework_not_installed_raises_bridgeerror_saying_how_to_fix(fresh, not_installed,
+                                                                      name):
+    not_installed(name)
+    flags = {"cupy": False, "torch": False, "jax": False, name: True}
+    with pytest.raises(BridgeError) as info:
+        bridge.unify(**flags)
+    msg = str(info.value)
+    assert isinstance(info.value, RuntimeError)
+    assert f"{name} is not installed" in msg
+    assert f"pip install 'bridge[{name}]'" in msg
+    assert f"{name}=False" in msg
+    # the way out works
+    b = bridge.unify(cupy=False, torch=False, jax=False)
+    assert name not in b.frameworks
+
+
+def test_frameworks_are_installed_once_in_order(fake_adapters):
+    log = fake_adapters
+    b = bridge.unify(cupy=True, torch=True, jax=True)
+    assert log == [("jax", (0, 1)), ("torch", (0, 1)), ("cupy", (0, 1))]  # JAX first
+    assert b.frameworks == frozenset({"cupy", "torch", "jax"})
+    assert bridge.unify(cupy=True, torch=True, jax=True) is b
+    assert len(log) == 3
+
+
+def test_a_later_call_adds_a_framework(fake_adapters):
+    log = fake_adapters
+    b = bridge.unify(cupy=True, torch=False)
+    assert b.frameworks == frozenset({"cupy"}) and log == [("cupy", (0, 1))]
+    assert bridge.unify(cupy=True, torch=True) is b
+    assert b.frameworks == frozenset({"cupy", "torch"})
+    assert log == [("cupy", (0, 1)), ("torch", (0, 1))]  # cupy not installed twice
+    assert "frameworks=[cupy, torch]" in repr(b)
+
+
+def test_adapter_refusal_is_not_recorded_as_installed(fresh, monkeypatch):
+    class TooLate:
+        def install(self, devices, **kw):
+            raise BridgeError("call bridge.unify(torch=True) before the first CUDA tensor")
+
+    monkeypatch.setattr(unify_mod, "_adapter", lambda name: TooLate())
+    with pytest.raises(BridgeError, match="before the first CUDA tensor"):
+        bridge.unify(cupy=False, torch=True)
+    b = bridge.unify(cupy=False, torch=False)
+    assert "torch" not in b.frameworks
+
+
+# ---- start-up failures, in a fresh process ----
+def _run(script: str, **env) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e.update(env)
+    return subprocess.run([sys.executable, "-c", script], env=e, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_no_driver_raises_bridgeerror_with_a_clear_message():
+    missing = "/nonexistent/libcuda.so.1"
+    out = _run("import bridge; print(bridge.stats())", BRIDGE_CUDA_LIBRARY=missing)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("bridge._errors.BridgeError: ")
+    assert "no usable CUDA driver" in last
+    assert missing in last          # what was tried
+    assert "nvidia-smi" in last     # what to do
+    assert "python -m bridge doctor" in last
+
+
+def test_no_driver_import_still_works_and_unify_raises():
+    script = textwrap.dedent("""
+        import bridge
+        try:
+            bridge.unify(cupy=False, torch=False)
+        except bridge.BridgeError as e:
+            print("BridgeError:", e)
+    """)
+    out = _run(script, BRIDGE_CUDA_LIBRARY="/nonexistent/libcuda.so.1")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("BridgeError:") and "no usable CUDA driver" in out.stdout
+
+
+def test_no_gpu_raises_bridgeerror(standin):
+    script = textwrap.dedent("""
+        import bridge
+        try:
+            bridge.unify(cupy=False, torch=False)
+        except bridge.BridgeError as e:
+            print("BridgeError:", e)
+    """)
+    out = _run(script, BRIDGE_STANDIN_DEVICES="0")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("BridgeError:")
+    assert "no CUDA device" in out.stdout and "CUDA_VISIBLE_DEVICES" in out.stdout
+
+
+def test_driver_without_memory_pools_raises_bridgeerror(standin):
+    script = textwrap.dedent("""
+        import ctypes, os
+        import bridge
+        from bridge import _runtime
+        _runtime.ensure_driver()
+        ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"]).standin_set_pools_supported(0, 0)
+        try:
+            bridge.unify(cupy=False, torch=False, device=0)
+        except bridge.BridgeError as e:
+            print("BridgeError:", e)
+        b = bridge.unify(cupy=False, torch=False, device=1)  # the other device is fine
+        print(b.devices)
+    """)
+    out = _run(script)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("BridgeError:") and "memory pools" in lines[0]
+    assert "driver" in lines[0] and "on device 0" in lines[0]
+    assert lines[1] == "(1,)"
