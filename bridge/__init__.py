@@ -17,7 +17,8 @@ from bridge.unify import Bridge, unify
 __all__ = [
     "Bridge", "BridgeError", "OutOfMemoryError", "Pool", "Stats",
     "unify", "pool", "stats", "parse_size", "on_pressure", "remove_pressure_callback",
-    "empty_pinned", "zeros_pinned", "pinned_buffer", "pinned_pool", "record",
+    "empty_pinned", "zeros_pinned", "pinned_buffer", "pinned_pool", "pinned_record",
+    "PinnedBuffer", "PinnedPool", "record",
 ]
 
 __version__ = "0.1.0"
@@ -26,7 +27,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # Pinned memory and the timeline load on first use: importing bridge stays cheap.
     if name in ("empty_pinned", "zeros_pinned", "pinned_buffer", "pinned_pool", "PinnedBuffer",
-                "PinnedPool"):
+                "PinnedPool", "pinned_record"):
         from bridge import pinned
 
         return getattr(pinned, name)

@@ -363,9 +363,9 @@ def test_eight_threads_at_the_budget_edge(led):
     assert s["num_allocs"] - s0["num_allocs"] == ok
     assert s["num_frees"] - s0["num_frees"] == ok
     assert s["num_ooms"] - s0["num_ooms"] == refused
-    assert sum(t["allocated"] - t0["allocated"] for t, t0 in zip(s["tags"], s0["tags"])) \
-        == ok * size
-    assert sum(t["freed"] - t0["freed"] for t, t0 in zip(s["tags"], s0["tags"])) == ok * size
+    pairs = list(zip(s["tags"], s0["tags"], strict=True))
+    assert sum(t["allocated"] - t0["allocated"] for t, t0 in pairs) == ok * size
+    assert sum(t["freed"] - t0["freed"] for t, t0 in pairs) == ok * size
     led.sd.standin_sync_all(DEV)
     assert others() == 0
 
@@ -378,7 +378,7 @@ def test_threads_without_budget_account_exactly(led):
 
     def worker(i):
         barrier.wait()
-        for r in range(rounds):
+        for _ in range(rounds):
             rc, p = core.alloc(DEV, 1000 + i, S1 + i, i % 3)
             if rc != Status.OK:
                 failures.append(rc)
@@ -400,7 +400,8 @@ def test_threads_without_budget_account_exactly(led):
     expected = [0, 0, 0]
     for i in range(nthreads):
         expected[i % 3] += rounds * (1000 + i)
-    assert [t["allocated"] - t0["allocated"] for t, t0 in zip(s["tags"], s0["tags"])] == expected
+    pairs = zip(s["tags"], s0["tags"], strict=True)
+    assert [t["allocated"] - t0["allocated"] for t, t0 in pairs] == expected
 
 
 # ---- out of memory and retries ----

@@ -1,0 +1,104 @@
+"""Helpers shared by the benchmark scripts: result files, error capture, sizes.
+
+Every ``bench_*.py`` script runs one configuration in its own process and
+writes one JSON object to the path given by ``--json``; it never raises out of
+``main``: a failure becomes ``{"status": "error", "error": ..., "traceback": ...}``
+so that ``run_all.py`` records it and goes on. Nothing here imports a GPU
+framework.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+
+#: Environment variables that change an allocator's behaviour. run_all.py
+#: removes them from every child's environment (and sets the one a
+#: configuration needs), so that the shell the benchmarks start from does not
+#: change what is measured.
+ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUPY_GPU_MEMORY_LIMIT",
+                 "BRIDGE_GPU_MEMORY_LIMIT", "BRIDGE_PINNED_MEMORY_LIMIT")
+
+
+def error_record(exc: BaseException) -> dict:
+    """What a failure looks like in a result: type, message and traceback tail."""
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"error": f"{type(exc).__name__}: {str(exc)[:2000]}", "traceback": tb[-4000:]}
+
+
+def write_json(path: str | None, obj: Any) -> None:
+    """Write obj as JSON to path (atomically), or to stdout when path is None."""
+    text = json.dumps(obj, indent=1, sort_keys=True, default=str)
+    if path is None:
+        sys.stdout.write(text + "\n")
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, path)
+
+
+def run_guarded(path: str | None, base: dict, body: Callable[[dict], None]) -> int:
+    """Run body(result) and write result to path whatever happens; returns the exit code.
+
+    body fills the dict it is given; an exception becomes an "error" status
+    with what had been measured so far kept.
+    """
+    result = dict(base)
+    result.setdefault("status", "ok")
+    result["pid"] = os.getpid()
+    t0 = time.perf_counter()
+    rc = 0
+    try:
+        body(result)
+    except BaseException as exc:  # noqa: BLE001 - recorded, never lost
+        result["status"] = "error"
+        result.update(error_record(exc))
+        rc = 1 if not isinstance(exc, KeyboardInterrupt) else 130
+    result["wall_s"] = round(time.perf_counter() - t0, 3)
+    write_json(path, result)
+    return rc
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'512,1MiB,64MiB' -> [512, 1048576, 67108864]."""
+    units = {"": 1, "b": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}
+    out = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        digits = part.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = part[len(digits):]
+        if unit not in units or not digits:
+            raise ValueError(f"bad size {part!r}: use bytes or a unit such as 512, 1MiB, 64MiB")
+        out.append(int(float(digits) * units[unit]))
+    if not out:
+        raise ValueError("no sizes given")
+    return out
+
+
+def size_label(n: int) -> str:
+    """512 -> '512 B', 1048576 -> '1 MiB'."""
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    if not v:
+        raise ValueError("median of nothing")
+    mid = len(v) // 2
+    return float(v[mid]) if len(v) % 2 else (v[mid - 1] + v[mid]) / 2.0

@@ -1,0 +1,252 @@
+"""Cost of one device allocation + free, for one allocator, in this (fresh) process.
+
+    python3 benchmarks/bench_alloc.py --framework torch --config bridge --json r.json
+
+torch configurations (``torch.empty(n, dtype=torch.uint8, device='cuda')``, dropped):
+  native   torch's caching allocator
+  async    ``PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync`` (run_all.py sets the
+           variable; this script checks that torch really uses that backend)
+  rmm      RMM's CUDAPluggableAllocator over ``rmm.mr.CudaAsyncMemoryResource``
+  bridge   ``bridge.unify(cupy=False, torch=True)``
+cupy configurations (``cupy.empty(n, dtype=cupy.uint8)``, dropped):
+  native   CuPy's default ``MemoryPool``
+  async    ``cupy.cuda.MemoryAsyncPool`` (the device's default pool)
+  rmm      ``rmm.allocators.cupy.rmm_cupy_allocator`` over ``CudaAsyncMemoryResource``
+  bridge   ``bridge.unify(cupy=True, torch=False)``
+  all      every CuPy allocator above in ONE process, switched with
+           ``cupy.cuda.set_allocator`` round-robin: a same-process cross-check
+           of the ratios (figures move up to 2x between processes).
+
+Result: ns per alloc+free pair for each size, the median of ``--repeats``
+timed loops of ``--iters`` pairs each, after ``--warmup`` pairs. A loop ends
+with a device synchronize (included in its time: one per loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import median, parse_sizes, run_guarded  # noqa: E402
+
+FRAMEWORKS = ("torch", "cupy")
+CONFIGS = ("native", "async", "rmm", "bridge", "all")
+
+
+class Skip(Exception):
+    """The configuration cannot run here (such as RMM not installed): not a failure."""
+
+
+_KEEP: list = []  # objects that must outlive the timed loops (RMM's memory resource)
+
+
+# ---- setting up one allocator, before the framework touches the device ----
+
+def _rmm_resource() -> object:
+    try:
+        import rmm
+        import rmm.mr
+    except ImportError as exc:
+        if exc.name != "rmm":
+            raise  # installed but broken: an error, not a skip
+        raise Skip(f"RMM is not installed ({exc})") from exc
+    mr = rmm.mr.CudaAsyncMemoryResource()
+    rmm.mr.set_current_device_resource(mr)
+    _KEEP.append(mr)
+    return mr
+
+
+def setup_torch(config: str, info: dict) -> Callable[[int, int], None]:
+    """Install the torch allocator of config; return loop(n, iters)."""
+    if config == "bridge":
+        import bridge
+
+        bridge.unify(cupy=False, torch=True)
+    import torch
+
+    if config == "rmm":
+        _rmm_resource()
+        from rmm.allocators.torch import rmm_torch_allocator
+
+        if rmm_torch_allocator is None:
+            raise Skip("rmm.allocators.torch.rmm_torch_allocator is None "
+                       "(torch.cuda.is_available() was False when RMM looked)")
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+    elif config == "async":
+        conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if "cudaMallocAsync" not in conf:
+            raise RuntimeError("config async needs PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "
+                               f"in the environment (it is {conf!r}); run_all.py sets it")
+    elif config not in ("native", "bridge"):
+        raise ValueError(f"torch has no configuration {config!r}")
+    torch.empty(1, device="cuda")  # start CUDA and the allocator
+    torch.cuda.synchronize()
+    info["torch"] = torch.__version__
+    try:
+        info["backend"] = torch.cuda.get_allocator_backend()
+    except Exception as exc:  # noqa: BLE001 - informative only
+        info["backend"] = f"unknown ({exc})"
+    if config == "async" and info["backend"] != "cudaMallocAsync":
+        raise RuntimeError(f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF')!r}"
+                           f" but torch reports backend {info['backend']!r}")
+    empty, u8, sync = torch.empty, torch.uint8, torch.cuda.synchronize
+
+    def loop(n: int, iters: int) -> None:
+        for _ in range(iters):
+            empty(n, dtype=u8, device="cuda")
+        sync()
+
+    return loop
+
+
+def _cupy_allocators(configs: tuple[str, ...], info: dict) -> dict:
+    """{config: allocator callable} for CuPy; bridge first (it must see a fresh CuPy)."""
+    out: dict = {}
+    if "bridge" in configs:
+        import bridge
+
+        bridge.unify(cupy=True, torch=False)
+        import cupy
+
+        out["bridge"] = cupy.cuda.get_allocator()
+    import cupy
+
+    info["cupy"] = cupy.__version__
+    for config in configs:
+        if config == "native":
+            out[config] = cupy.get_default_memory_pool().malloc
+        elif config == "async":
+            out[config] = cupy.cuda.MemoryAsyncPool().malloc
+        elif config == "rmm":
+            try:
+                _rmm_resource()
+                from rmm.allocators.cupy import rmm_cupy_allocator
+            except Exception as exc:  # noqa: BLE001 - the cross-check goes on without RMM
+                if len(configs) == 1:
+                    raise
+                info.setdefault("skipped", {})["rmm"] = f"{type(exc).__name__}: {exc}"
+                continue
+            out[config] = rmm_cupy_allocator
+        elif config != "bridge":
+            raise ValueError(f"cupy has no configuration {config!r}")
+    return out
+
+
+def cupy_loop() -> Callable[[int, int], None]:
+    import cupy
+
+    empty, u8 = cupy.empty, cupy.uint8
+    sync = cupy.cuda.Device().synchronize
+
+    def loop(n: int, iters: int) -> None:
+        for _ in range(iters):
+            empty(n, dtype=u8)
+        sync()
+
+    return loop
+
+
+# ---- timing ----
+
+def time_loop(loop: Callable[[int, int], None], n: int, iters: int) -> float:
+    """ns per pair of one timed loop of iters pairs."""
+    t0 = time.perf_counter_ns()
+    loop(n, iters)
+    return (time.perf_counter_ns() - t0) / iters
+
+
+def measure(loop: Callable[[int, int], None], sizes: list[int], args: argparse.Namespace,
+            result: dict) -> None:
+    """Fill result['ns_per_pair'] / ['ns_samples'] size by size; a failing size is recorded."""
+    result.setdefault("ns_per_pair", {})
+    result.setdefault("ns_samples", {})
+    for n in sizes:
+        try:
+            loop(n, args.warmup)
+            samples = [time_loop(loop, n, args.iters) for _ in range(args.repeats)]
+        except Exception as exc:  # noqa: BLE001 - one size failing must not lose the others
+            result.setdefault("size_errors", {})[str(n)] = f"{type(exc).__name__}: {exc}"[:1000]
+            result["status"] = "partial"
+            continue
+        result["ns_samples"][str(n)] = [round(s, 1) for s in samples]
+        result["ns_per_pair"][str(n)] = round(median(samples), 1)
+
+
+def measure_interleaved(allocs: dict, sizes: list[int], args: argparse.Namespace,
+                        result: dict) -> None:
+    """All CuPy allocators in one process: round-robin per repeat, rotating the order."""
+    import cupy
+
+    loop = cupy_loop()
+    names = list(allocs)
+    samples: dict = {c: {str(n): [] for n in sizes} for c in names}
+    for c in names:  # warm every allocator at every size
+        cupy.cuda.set_allocator(allocs[c])
+        for n in sizes:
+            loop(n, args.warmup)
+    for r in range(args.repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in sizes:
+            for c in order:
+                cupy.cuda.set_allocator(allocs[c])
+                loop(n, max(1, args.warmup // 10))
+                samples[c][str(n)].append(round(time_loop(loop, n, args.iters), 1))
+    result["configs"] = {c: {"ns_per_pair": {k: round(median(v), 1) for k, v in s.items()},
+                             "ns_samples": s} for c, s in samples.items()}
+    cupy.cuda.set_allocator(allocs.get("bridge", cupy.get_default_memory_pool().malloc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--framework", choices=FRAMEWORKS, required=True)
+    p.add_argument("--config", choices=CONFIGS, required=True)
+    p.add_argument("--sizes", default="512,1MiB,64MiB", type=parse_sizes)
+    p.add_argument("--iters", type=int, default=20000, help="pairs per timed loop")
+    p.add_argument("--warmup", type=int, default=2000, help="untimed pairs per size first")
+    p.add_argument("--repeats", type=int, default=7, help="timed loops per size (median)")
+    p.add_argument("--json", default=None, help="result file (stdout when absent)")
+    args = p.parse_args(argv)
+    if args.config == "all" and args.framework != "cupy":
+        p.error("--config all is for --framework cupy only (torch cannot switch allocators)")
+    if min(args.iters, args.repeats) < 1 or args.warmup < 0:
+        p.error("--iters and --repeats must be >= 1, --warmup >= 0")
+    base = {"bench": "alloc", "framework": args.framework, "config": args.config,
+            "sizes": args.sizes, "iters": args.iters, "repeats": args.repeats,
+            "warmup": args.warmup,
+            "env": {"PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}}
+
+    def body(result: dict) -> None:
+        info = result.setdefault("info", {})
+        try:
+            if args.framework == "torch":
+                loop = setup_torch(args.config, info)
+                gc.disable()
+                measure(loop, args.sizes, args, result)
+            elif args.config == "all":
+                allocs = _cupy_allocators(("bridge", "native", "async", "rmm"), info)
+                gc.disable()
+                measure_interleaved(allocs, args.sizes, args, result)
+            else:
+                allocs = _cupy_allocators((args.config,), info)
+                import cupy
+
+                cupy.cuda.set_allocator(allocs[args.config])
+                cupy.empty(1, dtype=cupy.uint8)
+                gc.disable()
+                measure(cupy_loop(), args.sizes, args, result)
+        except Skip as exc:
+            result["status"] = "skipped"
+            result["reason"] = str(exc)
+        finally:
+            gc.enable()
+
+    return run_guarded(args.json, base, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
