@@ -115,10 +115,10 @@ def _driver() -> dict:
     try:
         _runtime.ensure_driver()
     except BridgeError:
-        info["error"] = (f"no usable CUDA driver ({core.load_error() or 'cuInit failed'}): "
-                         "this machine has no NVIDIA driver the bridge can use, so it cannot "
-                         "manage GPU memory here. Frameworks may still be installed; run on "
-                         "a machine with an NVIDIA GPU (check `nvidia-smi`).")
+        info["error"] = (f"no usable CUDA driver ({core.load_error() or 'cuInit failed'}). "
+                         "The bridge needs an NVIDIA GPU and its driver to manage GPU memory; "
+                         "check `nvidia-smi` and CUDA_VISIBLE_DEVICES. The framework checks "
+                         "below still apply.")
         return info
     info["loaded"] = True
     info["library"] = core.loaded_library()
@@ -127,6 +127,9 @@ def _driver() -> dict:
         info["version"], info["version_text"] = version, _version_text(version)
     rc, n = core.device_count()
     info["devices"] = n if rc == 0 else 0
+    if rc != 0:
+        code, name = core.last_driver_error()
+        info["error"] = f"counting the GPUs failed: {name} (code {code})"
     return info
 
 
@@ -316,8 +319,9 @@ def _environment(devices: list[dict]) -> list[Finding]:
     if alloc is not None and alloc.lower() != "cuda_async":
         found.append(Finding("warn", f"XLA_PYTHON_CLIENT_ALLOCATOR={alloc}", (
             "JAX would allocate from its own arena outside the shared pool and budget, and "
-            "bridge.unify(jax=True) refuses to start with it (unless jax_memory= asks for "
-            "that arena). Unset it (the bridge sets cuda_async).")))
+            "bridge.unify(jax=True) refuses to start with it. Unset it (the bridge sets "
+            "cuda_async); bridge.unify(jax=True, jax_memory=...) gives JAX an arena of its "
+            "own deliberately.")))
     totals = [d["total"] for d in devices if d["total"]]
     for name in (GPU_LIMIT_ENV, PINNED_LIMIT_ENV):
         raw = env.get(name)
@@ -334,6 +338,12 @@ def _environment(devices: list[dict]) -> list[Finding]:
             continue
         if name == GPU_LIMIT_ENV and totals:
             what = f"a budget of {format_bytes(size or 0)} per device" if size else "no limit"
+            if size and size >= max(totals):
+                found.append(Finding("warn", f"{name}={raw}", (
+                    f"{format_bytes(size)} is not below the GPUs' memory "
+                    f"({format_bytes(max(totals))}): it limits nothing. Use a size below it "
+                    "or a percentage such as 90%.")))
+                continue
         else:
             what = f"{format_bytes(size or 0)}" if size else "no limit"
         found.append(Finding("ok", f"{name}={raw}", f"valid: {what}."))
@@ -379,8 +389,9 @@ def render(report: Report) -> str:
     if drv["loaded"]:
         out.append(f"  {_tag('ok')}loaded {drv['library']}; CUDA driver "
                    f"{drv['version_text'] or 'version unknown'} ({drv['version']})")
+        why = f" ({drv['error']})" if drv["error"] else ""
         out.append(f"  GPUs: {drv['devices']}" + ("" if drv["devices"] else
-                   " - the driver loaded but sees no GPU; check CUDA_VISIBLE_DEVICES "
+                   f" - the driver loaded but sees no GPU{why}; check CUDA_VISIBLE_DEVICES "
                    "and `nvidia-smi`."))
     else:
         out.append(f"  {_tag('error')}{drv['error']}")

@@ -179,6 +179,12 @@ def test_doctor_shows_a_valid_budget(standin, clean_env):
     assert "BRIDGE_GPU_MEMORY_LIMIT=25%: valid: a budget of 4.00 GiB per device" in out
 
 
+def test_doctor_flags_a_budget_above_the_gpu(standin, clean_env):
+    clean_env.setenv("BRIDGE_GPU_MEMORY_LIMIT", "40GiB")  # the stand-in GPUs have 16 GiB
+    line = next(ln for ln in run_main("doctor")[1].splitlines() if "=40GiB" in ln)
+    assert line.lstrip().startswith("[warn]") and "limits nothing" in line
+
+
 def _fake_package(root: pathlib.Path, dist: str, version: str, files: dict[str, str]) -> None:
     info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)

@@ -219,3 +219,27 @@ def test_plot_needs_samples(tmp_path):
     pytest.importorskip("matplotlib")
     with pytest.raises(ValueError, match="no samples"):
         timeline.Recording._loaded([], None, (), None).plot(tmp_path / "x.png")
+
+
+@pytest.mark.gpu
+def test_timeline_sees_real_framework_allocations():
+    cupy = pytest.importorskip("cupy")
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    with_torch = torch is not None and not torch.cuda.is_initialized()
+    bridge.unify(cupy=True, torch=with_torch, device=0)
+    with bridge.record(interval=0.01, device=0) as rec:
+        a = cupy.zeros(64 * MIB, dtype=cupy.uint8)
+        t = torch.zeros(32 * MIB, dtype=torch.uint8, device="cuda:0") if with_torch else None
+        rec.mark("allocated")
+        del a, t
+        cupy.cuda.get_current_stream().synchronize()
+        if with_torch:
+            torch.cuda.synchronize()
+        rec.mark("freed")
+    s = marked(rec, "allocated")
+    assert s.cupy >= 64 * MIB and s.used >= s.cupy
+    assert s.torch >= (32 * MIB if with_torch else 0)
+    assert marked(rec, "freed").cupy <= s.cupy - 64 * MIB

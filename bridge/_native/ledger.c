@@ -241,10 +241,13 @@ int bridge_grant_peer_access(int device, int *granted)
 /* ---- the budget ---- */
 static uint64_t bridge_others_of(device_state *d)
 {
+    /* `committed` first: a grant landing between the two reads is then in the
+     * pool's figure but not in ours, and counts as others (too much, never
+     * too little). */
+    uint64_t mine = atomic_load_explicit(&d->committed, memory_order_acquire);
     uint64_t used = 0;
     if (bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) != CUDA_SUCCESS)
         return 0;
-    uint64_t mine = atomic_load_explicit(&d->committed, RELAXED);
     return used > mine ? used - mine : 0;
 }
 

@@ -1,0 +1,452 @@
+"""Turn collected benchmark results into a verdict: results.md and results.png.
+
+Pure Python (matplotlib only for the PNG): no GPU framework is imported, so
+the report can be rebuilt anywhere from a results.json:
+
+    python3 benchmarks/report.py DIR        # rewrites DIR/results.md and DIR/results.png
+
+``summarize(results)`` adds ``alloc.summary``, ``e2e.summary`` and ``checks``
+(every target with its value and pass / fail / missing) to the dict that
+run_all.py collected; ``write_markdown`` and ``write_png`` render them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import median, size_label  # noqa: E402
+
+LABELS = {
+    "torch": {"native": "native caching", "async": "backend:cudaMallocAsync",
+              "rmm": "RMM (CudaAsyncMemoryResource)", "bridge": "bridge"},
+    "cupy": {"native": "MemoryPool", "async": "MemoryAsyncPool",
+             "rmm": "RMM rmm_cupy_allocator", "bridge": "bridge"},
+}
+SHORT = {"torch": {"native": "native", "async": "cudaMallocAsync", "rmm": "RMM"},
+         "cupy": {"native": "MemoryPool", "async": "MemoryAsyncPool", "rmm": "RMM"}}
+
+#: (framework, baseline config, op, target): bridge ns / baseline ns must satisfy op target.
+ALLOC_TARGETS = (
+    ("torch", "native", "<=", 1.00),
+    ("torch", "async", "<", 1.00),
+    ("torch", "rmm", "<", 1.00),
+    ("cupy", "native", "<=", 1.5),
+    ("cupy", "async", "<", 1.00),
+    ("cupy", "rmm", "<", 1.00),
+)
+MIXED_TARGET = ("<=", 1.02)   # bridge: (used - baseline) / live with torch holding N
+E2E_TARGET = (">=", 0.98)     # bridge steps/s / native steps/s
+PINNED_TARGET = (">=", 0.95)  # bridge pinned / torch pinned
+
+OK_STATUSES = ("ok", "partial")
+
+
+def _cmp(value: float, op: str, target: float) -> bool:
+    return {"<=": value <= target, "<": value < target, ">=": value >= target,
+            ">": value > target}[op]
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": round(median(values), 2), "min": round(min(values), 2),
+            "max": round(max(values), 2), "n": len(values)}
+
+
+def _check(cid: str, label: str, value: float | None, op: str, target: float,
+           note: str = "", group: str = "") -> dict:
+    ok = value is not None and not math.isnan(value)
+    return {"id": cid, "label": label, "group": group, "op": op, "target": target,
+            "value": round(value, 4) if ok else None,
+            "status": ("pass" if _cmp(value, op, target) else "fail") if ok else "missing",
+            "note": note}
+
+
+def _why_missing(runs: Iterable[dict], framework: str | None, config: str) -> str:
+    """The reason a configuration has no figure: its skip reason or its error."""
+    for r in runs:
+        if r.get("config", r.get("mode")) == config and (framework is None
+                                                         or r.get("framework") == framework):
+            if r.get("status") == "skipped":
+                return f"skipped: {r.get('reason', '')}"[:300]
+            if r.get("status") not in OK_STATUSES:
+                return f"error: {r.get('error', r.get('status'))}"[:300]
+    return "not run"
+
+
+# ---- summary ----
+
+def summarize_alloc(alloc: dict) -> dict:
+    """{framework: {config: {size: spread of per-process medians}}}."""
+    summary: dict = {}
+    for r in alloc.get("runs", []):
+        if r.get("status") not in OK_STATUSES or r.get("config") == "all":
+            continue
+        for size, ns in (r.get("ns_per_pair") or {}).items():
+            summary.setdefault(r["framework"], {}).setdefault(r["config"], {}) \
+                .setdefault(str(size), []).append(float(ns))
+    return {fw: {c: {s: _spread(v) for s, v in sizes.items()} for c, sizes in cfgs.items()}
+            for fw, cfgs in summary.items()}
+
+
+def alloc_checks(alloc: dict) -> list[dict]:
+    summary = alloc.get("summary", {})
+    runs = alloc.get("runs", [])
+    sizes = [str(s) for s in alloc.get("sizes", [])]
+    checks = []
+    for fw, base, op, target in ALLOC_TARGETS:
+        for size in sizes:
+            b = summary.get(fw, {}).get("bridge", {}).get(size)
+            n = summary.get(fw, {}).get(base, {}).get(size)
+            value, note = None, ""
+            if b and n:
+                value = b["median"] / n["median"]
+            else:
+                note = "; ".join(f"{c}: {_why_missing(runs, fw, c)}"
+                                 for c, s in (("bridge", b), (base, n)) if not s)
+            checks.append(_check(f"{fw}.alloc.{base}.{size}",
+                                 f"{fw} {size_label(int(size))}: bridge / {SHORT[fw][base]}",
+                                 value, op, target, note, group=f"{fw} alloc"))
+    return checks
+
+
+def mixed_checks(mixed: dict) -> list[dict]:
+    runs = [r for r in mixed.get("runs", []) if r.get("mode") == "bridge"]
+    ok = [r for r in runs if r.get("status") == "ok" and r.get("outcome") == "ok"]
+    if ok:
+        value, note = ok[-1].get("used_over_live"), ""
+        raw = ok[-1].get("raw_used_over_live")
+        if raw is not None:
+            note = f"raw used/live {raw:.3f} (contexts included)"
+    else:
+        value = None
+        note = (f"bridge outcome {runs[-1].get('outcome')}: {runs[-1].get('oom', '')}"
+                if runs and runs[-1].get("outcome") == "oom" else _why_missing(runs, None, "bridge"))
+    return [_check("mixed.bridge.used_over_live", "mixed phases: bridge used / live", value,
+                   *MIXED_TARGET, note[:300], group="mixed")]
+
+
+def e2e_checks(e2e: dict) -> list[dict]:
+    runs = e2e.get("runs", [])
+    per_mode: dict = {}
+    for r in runs:
+        if r.get("status") == "ok" and r.get("steps_per_s"):
+            per_mode.setdefault(r["mode"], []).append(float(r["steps_per_s"]))
+    e2e["summary"] = {m: _spread(v) for m, v in per_mode.items()}
+    s = e2e["summary"]
+    value, note = None, ""
+    if "bridge" in s and "native" in s:
+        value = s["bridge"]["median"] / s["native"]["median"]
+    else:
+        note = "; ".join(f"{m}: {_why_missing(runs, None, m)}" for m in ("native", "bridge")
+                         if m not in s)
+    return [_check("e2e.bridge_over_native", "end to end: bridge / native steps/s", value,
+                   *E2E_TARGET, note, group="e2e")]
+
+
+def find_ratios(obj: Any, path: str = "") -> dict[str, float]:
+    """Every numeric value under a key with 'ratio' in its name, by dotted path."""
+    out: dict[str, float] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            p = f"{path}.{k}" if path else str(k)
+            if "ratio" in str(k).lower() and isinstance(v, (int, float)) \
+                    and not isinstance(v, bool):
+                out[p] = float(v)
+            else:
+                out.update(find_ratios(v, p))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out.update(find_ratios(v, f"{path}[{i}]"))
+    return out
+
+
+def pinned_checks(pinned: dict) -> list[dict]:
+    """bench_pinned.py's own figures: a top-level 'ratio' (bridge / torch pinned), else
+    the smallest of the values under keys named '*ratio*' (each must meet the target)."""
+    status = pinned.get("status", "not run")
+    if status != "ok":
+        why = pinned.get("reason") or pinned.get("error") or status
+        return [_check("pinned.bridge_over_torch", "pinned: bridge / torch pinned", None,
+                       *PINNED_TARGET, f"{status}: {why}"[:300], group="pinned")]
+    data = pinned.get("data")
+    if isinstance(data, dict) and isinstance(data.get("ratio"), (int, float)):
+        value, note = float(data["ratio"]), "ratio"
+    else:
+        ratios = find_ratios(data)
+        if ratios:
+            key = min(ratios, key=lambda k: ratios[k])
+            value = ratios[key]
+            note = f"smallest of {len(ratios)} '*ratio*' figures: {key}"
+        else:
+            value, note = None, "bench_pinned.py wrote no '*ratio*' figure: see its files"
+    return [_check("pinned.bridge_over_torch", "pinned: bridge / torch pinned", value,
+                   *PINNED_TARGET, note[:300], group="pinned")]
+
+
+def summarize(results: dict) -> dict:
+    """Add alloc.summary, e2e.summary and checks to results (in place); return it."""
+    alloc = results.setdefault("alloc", {})
+    alloc["summary"] = summarize_alloc(alloc)
+    checks = alloc_checks(alloc)
+    checks += mixed_checks(results.setdefault("mixed", {}))
+    checks += e2e_checks(results.setdefault("e2e", {}))
+    checks += pinned_checks(results.setdefault("pinned", {"status": "not run"}))
+    results["checks"] = checks
+    results["verdict"] = {k: sum(c["status"] == k for c in checks)
+                          for k in ("pass", "fail", "missing")}
+    return results
+
+
+# ---- markdown ----
+
+def _fmt_ns(s: dict | None) -> str:
+    if not s:
+        return "-"
+    if s["n"] > 1:
+        return f"{s['median']:,.0f} [{s['min']:,.0f}-{s['max']:,.0f}]"
+    return f"{s['median']:,.0f}"
+
+
+def _fmt_check(c: dict) -> str:
+    if c["value"] is None:
+        return "n/a"
+    mark = "pass" if c["status"] == "pass" else "**FAIL**"
+    return f"{c['value']:.3f} {mark}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _md_meta(meta: dict) -> list[str]:
+    keys = ("date", "gpu_name", "driver_version", "cuda_driver_api", "bridge_version",
+            "quick", "wall_s", "budget_s", "git")
+    rows = [[k, str(meta[k])] for k in keys if k in meta]
+    versions = meta.get("versions") or {}
+    if versions:
+        rows.append(["versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))])
+    if meta.get("rmm"):
+        rows.append(["RMM", str(meta["rmm"])])
+    if meta.get("env_removed"):
+        rows.append(["removed from the environment", ", ".join(meta["env_removed"])])
+    if meta.get("probe_error"):
+        rows.append(["probe error", str(meta["probe_error"])[:300]])
+    return _table(["", ""], rows) if rows else []
+
+
+def _md_alloc(results: dict) -> list[str]:
+    alloc = results.get("alloc", {})
+    summary, sizes = alloc.get("summary", {}), [str(s) for s in alloc.get("sizes", [])]
+    checks = {c["id"]: c for c in results.get("checks", [])}
+    runs = alloc.get("runs", [])
+    out = ["## Allocation: ns per alloc+free pair",
+           "",
+           "Each configuration in a fresh process; a cell is the median over processes of each "
+           "process's median (min-max over processes in brackets). Lower is better. Ratios are "
+           "bridge / baseline, from the medians; compare ratios, not absolute figures across "
+           "runs (they move up to 2x between processes).", ""]
+    for fw in ("torch", "cupy"):
+        header = [f"{fw} allocator"] + [size_label(int(s)) for s in sizes]
+        rows = []
+        for config in ("native", "async", "rmm", "bridge"):
+            cells = [_fmt_ns(summary.get(fw, {}).get(config, {}).get(s)) for s in sizes]
+            if all(c == "-" for c in cells):
+                cells = [_why_missing(runs, fw, config)] + [""] * (len(sizes) - 1)
+            rows.append([LABELS[fw][config]] + cells)
+        for f2, base, op, target in ALLOC_TARGETS:
+            if f2 == fw:
+                rows.append([f"bridge / {SHORT[fw][base]} (target {op} {target:.2f})"] +
+                            [_fmt_check(checks[f"{fw}.alloc.{base}.{s}"]) for s in sizes])
+        out += _table(header, rows) + [""]
+    same = results.get("alloc_same_process")
+    if same:
+        out += ["### CuPy, all allocators in ONE process (cross-check)", ""]
+        if same.get("status") in OK_STATUSES and same.get("configs"):
+            cfgs = same["configs"]
+            rows = []
+            for config in ("native", "async", "rmm", "bridge"):
+                if config in cfgs:
+                    rows.append([LABELS["cupy"][config]] +
+                                [f"{cfgs[config]['ns_per_pair'].get(s, float('nan')):,.0f}"
+                                 for s in sizes])
+            if "bridge" in cfgs:
+                for base in ("native", "async", "rmm"):
+                    if base in cfgs:
+                        rows.append([f"bridge / {SHORT['cupy'][base]}"] + [
+                            f"{cfgs['bridge']['ns_per_pair'][s] / cfgs[base]['ns_per_pair'][s]:.3f}"
+                            if s in cfgs["bridge"]["ns_per_pair"]
+                            and s in cfgs[base]["ns_per_pair"] else "-" for s in sizes])
+            out += _table(["cupy allocator"] + [size_label(int(s)) for s in sizes], rows)
+            skipped = (same.get("info") or {}).get("skipped")
+            if skipped:
+                out += ["", f"Left out: {skipped}"]
+        else:
+            out += [f"Not measured: {same.get('status')}: "
+                    f"{same.get('reason') or same.get('error', '')}"[:400]]
+        out += [""]
+    return out
+
+
+def _md_mixed(results: dict) -> list[str]:
+    runs = results.get("mixed", {}).get("runs", [])
+    out = ["## Mixed phases: CuPy holds N GiB and frees it, then torch asks for N GiB", "",
+           "used = device total - free (torch.cuda.mem_get_info); used/live = (used - baseline) / "
+           "live, baseline = used after both frameworks started CUDA.", ""]
+    rows = []
+    for r in runs:
+        mode = r.get("mode", "?")
+        if r.get("status") != "ok":
+            rows.append([mode, "-", f"error: {r.get('error', r.get('status'))}"[:200],
+                         "-", "-", "-"])
+            continue
+        phases = {p["phase"]: p for p in r.get("phases", [])}
+        held = phases.get("cupy holds N", {})
+        final = phases.get("torch holds N")
+        if r.get("outcome") == "oom":
+            used = r.get("used_at_oom")
+            outcome = f"torch OOM ({(r.get('oom') or '')[:120]})"
+            cols = [f"{used / 2**30:.1f} at OOM" if used else "-", "-", "-"]
+        else:
+            outcome = "ok"
+            cols = [f"{final['used_gib']:.1f}", f"{final.get('used_over_live', float('nan')):.3f}",
+                    f"{final.get('raw_used_over_live', float('nan')):.3f}"] if final else \
+                ["-", "-", "-"]
+        rows.append([mode, f"{r.get('n_gib', 0):.0f}",
+                     outcome + (f"; cupy phase used {held['used_gib']:.1f} GiB" if held else ""),
+                     *cols])
+    if not rows:
+        return out + ["Not run.", ""]
+    return out + _table(["mode", "N GiB", "outcome", "used GiB (torch holds N)", "used/live",
+                         "raw used/live"], rows) + [""]
+
+
+def _md_e2e(results: dict) -> list[str]:
+    e2e = results.get("e2e", {})
+    s = e2e.get("summary", {})
+    out = ["## End to end: CuPy preprocessing -> DLPack -> torch training step", ""]
+    if not e2e.get("runs"):
+        return out + ["Not run.", ""]
+    rows = []
+    for mode in ("native", "bridge"):
+        if mode in s:
+            x = s[mode]
+            rows.append([mode, f"{x['median']:.1f}", f"{x['min']:.1f}-{x['max']:.1f}", str(x["n"])])
+        else:
+            rows.append([mode, "-", _why_missing(e2e.get("runs", []), None, mode), "0"])
+    return out + _table(["mode", "steps/s (median)", "min-max over processes", "processes"],
+                        rows) + [""]
+
+
+def _md_pinned(results: dict) -> list[str]:
+    p = results.get("pinned", {})
+    out = ["## Pinned host memory", ""]
+    if p.get("status") != "ok":
+        return out + [f"{p.get('status', 'not run')}: {p.get('reason') or p.get('error', '')}",
+                      ""]
+    out.append(f"bench_pinned.py output: {', '.join(p.get('files', [])) or 'no JSON file'}")
+    ratios = find_ratios(p.get("data"))
+    if ratios:
+        out += [""] + _table(["figure", "value"], [[k, f"{v:.3f}"] for k, v in ratios.items()])
+    return out + [""]
+
+
+def markdown(results: dict) -> str:
+    checks = results.get("checks", [])
+    v = results.get("verdict", {})
+    lines = ["# bridge benchmarks", ""]
+    lines += _md_meta(results.get("meta", {})) + [""]
+    lines += [f"## Targets: {v.get('pass', 0)} pass, {v.get('fail', 0)} fail, "
+              f"{v.get('missing', 0)} missing", ""]
+    lines += _table(["metric", "value", "target", "result", "note"], [
+        [c["label"], "-" if c["value"] is None else f"{c['value']:.3f}",
+         f"{c['op']} {c['target']:.2f}",
+         {"pass": "pass", "fail": "**FAIL**", "missing": "missing"}[c["status"]],
+         c.get("note", "").replace("|", "/").replace("\n", " ")] for c in checks]) + [""]
+    lines += _md_alloc(results) + _md_mixed(results) + _md_e2e(results) + _md_pinned(results)
+    problems = results.get("problems", [])
+    if problems:
+        lines += ["## Problems during the run", ""] + [f"- {p}" for p in problems] + [""]
+    return "\n".join(lines)
+
+
+def write_markdown(results: dict, path: str) -> None:
+    with open(path, "w") as f:
+        f.write(markdown(results))
+
+
+# ---- chart ----
+
+def write_png(results: dict, path: str) -> bool:
+    """A horizontal bar per target: the measured ratio, with its target marked. False when
+    matplotlib is missing (nothing written)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt
+    except ImportError:
+        return False
+    checks = results.get("checks", [])
+    n = max(1, len(checks))
+    fig, ax = plt.subplots(figsize=(10, 0.42 * n + 1.6))
+    colors = {"pass": "#3a923a", "fail": "#c0392b", "missing": "#bbbbbb"}
+    top = 1.6
+    for i, c in enumerate(checks):
+        y = n - 1 - i
+        value = c["value"]
+        ax.barh(y, value if value is not None else 0.0, color=colors[c["status"]], height=0.6)
+        ax.plot([c["target"], c["target"]], [y - 0.4, y + 0.4], color="black", lw=2)
+        text = "missing" if value is None else f"{value:.3f}"
+        ax.text((value or 0.0) + 0.01, y, text, va="center", fontsize=8)
+        top = max(top, (value or 0.0) * 1.15, c["target"] * 1.15)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([f"{c['label']} ({c['op']} {c['target']:.2f})" for c in reversed(checks)],
+                       fontsize=8)
+    ax.set_xlim(0, top)
+    ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("ratio (black tick: target; green pass, red fail, grey missing)")
+    meta = results.get("meta", {})
+    ax.set_title(f"bridge vs native allocators and RMM: {meta.get('gpu_name', 'GPU ?')}, "
+                 f"{meta.get('date', '')[:10]}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_all(results: dict, out_dir: str, png: bool = True) -> None:
+    """summarize, then results.json, results.md and (png=True) results.png in out_dir."""
+    summarize(results)
+    os.makedirs(out_dir, exist_ok=True)
+    if png and not write_png(results, os.path.join(out_dir, "results.png")):
+        note = "matplotlib missing: no results.png"
+        if note not in results.setdefault("problems", []):
+            results["problems"].append(note)
+    tmp = os.path.join(out_dir, "results.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1, sort_keys=True, default=str)
+    os.replace(tmp, os.path.join(out_dir, "results.json"))
+    write_markdown(results, os.path.join(out_dir, "results.md"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python3 benchmarks/report.py DIR   (DIR holds results.json)", file=sys.stderr)
+        return 2
+    with open(os.path.join(argv[0], "results.json")) as f:
+        results = json.load(f)
+    write_all(results, argv[0])
+    print(os.path.join(argv[0], "results.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""The examples run as written on a GPU machine (gpu tests)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize("name", ["mixed_pipeline", "jax_torch_cupy", "pinned_staging",
+                                  "oom_handled"])
+def test_example_runs(name, tmp_path):
+    args = [sys.executable, str(EXAMPLES / f"{name}.py")]
+    if name == "mixed_pipeline":
+        args.append(str(tmp_path))
+    r = subprocess.run(args, capture_output=True, text=True, timeout=400)
+    print(r.stdout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    if name == "mixed_pipeline":
+        assert (tmp_path / "mixed_pipeline.csv").stat().st_size > 0
+    if name == "oom_handled":
+        assert "ok" in r.stdout

@@ -1,0 +1,101 @@
+"""bridge.adapters.jax: conflicts and call order (CPU), partition and order on a GPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from bridge import BridgeError
+from bridge.adapters import jax as adapter
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in ("XLA_PYTHON_CLIENT_ALLOCATOR", "XLA_PYTHON_CLIENT_PREALLOCATE",
+                "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_no_conflict_on_a_clean_environment(clean_env):
+    assert adapter._conflicts(None) == []
+
+
+@pytest.mark.parametrize("var,value", [("XLA_PYTHON_CLIENT_ALLOCATOR", "platform"),
+                                       ("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"),
+                                       ("XLA_PYTHON_CLIENT_PREALLOCATE", "true")])
+def test_conflicting_settings_are_named(clean_env, var, value):
+    clean_env.setenv(var, value)
+    problems = adapter._conflicts(None)
+    assert len(problems) == 1 and var in problems[0] and value in problems[0]
+
+
+def test_settings_that_agree_are_not_conflicts(clean_env):
+    clean_env.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async")
+    clean_env.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    assert adapter._conflicts(None) == []
+
+
+def test_partition_refuses_the_async_allocator(clean_env):
+    clean_env.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async")
+    assert "BFC" in adapter._conflicts(1 << 30)[0]
+
+
+def test_install_reports_conflicts_and_changes_nothing(standin, clean_env):
+    clean_env.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+    with pytest.raises(BridgeError, match="XLA_PYTHON_CLIENT_ALLOCATOR=platform"):
+        adapter.install([0])
+    import os
+
+    assert os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"] == "platform"
+    assert not adapter.installed()
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.gpu
+def test_unify_after_jax_started_says_before():
+    r = _run("""
+        import jax, bridge
+        jax.devices()
+        try:
+            bridge.unify(cupy=False, torch=False, jax=True)
+        except bridge.BridgeError as e:
+            print("ERR", e)
+        """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("ERR") and "before" in r.stdout
+
+
+@pytest.mark.gpu
+def test_hard_partition_gives_jax_its_own_arena():
+    r = _run("""
+        import bridge
+        GIB = 1 << 30
+        bridge.unify(cupy=False, torch=True, jax=True, budget="20GiB", jax_memory="4GiB")
+        import os, jax.numpy as jnp, torch
+        print("ALLOC", os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR"))
+        print("LIMIT", bridge.stats().limit // GIB)
+        x = jnp.ones((GIB // 4,), dtype=jnp.float32); x.block_until_ready()   # 1 GiB in JAX's arena
+        print("JAXPOOL", bridge.stats().by_framework["jax"])
+        try:
+            jnp.ones((6 * GIB // 4,), dtype=jnp.float32).block_until_ready()  # past its 4 GiB
+            print("JAXBIG ok")
+        except Exception as e:
+            print("JAXBIG", "RESOURCE_EXHAUSTED" in str(e))
+        t = torch.empty(15 * GIB, dtype=torch.uint8, device="cuda")
+        print("TORCH", t.numel() // GIB)
+        """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+    assert out["ALLOC"] == "None"
+    assert out["LIMIT"] == "16"            # 20 GiB budget less JAX's 4 GiB
+    assert out["JAXPOOL"] == "0"           # JAX's arena is not in the shared pool
+    assert out["JAXBIG"] == "True"         # capped by XLA: RESOURCE_EXHAUSTED
+    assert out["TORCH"] == "15"

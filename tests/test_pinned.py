@@ -1,0 +1,857 @@
+"""bridge.pinned: the pinned host memory pool and its DLPack exports.
+
+CPU tests run on the stand-in driver, whose pinned memory is real malloc'd
+memory (numpy views work) and whose events stay pending while
+``standin_hold_events(1)``.  The `gpu` tests (scripts/gpu-test, or
+``BRIDGE_TEST_GPU=1 pytest -m gpu tests/test_pinned.py``) check numpy, torch,
+JAX and CuPy on a real GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+if os.environ.get("BRIDGE_TEST_GPU") == "1":
+    # JAX shares the GPU with torch and CuPy here: no preallocation.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import bridge
+from bridge import pinned
+from bridge._runtime import core
+
+KIB, MIB = 1 << 10, 1 << 20
+C_HOSTALLOC, C_HOSTFREE, C_EVCREATE, C_EVQUERY, C_HOSTPOOL = 8, 9, 10, 11, 12
+
+
+# ---- fixtures ----
+def _reset(lib) -> None:
+    gc.collect()
+    lib.standin_hold_events(0)
+    lib.standin_complete_events()
+    lib.standin_set_host_capacity(2**64 - 1)
+    lib.standin_set_host_pools_supported(1)
+    pp = bridge.pinned_pool()
+    pp.set_limit(0)
+    if pp.backend != "cached":
+        pinned._set_backend("cached")
+    pp.free_all_blocks()
+
+
+@pytest.fixture
+def pp(standin):
+    """The pinned pool on the stand-in, empty, no limit, cached backend, events complete."""
+    lib = standin
+    lib.standin_set_host_capacity.argtypes = [ctypes.c_uint64]
+    lib.standin_host_used.restype = ctypes.c_uint64
+    lib.standin_pending_events.restype = ctypes.c_uint64
+    lib.standin_live_events.restype = ctypes.c_uint64
+    lib.standin_new_stream.restype = ctypes.c_void_p
+    lib.standin_new_stream.argtypes = [ctypes.c_int]
+    lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+    lib.standin_counter.argtypes = [ctypes.c_int]
+    bridge.pinned_buffer(0)  # set the pool up
+    _reset(lib)
+    pool = bridge.pinned_pool()
+    assert pool.used_bytes() == 0, "a view from an earlier test is still alive"
+    yield pool
+    _reset(lib)
+
+
+@pytest.fixture
+def lib(standin):
+    return standin
+
+
+def stream(lib, dev: int = 0) -> int:
+    """A stream of device `dev` that the stand-in knows (as torch would make)."""
+    return int(lib.standin_new_stream(dev))
+
+
+class Holder:
+    """Hands a ready-made capsule to numpy.from_dlpack (which wants __dlpack__)."""
+
+    def __init__(self, capsule, device=(3, 0)):
+        self.capsule, self.device = capsule, device
+
+    def __dlpack__(self, **kwargs):
+        return self.capsule
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+# ---- reading capsules ----
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Versioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+class _Legacy(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+_get_name = ctypes.pythonapi.PyCapsule_GetName
+_get_name.restype, _get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+_get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+_get_ptr.restype, _get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+
+def read_capsule(cap):
+    """(name, tensor struct, versioned struct or None) of an unconsumed capsule."""
+    name = _get_name(cap)
+    addr = _get_ptr(cap, name)
+    if name == b"dltensor_versioned":
+        v = _Versioned.from_address(addr)
+        return name.decode(), v.dl_tensor, v
+    return name.decode(), _Legacy.from_address(addr).dl_tensor, None
+
+
+# ---- numpy views ----
+def test_numpy_view_is_the_buffer(pp, lib):
+    before = lib.standin_host_used()
+    a = bridge.empty_pinned((4, 5), dtype=np.float32)
+    buf = a.base
+    assert isinstance(buf, bridge.PinnedBuffer)
+    assert a.ctypes.data == buf.ptr != 0
+    assert buf.size == a.nbytes == 80
+    assert lib.standin_host_used() - before >= 80      # real pinned memory behind it
+    rc, base, size = core.pinned_lookup(a.ctypes.data + 12)
+    assert (rc, base, size) == (0, buf.ptr, 80)
+    a[:] = np.arange(20, dtype=np.float32).reshape(4, 5)
+    assert bytes(memoryview(buf)) == a.tobytes()        # one memory, two views
+    assert a.flags.writeable and a.flags.c_contiguous
+
+
+def test_page_aligned_and_writable_through_every_view(pp):
+    buf = bridge.pinned_buffer(10 * KIB)
+    assert buf.ptr % 4096 == 0
+    v1 = np.frombuffer(buf, np.uint8)
+    v2 = buf.numpy(np.int32, (10 * KIB // 4,))
+    v1[:4] = [1, 0, 0, 0]
+    assert v2[0] == 1
+    assert v1.ctypes.data == v2.ctypes.data == buf.ptr
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int8, np.complex128, np.float16,
+                                   np.dtype([("a", "<i4"), ("b", "<f8")])])
+@pytest.mark.parametrize("shape, dims", [(7, (7,)), ((3, 4), (3, 4)), ([2, 3, 5], (2, 3, 5)),
+                                         ((0,), (0,)), ((2, 0, 3), (2, 0, 3)), ((), ())])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_empty_dtype_shape_order(pp, dtype, shape, dims, order):
+    a = bridge.empty_pinned(shape, dtype=dtype, order=order)
+    assert a.shape == dims
+    assert a.dtype == np.dtype(dtype)
+    assert a.base.size == a.nbytes
+    if a.size:
+        assert a.flags.c_contiguous if order == "C" else a.flags.f_contiguous
+        assert a.ctypes.data == a.base.ptr
+
+
+def test_default_dtype_is_float(pp):
+    assert bridge.empty_pinned(3).dtype == np.float64
+    assert bridge.zeros_pinned((2, 2)).dtype == np.float64
+
+
+def test_zeros_clears_a_reused_block(pp):
+    a = bridge.empty_pinned(1000, dtype=np.uint8)
+    a[:] = 0xAB
+    p = a.ctypes.data
+    del a
+    z = bridge.zeros_pinned((10, 100), dtype=np.uint8, order="F")
+    assert z.ctypes.data == p                   # the same block came back ...
+    assert not z.any()                          # ... cleared
+    assert z.flags.f_contiguous
+
+
+def test_numpy_integer_shapes(pp):
+    a = bridge.empty_pinned((np.int64(3), np.int32(2)), dtype=np.int16)
+    assert a.shape == (3, 2)
+    assert bridge.pinned_buffer(np.int64(100)).size == 100
+
+
+# ---- the pool's figures ----
+def test_stats_rise_and_fall(pp):
+    s0 = pp.stats()
+    a = bridge.empty_pinned(1000, dtype=np.uint8)      # class 4 KiB
+    b = bridge.pinned_buffer(5000)                     # class 5 KiB (4 KiB + 1/8 of it)
+    assert pp.used_bytes() == 4 * KIB + 5 * KIB
+    assert pp.total_bytes() == s0["total"] + 9 * KIB
+    assert pp.stats()["n_live_blocks"] == 2
+    del a
+    assert pp.used_bytes() == 5 * KIB
+    assert pp.free_bytes() == s0["free"] + 4 * KIB
+    assert pp.n_free_blocks() == s0["n_free_blocks"] + 1
+    del b
+    assert pp.used_bytes() == 0
+    assert pp.total_bytes() == pp.free_bytes() == s0["free"] + 9 * KIB
+    assert pp.stats()["peak_used"] >= 9 * KIB
+    pp.free_all_blocks()
+    assert pp.total_bytes() == pp.free_bytes() == pp.n_free_blocks() == 0
+
+
+@pytest.mark.parametrize("size, cls", [(1, 4096), (4096, 4096), (4097, 4608), (8192, 8192),
+                                       (8193, 9216), (MIB, MIB), (MIB + 1, MIB + 128 * KIB),
+                                       (3 * MIB, 3 * MIB)])
+def test_size_classes(pp, size, cls):
+    buf = bridge.pinned_buffer(size)
+    assert pp.used_bytes() == cls
+    assert buf.size == size
+
+
+def test_freed_block_is_reused_without_the_driver(pp, lib):
+    buf = bridge.pinned_buffer(100 * KIB)
+    p = buf.ptr
+    del buf
+    allocs = lib.standin_counter(C_HOSTALLOC)
+    reuses = pp.stats()["num_reuses"]
+    buf = bridge.pinned_buffer(99 * KIB)               # same class
+    assert buf.ptr == p
+    assert lib.standin_counter(C_HOSTALLOC) == allocs
+    assert pp.stats()["num_reuses"] == reuses + 1
+
+
+def test_a_view_keeps_the_block(pp):
+    a = bridge.empty_pinned(1000, dtype=np.uint8)
+    v = a[10:20]
+    p = a.ctypes.data
+    del a
+    gc.collect()
+    assert pp.used_bytes() == 4 * KIB                 # v still uses it
+    assert bridge.pinned_buffer(1000).ptr != p         # not handed out again
+    del v
+    assert bridge.pinned_buffer(1000).ptr == p
+
+
+# ---- DLPack ----
+def test_numpy_from_dlpack_same_address(pp):
+    buf = bridge.pinned_buffer(64)
+    a = np.from_dlpack(buf)
+    assert a.ctypes.data == buf.ptr
+    assert a.shape == (64,) and a.dtype == np.uint8
+    a[:] = 5
+    assert bytes(memoryview(buf)) == b"\x05" * 64
+    del buf
+    assert pp.used_bytes() == 4 * KIB                 # the array's export holds the block
+    del a
+    assert pp.used_bytes() == 0
+
+
+def test_dlpack_device_and_capsule_kinds(pp):
+    buf = bridge.pinned_buffer(100)
+    assert buf.__dlpack_device__() == (3, 0)
+    cases = [  # kwargs -> capsule name, device type
+        (dict(max_version=(1, 0)), "dltensor_versioned", 3),
+        (dict(max_version=(1, 2), dl_device=None, copy=None), "dltensor_versioned", 3),
+        (dict(stream=None), "dltensor", 3),
+        (dict(max_version=(0, 8)), "dltensor", 3),
+        (dict(max_version=(1, 0), dl_device=(1, 0)), "dltensor_versioned", 1),
+        (dict(dl_device=(3, 0)), "dltensor", 3),
+        ({}, "dltensor", 1),                            # a pre-versioning consumer
+    ]
+    for kwargs, name, device in cases:
+        cap = buf.__dlpack__(**kwargs)
+        got, t, v = read_capsule(cap)
+        assert (got, t.device.device_type) == (name, device), kwargs
+        assert t.data == buf.ptr and t.ndim == 1 and t.shape[0] == 100 and t.strides[0] == 1
+        assert (t.code, t.bits, t.lanes) == (1, 8, 1)
+        if v is not None:
+            assert (v.major, v.flags) == (1, 0)
+
+
+def test_torch_caller_gets_kdlcpu(pp):
+    # torch.from_dlpack (torch/utils/dlpack.py) calls __dlpack__(max_version=(1, 0)).
+    buf = bridge.pinned_buffer(100)
+    scope = {"__name__": "torch.utils.dlpack", "buf": buf}
+    exec("cap = buf.__dlpack__(max_version=(1, 0))", scope)
+    name, t, _ = read_capsule(scope["cap"])
+    assert (name, t.device.device_type, t.data) == ("dltensor_versioned", 1, buf.ptr)
+    scope["__name__"] = "torchvision_like"              # a prefix is not torch
+    exec("cap = buf.__dlpack__(max_version=(1, 0))", scope)
+    assert read_capsule(scope["cap"])[1].device.device_type == 3
+
+
+def test_unconsumed_capsules_release_the_block(pp, lib):
+    buf = bridge.pinned_buffer(100)
+    caps = [buf.__dlpack__(), buf.__dlpack__(max_version=(1, 0))]
+    del buf
+    assert pp.used_bytes() == 4 * KIB
+    del caps[0]
+    assert pp.used_bytes() == 4 * KIB
+    del caps[0]
+    assert pp.used_bytes() == 0
+
+
+def test_consumed_capsule_is_the_consumers(pp):
+    buf = bridge.pinned_buffer(100)
+    cap = buf.__dlpack__(max_version=(1, 0))
+    a = np.from_dlpack(Holder(cap))
+    assert _get_name(cap) == b"used_dltensor_versioned"
+    assert a.ctypes.data == buf.ptr
+    del cap, buf                                        # numpy's deleter owns it now
+    assert pp.used_bytes() == 4 * KIB
+    del a
+    assert pp.used_bytes() == 0
+
+
+def test_legacy_capsule_consumed_by_numpy(pp):
+    buf = bridge.pinned_buffer(8)
+    cap = buf.__dlpack__(stream=None)
+    a = np.from_dlpack(Holder(cap))
+    assert _get_name(cap) == b"used_dltensor"
+    assert a.ctypes.data == buf.ptr
+    del buf, cap, a
+    assert pp.used_bytes() == 0
+
+
+def test_dlpack_copy(pp):
+    buf = bridge.pinned_buffer(100)
+    np.frombuffer(buf, np.uint8)[:] = np.arange(100)
+    cap = buf.__dlpack__(max_version=(1, 0), copy=True)
+    name, t, v = read_capsule(cap)
+    assert t.data != buf.ptr and v.flags == 2           # DLPACK_FLAG_BITMASK_IS_COPIED
+    c = np.from_dlpack(Holder(cap))
+    assert c.tolist() == list(range(100))
+    assert pp.used_bytes() == 8 * KIB                   # the copy is a pinned block too
+    c2 = np.from_dlpack(buf, copy=True)
+    assert c2.ctypes.data != buf.ptr and c2.tolist() == list(range(100))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dl_device=(2, 0)), "kDLCPU"),
+    (dict(dl_device=(13, 0)), "kDLCPU"),
+    (dict(dl_device="cpu"), "tuple"),
+    (dict(max_version=1), "tuple"),
+    (dict(max_version=("a", 0)), "tuple"),
+])
+def test_dlpack_bad_requests(pp, kwargs, match):
+    buf = bridge.pinned_buffer(10)
+    with pytest.raises(BufferError, match=match):
+        buf.__dlpack__(**kwargs)
+    del buf
+    assert pp.used_bytes() == 0                          # nothing leaked on the error path
+
+
+def test_zero_bytes(pp):
+    buf = bridge.pinned_buffer(0)
+    assert (buf.ptr, buf.size) == (0, 0)
+    assert np.from_dlpack(buf).shape == (0,)
+    assert len(memoryview(buf)) == 0
+    a = bridge.empty_pinned((0, 3))
+    assert a.shape == (0, 3)
+    assert pp.used_bytes() == 0
+    buf.record(0)                                        # nothing to record: no error
+
+
+# ---- reuse safety: recorded copies ----
+def test_no_reuse_while_a_recorded_copy_is_pending(pp, lib):
+    s = stream(lib)
+    lib.standin_hold_events(1)                           # the "GPU" is busy
+    buf = bridge.pinned_buffer(64 * KIB)
+    p = buf.ptr
+    buf.record(s)                                        # an async copy reads it on s
+    del buf
+    st = pp.stats()
+    assert (st["n_pending_blocks"], st["used"]) == (1, 0)
+    other = bridge.pinned_buffer(64 * KIB)
+    assert other.ptr != p                                # a pending block is not lent
+    lib.standin_complete_events()                        # the copy is done
+    again = bridge.pinned_buffer(64 * KIB)
+    assert again.ptr == p
+    assert pp.stats()["n_pending_blocks"] == 0
+
+
+def test_stream_synchronize_completes_the_copy(pp, lib):
+    s1, s2 = stream(lib), stream(lib)
+    lib.standin_hold_events(1)
+    a = bridge.empty_pinned(1000, dtype=np.uint8)
+    p = a.ctypes.data
+    bridge.pinned_record(a[100:], s1)                    # a slice is enough
+    bridge.pinned_record(a, s2)
+    del a
+    lib.cuStreamSynchronize(s1)
+    other = bridge.pinned_buffer(1000)
+    assert other.ptr != p                                 # s2 still pending
+    lib.cuStreamSynchronize(s2)
+    assert bridge.pinned_buffer(1000).ptr == p
+
+
+def test_recording_the_same_stream_again_reuses_its_event(pp, lib):
+    s1, s2 = stream(lib), stream(lib)
+    buf = bridge.pinned_buffer(100)
+    created = lib.standin_counter(C_EVCREATE)
+    for _ in range(3):
+        buf.record(s1)
+    buf.record(s2)
+    assert pp.stats()["num_records"] >= 4
+    assert lib.standin_counter(C_EVCREATE) - created <= 2
+    del buf
+    buf = bridge.pinned_buffer(100)                       # events came back to the cache
+    buf.record(s1)
+    assert lib.standin_counter(C_EVCREATE) - created <= 2
+
+
+def test_record_on_default_streams(pp, lib):
+    buf = bridge.pinned_buffer(100)
+    for s in (None, 0, 1, 2):                             # legacy, CU_STREAM_LEGACY, per-thread
+        buf.record(s)
+
+
+def test_record_accepts_stream_objects(pp, lib):
+    s = stream(lib)
+
+    class TorchLike:
+        cuda_stream = s
+
+    class CupyLike:
+        ptr = s
+
+    class Protocol:
+        def __cuda_stream__(self):
+            return (0, s)
+
+    buf = bridge.pinned_buffer(100)
+    for obj in (TorchLike(), CupyLike(), Protocol(), np.int64(s)):
+        buf.record(obj)
+    with pytest.raises(TypeError, match="stream"):
+        buf.record("s")
+    with pytest.raises(ValueError):
+        buf.record(-1)
+
+
+def test_record_rejects_foreign_memory_and_streams(pp, lib):
+    buf = bridge.pinned_buffer(100)
+    with pytest.raises(ValueError, match="not in pinned memory"):
+        bridge.pinned_record(np.zeros(10), stream(lib))
+    with pytest.raises(ValueError, match="not a stream"):
+        buf.record(0xDEAD0)
+    with pytest.raises(TypeError, match="address"):
+        bridge.pinned_record(object(), 0)
+
+
+def test_record_after_release_is_rejected(pp, lib):
+    buf = bridge.pinned_buffer(100)
+    p = buf.ptr
+    del buf
+    with pytest.raises(ValueError, match="not in pinned memory"):
+        bridge.pinned_record(p, stream(lib))
+
+
+def test_free_all_blocks_keeps_awaited_blocks(pp, lib):
+    s = stream(lib)
+    base = lib.standin_host_used()
+    keep = bridge.pinned_buffer(MIB)
+    busy = bridge.pinned_buffer(MIB)
+    idle = bridge.pinned_buffer(MIB)
+    lib.standin_hold_events(1)
+    busy.record(s)
+    del busy, idle
+    pp.free_all_blocks()
+    st = pp.stats()
+    assert (st["n_free_blocks"], st["n_pending_blocks"]) == (1, 1)
+    assert lib.standin_host_used() - base == 2 * MIB      # idle freed, busy kept
+    lib.standin_complete_events()
+    pp.free_all_blocks()
+    assert lib.standin_host_used() - base == MIB and pp.free_bytes() == 0
+    del keep
+
+
+# ---- the limit ----
+def test_limit_enforced_with_a_clear_error(pp):
+    pp.set_limit(64 * KIB)
+    assert pp.get_limit() == 64 * KIB
+    held = [bridge.pinned_buffer(16 * KIB) for _ in range(4)]
+    with pytest.raises(bridge.OutOfMemoryError) as info:
+        bridge.pinned_buffer(1)
+    err = info.value
+    assert isinstance(err, MemoryError)
+    assert "BRIDGE_PINNED_MEMORY_LIMIT" in str(err) and "64.00 KiB" in str(err)
+    assert (err.size, err.limit) == (1, 64 * KIB)
+    assert pp.stats()["num_ooms"] >= 1
+    del held[0]
+    bridge.pinned_buffer(16 * KIB)                        # room again
+
+
+def test_limit_evicts_free_blocks_of_other_sizes(pp, lib):
+    pp.set_limit(MIB)
+    a = bridge.pinned_buffer(512 * KIB)
+    b = bridge.pinned_buffer(512 * KIB)
+    del a, b                                              # 1 MiB cached in one class
+    c = bridge.pinned_buffer(768 * KIB)                   # another class: cached blocks go
+    assert pp.total_bytes() <= MIB
+    assert c.size == 768 * KIB
+
+
+def test_lowering_the_limit_trims_free_blocks(pp):
+    bufs = [bridge.pinned_buffer(100 * KIB) for _ in range(4)]
+    del bufs
+    assert pp.total_bytes() == 4 * 104 * KIB              # class of 100 KiB is 104 KiB
+    pp.set_limit(250 * KIB)
+    assert pp.total_bytes() <= 250 * KIB
+
+
+def test_pending_blocks_count_against_the_limit(pp, lib):
+    s = stream(lib)
+    pp.set_limit(128 * KIB)
+    lib.standin_hold_events(1)
+    buf = bridge.pinned_buffer(128 * KIB)
+    buf.record(s)
+    del buf
+    with pytest.raises(bridge.OutOfMemoryError, match="awaiting copies"):
+        bridge.pinned_buffer(64 * KIB)
+    lib.standin_complete_events()
+    bridge.pinned_buffer(64 * KIB)                        # the completed block was evicted
+
+
+def test_set_limit_arguments(pp):
+    total = pinned.host_memory_total()
+    pp.set_limit(fraction=0.5)
+    assert pp.get_limit() == int(0.5 * total)
+    pp.set_limit("1MiB")
+    assert pp.get_limit() == MIB
+    pp.set_limit("10%")
+    assert pp.get_limit() == int(0.1 * total)
+    pp.set_limit()
+    assert pp.get_limit() == 0
+    for kwargs in (dict(size=1, fraction=0.5), dict(fraction=1.5), dict(fraction=-0.1),
+                   dict(fraction=True), dict(size=-1), dict(size="lots")):
+        with pytest.raises(ValueError):
+            pp.set_limit(**kwargs)
+
+
+def test_driver_out_of_memory_gives_cached_blocks_back(pp, lib):
+    base = lib.standin_host_used()
+    bufs = [bridge.pinned_buffer(MIB) for _ in range(3)]
+    del bufs                                              # 3 MiB cached
+    lib.standin_set_host_capacity(base + 3 * MIB)
+    big = bridge.pinned_buffer(2 * MIB + 1)               # fits only once the cache is freed
+    assert pp.free_bytes() == 0
+    with pytest.raises(bridge.OutOfMemoryError, match="could not page-lock"):
+        bridge.pinned_buffer(2 * MIB)
+    del big
+
+
+def test_oversized_request(pp):
+    with pytest.raises(bridge.OutOfMemoryError):
+        bridge.pinned_buffer(1 << 50)
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    e = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
+                          timeout=60)
+
+
+def test_limit_and_backend_from_the_environment(pp):
+    code = ("import bridge; p = bridge.pinned_pool(); print(p.get_limit(), p.backend); "
+            "import numpy; bridge.empty_pinned(10)")
+    r = _run(code, BRIDGE_PINNED_MEMORY_LIMIT="3MiB", BRIDGE_PINNED_BACKEND="mempool")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(3 * MIB), "mempool"]
+    r = _run(code, BRIDGE_PINNED_MEMORY_LIMIT="lots")
+    assert r.returncode != 0
+    assert "BRIDGE_PINNED_MEMORY_LIMIT='lots'" in r.stderr
+    r = _run(code, BRIDGE_PINNED_BACKEND="fast")
+    assert r.returncode != 0 and "BRIDGE_PINNED_BACKEND='fast'" in r.stderr
+
+
+# ---- bad inputs ----
+@pytest.mark.parametrize("nbytes", [-1, 1.5, "10", True, None])
+def test_bad_sizes(pp, nbytes):
+    with pytest.raises(ValueError):
+        bridge.pinned_buffer(nbytes)
+
+
+@pytest.mark.parametrize("kwargs", [dict(shape=(-1,)), dict(shape=(2, -3)), dict(shape="ab"),
+                                    dict(shape=(2.5,)), dict(shape=(True,)),
+                                    dict(shape=3, order="K"), dict(shape=3, order="c")])
+def test_bad_shapes_and_orders(pp, kwargs):
+    with pytest.raises(ValueError):
+        bridge.empty_pinned(**kwargs)
+    with pytest.raises(ValueError):
+        bridge.zeros_pinned(**kwargs)
+
+
+def test_bad_dtype(pp):
+    with pytest.raises(TypeError):
+        bridge.empty_pinned(3, dtype="no such type")
+    assert pp.used_bytes() == 0
+
+
+def test_buffers_are_made_by_the_pool_only(pp):
+    with pytest.raises(TypeError):
+        bridge.PinnedBuffer(10)
+
+
+# ---- the mempool backend (a host-located stream-ordered pool) ----
+def test_mempool_backend(pp, lib):
+    assert pinned._set_backend("mempool") == "mempool"
+    assert lib.standin_counter(C_HOSTPOOL) >= 1
+    a = bridge.empty_pinned(1000, dtype=np.int32)
+    a[:] = np.arange(1000)
+    assert a.ctypes.data == a.base.ptr
+    assert np.from_dlpack(a.base).ctypes.data == a.ctypes.data
+    p = a.ctypes.data
+    del a
+    assert bridge.pinned_buffer(4000).ptr == p            # free lists as in the cached base
+    s = stream(lib)
+    lib.standin_hold_events(1)
+    busy = bridge.pinned_buffer(MIB)
+    busy.record(s)
+    with pytest.raises(bridge.BridgeError, match="no pinned block"):
+        pinned._set_backend("cached")                     # a block is lent
+    del busy
+    base = lib.standin_host_used()
+    waits = lib.standin_counter(3)                        # C_WAIT
+    pp.free_all_blocks()                                  # freed on the stream, not waited for
+    assert pp.stats()["n_pending_blocks"] == 0
+    assert lib.standin_counter(3) > waits
+    assert lib.standin_host_used() < base
+    lib.standin_complete_events()
+    assert pinned._set_backend("cached") == "cached"
+
+
+def test_auto_backend_falls_back_to_cached(pp, lib):
+    assert pinned._set_backend("auto") in ("mempool", "cached")
+    pinned._set_backend("cached")
+
+
+# ---- threads ----
+def test_threads_share_the_pool(pp, lib):
+    s = stream(lib)
+    errors = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(300):
+                n = int(rng.integers(1, 64 * KIB))
+                a = bridge.empty_pinned(n, dtype=np.uint8)
+                a[:] = seed
+                if rng.random() < 0.3:
+                    bridge.pinned_record(a, s)
+                assert (a == seed).all()                  # nobody else got this block
+                del a
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    st = pp.stats()
+    assert st["used"] == 0 and st["n_live_blocks"] == 0
+    assert st["total"] == st["free"]
+
+
+# ---- GPU: numpy, torch, JAX and CuPy on one pinned block ----
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture
+def gpu_pool():
+    gc.collect()
+    pool = bridge.pinned_pool()
+    pool.set_limit(0)
+    yield pool
+    gc.collect()
+
+
+def _pattern(n: int, seed: int) -> np.ndarray:
+    return ((np.arange(n, dtype=np.uint64) * 2654435761 + seed) % 251).astype(np.uint8)
+
+
+@gpu
+def test_gpu_numpy_torch_jax_cupy_share_one_block(gpu_pool):
+    torch = pytest.importorskip("torch")
+    buf = bridge.pinned_buffer(MIB)
+    a = np.from_dlpack(buf)
+    a[:] = _pattern(MIB, 1)
+    t = torch.from_dlpack(buf)
+    assert t.device.type == "cpu" and t.dtype == torch.uint8
+    assert t.data_ptr() == buf.ptr == a.ctypes.data
+    assert t.is_pinned()
+    assert bytes(t.numpy()) == bytes(a)
+    t[:16] = 7                                            # a torch write shows in numpy
+    assert (a[:16] == 7).all()
+
+
+@gpu
+def test_gpu_torch_from_numpy_view_and_as_torch(gpu_pool):
+    torch = pytest.importorskip("torch")
+    a = bridge.empty_pinned((256, 256), dtype=np.float32)
+    t = torch.from_dlpack(a)                               # numpy's own export (kDLCPU)
+    assert t.data_ptr() == a.ctypes.data and t.is_pinned()
+    buf = bridge.pinned_buffer(4 * 1000)
+    t2 = buf.as_torch(torch.float32, (10, 100))
+    assert t2.data_ptr() == buf.ptr and t2.is_pinned() and t2.shape == (10, 100)
+
+
+@gpu
+def test_gpu_jax_sees_pinned_host_memory(gpu_pool):
+    jax = pytest.importorskip("jax")
+    buf = bridge.pinned_buffer(MIB)
+    a = np.from_dlpack(buf)
+    a[:] = _pattern(MIB, 2)
+    j = jax.dlpack.from_dlpack(buf)
+    assert j.unsafe_buffer_pointer() == buf.ptr
+    assert j.sharding.memory_kind == "pinned_host"
+    assert np.array_equal(np.asarray(jax.device_get(j)), a)
+    on_device = jax.device_put(j, jax.devices("gpu")[0])
+    assert np.array_equal(np.asarray(on_device), a)
+    del j, on_device
+    gc.collect()
+
+
+@gpu
+def test_gpu_cupy_copies_from_the_numpy_view(gpu_pool):
+    cupy = pytest.importorskip("cupy")
+    a = bridge.empty_pinned(MIB, dtype=np.uint8)
+    a[:] = _pattern(MIB, 3)
+    c = cupy.asarray(a)
+    assert bytes(c.get()) == bytes(a)
+
+
+@gpu
+def test_gpu_h2d_copies_under_reuse(gpu_pool):
+    torch = pytest.importorskip("torch")
+    n, rounds = 32 * MIB, 6
+    s = torch.cuda.Stream()
+    dsts, ptrs, sums = [], [], []
+    for i in range(rounds):
+        buf = bridge.pinned_buffer(n)
+        a = buf.numpy()
+        a[:] = _pattern(n, i)
+        sums.append(int(a.sum(dtype=np.uint64)))
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(20_000_000)                 # the copy is still queued below
+            d = torch.empty(n, dtype=torch.uint8, device="cuda")
+            d.copy_(torch.from_dlpack(buf), non_blocking=True)
+        buf.record(s)
+        ptrs.append(buf.ptr)
+        del a, buf                                        # dropped while the copy is pending
+        dsts.append(d)
+    assert len(set(ptrs)) > 1                             # pending blocks were not handed out
+    s.synchronize()
+    for i, d in enumerate(dsts):
+        assert int(d.sum(dtype=torch.int64)) == sums[i], f"round {i}"
+    again = bridge.pinned_buffer(n)                       # completed: reused now
+    assert again.ptr in ptrs
+
+
+@gpu
+def test_gpu_d2h_copies_under_reuse(gpu_pool):
+    torch = pytest.importorskip("torch")
+    n = 32 * MIB
+    s = torch.cuda.Stream()
+    src = torch.full((n,), 0xEE, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    fresh = []
+    for i in range(4):
+        sink = bridge.pinned_buffer(n)
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(20_000_000)
+            torch.from_dlpack(sink).copy_(src, non_blocking=True)
+        sink.record(s)
+        del sink                                          # result discarded, copy pending
+        mine = bridge.pinned_buffer(n)                    # must not be the pending sink
+        m = mine.numpy()
+        m[:] = _pattern(n, i)
+        fresh.append((mine, m, int(m.sum(dtype=np.uint64))))
+    s.synchronize()
+    for i, (_, m, total) in enumerate(fresh):
+        assert int(m.sum(dtype=np.uint64)) == total, f"round {i}: a pending copy wrote here"
+
+
+@gpu
+def test_gpu_pending_block_reused_after_completion(gpu_pool):
+    torch = pytest.importorskip("torch")
+    s = torch.cuda.Stream()
+    buf = bridge.pinned_buffer(8 * MIB)
+    p = buf.ptr
+    d = torch.empty(8 * MIB, dtype=torch.uint8, device="cuda")
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)
+        d.copy_(torch.from_dlpack(buf), non_blocking=True)
+    bridge.pinned_record(buf, s)
+    del buf
+    assert gpu_pool.stats()["n_pending_blocks"] >= 1
+    other = bridge.pinned_buffer(8 * MIB)
+    assert other.ptr != p
+    s.synchronize()                                       # the copy completed
+    x, y = bridge.pinned_buffer(8 * MIB), bridge.pinned_buffer(8 * MIB)
+    assert p in (x.ptr, y.ptr)
+
+
+@gpu
+def test_gpu_cupy_pinned_allocator(gpu_pool):
+    cupy = pytest.importorskip("cupy")
+    import cupyx
+
+    cupy.cuda.set_pinned_memory_allocator(pinned.cupy_pinned_allocator())
+    try:
+        before = gpu_pool.stats()["num_allocs"]
+        mem = cupy.cuda.alloc_pinned_memory(MIB)
+        assert isinstance(mem.mem, bridge.PinnedBuffer)
+        assert mem.ptr == mem.mem.ptr and mem.size() == MIB
+        x = cupyx.empty_pinned((512, 512), dtype=np.float32)
+        rc, base, _ = core.pinned_lookup(x.ctypes.data)
+        assert rc == 0 and base == x.ctypes.data
+        host = _pattern(4 * MIB, 5)                       # pageable: CuPy stages it
+        dev = cupy.asarray(host)
+        assert bytes(dev.get()) == bytes(host)
+        assert gpu_pool.stats()["num_allocs"] > before
+        del mem, x, dev
+    finally:
+        cupy.cuda.set_pinned_memory_allocator(None)
+
+
+@gpu
+def test_gpu_mempool_backend(gpu_pool):
+    torch = pytest.importorskip("torch")
+    gc.collect()
+    torch.cuda.synchronize()
+    try:
+        chosen = pinned._set_backend("mempool")
+    except bridge.BridgeError as exc:
+        pytest.skip(f"no host-located memory pool here: {exc}")
+    try:
+        assert chosen == "mempool"
+        buf = bridge.pinned_buffer(4 * MIB)
+        a = np.from_dlpack(buf)
+        a[:] = _pattern(4 * MIB, 9)
+        t = torch.from_dlpack(buf)
+        assert t.data_ptr() == buf.ptr
+        d = t.to("cuda", non_blocking=True)
+        bridge.pinned_record(buf, torch.cuda.current_stream())
+        torch.cuda.synchronize()
+        assert bytes(d.cpu().numpy()) == bytes(a)
+        assert t.is_pinned(), "torch does not see host-pool memory as pinned"
+        del a, t, buf, d
+    finally:
+        gc.collect()
+        torch.cuda.synchronize()
+        bridge.pinned_pool().free_all_blocks()
+        pinned._set_backend("cached")
