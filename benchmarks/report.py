@@ -72,9 +72,9 @@ def _why_missing(runs: Iterable[dict], framework: str | None, config: str) -> st
         if r.get("config", r.get("mode")) == config and (framework is None
                                                          or r.get("framework") == framework):
             if r.get("status") == "skipped":
-                return f"skipped: {r.get('reason', '')}"[:300]
+                return f"skipped: {r.get('reason', '')}"[:160]
             if r.get("status") not in OK_STATUSES:
-                return f"error: {r.get('error', r.get('status'))}"[:300]
+                return f"error: {r.get('error', r.get('status'))}"[:160]
     return "not run"
 
 
@@ -124,8 +124,10 @@ def mixed_checks(mixed: dict) -> list[dict]:
             note = f"raw used/live {raw:.3f} (contexts included)"
     else:
         value = None
-        note = (f"bridge outcome {runs[-1].get('outcome')}: {runs[-1].get('oom', '')}"
-                if runs and runs[-1].get("outcome") == "oom" else _why_missing(runs, None, "bridge"))
+        if runs and runs[-1].get("outcome") == "oom":
+            note = f"bridge outcome oom: {runs[-1].get('oom', '')}"
+        else:
+            note = _why_missing(runs, None, "bridge")
     return [_check("mixed.bridge.used_over_live", "mixed phases: bridge used / live", value,
                    *MIXED_TARGET, note[:300], group="mixed")]
 

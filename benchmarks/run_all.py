@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
-from _common import ALLOCATOR_ENV, error_record, write_json  # noqa: E402
+from _common import ALLOCATOR_ENV, error_record, parse_sizes, write_json  # noqa: E402
 
 SIZES = "512,1MiB,64MiB"
 ASYNC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
@@ -80,19 +80,20 @@ def plan(p: Params, python: str, out: str, quick: bool, mixed_gib: float | None)
         return [Task(f"alloc-{fw}-{c}-r{r}", "alloc",
                      [python, alloc_py, "--framework", fw, "--config", c] + common, 150,
                      env=ASYNC_ENV if (fw, c) == ("torch", "async") else {},
-                     extra={"round": r}) for fw, c in configs]
+                     extra={"round": r, "framework": fw, "config": c}) for fw, c in configs]
 
     def e2e_round(r: int, modes: tuple) -> list[Task]:
         return [Task(f"e2e-{m}-r{r}", "e2e",
                      [python, os.path.join(HERE, "bench_e2e.py"), "--mode", m,
                       "--steps", str(p.e2e_steps), "--repeats", str(p.e2e_repeats),
-                      "--warmup", str(p.e2e_warmup)], 180, extra={"round": r}) for m in modes]
+                      "--warmup", str(p.e2e_warmup)], 180, extra={"round": r, "mode": m})
+                for m in modes]
 
     size = ["--gib", str(mixed_gib)] if mixed_gib else ["--fraction", str(p.mixed_fraction)]
     tasks = alloc_round(1, order)
     tasks += [Task(f"mixed-{m}", "mixed",
-                   [python, os.path.join(HERE, "bench_mixed.py"), "--mode", m] + size, 240)
-              for m in ("native", "bridge")]
+                   [python, os.path.join(HERE, "bench_mixed.py"), "--mode", m] + size, 240,
+                   extra={"mode": m}) for m in ("native", "bridge")]
     tasks += e2e_round(1, ("native", "bridge"))
     pinned = os.path.join(HERE, "bench_pinned.py")
     if os.path.exists(pinned):
@@ -101,7 +102,8 @@ def plan(p: Params, python: str, out: str, quick: bool, mixed_gib: float | None)
             argv.append("--quick")
         tasks.append(Task("pinned", "pinned", argv, 300))
     tasks.append(Task("alloc-cupy-all", "alloc_same_process",
-                      [python, alloc_py, "--framework", "cupy", "--config", "all"] + common, 150))
+                      [python, alloc_py, "--framework", "cupy", "--config", "all"] + common, 150,
+                      extra={"framework": "cupy", "config": "all"}))
     for r in range(2, p.alloc_rounds + 1):
         tasks += alloc_round(r, order[::-1] if r % 2 == 0 else order)
     for r in range(2, p.e2e_rounds + 1):
@@ -319,12 +321,12 @@ def main(argv: list[str] | None = None) -> int:
                  "quick": args.quick, "budget_s": budget, "python": platform.python_version(),
                  "platform": platform.platform(), "git": _git(), "env_removed": removed,
                  "params": p.__dict__},
-        "alloc": {"sizes": [512, 1 << 20, 64 << 20], "runs": []},
+        "alloc": {"sizes": parse_sizes(SIZES), "runs": []},
         "mixed": {"runs": []}, "e2e": {"runs": []},
         "pinned": {"status": "skipped", "reason": "benchmarks/bench_pinned.py does not exist"},
         "problems": [],
     }
-    if args.only and "pinned" not in args.only:
+    if args.only and "pinned" not in wanted:
         results["pinned"] = {"status": "skipped", "reason": "not in --only"}
     probe_path = os.path.join(raw, "probe.json")
     try:
@@ -339,21 +341,16 @@ def main(argv: list[str] | None = None) -> int:
         left = budget - (time.perf_counter() - t_start)
         if left < 20:
             result = {"task": task.name, **task.extra, "status": "skipped",
-                      "reason": f"time budget of {budget:.0f} s spent", "framework":
-                      task.argv[3] if task.section == "alloc" else None}
-            if task.section == "alloc":
-                result["config"] = task.argv[5]
-            elif task.section in ("mixed", "e2e"):
-                result["mode"] = task.argv[3]
+                      "reason": f"time budget of {budget:.0f} s spent"}
             store(results, task, result)
             results["problems"].append(f"{task.name}: not run, time budget spent")
             continue
         print(f"[{time.perf_counter() - t_start:6.1f}s] {i + 1}/{len(tasks)} {task.name}",
               flush=True)
         result = run_task(task, raw, min(task.timeout, left))
-        print(f"          -> {result.get('status')}"
-              f"{': ' + str(result.get('error') or result.get('reason'))[:160] if result.get('status') not in ('ok',) else ''}",
-              flush=True)
+        why = "" if result.get("status") == "ok" else \
+            ": " + str(result.get("error") or result.get("reason"))[:160]
+        print(f"          -> {result.get('status')}{why}", flush=True)
         store(results, task, result)
         results["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
         report.write_all(results, out, png=False)

@@ -215,8 +215,9 @@ class LedgerMachine(RuleBasedStateMachine):
         assert rc == want, f"alloc({size}) on device {d}: {Status(rc).name}, model {want.name}"
         if rc != Status.OK:
             assert ptr == 0
-            m.num_ooms += 1
-            m.tag_ooms[tag] += 1
+            if rc != Status.DRIVER:  # refusals count as OOMs; driver errors do not
+                m.num_ooms += 1
+                m.tag_ooms[tag] += 1
             return multiple()
         assert ptr != 0 and ptr not in self.live
         if m.limit:

@@ -607,7 +607,7 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
         if (rc == BRIDGE_OK)
             atomic_fetch_add_explicit(&d->num_retries, 1, RELAXED);
     }
-    if (rc != BRIDGE_OK && rc != BRIDGE_E_INVALID) {
+    if (retryable(rc) || rc == BRIDGE_E_TAG_LIMIT) { /* refusals, not driver errors */
         atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
         atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
     }
