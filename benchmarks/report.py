@@ -150,15 +150,30 @@ def e2e_checks(e2e: dict) -> list[dict]:
                    *E2E_TARGET, note, group="e2e")]
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _numbers(obj: Any, path: str) -> dict[str, float]:
+    if _is_number(obj):
+        return {path: float(obj)}
+    if isinstance(obj, dict):
+        out: dict[str, float] = {}
+        for k, v in obj.items():
+            out.update(_numbers(v, f"{path}.{k}"))
+        return out
+    return {}
+
+
 def find_ratios(obj: Any, path: str = "") -> dict[str, float]:
-    """Every numeric value under a key with 'ratio' in its name, by dotted path."""
+    """Every number under a key named '*ratio*' or '*_over_*', by dotted path."""
     out: dict[str, float] = {}
     if isinstance(obj, dict):
         for k, v in obj.items():
             p = f"{path}.{k}" if path else str(k)
-            if "ratio" in str(k).lower() and isinstance(v, (int, float)) \
-                    and not isinstance(v, bool):
-                out[p] = float(v)
+            name = str(k).lower()
+            if "ratio" in name or "_over_" in name:
+                out.update(_numbers(v, p))
             else:
                 out.update(find_ratios(v, p))
     elif isinstance(obj, list):
@@ -168,24 +183,27 @@ def find_ratios(obj: Any, path: str = "") -> dict[str, float]:
 
 
 def pinned_checks(pinned: dict) -> list[dict]:
-    """bench_pinned.py's own figures: a top-level 'ratio' (bridge / torch pinned), else
-    the smallest of the values under keys named '*ratio*' (each must meet the target)."""
+    """From bench_pinned.py's own figures: a top-level 'ratio' (bridge / torch pinned), else
+    the smallest number under keys named '*ratio*' or '*_over_*' (such as
+    h2d_bridge_over_torch, per size): every one must meet the target."""
     status = pinned.get("status", "not run")
-    if status != "ok":
+    if status not in OK_STATUSES:
         why = pinned.get("reason") or pinned.get("error") or status
         return [_check("pinned.bridge_over_torch", "pinned: bridge / torch pinned", None,
                        *PINNED_TARGET, f"{status}: {why}"[:300], group="pinned")]
     data = pinned.get("data")
-    if isinstance(data, dict) and isinstance(data.get("ratio"), (int, float)):
+    if isinstance(data, dict) and _is_number(data.get("ratio")):
         value, note = float(data["ratio"]), "ratio"
     else:
         ratios = find_ratios(data)
         if ratios:
             key = min(ratios, key=lambda k: ratios[k])
             value = ratios[key]
-            note = f"smallest of {len(ratios)} '*ratio*' figures: {key}"
+            note = f"smallest of {len(ratios)}: {key}"
         else:
-            value, note = None, "bench_pinned.py wrote no '*ratio*' figure: see its files"
+            value, note = None, "bench_pinned.py wrote no '*ratio*' / '*_over_*' figure"
+    if status != "ok":
+        note += f" ({status}: {pinned.get('data', {}).get('errors', '')})"
     return [_check("pinned.bridge_over_torch", "pinned: bridge / torch pinned", value,
                    *PINNED_TARGET, note[:300], group="pinned")]
 
@@ -346,16 +364,48 @@ def _md_e2e(results: dict) -> list[str]:
                         rows) + [""]
 
 
+def _grid(rows: dict, first: str) -> list[str]:
+    """{row: {column: value}} as a table; numbers formatted, other values as text."""
+    cols: list[str] = []
+    for r in rows.values():
+        for c in r if isinstance(r, dict) else ():
+            if c not in cols:
+                cols.append(c)
+
+    def cell(v: Any) -> str:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return f"{v:,}"
+        if _is_number(v):
+            return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
+        return "-" if v is None else str(v)[:80].replace("|", "/")
+
+    body = [[str(k)] + [cell(r.get(c)) for c in cols] for k, r in rows.items()
+            if isinstance(r, dict)]
+    return _table([first] + cols, body) if body and cols else []
+
+
 def _md_pinned(results: dict) -> list[str]:
     p = results.get("pinned", {})
     out = ["## Pinned host memory", ""]
-    if p.get("status") != "ok":
+    if p.get("status") not in OK_STATUSES:
         return out + [f"{p.get('status', 'not run')}: {p.get('reason') or p.get('error', '')}",
                       ""]
+    data = p.get("data") if isinstance(p.get("data"), dict) else {}
     out.append(f"bench_pinned.py output: {', '.join(p.get('files', [])) or 'no JSON file'}")
-    ratios = find_ratios(p.get("data"))
+    ratios = find_ratios(data)
     if ratios:
         out += [""] + _table(["figure", "value"], [[k, f"{v:.3f}"] for k, v in ratios.items()])
+    bw = data.get("bandwidth")
+    if isinstance(bw, dict):
+        for direction in ("h2d", "d2h"):
+            if isinstance(bw.get(direction), dict) and bw[direction]:
+                out += ["", f"{direction} copy bandwidth, GB/s:", ""]
+                out += _grid(bw[direction], "size")
+    alloc = data.get("alloc_ns")
+    if isinstance(alloc, dict) and alloc:
+        out += ["", "pinned allocate + drop, ns per pair:", ""] + _grid(alloc, "size")
+    if data.get("errors"):
+        out += ["", f"errors: {data['errors']}"[:600]]
     return out + [""]
 
 
@@ -406,8 +456,8 @@ def write_png(results: dict, path: str) -> bool:
         ax.barh(y, value if value is not None else 0.0, color=colors[c["status"]], height=0.6)
         ax.plot([c["target"], c["target"]], [y - 0.4, y + 0.4], color="black", lw=2)
         text = "missing" if value is None else f"{value:.3f}"
-        ax.text((value or 0.0) + 0.01, y, text, va="center", fontsize=8)
-        top = max(top, (value or 0.0) * 1.15, c["target"] * 1.15)
+        ax.text(max(value or 0.0, c["target"]) + 0.02, y, text, va="center", fontsize=8)
+        top = max(top, (value or 0.0) * 1.2, c["target"] * 1.2)
     ax.set_yticks(range(n))
     ax.set_yticklabels([f"{c['label']} ({c['op']} {c['target']:.2f})" for c in reversed(checks)],
                        fontsize=8)

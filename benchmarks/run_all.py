@@ -68,7 +68,7 @@ class Task:
     extra: dict = field(default_factory=dict)  # copied into the result (round, ...)
 
 
-def plan(p: Params, python: str, out: str, quick: bool, mixed_gib: float | None) -> list[Task]:
+def plan(p: Params, python: str, quick: bool, mixed_gib: float | None) -> list[Task]:
     """The children in the order they run: the most important first."""
     alloc_py = os.path.join(HERE, "bench_alloc.py")
     common = ["--sizes", SIZES, "--iters", str(p.iters), "--warmup", str(p.warmup),
@@ -97,9 +97,13 @@ def plan(p: Params, python: str, out: str, quick: bool, mixed_gib: float | None)
     tasks += e2e_round(1, ("native", "bridge"))
     pinned = os.path.join(HERE, "bench_pinned.py")
     if os.path.exists(pinned):
-        argv = [python, pinned, "--out", os.path.join(out, "pinned")]
-        if quick and _accepts(python, pinned, "--quick"):
-            argv.append("--quick")
+        # its --out is where it writes its JSON (run_task adds it); --quick or, failing
+        # that, fewer --repeats when it takes them
+        argv = [python, pinned]
+        if quick:
+            flags = _flags(python, pinned)
+            argv += ["--quick"] if "--quick" in flags else \
+                ["--repeats", "3"] if "--repeats" in flags else []
         tasks.append(Task("pinned", "pinned", argv, 300))
     tasks.append(Task("alloc-cupy-all", "alloc_same_process",
                       [python, alloc_py, "--framework", "cupy", "--config", "all"] + common, 150,
@@ -111,12 +115,13 @@ def plan(p: Params, python: str, out: str, quick: bool, mixed_gib: float | None)
     return tasks
 
 
-def _accepts(python: str, script: str, flag: str) -> bool:
+def _flags(python: str, script: str) -> set[str]:
+    """The --options that script's --help lists (empty if it cannot say)."""
     try:
         h = subprocess.run([python, script, "--help"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
-        return False
-    return flag in h.stdout
+        return set()
+    return {w.strip("[],") for w in h.stdout.split() if w.startswith(("--", "[--"))}
 
 
 def child_env(extra: dict) -> tuple[dict, list[str]]:
@@ -142,11 +147,12 @@ def run_task(task: Task, raw_dir: str, timeout: float) -> dict:
     """Run one child; its JSON result, or an error record saying what happened."""
     json_path = os.path.join(raw_dir, task.name + ".json")
     log_path = os.path.join(raw_dir, task.name + ".log")
-    argv = list(task.argv) + ([] if task.section == "pinned" else ["--json", json_path])
+    # bench_pinned.py (written separately) names its result file --out; the others --json
+    argv = list(task.argv) + ["--out" if task.section == "pinned" else "--json", json_path]
     env, _ = child_env(task.env)
     t0 = time.perf_counter()
     base = {"task": task.name, **task.extra, "argv": argv[1:], "env_set": task.env}
-    if os.path.exists(json_path):
+    if os.path.isfile(json_path):
         os.remove(json_path)
     try:
         with open(log_path, "w") as log:
@@ -154,14 +160,20 @@ def run_task(task: Task, raw_dir: str, timeout: float) -> dict:
                                   timeout=timeout, cwd=os.path.dirname(HERE))
         rc = proc.returncode
     except subprocess.TimeoutExpired:
-        return {**base, "status": "error", "error": f"timed out after {timeout:.0f} s",
-                "log_tail": _tail(log_path), "elapsed_s": round(time.perf_counter() - t0, 1)}
+        late = {"timed_out_after_s": round(timeout), "log_tail": _tail(log_path),
+                "elapsed_s": round(time.perf_counter() - t0, 1)}
+        try:  # a child that hung only at exit has written its figures
+            with open(json_path) as f:
+                return {**_as_result(task, json.load(f), raw_dir), **base, **late}
+        except (OSError, ValueError):
+            return {**base, "status": "error", "error": f"timed out after {timeout:.0f} s",
+                    **late}
     except OSError as exc:
         return {**base, "status": "error", **error_record(exc)}
     elapsed = round(time.perf_counter() - t0, 1)
-    if task.section == "pinned":
-        return {**base, **collect_pinned(os.path.join(os.path.dirname(raw_dir), "pinned"), rc),
-                "elapsed_s": elapsed, "log_tail": _tail(log_path, 1500)}
+    if task.section == "pinned" and os.path.isdir(json_path):  # an --out that was a folder
+        return {**base, **collect_pinned(json_path, rc), "elapsed_s": elapsed,
+                "log_tail": _tail(log_path, 1500)}
     try:
         with open(json_path) as f:
             result = json.load(f)
@@ -169,6 +181,7 @@ def run_task(task: Task, raw_dir: str, timeout: float) -> dict:
         return {**base, "status": "error", "rc": rc, "elapsed_s": elapsed,
                 "error": f"no result from the child (rc={rc}, {type(exc).__name__}); "
                          f"log: ...{_tail(log_path, 600)}", "log_tail": _tail(log_path)}
+    result = _as_result(task, result, raw_dir)
     result.update(base, rc=rc, elapsed_s=elapsed)
     if rc != 0 and result.get("status") == "ok":
         result["status"] = "error"
@@ -176,8 +189,17 @@ def run_task(task: Task, raw_dir: str, timeout: float) -> dict:
     return result
 
 
+def _as_result(task: Task, obj: dict, raw_dir: str) -> dict:
+    """A child's JSON as a result: bench_pinned.py's own schema is kept whole under "data"."""
+    if task.section != "pinned":
+        return obj
+    return {"status": obj.get("status", "ok"), "data": obj,
+            "files": [os.path.join(os.path.basename(raw_dir), task.name + ".json")],
+            **({"error": obj["error"]} if obj.get("error") else {})}
+
+
 def collect_pinned(pinned_dir: str, rc: int) -> dict:
-    """What bench_pinned.py (another script, with its own --out) left: its JSON files."""
+    """The JSON files a bench_pinned.py that took --out as a folder left there."""
     files = []
     for root, _, names in os.walk(pinned_dir):
         files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".json")]
@@ -299,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget_s if args.budget_s is not None else p.budget_s
     out = os.path.abspath(args.out)
     raw = os.path.join(out, "raw")
-    tasks = plan(p, args.python, out, args.quick, args.mixed_gib)
+    tasks = plan(p, args.python, args.quick, args.mixed_gib)
     sections = ("alloc", "alloc_same_process", "mixed", "e2e", "pinned")
     if args.only:
         wanted = {s.strip() for s in args.only.split(",") if s.strip()}
@@ -310,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for t in tasks:
             env = " ".join(f"{k}={v}" for k, v in t.env.items())
-            print(f"{t.name:24} {env + ' ' if env else ''}{' '.join(t.argv[1:])}")
+            flag = "--out" if t.section == "pinned" else "--json"
+            print(f"{t.name:24} {env + ' ' if env else ''}{' '.join(t.argv[1:])} "
+                  f"{flag} {os.path.join(raw, t.name + '.json')}")
         return 0
     os.makedirs(raw, exist_ok=True)
     t_start = time.perf_counter()

@@ -116,3 +116,54 @@ def alloc_graph(device: int, size: int, tag: int, id0: int, id1: int, /) -> tupl
 
 # ---- recovery ----
 def set_pressure_callback(callback: Callable[[int, int, int], object] | None, /) -> None: ...
+
+# ---- pinned host memory (bridge/_native/pinned.c, pypinned.c) ----
+PINNED_CACHED: int
+PINNED_MEMPOOL: int
+PINNED_AUTO: int
+
+class PinnedStats(TypedDict):
+    """The pinned pool's figures (``bridge_pinned_stats`` in bridge.h)."""
+
+    backend: int
+    mempool_available: int
+    limit: int
+    used: int
+    free: int
+    total: int
+    peak_used: int
+    n_free_blocks: int
+    n_pending_blocks: int
+    n_live_blocks: int
+    num_allocs: int
+    num_reuses: int
+    num_base_allocs: int
+    num_base_frees: int
+    num_ooms: int
+    num_driver_errors: int
+    num_records: int
+
+class PinnedBufferBase:
+    """One block of the pinned pool (subclassed by ``bridge.PinnedBuffer``)."""
+
+    @property
+    def ptr(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __dlpack__(
+        self, stream: Any = None, max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None, copy: bool | None = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+
+def pinned_setup(backend: int, /) -> tuple[int, int]: ...
+def pinned_alloc(cls: type[Any], size: int, /) -> tuple[int, Any]: ...
+def pinned_record(addr: int, stream: int, /) -> int: ...
+def pinned_lookup(addr: int, /) -> tuple[int, int, int]: ...
+def pinned_set_limit(limit: int, /) -> int: ...
+def pinned_trim() -> int: ...
+def pinned_reset_peak() -> int: ...
+def pinned_stats() -> tuple[int, PinnedStats]: ...

@@ -77,16 +77,25 @@ def current_device() -> int:
     return int(d)
 
 
+_configured: set[int] = set()  # devices whose environment settings were applied
+
+
 def ensure_device(device: int) -> None:
-    """Set a device's pool up once: primary context, default pool, threshold, env budget."""
-    if core.ready(device):
+    """Set a device's pool up once: primary context, default pool, threshold, env budget.
+
+    A bad environment value raises every time, not only the first: the device
+    counts as set up only once its settings were applied.
+    """
+    if device in _configured:
         return
     with _lock:
-        if core.ready(device):
+        if device in _configured:
             return
         if not 0 <= device < device_count():
             raise ValueError(f"device={device}: no such CUDA device (there are {device_count()})")
-        check(core.setup(device, _release_threshold), what="setting up the pool", device=device)
+        if not core.ready(device):
+            check(core.setup(device, _release_threshold), what="setting up the pool",
+                  device=device)
         rc, stats = core.stats(device)
         check(rc, what="reading the pool", device=device)
         limit = size_from_env(GPU_LIMIT_ENV, total=stats["total"])
@@ -95,6 +104,7 @@ def ensure_device(device: int) -> None:
         cache = size_from_env(CACHE_LIMIT_ENV, total=stats["total"])
         if cache is not None:
             check(core.set_cache(device, cache), what="sizing the cache", device=device)
+        _configured.add(device)
 
 
 def set_release_threshold(threshold: int) -> None:

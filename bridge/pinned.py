@@ -38,7 +38,8 @@ import math
 import operator
 import os
 import threading
-from typing import Any, Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Union, cast
 
 import numpy
 
@@ -55,11 +56,11 @@ _BACKEND_NAMES = {core.PINNED_CACHED: "cached", core.PINNED_MEMPOOL: "mempool"}
 _lock = threading.Lock()
 _ready = False
 
-ShapeLike = Union[int, Sequence[int]]
+ShapeLike = Union[int, Sequence[int]]  # noqa: UP007 - a runtime alias on 3.10
 
 
 # ---- start-up ----
-def host_memory_total() -> Optional[int]:
+def host_memory_total() -> int | None:
     """Physical memory of this host in bytes (what fractions of the pinned limit are of).
 
     ``os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")``; None where unknown.
@@ -117,7 +118,8 @@ def _set_backend(name: str) -> str:
     """
     if name not in _BACKENDS:
         raise ValueError(f"backend={name!r}: use one of {', '.join(sorted(_BACKENDS))}")
-    _ready or _ensure()
+    if not _ready:
+        _ensure()
     return _BACKEND_NAMES[_setup(_BACKENDS[name])]
 
 
@@ -133,7 +135,7 @@ def _raise_alloc(rc: int, size: int) -> None:
             todo = ("drop views you no longer need, synchronize streams with pending copies, "
                     "or raise the limit")
         else:
-            why = "the system could not page-lock more host memory (cuMemHostAlloc: out of memory)"
+            why = "the system could not page-lock more host memory (the driver is out of memory)"
             todo = "drop views you no longer need, or call bridge.pinned_pool().free_all_blocks()"
         raise OutOfMemoryError(
             f"pinned host memory: cannot allocate {format_bytes(size)} ({size} bytes): {why}; "
@@ -148,7 +150,7 @@ def _raise_alloc(rc: int, size: int) -> None:
 def _stats() -> dict:
     rc, raw = core.pinned_stats()
     check(rc, what="reading the pinned pool figures")
-    return raw
+    return dict(raw)
 
 
 # ---- buffers ----
@@ -198,15 +200,15 @@ class PinnedBuffer(core.PinnedBufferBase):
         if self.ptr:
             _record(self.ptr, stream)
 
-    def numpy(self, dtype: Any = numpy.uint8, shape: Optional[ShapeLike] = None,
+    def numpy(self, dtype: Any = numpy.uint8, shape: ShapeLike | None = None,
               order: str = "C") -> numpy.ndarray:
         """A numpy view of the block (same address); ``shape`` defaults to as many as fit."""
         dt = numpy.dtype(dtype)
         if shape is None:
             shape = (self.size // dt.itemsize,)
-        return numpy.ndarray(_shape(shape), dt, buffer=self, order=_order(order))
+        return numpy.ndarray(_shape(shape), dt, buffer=_buffer(self), order=_order(order))
 
-    def as_torch(self, dtype: Any = None, shape: Optional[ShapeLike] = None) -> Any:
+    def as_torch(self, dtype: Any = None, shape: ShapeLike | None = None) -> Any:
         """A torch CPU tensor on the block (same address, ``is_pinned()`` True).
 
         ``dtype``: a ``torch.dtype`` (default ``torch.uint8``); ``shape``:
@@ -232,6 +234,7 @@ def _dim(d: Any) -> int:
 
 
 def _shape(shape: ShapeLike) -> tuple:
+    dims: tuple[int, ...]
     try:
         dims = (_dim(shape),)
     except TypeError:
@@ -244,10 +247,18 @@ def _shape(shape: ShapeLike) -> tuple:
     return dims
 
 
-def _order(order: str) -> str:
-    if order not in ("C", "F"):
-        raise ValueError(f"order={order!r}: use 'C' or 'F'")
-    return order
+def _buffer(buf: PinnedBuffer) -> Any:
+    """The buffer itself, typed for numpy (whose stubs list the builtin buffer types only):
+    arrays made on it keep it as their ``base``."""
+    return cast(Any, buf)
+
+
+def _order(order: str) -> Literal["C", "F"]:
+    if order == "C":
+        return "C"
+    if order == "F":
+        return "F"
+    raise ValueError(f"order={order!r}: use 'C' or 'F'")
 
 
 def pinned_buffer(nbytes: int) -> PinnedBuffer:
@@ -273,7 +284,8 @@ def pinned_buffer(nbytes: int) -> PinnedBuffer:
     BridgeError
         When there is no CUDA driver or device.
     """
-    _ready or _ensure()
+    if not _ready:
+        _ensure()
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, numpy.integer)):
         raise ValueError(f"nbytes={nbytes!r}: pass an int >= 0")
     if nbytes < 0:
@@ -308,7 +320,7 @@ def empty_pinned(shape: ShapeLike, dtype: Any = float, order: str = "C") -> nump
     dt = numpy.dtype(dtype)
     order = _order(order)
     buf = pinned_buffer(math.prod(dims) * dt.itemsize)
-    return numpy.ndarray(dims, dt, buffer=buf, order=order)
+    return numpy.ndarray(dims, dt, buffer=_buffer(buf), order=order)
 
 
 def zeros_pinned(shape: ShapeLike, dtype: Any = float, order: str = "C") -> numpy.ndarray:
@@ -318,8 +330,8 @@ def zeros_pinned(shape: ShapeLike, dtype: Any = float, order: str = "C") -> nump
     order = _order(order)
     buf = pinned_buffer(math.prod(dims) * dt.itemsize)
     if buf.size:
-        numpy.frombuffer(buf, numpy.uint8).fill(0)
-    return numpy.ndarray(dims, dt, buffer=buf, order=order)
+        numpy.frombuffer(_buffer(buf), numpy.uint8).fill(0)
+    return numpy.ndarray(dims, dt, buffer=_buffer(buf), order=order)
 
 
 # ---- streams and recording ----
@@ -391,7 +403,10 @@ def pinned_record(obj: Any, stream: Any) -> None:
     TypeError
         When neither the address nor the stream can be read from the objects.
     """
-    _ready or _ensure()
+    if not _ready:
+        _ensure()
+    if getattr(obj, "nbytes", None) == 0:
+        return                                 # an empty view: no memory to protect
     addr = _address(obj)
     if addr:
         _record(addr, stream)
@@ -413,7 +428,8 @@ class PinnedPool:
 
     def stats(self) -> dict:
         """A snapshot of the figures above (plain data)."""
-        _ready or _ensure()
+        if not _ready:
+            _ensure()
         s = dict(_stats())
         s["backend"] = _BACKEND_NAMES.get(s["backend"], "none")
         s["mempool_available"] = bool(s["mempool_available"])
@@ -446,11 +462,12 @@ class PinnedPool:
         Blocks still awaited by a recorded copy stay until the copy completed
         (``cached``) or are freed on the stream (``mempool``).
         """
-        _ready or _ensure()
+        if not _ready:
+            _ensure()
         check(core.pinned_trim(), what="freeing pinned blocks")
 
-    def set_limit(self, size: Optional[Union[int, str]] = None,
-                  fraction: Optional[float] = None) -> None:
+    def set_limit(self, size: int | str | None = None,
+                  fraction: float | None = None) -> None:
         """Limit the pinned memory the pool holds.
 
         Parameters
@@ -479,7 +496,8 @@ class PinnedPool:
             limit = int(float(fraction) * total)
         else:
             limit = parse_size(size, total=total, name="size") or 0
-        _ready or _ensure()
+        if not _ready:
+            _ensure()
         check(core.pinned_set_limit(limit), what="setting the pinned memory limit")
 
     def get_limit(self) -> int:
@@ -488,7 +506,8 @@ class PinnedPool:
 
     def reset_peak(self) -> None:
         """Start ``peak_used`` again from ``used``."""
-        _ready or _ensure()
+        if not _ready:
+            _ensure()
         core.pinned_reset_peak()
 
     def __repr__(self) -> str:

@@ -846,10 +846,10 @@ def test_driver_calls_during_capture_use_relaxed_capture_mode(led):
 def test_graph_ids_and_slots(led):
     assert core.graph(GRAPH_END, DEV, 0xAB, 0xCD) == Status.INVALID  # never begun
     assert core.graph(GRAPH_RELEASE, DEV, 0xAB, 0xCD) == Status.OK   # nothing to release
-    ids = [(0x1000 + i, 1) for i in range(16)]
+    ids = [(0x1000 + i, 1) for i in range(128)]
     for g in ids:
         assert led.graph(GRAPH_BEGIN, DEV, *g) == Status.OK
-    assert core.graph(GRAPH_BEGIN, DEV, 0x2000, 1) == Status.INVALID  # 16 at most
+    assert core.graph(GRAPH_BEGIN, DEV, 0x2000, 1) == Status.INVALID  # 128 at most
     for g in ids:
         assert core.graph(GRAPH_END, DEV, *g) == Status.OK
         assert core.graph(GRAPH_RELEASE, DEV, *g) == Status.OK

@@ -361,6 +361,8 @@ def test_zero_bytes(pp):
     assert a.shape == (0, 3)
     assert pp.used_bytes() == 0
     buf.record(0)                                        # nothing to record: no error
+    bridge.pinned_record(a, 0)
+    bridge.pinned_record(bridge.empty_pinned(10)[5:5], 0)
 
 
 # ---- reuse safety: recorded copies ----
@@ -734,26 +736,34 @@ def test_gpu_cupy_copies_from_the_numpy_view(gpu_pool):
     assert bytes(c.get()) == bytes(a)
 
 
+# torch.cuda._sleep(SLEEP) keeps a stream busy for tens of milliseconds, far
+# longer than the host needs per round below (patterns are computed first), so
+# every copy is still queued when the next block is asked for.
+SLEEP = 100_000_000
+
+
 @gpu
 def test_gpu_h2d_copies_under_reuse(gpu_pool):
     torch = pytest.importorskip("torch")
-    n, rounds = 32 * MIB, 6
+    n, rounds = 16 * MIB, 6
+    patterns = [_pattern(n, i) for i in range(rounds)]
+    sums = [int(p.sum(dtype=np.uint64)) for p in patterns]
     s = torch.cuda.Stream()
-    dsts, ptrs, sums = [], [], []
+    torch.cuda.synchronize()
+    dsts, ptrs = [], []
     for i in range(rounds):
         buf = bridge.pinned_buffer(n)
-        a = buf.numpy()
-        a[:] = _pattern(n, i)
-        sums.append(int(a.sum(dtype=np.uint64)))
+        np.copyto(buf.numpy(), patterns[i])
         with torch.cuda.stream(s):
-            torch.cuda._sleep(20_000_000)                 # the copy is still queued below
+            torch.cuda._sleep(SLEEP)                      # the copy stays queued
             d = torch.empty(n, dtype=torch.uint8, device="cuda")
             d.copy_(torch.from_dlpack(buf), non_blocking=True)
         buf.record(s)
         ptrs.append(buf.ptr)
-        del a, buf                                        # dropped while the copy is pending
+        del buf                                           # dropped while the copy is pending
         dsts.append(d)
-    assert len(set(ptrs)) > 1                             # pending blocks were not handed out
+    assert not s.query(), "the stream finished too early for this test to mean anything"
+    assert len(set(ptrs)) == rounds                       # pending blocks were not handed out
     s.synchronize()
     for i, d in enumerate(dsts):
         assert int(d.sum(dtype=torch.int64)) == sums[i], f"round {i}"
@@ -764,25 +774,28 @@ def test_gpu_h2d_copies_under_reuse(gpu_pool):
 @gpu
 def test_gpu_d2h_copies_under_reuse(gpu_pool):
     torch = pytest.importorskip("torch")
-    n = 32 * MIB
+    n, rounds = 16 * MIB, 4
+    patterns = [_pattern(n, i) for i in range(rounds)]
     s = torch.cuda.Stream()
     src = torch.full((n,), 0xEE, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
     fresh = []
-    for i in range(4):
+    for i in range(rounds):
         sink = bridge.pinned_buffer(n)
         with torch.cuda.stream(s):
-            torch.cuda._sleep(20_000_000)
+            torch.cuda._sleep(SLEEP)
             torch.from_dlpack(sink).copy_(src, non_blocking=True)
         sink.record(s)
+        sink_ptr = sink.ptr
         del sink                                          # result discarded, copy pending
         mine = bridge.pinned_buffer(n)                    # must not be the pending sink
-        m = mine.numpy()
-        m[:] = _pattern(n, i)
-        fresh.append((mine, m, int(m.sum(dtype=np.uint64))))
+        assert mine.ptr != sink_ptr
+        np.copyto(mine.numpy(), patterns[i])
+        fresh.append(mine)
+    assert not s.query(), "the stream finished too early for this test to mean anything"
     s.synchronize()
-    for i, (_, m, total) in enumerate(fresh):
-        assert int(m.sum(dtype=np.uint64)) == total, f"round {i}: a pending copy wrote here"
+    for i, mine in enumerate(fresh):
+        assert np.array_equal(mine.numpy(), patterns[i]), f"round {i}: a pending copy wrote here"
 
 
 @gpu
@@ -792,8 +805,9 @@ def test_gpu_pending_block_reused_after_completion(gpu_pool):
     buf = bridge.pinned_buffer(8 * MIB)
     p = buf.ptr
     d = torch.empty(8 * MIB, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
     with torch.cuda.stream(s):
-        torch.cuda._sleep(100_000_000)
+        torch.cuda._sleep(SLEEP)
         d.copy_(torch.from_dlpack(buf), non_blocking=True)
     bridge.pinned_record(buf, s)
     del buf

@@ -40,7 +40,7 @@ typedef struct deferred_free {
     record rec;                  /* the block, with its streams */
 } deferred_free;
 
-#define MAX_GRAPHS 16
+#define MAX_GRAPHS 128 /* graph pools open at once per device */
 typedef struct graph_pool {
     uint64_t id0, id1;
     int in_use;                  /* 1 from begin until release */
@@ -600,8 +600,10 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
              * caller's context for ctx_exit (a second ctx_enter(d, &g) here
              * overwrote it, and the caller was left on this device's). */
             bridge_drv.cuCtxSetCurrent(d->ctx);
+            flush_cache(device);
+            /* the whole device this time: frees queued on other streams land */
             if (!atomic_load_explicit(&d->captures_active, RELAXED))
-                bridge_drv.cuStreamSynchronize(stream);
+                bridge_drv.cuCtxSynchronize();
             rc = try_alloc(d, device, size, stream, tag, out);
         }
         if (rc == BRIDGE_OK)

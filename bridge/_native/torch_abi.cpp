@@ -138,7 +138,14 @@ void bridge_torch_begin_allocate_to_pool(int device, MempoolId id, StreamFilter 
         std::lock_guard<std::mutex> lock(capture_mu);
         captures.push_back(Capture{device, id, std::move(filter)});
     }
-    bridge_graph_begin(device, id.first, id.second);
+    if (bridge_graph_begin(device, id.first, id.second) != BRIDGE_OK) {
+        std::lock_guard<std::mutex> lock(capture_mu);
+        captures.pop_back();
+        // torch raises this as a RuntimeError from capture_begin
+        throw std::runtime_error("bridge: too many CUDA graph pools are open on device " +
+                                 std::to_string(device) +
+                                 "; release graphs you no longer need (graph.reset() or del)");
+    }
 }
 
 void bridge_torch_end_allocate_to_pool(int device, MempoolId id)

@@ -56,6 +56,8 @@ static struct {
     void (*sync_all)(int dev);
     uint64_t (*live_count)(void);
     int (*ctx_get)(void **ctx); /* the driver's cuCtxGetCurrent */
+    int (*ctx_set)(void *ctx);  /* cuCtxSetCurrent */
+    int (*ctx_retain)(void **ctx, int dev); /* cuDevicePrimaryCtxRetain */
 } standin;
 
 static void load_standin(const char *path)
@@ -68,8 +70,11 @@ static void load_standin(const char *path)
     *(void **)&standin.sync_all = dlsym(lib, "standin_sync_all");
     *(void **)&standin.live_count = dlsym(lib, "standin_live_count");
     *(void **)&standin.ctx_get = dlsym(lib, "cuCtxGetCurrent");
+    *(void **)&standin.ctx_set = dlsym(lib, "cuCtxSetCurrent");
+    *(void **)&standin.ctx_retain = dlsym(lib, "cuDevicePrimaryCtxRetain");
     CHECK(standin.set_capacity && standin.add_foreign && standin.sync_all && standin.live_count &&
-              standin.ctx_get, "%s lacks the standin_* controls", path);
+              standin.ctx_get && standin.ctx_set && standin.ctx_retain,
+          "%s lacks the standin_* controls", path);
     /* the handle stays open for the life of the program, like the core's */
 }
 
@@ -207,18 +212,9 @@ static void *edge_thread(void *arg)
     uint64_t s = w->seed;
     void *ctx = NULL, *now_ctx = NULL;
     if (w->check_ctx) {
-        /* a fresh thread has no context; a call on the other device leaves
-         * that device's primary context current */
-        void *p = NULL;
-        int rc, tries = 0;
-        /* the other device may be at its budget edge too: wait for a byte */
-        while ((rc = bridge_alloc(1 - w->dev, 1, NULL, BRIDGE_TAG_OTHER, &p)) != BRIDGE_OK &&
-               ++tries < 1000000)
-            sched_yield();
-        CHECK(rc == BRIDGE_OK, "alloc of one byte: %d", rc);
-        bridge_free(p);
-        standin.ctx_get(&ctx);
-        CHECK(ctx != NULL, "no current context");
+        /* the caller works on the other device: its context is current */
+        CHECK(standin.ctx_retain(&ctx, 1 - w->dev) == 0 && ctx != NULL, "no context");
+        standin.ctx_set(ctx);
     }
     for (int i = 0; i < w->iters; i++) {
         if (w->check_ctx) {

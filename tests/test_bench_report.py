@@ -1,0 +1,307 @@
+"""The benchmark report (benchmarks/report.py) and run_all's bookkeeping, on fake results.
+
+No GPU and no framework: the report must be buildable anywhere from a
+results.json, and run_all must record a child that crashes or hangs instead
+of stopping.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import textwrap
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import _common  # noqa: E402
+import report  # noqa: E402
+import run_all  # noqa: E402
+
+SIZES = [512, 1 << 20, 64 << 20]
+
+
+def alloc_run(fw: str, config: str, ns: list[float], rnd: int = 1, **extra) -> dict:
+    return {"bench": "alloc", "framework": fw, "config": config, "round": rnd, "status": "ok",
+            "ns_per_pair": {str(s): v for s, v in zip(SIZES, ns, strict=True)}, **extra}
+
+
+# what benchmarks/bench_pinned.py writes (abridged)
+PINNED = {
+    "status": "ok", "bench": "pinned", "backend": "cached",
+    "bandwidth": {
+        "h2d": {"1 MiB": {"bridge_GBps": 40.1, "torch_pinned_GBps": 40.5, "pageable_GBps": 9.0,
+                          "iters": 200},
+                "256 MiB": {"bridge_GBps": 52.0, "torch_pinned_GBps": 55.9, "pageable_GBps": 20.0,
+                            "iters": 16}},
+        "d2h": {"1 MiB": {"bridge_GBps": 41.0, "torch_pinned_GBps": 41.2}}},
+    "alloc_ns": {"4 KiB": {"bridge_pool": 310.5, "torch_pin_memory": 905.0,
+                           "cupy_default": "RuntimeError: no cupy"}},
+    "h2d_bridge_over_torch": {"1 MiB": 0.99, "256 MiB": 0.93},
+}
+
+
+def fake_results() -> dict:
+    runs = [
+        alloc_run("torch", "native", [2400, 2400, 2300]),
+        alloc_run("torch", "native", [2600, 2500, 2500], rnd=2),
+        alloc_run("torch", "bridge", [2200, 2300, 2600]),  # 64 MiB: slower than native -> fail
+        alloc_run("torch", "bridge", [2400, 2300, 2600], rnd=2),
+        alloc_run("torch", "async", [5900, 4100, 4700]),
+        {"bench": "alloc", "framework": "torch", "config": "rmm", "round": 1,
+         "status": "skipped", "reason": "RMM is not installed (No module named 'rmm')"},
+        alloc_run("cupy", "native", [1300, 1300, 1300]),
+        alloc_run("cupy", "bridge", [1800, 1900, 2100]),  # 64 MiB: 1.62 > 1.5 -> fail
+        alloc_run("cupy", "async", [4900, 4900, 4900]),
+        {"bench": "alloc", "framework": "cupy", "config": "rmm", "round": 1, "status": "error",
+         "error": "timed out after 150 s"},
+    ]
+    return {
+        "meta": {"date": "2026-11-29T12:00:00+00:00", "gpu_name": "NVIDIA H200",
+                 "driver_version": "580.159", "bridge_version": "0.1.0", "quick": False,
+                 "versions": {"torch": "2.11.0", "cupy": "14.2.0"},
+                 "rmm": "not available: RMM configs are skipped"},
+        "alloc": {"sizes": SIZES, "runs": runs},
+        "alloc_same_process": {"status": "ok", "configs": {
+            "native": {"ns_per_pair": {str(s): 1000.0 for s in SIZES}},
+            "bridge": {"ns_per_pair": {str(s): 1200.0 for s in SIZES}}},
+            "info": {"skipped": {"rmm": "Skip: RMM is not installed"}}},
+        "mixed": {"runs": [
+            {"mode": "native", "status": "ok", "outcome": "oom", "n_gib": 80.0,
+             "oom": "OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 GiB",
+             "used_at_oom": int(138.5 * 2**30),
+             "phases": [{"phase": "cupy holds N", "used_gib": 80.5, "used": 0, "live": 1}]},
+            {"mode": "bridge", "status": "ok", "outcome": "ok", "n_gib": 80.0,
+             "used_over_live": 1.004, "raw_used_over_live": 1.006,
+             "phases": [{"phase": "cupy holds N", "used_gib": 80.5},
+                        {"phase": "torch holds N", "used_gib": 80.5, "used_over_live": 1.004,
+                         "raw_used_over_live": 1.006}]}]},
+        "e2e": {"runs": [
+            {"mode": "native", "round": 1, "status": "ok", "steps_per_s": 100.0},
+            {"mode": "bridge", "round": 1, "status": "ok", "steps_per_s": 99.0},
+            {"mode": "native", "round": 2, "status": "ok", "steps_per_s": 102.0},
+            {"mode": "bridge", "round": 2, "status": "ok", "steps_per_s": 100.0}]},
+        "pinned": {"status": "ok", "files": ["raw/pinned.json"], "data": PINNED},
+        "problems": ["alloc-cupy-rmm-r1: timed out after 150 s"],
+    }
+
+
+def by_id(results: dict) -> dict:
+    return {c["id"]: c for c in results["checks"]}
+
+
+def test_alloc_summary_is_the_median_over_processes():
+    r = report.summarize(fake_results())
+    native = r["alloc"]["summary"]["torch"]["native"]["512"]
+    assert native == {"median": 2500.0, "min": 2400.0, "max": 2600.0, "n": 2}
+    assert "rmm" not in r["alloc"]["summary"]["torch"]  # a skipped config has no figures
+
+
+def test_checks_against_the_targets():
+    c = by_id(report.summarize(fake_results()))
+    assert c["torch.alloc.native.512"]["value"] == pytest.approx(2300 / 2500, abs=1e-4)
+    assert c["torch.alloc.native.512"]["status"] == "pass"
+    assert c["torch.alloc.native.67108864"]["status"] == "fail"  # 2600 / 2400
+    assert c["torch.alloc.async.1048576"]["status"] == "pass"
+    assert c["cupy.alloc.native.1048576"]["value"] == pytest.approx(1900 / 1300, abs=1e-4)
+
+
+def test_cupy_memorypool_target_is_one_and_a_half():
+    c = by_id(report.summarize(fake_results()))
+    assert c["cupy.alloc.native.512"]["status"] == "pass"      # 1800 / 1300 = 1.38
+    assert c["cupy.alloc.native.1048576"]["status"] == "pass"  # 1.46
+    assert c["cupy.alloc.native.67108864"]["status"] == "fail"  # 1.62
+    assert c["cupy.alloc.async.512"]["op"] == "<"
+
+
+def test_missing_baselines_say_why():
+    c = by_id(report.summarize(fake_results()))
+    rmm = c["torch.alloc.rmm.512"]
+    assert rmm["status"] == "missing" and rmm["value"] is None
+    assert "RMM is not installed" in rmm["note"]
+    assert "timed out" in c["cupy.alloc.rmm.512"]["note"]
+
+
+def test_mixed_e2e_and_pinned_checks():
+    c = by_id(report.summarize(fake_results()))
+    assert c["mixed.bridge.used_over_live"]["value"] == pytest.approx(1.004)
+    assert c["mixed.bridge.used_over_live"]["status"] == "pass"
+    assert c["e2e.bridge_over_native"]["value"] == pytest.approx(99.5 / 101.0, abs=1e-4)
+    assert c["e2e.bridge_over_native"]["status"] == "pass"
+    # one figure per size (h2d_bridge_over_torch): the smallest decides
+    assert c["pinned.bridge_over_torch"]["value"] == pytest.approx(0.93)
+    assert c["pinned.bridge_over_torch"]["status"] == "fail"
+    assert "h2d_bridge_over_torch.256 MiB" in c["pinned.bridge_over_torch"]["note"]
+
+
+def test_pinned_top_level_ratio_and_absent_script():
+    r = fake_results()
+    r["pinned"] = {"status": "ok", "data": {"ratio": 0.99, "x": {"other_ratio": 0.1}}}
+    assert by_id(report.summarize(r))["pinned.bridge_over_torch"]["value"] == 0.99
+    r["pinned"] = {"status": "partial", "data": {"x": {"a_ratio": 0.97, "b_ratio": 1.2},
+                                                 "errors": {"alloc_ns": "boom"}}}
+    c = by_id(report.summarize(r))["pinned.bridge_over_torch"]
+    assert c["value"] == 0.97 and c["status"] == "pass" and "boom" in c["note"]
+    r["pinned"] = {"status": "skipped", "reason": "benchmarks/bench_pinned.py does not exist"}
+    c = by_id(report.summarize(r))["pinned.bridge_over_torch"]
+    assert c["status"] == "missing" and "does not exist" in c["note"]
+
+
+def test_bridge_oom_in_the_mixed_phases_is_missing_not_a_crash():
+    r = fake_results()
+    r["mixed"]["runs"][1].update(outcome="oom", oom="RuntimeError: CUDA out of memory.")
+    c = by_id(report.summarize(r))["mixed.bridge.used_over_live"]
+    assert c["status"] == "missing" and "oom" in c["note"]
+
+
+def test_markdown_has_every_section_and_verdict(tmp_path):
+    r = fake_results()
+    report.write_all(r, str(tmp_path), png=False)
+    md = (tmp_path / "results.md").read_text()
+    v = r["verdict"]
+    assert f"{v['pass']} pass, {v['fail']} fail, {v['missing']} missing" in md
+    assert v["fail"] >= 3 and v["missing"] >= 6
+    for text in ("NVIDIA H200", "580.159", "## Allocation", "| native caching |",
+                 "2,500 [2,400-2,600]", "bridge / native (target <= 1.00)",
+                 "skipped: RMM is not installed", "ONE process", "1.200",
+                 "torch OOM", "138.5 at OOM", "1.004", "## End to end", "## Pinned",
+                 "h2d_bridge_over_torch.256 MiB", "| 256 MiB | 52.00 | 55.90 | 20.00 | 16 |",
+                 "| 4 KiB | 310 | 905 | RuntimeError: no cupy |",
+                 "timed out after 150 s", "**FAIL**"):
+        assert text in md, text
+    # every table row has as many cells as its header
+    for block in md.split("\n\n"):
+        rows = [ln for ln in block.splitlines() if ln.startswith("|")]
+        if rows:
+            assert len({ln.count("|") for ln in rows}) == 1, block
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["checks"] == r["checks"]
+
+
+def test_png_is_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = report.summarize(fake_results())
+    assert report.write_png(r, str(tmp_path / "results.png"))
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_of_an_empty_run(tmp_path):
+    r = {"meta": {}, "alloc": {"sizes": SIZES, "runs": []}}
+    report.write_all(r, str(tmp_path), png=False)
+    assert r["verdict"]["pass"] == 0 and r["verdict"]["fail"] == 0
+    assert "missing" in (tmp_path / "results.md").read_text()
+
+
+def test_report_cli_rebuilds_from_json(tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps(fake_results()))
+    assert report.main([str(tmp_path)]) == 0
+    assert "## Targets" in (tmp_path / "results.md").read_text()
+
+
+def test_parse_sizes():
+    assert _common.parse_sizes("512,1MiB,64MiB") == SIZES
+    assert _common.parse_sizes("2k, 1g") == [2048, 1 << 30]
+    with pytest.raises(ValueError):
+        _common.parse_sizes("12 parsecs")
+    assert _common.size_label(64 << 20) == "64 MiB" and _common.size_label(512) == "512 B"
+
+
+def test_plan_is_fresh_processes_with_the_async_env(tmp_path):
+    tasks = run_all.plan(run_all.FULL, sys.executable, False, None)
+    names = [t.name for t in tasks]
+    assert len(names) == len(set(names))
+    first = names.index("alloc-torch-native-r1")
+    assert first == 0 and "alloc-torch-native-r2" in names  # two rounds in a full run
+    async_env = {t.name: t.env for t in tasks if t.section == "alloc"}
+    assert async_env["alloc-torch-async-r1"] == {
+        "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+    assert async_env["alloc-cupy-async-r1"] == {}
+    quick = run_all.plan(run_all.QUICK, sys.executable, True, None)
+    assert not any(t.name.endswith("-r2") for t in quick)
+
+
+def test_child_env_drops_allocator_settings(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    monkeypatch.setenv("BRIDGE_GPU_MEMORY_LIMIT", "50%")
+    env, removed = run_all.child_env({"X_SET": "1"})
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env and "BRIDGE_GPU_MEMORY_LIMIT" not in env
+    assert env["X_SET"] == "1" and "PYTORCH_CUDA_ALLOC_CONF" in removed
+
+
+@pytest.mark.parametrize("body, expect", [
+    ("import sys; sys.exit(3)", "no result from the child (rc=3"),
+    ("import time; time.sleep(30)", "timed out after 1 s"),
+    ("raise SystemExit(0)", "no result from the child (rc=0"),
+])
+def test_a_failing_child_is_recorded(tmp_path, body, expect):
+    script = tmp_path / "child.py"
+    script.write_text(body)
+    task = run_all.Task("child", "alloc", [sys.executable, str(script)], 1,
+                        extra={"framework": "torch", "config": "native"})
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    result = run_all.run_task(task, str(raw), timeout=1)
+    assert result["status"] == "error" and expect in result["error"]
+    assert result["framework"] == "torch"  # so the report can say which config failed
+
+
+def test_a_child_that_hangs_after_writing_keeps_its_result(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys, time
+        path = sys.argv[sys.argv.index("--json") + 1]
+        json.dump({"status": "ok", "ns_per_pair": {"512": 1.0}}, open(path, "w"))
+        time.sleep(30)
+    """))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    task = run_all.Task("child", "alloc", [sys.executable, str(script)], 2)
+    result = run_all.run_task(task, str(raw), timeout=2)
+    assert result["status"] == "ok" and result["timed_out_after_s"] == 2
+
+
+def test_a_child_result_is_taken_and_its_exit_code_checked(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        path = sys.argv[sys.argv.index("--json") + 1]
+        json.dump({"status": "ok", "ns_per_pair": {"512": 1.0}}, open(path, "w"))
+        sys.exit(int(sys.argv[1]))
+    """))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for rc, status in ((0, "ok"), (1, "error")):
+        task = run_all.Task("child", "alloc", [sys.executable, str(script), str(rc)], 30,
+                            extra={"round": 1})
+        result = run_all.run_task(task, str(raw), timeout=30)
+        assert result["status"] == status and result["round"] == 1
+
+
+def test_bench_pinned_result_is_kept_whole(tmp_path):
+    script = tmp_path / "bench_pinned.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        path = sys.argv[sys.argv.index("--out") + 1]
+        json.dump({"status": "ok", "h2d_bridge_over_torch": {"1 MiB": 0.99}}, open(path, "w"))
+    """))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    task = run_all.Task("pinned", "pinned", [sys.executable, str(script)], 30)
+    result = run_all.run_task(task, str(raw), timeout=30)
+    assert result["status"] == "ok" and result["files"] == ["raw/pinned.json"]
+    assert result["data"]["h2d_bridge_over_torch"] == {"1 MiB": 0.99}
+    c = by_id(report.summarize({"pinned": result}))["pinned.bridge_over_torch"]
+    assert c["value"] == 0.99 and c["status"] == "pass"
+
+
+def test_pinned_files_are_collected(tmp_path):
+    d = tmp_path / "pinned"
+    d.mkdir()
+    (d / "other.json").write_text("{}")
+    (d / "results.json").write_text(json.dumps({"ratio": 1.01}))
+    got = run_all.collect_pinned(str(d), 0)
+    assert got["status"] == "ok" and got["data"] == {"ratio": 1.01}
+    assert run_all.collect_pinned(str(tmp_path / "none"), 0)["status"] == "error"
