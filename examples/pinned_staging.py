@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 MIB = 1 << 20
 n = 256 * MIB
+dev = torch.empty(n, dtype=torch.uint8, device="cuda")  # torch's CUDA is up: is_pinned() answers
 
 buf = bridge.pinned_buffer(n)
 host = np.from_dlpack(buf)                 # numpy view, kDLCUDAHost
@@ -32,8 +33,8 @@ j_host = jax.dlpack.from_dlpack(buf)       # JAX array in pinned_host memory
 print("addresses:", hex(host.ctypes.data), hex(t_host.data_ptr()),
       hex(j_host.unsafe_buffer_pointer()))
 print("torch sees pinned memory:", t_host.is_pinned())
+assert host.ctypes.data == t_host.data_ptr() == j_host.unsafe_buffer_pointer() and t_host.is_pinned()
 
-dev = torch.empty(n, dtype=torch.uint8, device="cuda")
 torch.cuda.synchronize()
 start = time.perf_counter()
 for _ in range(10):

@@ -19,6 +19,9 @@
  *   record      bridge_record_stream / bridge_lookup racing bridge_free
  *   double      several threads freeing the same pointers: one free counts,
  *               the others are bad frees
+ *   cache       threads on the default streams, allocating sizes that the
+ *               cache of freed blocks (cache.c) serves again, while its cap
+ *               and its any-stream switch change under them
  *   graph       captures begin and end while threads allocate and free
  *               (deferred frees), graph blocks freed racing their release
  *   huge        sizes that would overflow the ledger's arithmetic
@@ -119,6 +122,7 @@ static void check_idle(const char *phase)
         standin.sync_all(d);
         bridge_stats s = stats_of(d);
         CHECK(s.used == 0, "%s: device %d ledger %" PRIu64 " after every free", phase, d, s.used);
+        CHECK(s.cached == 0, "%s: device %d cache %" PRIu64 " after a trim", phase, d, s.cached);
         CHECK(s.num_deferred == 0, "%s: device %d %" PRIu64 " deferred", phase, d, s.num_deferred);
         CHECK(s.graph_bytes == 0, "%s: device %d graph bytes %" PRIu64, phase, d, s.graph_bytes);
         CHECK(s.pool_used == 0, "%s: device %d pool used %" PRIu64, phase, d, s.pool_used);
@@ -199,6 +203,8 @@ typedef struct worker {
     int tags;               /* rotate tags 0..tags-1 */
     int check_ctx;          /* the thread's current context (another device's)
                              * must be the same after every call */
+    int default_streams;    /* allocate on the default streams (NULL, 1, 2)
+                             * and a few sizes only: the cache serves them */
     uint64_t refusals, ok;
 } worker;
 
@@ -230,9 +236,15 @@ static void *edge_thread(void *arg)
             continue;
         }
         size_t size = 1 + rnd(&s) % w->max_size;
+        void *stream = stream_of(w->id);
+        if (w->default_streams) {
+            static const size_t few[] = {4 * KIB, 8 * KIB, 16 * KIB, 64 * KIB, 100};
+            size = few[rnd(&s) % 5];
+            stream = (void *)(uintptr_t)(rnd(&s) % 3);
+        }
         int tag = w->tags ? (int)(rnd(&s) % (uint64_t)w->tags) : BRIDGE_TAG_TORCH;
         void *p = NULL;
-        int rc = bridge_alloc(w->dev, size, stream_of(w->id), tag, &p);
+        int rc = bridge_alloc(w->dev, size, stream, tag, &p);
         CHECK(status_ok_or_refused(rc), "alloc status %d", rc);
         if (rc != BRIDGE_OK) {
             CHECK(p == NULL, "a refused alloc gave a pointer");
@@ -528,6 +540,51 @@ static void phase_double(void)
     check_idle("double");
 }
 
+/* ---- phase: cache (freed blocks served again, cache settings changing) ---- */
+static atomic_int cache_stop;
+
+static void *cache_changer(void *arg)
+{
+    uint64_t s = *(uint64_t *)arg;
+    static const uint64_t caps[] = {0, 64 * KIB, 1ull << 30};
+    while (!atomic_load(&cache_stop)) {
+        CHECK(bridge_set_cache(0, caps[rnd(&s) % 3], rnd(&s) % 2 ? 256 * MIB : 8 * KIB) ==
+                  BRIDGE_OK, "set_cache");
+        CHECK(bridge_set_cache_any_stream((int)(rnd(&s) % BRIDGE_NTAGS), (int)(rnd(&s) % 2)) ==
+                  BRIDGE_OK, "set_cache_any_stream");
+        for (int i = 0; i < 50 && !atomic_load(&cache_stop); i++)
+            sched_yield();
+    }
+    return NULL;
+}
+
+static void phase_cache(void)
+{
+    reset();
+    const uint64_t limit = 512 * KIB;
+    CHECK(bridge_set_limit(0, limit) == BRIDGE_OK, "set_limit");
+    atomic_store(&cache_stop, 0);
+    pthread_t changer;
+    uint64_t seed = 7;
+    CHECK(pthread_create(&changer, NULL, cache_changer, &seed) == 0, "pthread_create");
+    worker w[6];
+    for (int i = 0; i < 6; i++)
+        w[i] = (worker){.id = i, .dev = 0, .iters = 3000 * scale, .limit = limit,
+                        .max_size = 64 * KIB, .seed = 0xCAC4Eull * (uint64_t)(i + 5),
+                        .tags = BRIDGE_NTAGS, .default_streams = i < 4};
+    run_threads(6, edge_thread, w, sizeof w[0]);
+    atomic_store(&cache_stop, 1);
+    pthread_join(changer, NULL);
+    bridge_stats s = stats_of(0);
+    CHECK(s.peak_used <= limit, "peak %" PRIu64 " passed the budget", s.peak_used);
+    printf("  cache: %" PRIu64 " bytes cached at the end\n", s.cached);
+    check_idle("cache");
+    /* the defaults again (cache.c) */
+    CHECK(bridge_set_cache(0, 1ull << 30, 256 * MIB) == BRIDGE_OK, "set_cache");
+    for (int t = 0; t < BRIDGE_NTAGS; t++)
+        CHECK(bridge_set_cache_any_stream(t, 0) == BRIDGE_OK, "set_cache_any_stream");
+}
+
 /* ---- phase: graph (captures, deferred frees, graph blocks racing release) ---- */
 static atomic_int graph_stop;
 
@@ -665,6 +722,8 @@ int main(int argc, char **argv)
     phase_record();
     printf("stress: double\n");
     phase_double();
+    printf("stress: cache\n");
+    phase_cache();
     printf("stress: graph\n");
     phase_graph();
     printf("stress: huge\n");
