@@ -2,14 +2,17 @@
 
 A ``RuleBasedStateMachine`` drives ``bridge._runtime.core`` on the stand-in
 driver with allocations, frees, double frees, unknown pointers, budget and
-tag caps, bytes held by others in the pool, queued frees, stream syncs and
-one-shot driver faults, and keeps a model of what the core must report. The
-core is single-threaded here, so the model is exact: after every step each
-device's ledger equals the sum of its live sizes, per tag and in all; the
-peaks are exactly the highest ledger the budget checks let through; the
-budget never lets the ledger pass it; every status is the one the model
-predicts. The core is process-global: figures are compared with those read
-at the start of each example, and each example frees what it allocated.
+tag caps, bytes held by others in the pool, queued frees, stream syncs, the
+cache of freed blocks (cache.c: its cap, its largest block, caching on any
+stream) and one-shot driver faults, and keeps a model of what the core must
+report. The core is single-threaded here, so the model is exact: after every
+step each framework's figure equals the sum of its live sizes, and each
+device's ledger the live plus the cached bytes; the peaks are exactly the
+highest ledger the budget checks let through; the budget never lets the
+ledger pass it; every status and every pointer reused from the cache is the
+one the model predicts. The core is process-global: figures are compared
+with those read at the start of each example, and each example frees what it
+allocated and empties the cache.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     multiple,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
@@ -44,12 +46,17 @@ STREAMS = (NULL_STREAM, 0xB1000, 0xB2000)
 TOTAL = 16 * GIB  # the stand-in's device memory (BRIDGE_STANDIN_TOTAL unset)
 DRIVER_UNKNOWN = 999  # a driver error that is not out-of-memory
 DRIVER_OOM = 2
+CACHE_DEPTH = 16  # blocks kept per (stream, size) in cache.c
+MAX_BLOCK = 256 * MIB  # cache.c's default largest cached block
 
 sizes = st.one_of(
     st.integers(1, 64 * KIB),
     st.integers(64 * KIB, 3 * MIB),
     st.sampled_from([0, 1, MIB, 4 * MIB, TOTAL, TOTAL + 1, 2**40, 2**63 - 1]),
 )
+# a few sizes on the default and one user stream: the cache serves them again
+small_sizes = st.sampled_from([256, 4 * KIB, 64 * KIB])
+cache_streams = st.sampled_from([NULL_STREAM, 2, 0xB1000])
 limits = st.one_of(st.just(0), st.sampled_from([256 * KIB, MIB, 4 * MIB]), st.integers(1, 8 * MIB))
 devices = st.sampled_from(DEVICES)
 tags = st.sampled_from(TAGS)
@@ -63,6 +70,7 @@ class Block:
     tag: int
     size: int
     stream: int
+    recorded: bool = False  # another stream was recorded against it: never cached
 
 
 @dataclass
@@ -90,6 +98,12 @@ class Dev:
     tag_allocated: list[int] = field(default_factory=lambda: [0, 0, 0])
     tag_freed: list[int] = field(default_factory=lambda: [0, 0, 0])
     tag_ooms: list[int] = field(default_factory=lambda: [0, 0, 0])
+    cache_limit: int = 0  # the conftest fixture turns the cache off
+    cache_max_block: int = MAX_BLOCK
+    cache: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # LIFO per key
+
+    def cached(self) -> int:
+        return sum(size * len(ptrs) for (_, size), ptrs in self.cache.items())
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -104,11 +118,14 @@ class LedgerMachine(RuleBasedStateMachine):
         self.live: dict[int, Block] = {}
         self.alloc_fault = 0  # code of the armed cuMemAllocFromPoolAsync fault, 0 = none
         self.free_fault = False
+        self.any_stream = [False, False, False]  # per tag: cache blocks of any stream
         self.dev: dict[int, Dev] = {}
 
     # ---- set-up and tear-down of one example ----
-    @initialize()
-    def start(self) -> None:
+    @initialize(cache=st.sampled_from([0, MIB, GIB]), limit=limits,
+                tag_cap=st.one_of(st.none(), st.tuples(tags, limits)))
+    def start(self, cache: int, limit: int, tag_cap: tuple[int, int] | None) -> None:
+        """Reset the core, then start from a drawn cache, budget and framework cap."""
         self.sd.standin_clear_faults()
         for d in DEVICES:
             self.sd.standin_sync_all(d)
@@ -118,6 +135,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert core.set_tag_limit(d, t, 0) == Status.OK
             assert core.reset_peak(d, -1) == Status.OK
             assert core.reset_accumulated(d, -1) == Status.OK
+            assert core.set_cache(d, 0) == Status.OK
+            self.sd.standin_sync_all(d)
             s = self.raw(d)
             used = s["used"]
             tag_cur = [t["current"] for t in s["tags"]]
@@ -129,6 +148,14 @@ class LedgerMachine(RuleBasedStateMachine):
             d_.num_allocs, d_.num_frees = s["num_allocs"], s["num_frees"]
             d_.num_ooms, d_.num_retries = s["num_ooms"], s["num_retries"]
             d_.num_driver_errors = s["num_driver_errors"]
+        for t in TAGS:
+            assert core.set_cache_any_stream(t, 0) == Status.OK
+        for d in DEVICES:
+            assert core.set_cache(d, cache, MAX_BLOCK) == Status.OK
+            self.dev[d].cache_limit = cache
+        self._set_limit(0, limit)
+        if tag_cap is not None:
+            self._set_tag_limit(0, *tag_cap)
         self.bad_frees = self.raw(0)["num_bad_frees"]
         self.records = core.live_records()
 
@@ -136,7 +163,10 @@ class LedgerMachine(RuleBasedStateMachine):
         self.sd.standin_clear_faults()
         for b in list(self.live.values()):
             core.free(b.ptr)
+        for t in TAGS:
+            core.set_cache_any_stream(t, 0)
         for d, m in self.dev.items():
+            core.set_cache(d, 0)  # empties it
             if m.foreign:
                 self.sd.standin_add_foreign(d, -m.foreign)
             self.sd.standin_set_capacity(d, TOTAL)
@@ -152,8 +182,12 @@ class LedgerMachine(RuleBasedStateMachine):
         assert rc == Status.OK
         return s
 
+    def live_bytes(self, d: int) -> int:
+        return sum(b.size for b in self.live.values() if b.dev == d)
+
     def used(self, d: int) -> int:
-        return self.dev[d].base_used + sum(b.size for b in self.live.values() if b.dev == d)
+        """The ledger: live and cached bytes (a cached block stays on the budget)."""
+        return self.dev[d].base_used + self.live_bytes(d) + self.dev[d].cached()
 
     def tag_used(self, d: int, t: int) -> int:
         m = self.dev[d]
@@ -165,8 +199,8 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def pool_used(self, d: int) -> int:
         m = self.dev[d]
-        live = sum(b.size for b in self.live.values() if b.dev == d)
-        return m.base_pool + live + m.foreign + sum(m.pending.values())
+        return (m.base_pool + self.live_bytes(d) + m.cached() + m.foreign
+                + sum(m.pending.values()))
 
     def sync(self, d: int, stream: int) -> None:
         m = self.dev[d]
@@ -174,6 +208,40 @@ class LedgerMachine(RuleBasedStateMachine):
             m.pending.clear()
         else:
             m.pending.pop(stream, None)
+
+    def release(self, d: int, size: int, stream: int) -> None:
+        """The driver free of a block (release_block): queued on its stream."""
+        m = self.dev[d]
+        if self.free_fault:
+            # the driver refused the free: the core syncs the device and frees
+            # on the legacy stream instead
+            self.free_fault = False
+            m.num_driver_errors += 1
+            m.pending.clear()
+            stream = NULL_STREAM
+        m.pending[stream] = m.pending.get(stream, 0) + size
+
+    def flush_cache(self, d: int) -> None:
+        m = self.dev[d]
+        for (stream, size), ptrs in m.cache.items():
+            for _ in ptrs:
+                self.release(d, size, stream)
+        m.cache.clear()
+
+    def cache_put(self, b: Block) -> bool:
+        """Whether bridge_free keeps the block in the cache (and keep it)."""
+        m = self.dev[b.dev]
+        if b.recorded or not (b.stream <= 2 or self.any_stream[b.tag]):
+            return False  # user streams may die; recorded streams need the driver's order
+        if not m.cache_limit or b.size > m.cache_max_block:
+            return False
+        if m.cached() + b.size > m.cache_limit:
+            return False
+        ptrs = m.cache.setdefault((b.stream, b.size), [])
+        if len(ptrs) >= CACHE_DEPTH:
+            return False
+        ptrs.append(b.ptr)
+        return True
 
     def attempt(self, d: int, size: int, tag: int) -> int:
         """One try_alloc of the core, as the model sees it: the status."""
@@ -198,17 +266,51 @@ class LedgerMachine(RuleBasedStateMachine):
         return Status.OK
 
     # ---- rules ----
+    # Hypothesis picks rules evenly: allocations and frees get several rules
+    # so that most steps move bytes.
     @rule(target=blocks, d=devices, size=sizes, tag=tags, stream=streams)
     def allocate(self, d: int, size: int, tag: int, stream: int) -> object:
+        return self.alloc(d, size, tag, stream)
+
+    @rule(target=blocks, d=devices, size=small_sizes, tag=tags, stream=cache_streams)
+    def allocate_small(self, d: int, size: int, tag: int, stream: int) -> object:
+        return self.alloc(d, size, tag, stream)
+
+    @rule(target=blocks, size=small_sizes, tag=tags, stream=cache_streams)
+    def allocate_small_on_0(self, size: int, tag: int, stream: int) -> object:
+        return self.alloc(0, size, tag, stream)
+
+    def alloc(self, d: int, size: int, tag: int, stream: int) -> object:
         m = self.dev[d]
         rc, ptr = core.alloc(d, size, stream, tag)
         if size == 0:
             assert (rc, ptr) == (Status.OK, 0)
             return multiple()
+        cached = m.cache.get((stream, size))
+        if cached:
+            # a block of this size freed on this stream: served again, already
+            # on the ledger, unless the framework's cap refuses it (then it
+            # goes back to the driver and the request takes the usual path)
+            hit = cached.pop()
+            if not cached:
+                del m.cache[(stream, size)]
+            tcur = self.tag_used(d, tag) + size
+            if not m.tag_limit[tag] or tcur <= m.tag_limit[tag]:
+                assert (rc, ptr) == (Status.OK, hit), "the cached block was not served"
+                m.tag_peak[tag] = max(m.tag_peak[tag], tcur)
+                m.num_allocs += 1
+                m.tag_allocs[tag] += 1
+                m.tag_allocated[tag] += size
+                b = Block(ptr, d, tag, size, stream)
+                self.live[ptr] = b
+                return b
+            self.release(d, size, stream)
         want = self.attempt(d, size, tag)
         retried = False
         if want in (Status.BUDGET, Status.OOM):
-            # the core syncs the stream (queued frees land) and tries once more
+            # the core returns the cache to the driver, syncs the stream
+            # (queued frees land) and tries once more
+            self.flush_cache(d)
             self.sync(d, stream)
             want = self.attempt(d, size, tag)
             retried = True
@@ -222,6 +324,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert ptr != 0 and ptr not in self.live
         if m.limit:
             assert self.used(d) + size <= m.limit, "the budget let the ledger pass it"
+        assert ptr not in {p for ptrs in m.cache.values() for p in ptrs}
         m.num_allocs += 1
         m.num_retries += retried
         m.tag_allocs[tag] += 1
@@ -232,96 +335,159 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(target=freed, b=consumes(blocks))
     def free(self, b: Block) -> int:
+        return self.free_block(b)
+
+    @rule(target=freed, b=consumes(blocks))
+    def free_another(self, b: Block) -> int:
+        return self.free_block(b)
+
+    def free_block(self, b: Block) -> int:
         m = self.dev[b.dev]
         core.free(b.ptr)
         del self.live[b.ptr]
         m.num_frees += 1
         m.tag_frees[b.tag] += 1
         m.tag_freed[b.tag] += b.size
-        if self.free_fault:
-            # the driver refused the free: the core syncs the device and frees
-            # on the legacy stream instead
-            self.free_fault = False
-            m.num_driver_errors += 1
-            m.pending.clear()
-            m.pending[NULL_STREAM] = b.size
-        else:
-            m.pending[b.stream] = m.pending.get(b.stream, 0) + b.size
+        if not self.cache_put(b):
+            self.release(b.dev, b.size, b.stream)
         return b.ptr
 
-    @rule(ptr=freed)
-    def double_free(self, ptr: int) -> None:
-        core.free(ptr)
+    # Misuse and inspection: one rule per kind of pointer, the call drawn.
+    @rule(ptr=freed, what=st.sampled_from(["free", "record", "lookup"]), stream=streams)
+    def use_a_freed_pointer(self, ptr: int, what: str, stream: int) -> None:
+        if what == "free":
+            self._double_free(ptr)
+        elif what == "record":
+            self._record_stream_freed(ptr, stream)
+        else:
+            self._lookup_freed(ptr)
+
+    @rule(b=blocks, what=st.sampled_from(["record", "lookup", "inside"]), stream=streams,
+          offset=st.integers(1, 511))  # blocks lie >= 1024 bytes apart
+    def use_a_live_block(self, b: Block, what: str, stream: int, offset: int) -> None:
+        if what == "record":
+            self._record_stream(b, stream)
+        elif what == "lookup":
+            self._lookup(b)
+        else:
+            self._free_inside_a_block(b, offset)
+
+    @rule(ptr=st.one_of(st.just(0), st.integers(2, 2**64 - 1)))
+    def free_a_foreign_pointer(self, ptr: int) -> None:
+        if ptr == 0:
+            self._free_null()
+        else:
+            self._free_unknown(ptr)
+
+    # Everything else that changes the setting: one rule, the change drawn.
+    @rule(data=st.data())
+    def configure(self, data: st.DataObject) -> None:
+        op = data.draw(st.sampled_from([
+            "limit", "tag_limit", "others", "capacity", "sync", "trim", "cache",
+            "cache_any_stream", "reset_peak", "fail_alloc", "fail_free"]), label="op")
+        if op == "limit":
+            self._set_limit(data.draw(devices), data.draw(limits))
+        elif op == "tag_limit":
+            self._set_tag_limit(data.draw(devices), data.draw(tags), data.draw(limits))
+        elif op == "others":
+            self._others_in_the_pool(data.draw(devices), data)
+        elif op == "capacity":
+            self._device_capacity(data.draw(devices),
+                                  data.draw(st.sampled_from([TOTAL, 8 * MIB, 2 * MIB])))
+        elif op == "sync":
+            self._synchronize_device(data.draw(devices))
+        elif op == "trim":
+            self._trim(data.draw(devices))
+        elif op == "cache" and not self.free_fault:  # a flush's order of frees is not modelled
+            self._set_cache(data.draw(devices),
+                            data.draw(st.sampled_from([0, 64 * KIB, MIB, GIB])),
+                            data.draw(st.sampled_from([8 * KIB, MAX_BLOCK])))
+        elif op == "cache_any_stream":
+            self._set_cache_any_stream(data.draw(tags), data.draw(st.booleans()))
+        elif op == "reset_peak":
+            self._reset_peak(data.draw(devices), data.draw(st.sampled_from((-1, *TAGS))))
+        elif op == "fail_alloc" and not self.alloc_fault:
+            self._fail_next_driver_alloc(data.draw(st.sampled_from([DRIVER_OOM, DRIVER_UNKNOWN])))
+        elif (op == "fail_free" and not self.free_fault and not self.alloc_fault
+              and not any(m.cache_limit or m.cache for m in self.dev.values())):
+            self._fail_next_driver_free()
+
+    # ---- the calls behind the rules above ----
+    def _double_free(self, ptr: int) -> None:
+        if ptr in self.live:
+            return  # the cache served it again: no longer a freed pointer
+        core.free(ptr)  # cached or gone: either way not the caller's to free
         self.bad_frees += 1
 
-    @rule(ptr=st.integers(2, 2**64 - 1))
-    def free_unknown(self, ptr: int) -> None:
+    def _free_unknown(self, ptr: int) -> None:
         if ptr in self.live:
             return
         core.free(ptr)
         self.bad_frees += 1
 
-    @rule(b=blocks, offset=st.integers(1, 511))  # blocks lie >= 1024 bytes apart
-    def free_inside_a_block(self, b: Block, offset: int) -> None:
+    def _free_inside_a_block(self, b: Block, offset: int) -> None:
         if b.ptr + offset in self.live:
             return
         core.free(b.ptr + offset)
         self.bad_frees += 1
 
-    @rule()
-    def free_null(self) -> None:
+    def _free_null(self) -> None:
         core.free(0)  # a no-op, not a bad free
 
-    @rule(b=blocks, stream=streams)
-    def record_stream(self, b: Block, stream: int) -> None:
+    def _record_stream(self, b: Block, stream: int) -> None:
         assert core.record_stream(b.ptr, stream) == Status.OK
+        b.recorded |= stream != b.stream
 
-    @rule(ptr=freed, stream=streams)
-    def record_stream_freed(self, ptr: int, stream: int) -> None:
-        assert core.record_stream(ptr, stream) == Status.INVALID
+    def _record_stream_freed(self, ptr: int, stream: int) -> None:
+        if ptr not in self.live:
+            assert core.record_stream(ptr, stream) == Status.INVALID
 
-    @rule(b=blocks)
-    def lookup(self, b: Block) -> None:
+    def _lookup(self, b: Block) -> None:
         assert core.lookup(b.ptr) == (Status.OK, b.size, b.dev, b.tag)
 
-    @rule(ptr=freed)
-    def lookup_freed(self, ptr: int) -> None:
-        assert core.lookup(ptr)[0] == Status.INVALID
+    def _lookup_freed(self, ptr: int) -> None:
+        if ptr not in self.live:
+            assert core.lookup(ptr)[0] == Status.INVALID
 
-    @rule(d=devices, limit=limits)
-    def set_limit(self, d: int, limit: int) -> None:
+    def _set_limit(self, d: int, limit: int) -> None:
         assert core.set_limit(d, limit) == Status.OK
         self.dev[d].limit = limit
 
-    @rule(d=devices, tag=tags, limit=limits)
-    def set_tag_limit(self, d: int, tag: int, limit: int) -> None:
+    def _set_tag_limit(self, d: int, tag: int, limit: int) -> None:
         assert core.set_tag_limit(d, tag, limit) == Status.OK
         self.dev[d].tag_limit[tag] = limit
 
-    @rule(d=devices, data=st.data())
-    def others_in_the_pool(self, d: int, data: st.DataObject) -> None:
+    def _others_in_the_pool(self, d: int, data: st.DataObject) -> None:
         m = self.dev[d]
         delta = data.draw(st.integers(-m.foreign, 2 * MIB))
         self.sd.standin_add_foreign(d, delta)
         m.foreign += delta
 
-    @rule(d=devices, capacity=st.sampled_from([TOTAL, 8 * MIB, 2 * MIB]))
-    def device_capacity(self, d: int, capacity: int) -> None:
+    def _device_capacity(self, d: int, capacity: int) -> None:
         self.sd.standin_set_capacity(d, capacity)
         self.dev[d].capacity = capacity
 
-    @rule(d=devices)
-    def synchronize_device(self, d: int) -> None:
+    def _synchronize_device(self, d: int) -> None:
         self.sd.standin_sync_all(d)
         self.sync(d, NULL_STREAM)
 
-    @rule(d=devices)
-    def trim(self, d: int) -> None:
-        assert core.trim(d, 0) == Status.OK  # synchronizes the device first
+    def _trim(self, d: int) -> None:
+        assert core.trim(d, 0) == Status.OK  # empties the cache, synchronizes the device
+        self.flush_cache(d)
         self.sync(d, NULL_STREAM)
 
-    @rule(d=devices, tag=st.sampled_from((-1, *TAGS)))
-    def reset_peak(self, d: int, tag: int) -> None:
+    def _set_cache(self, d: int, limit: int, max_block: int) -> None:
+        assert core.set_cache(d, limit, max_block) == Status.OK
+        m = self.dev[d]
+        m.cache_limit, m.cache_max_block = limit, max_block
+        if not limit:
+            self.flush_cache(d)  # off: emptied
+
+    def _set_cache_any_stream(self, tag: int, on: bool) -> None:
+        assert core.set_cache_any_stream(tag, int(on)) == Status.OK
+        self.any_stream[tag] = on
+
+    def _reset_peak(self, d: int, tag: int) -> None:
         assert core.reset_peak(d, tag) == Status.OK
         m = self.dev[d]
         for t in TAGS:
@@ -330,15 +496,11 @@ class LedgerMachine(RuleBasedStateMachine):
         if tag == -1:
             m.peak = self.used(d)
 
-    @precondition(lambda self: not self.alloc_fault)
-    @rule(code=st.sampled_from([DRIVER_OOM, DRIVER_UNKNOWN]))
-    def fail_next_driver_alloc(self, code: int) -> None:
+    def _fail_next_driver_alloc(self, code: int) -> None:
         self.sd.standin_fail(b"cuMemAllocFromPoolAsync", code, 1)
         self.alloc_fault = code
 
-    @precondition(lambda self: not self.free_fault and not self.alloc_fault)
-    @rule()
-    def fail_next_driver_free(self) -> None:
+    def _fail_next_driver_free(self) -> None:
         self.sd.standin_fail(b"cuMemFreeAsync", DRIVER_UNKNOWN, 1)
         self.free_fault = True
 
@@ -350,7 +512,9 @@ class LedgerMachine(RuleBasedStateMachine):
         for d, m in self.dev.items():
             s = self.raw(d)
             used = self.used(d)
-            assert s["used"] == used, f"device {d}: ledger {s['used']}, live bytes {used}"
+            assert s["used"] == used, f"device {d}: ledger {s['used']}, model {used}"
+            assert s["cached"] == m.cached()
+            assert s["cache_limit"] == m.cache_limit
             assert s["peak_used"] == m.peak >= used
             for t in TAGS:
                 ts = s["tags"][t]
@@ -382,7 +546,7 @@ def test_ledger_matches_the_model(standin: ctypes.CDLL) -> None:
         settings=settings(
             # BRIDGE_PROPERTY_EXAMPLES=2000 for a longer search
             max_examples=int(os.environ.get("BRIDGE_PROPERTY_EXAMPLES", "100")),
-            stateful_step_count=40,
+            stateful_step_count=50,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
             database=None,

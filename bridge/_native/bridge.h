@@ -158,6 +158,7 @@ typedef struct bridge_stats {
     uint64_t graph_bytes;    /* bytes held by captured graphs */
     uint64_t cached;         /* freed blocks kept for reuse (part of `used`) */
     uint64_t cache_limit;    /* cap of `cached`; 0 = no cache */
+    uint64_t num_cache_hits; /* allocations served from the cache */
     bridge_tag_stats tag[BRIDGE_NTAGS];
 } bridge_stats;
 

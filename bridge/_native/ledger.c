@@ -56,6 +56,7 @@ typedef struct device_state {
     tag_state tag[BRIDGE_NTAGS];
     _Atomic uint64_t num_allocs, num_frees, num_ooms, num_retries;
     _Atomic uint64_t num_driver_errors;
+    _Atomic uint64_t num_cache_hits; /* allocations served from the cache */
     _Atomic uint64_t graph_bytes; /* bytes of graph blocks the user freed */
 
     /* ---- the pool (set once by setup, under setup_lock) ---- */
@@ -457,6 +458,7 @@ static int adopt_cached(device_state *d, int device, uintptr_t p, size_t size, C
     atomic_fetch_add_explicit(&t->allocated, size, RELAXED);
     atomic_fetch_add_explicit(&t->num_allocs, 1, RELAXED);
     atomic_fetch_add_explicit(&d->num_allocs, 1, RELAXED);
+    atomic_fetch_add_explicit(&d->num_cache_hits, 1, RELAXED);
     *out = (void *)p;
     return BRIDGE_OK;
 }
@@ -857,6 +859,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->num_deferred = atomic_load(&d->num_deferred);
     out->graph_bytes = atomic_load(&d->graph_bytes);
     out->cached = cache_bytes(device);
+    out->num_cache_hits = atomic_load(&d->num_cache_hits);
     out->cache_limit = cache_limit(device);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];

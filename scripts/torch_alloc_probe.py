@@ -1,0 +1,53 @@
+"""Where does torch's alloc+free time go under the bridge? (GPU diagnostic)
+
+    python scripts/torch_alloc_probe.py native|bridge|bridge-nocache
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    if mode.startswith("bridge"):
+        import bridge
+
+        bridge.unify(cupy=False, torch=True)
+        if mode == "bridge-nocache":
+            from bridge._runtime import core
+
+            core.set_cache(0, 0)
+    import torch
+
+    out = {"mode": mode}
+    for nbytes in (512, 1 << 20):
+        for _ in range(2000):
+            torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        best = float("inf")
+        for _ in range(5):
+            n = 50000
+            t = time.perf_counter()
+            for _ in range(n):
+                torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+            best = min(best, (time.perf_counter() - t) / n * 1e9)
+        out[f"ns_{nbytes}"] = round(best)
+    x = torch.empty(1, device="cuda")
+    n = 50000
+    t = time.perf_counter()
+    for _ in range(n):
+        x.add_(1)  # a tensor op with no allocation: the dispatch floor
+    out["ns_add_"] = round((time.perf_counter() - t) / n * 1e9)
+    if mode.startswith("bridge"):
+        import bridge
+
+        s = bridge.stats(0)
+        out.update(num_allocs=s.num_allocs, cached=s.cached,
+                   hits=bridge._runtime.core.stats(0)[1]["num_cache_hits"])
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
