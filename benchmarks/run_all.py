@@ -52,7 +52,7 @@ class Params:
     budget_s: float
 
 
-FULL = Params(iters=20000, warmup=2000, repeats=7, alloc_rounds=2, e2e_steps=100, e2e_repeats=5,
+FULL = Params(iters=20000, warmup=2000, repeats=7, alloc_rounds=3, e2e_steps=100, e2e_repeats=5,
               e2e_warmup=20, e2e_rounds=2, mixed_fraction=0.572, budget_s=450)
 QUICK = Params(iters=4000, warmup=500, repeats=5, alloc_rounds=1, e2e_steps=30, e2e_repeats=3,
                e2e_warmup=10, e2e_rounds=1, mixed_fraction=0.15, budget_s=150)
