@@ -12,7 +12,8 @@ from __future__ import annotations
 
 __all__ = ["install", "installed", "OutOfMemoryError"]
 
-from typing import Any, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import cupy
 from cupy.cuda import memory as _cmem
@@ -43,13 +44,13 @@ def installed() -> bool:
     return _allocator is not None and cupy.cuda.get_allocator() is _allocator
 
 
-def _current_stream_fn():
+def _current_stream_fn() -> Callable[[], Any]:
     # The Stream object, not its handle: the block keeps it alive until the
     # free is queued on it (a destroyed stream must never reach the driver).
     return cupy.cuda.get_current_stream
 
 
-def _current_device_fn():
+def _current_device_fn() -> Callable[[], int]:
     return getattr(cupy.cuda.device, "get_device_id", None) or cupy.cuda.runtime.getDevice
 
 
@@ -57,8 +58,9 @@ def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
     """The slow path: set up a device first used now, or raise CuPy's OOM error."""
     if rc in (Status.DEVICE, Status.NOTINIT):
         _runtime.ensure_device(device)
-        rc, block = core.alloc_block(device, size, stream, core.TAG_CUPY,
-                                     cupy.cuda.get_current_stream())
+        rc, block = core.alloc_block(
+            device, size, stream, core.TAG_CUPY, cupy.cuda.get_current_stream()
+        )
         if rc == Status.OK:
             return _allocator.wrap(block)
     if rc in OOM_STATUSES:
@@ -86,8 +88,13 @@ def install(devices: Iterable[int]) -> None:
         _runtime.ensure_device(d)
     if _allocator is None:
         _allocator = core.CupyAllocator(
-            _current_device_fn(), _current_stream_fn(), _cmem.UnownedMemory,
-            _cmem.MemoryPointer, _on_failure, core.TAG_CUPY)
+            _current_device_fn(),
+            _current_stream_fn(),
+            _cmem.UnownedMemory,
+            _cmem.MemoryPointer,
+            _on_failure,
+            core.TAG_CUPY,
+        )
     cupy.cuda.set_allocator(_allocator)
     try:
         from bridge import pinned

@@ -24,17 +24,16 @@ __all__ = ["install", "installed", "backend_started", "jax_bytes", "SHARED_ENV"]
 import os
 import sys
 import warnings
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from bridge import _runtime
 from bridge._errors import BridgeError, check
 from bridge._runtime import core
 from bridge.pool import register_attribution
 
-SHARED_ENV = {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async",
-              "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+SHARED_ENV = {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 _installed = False
-_partition: Optional[int] = None
+_partition: int | None = None
 
 
 def installed() -> bool:
@@ -56,7 +55,7 @@ def backend_started() -> bool:
     return bool(getattr(xla_bridge, "_backends", {}))
 
 
-def _conflicts(partition: Optional[int]) -> list[str]:
+def _conflicts(partition: int | None) -> list[str]:
     problems = []
     if partition is None:
         for var, want in SHARED_ENV.items():
@@ -66,12 +65,13 @@ def _conflicts(partition: Optional[int]) -> list[str]:
     else:
         have = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR")
         if have not in (None, "default", "bfc"):
-            problems.append(f"XLA_PYTHON_CLIENT_ALLOCATOR={have} (a hard partition uses "
-                            "JAX's own BFC arena)")
+            problems.append(
+                f"XLA_PYTHON_CLIENT_ALLOCATOR={have} (a hard partition uses JAX's own BFC arena)"
+            )
     return problems
 
 
-def jax_bytes(device: int) -> Optional[int]:
+def jax_bytes(device: int) -> int | None:
     """JAX's live bytes on a CUDA device, from JAX's own ``memory_stats()``."""
     if not backend_started():
         return 0
@@ -85,7 +85,7 @@ def jax_bytes(device: int) -> Optional[int]:
     return None
 
 
-def install(devices: Iterable[int], *, partition: Optional[int] = None) -> None:
+def install(devices: Iterable[int], *, partition: int | None = None) -> None:
     """Configure XLA for the shared pool (or a hard partition), start JAX, re-assert the pool."""
     global _installed, _partition
     if _installed:
@@ -95,17 +95,23 @@ def install(devices: Iterable[int], *, partition: Optional[int] = None) -> None:
     if problems:
         raise BridgeError(
             "bridge.unify(jax=True): these settings conflict with the bridge: "
-            + "; ".join(problems) + ". Unset them (the bridge sets what JAX needs) and call "
-            "bridge.unify() before JAX starts.")
+            + "; ".join(problems)
+            + ". Unset them (the bridge sets what JAX needs) and call "
+            "bridge.unify() before JAX starts."
+        )
     if backend_started():
         raise BridgeError(
             "call bridge.unify(jax=True) before JAX's GPU backend starts: it has already "
             "started (a jax array, jax.devices() or a jitted call ran). Move bridge.unify() "
-            "to the top of your program.")
+            "to the top of your program."
+        )
     if "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ and partition is None:
-        warnings.warn("XLA_PYTHON_CLIENT_MEM_FRACTION has no effect with the shared pool "
-                      "(XLA's cuda_async allocator enforces no limit); the bridge budget "
-                      "applies instead.", stacklevel=3)
+        warnings.warn(
+            "XLA_PYTHON_CLIENT_MEM_FRACTION has no effect with the shared pool "
+            "(XLA's cuda_async allocator enforces no limit); the bridge budget "
+            "applies instead.",
+            stacklevel=3,
+        )
     for d in devices:
         _runtime.ensure_device(d)
     if partition is None:
@@ -115,13 +121,18 @@ def install(devices: Iterable[int], *, partition: Optional[int] = None) -> None:
             rc, raw = core.stats(d)
             check(rc, what="reading the device", device=d)
             if partition >= raw["total"]:
-                raise ValueError(f"jax partition of {partition} bytes is not below the "
-                                 f"device's {raw['total']} bytes")
+                raise ValueError(
+                    f"jax partition of {partition} bytes is not below the "
+                    f"device's {raw['total']} bytes"
+                )
             os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
             os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{partition / raw['total']:.6f}"
             if raw["limit"]:
-                check(core.set_limit(d, max(1, raw["limit"] - partition)),
-                      what="shrinking the budget by JAX's partition", device=d)
+                check(
+                    core.set_limit(d, max(1, raw["limit"] - partition)),
+                    what="shrinking the budget by JAX's partition",
+                    device=d,
+                )
         os.environ.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
     import jax
     import jax.numpy as jnp

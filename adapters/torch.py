@@ -12,7 +12,8 @@ from __future__ import annotations
 __all__ = ["install", "installed", "memory_stats"]
 
 import ctypes
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -65,13 +66,23 @@ def memory_stats(device: Any = None) -> dict:
     reserved = stat(t["current"] + graph, t["peak"] + graph, t["allocated"], t["freed"])
     zero = stat(0, 0, 0, 0)
     return {
-        "allocated_bytes": nbytes, "active_bytes": nbytes, "requested_bytes": nbytes,
-        "reserved_bytes": reserved, "inactive_split_bytes": zero,
-        "allocation": count, "active": count, "segment": count, "inactive_split": zero,
-        "num_alloc_retries": raw["num_retries"], "num_ooms": t["num_ooms"],
-        "num_sync_all_streams": 0, "num_device_alloc": t["num_allocs"],
-        "num_device_free": t["num_frees"], "max_split_size": -1,
-        "oversize_allocations": zero["all"], "oversize_segments": zero["all"],
+        "allocated_bytes": nbytes,
+        "active_bytes": nbytes,
+        "requested_bytes": nbytes,
+        "reserved_bytes": reserved,
+        "inactive_split_bytes": zero,
+        "allocation": count,
+        "active": count,
+        "segment": count,
+        "inactive_split": zero,
+        "num_alloc_retries": raw["num_retries"],
+        "num_ooms": t["num_ooms"],
+        "num_sync_all_streams": 0,
+        "num_device_alloc": t["num_allocs"],
+        "num_device_free": t["num_frees"],
+        "max_split_size": -1,
+        "oversize_allocations": zero["all"],
+        "oversize_segments": zero["all"],
     }
 
 
@@ -82,8 +93,9 @@ def _reset_peak(device: Any) -> None:
 
 def _reset_accumulated(device: Any) -> None:
     dev = _device_index(device)
-    check(core.reset_accumulated(dev, core.TAG_TORCH), what="resetting torch's counters",
-          device=dev)
+    check(
+        core.reset_accumulated(dev, core.TAG_TORCH), what="resetting torch's counters", device=dev
+    )
 
 
 def _release_caches(device: int, tag: int) -> None:
@@ -104,10 +116,11 @@ def _check_order() -> None:
             "call bridge.unify(torch=True) before the first CUDA tensor: torch has already "
             "initialized its CUDA allocator, and it cannot be swapped afterwards. Move "
             "bridge.unify() to the top of your program, before any .cuda(), "
-            "torch.device('cuda') tensor or torch.cuda call that starts CUDA.")
+            "torch.device('cuda') tensor or torch.cuda call that starts CUDA."
+        )
 
 
-def install(devices: Iterable[int], *, library: Optional[str] = None) -> None:
+def install(devices: Iterable[int], *, library: str | None = None) -> None:
     """Make the compiled core torch's CUDA allocator. Must run before torch starts CUDA."""
     global _allocator
     if _allocator is not None:
@@ -116,8 +129,9 @@ def install(devices: Iterable[int], *, library: Optional[str] = None) -> None:
     for d in devices:
         _runtime.ensure_device(d)
     path = library or core.__file__
-    alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "bridge_torch_alloc",
-                                                     "bridge_torch_free")
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(
+        path, "bridge_torch_alloc", "bridge_torch_free"
+    )
     lib = ctypes.CDLL(path)
     hooks = alloc.allocator()
     for setter, symbol in _HOOKS:
@@ -127,7 +141,8 @@ def install(devices: Iterable[int], *, library: Optional[str] = None) -> None:
     except RuntimeError as exc:
         raise BridgeError(
             "call bridge.unify(torch=True) before the first CUDA tensor: torch refused to swap "
-            f"its allocator ({exc}).") from exc
+            f"its allocator ({exc})."
+        ) from exc
     _allocator = alloc
     # torch's streams come from a pool and are never destroyed: its freed
     # blocks can be cached on any stream.

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from bridge._errors import BridgeError, OutOfMemoryError
 from bridge.budget import parse_size
 from bridge.pool import Pool, Stats, pool, stats
@@ -15,19 +17,41 @@ from bridge.recovery import on_pressure, remove_pressure_callback
 from bridge.unify import Bridge, unify
 
 __all__ = [
-    "Bridge", "BridgeError", "OutOfMemoryError", "Pool", "Stats",
-    "unify", "pool", "stats", "parse_size", "on_pressure", "remove_pressure_callback",
-    "empty_pinned", "zeros_pinned", "pinned_buffer", "pinned_pool", "pinned_record",
-    "PinnedBuffer", "PinnedPool", "record",
+    "Bridge",
+    "BridgeError",
+    "OutOfMemoryError",
+    "Pool",
+    "Stats",
+    "unify",
+    "pool",
+    "stats",
+    "parse_size",
+    "on_pressure",
+    "remove_pressure_callback",
+    "empty_pinned",
+    "zeros_pinned",
+    "pinned_buffer",
+    "pinned_pool",
+    "pinned_record",
+    "PinnedBuffer",
+    "PinnedPool",
+    "record",
 ]
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Pinned memory and the timeline load on first use: importing bridge stays cheap.
-    if name in ("empty_pinned", "zeros_pinned", "pinned_buffer", "pinned_pool", "PinnedBuffer",
-                "PinnedPool", "pinned_record"):
+    if name in (
+        "empty_pinned",
+        "zeros_pinned",
+        "pinned_buffer",
+        "pinned_pool",
+        "PinnedBuffer",
+        "PinnedPool",
+        "pinned_record",
+    ):
         from bridge import pinned
 
         return getattr(pinned, name)

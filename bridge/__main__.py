@@ -29,10 +29,18 @@ COLUMNS = ("device",) + FRAMEWORKS + ("used", "reserved", "budget", "peak", "tot
 
 
 def _row(s: Stats) -> list[str]:
-    return ([str(s.device)] + [format_bytes(s.by_framework.get(f, 0)) for f in FRAMEWORKS] +
-            [format_bytes(s.used), format_bytes(s.reserved),
-             format_bytes(s.limit) if s.limit else "none", format_bytes(s.peak_used),
-             format_bytes(s.total), str(s.num_ooms)])
+    return (
+        [str(s.device)]
+        + [format_bytes(s.by_framework.get(f, 0)) for f in FRAMEWORKS]
+        + [
+            format_bytes(s.used),
+            format_bytes(s.reserved),
+            format_bytes(s.limit) if s.limit else "none",
+            format_bytes(s.peak_used),
+            format_bytes(s.total),
+            str(s.num_ooms),
+        ]
+    )
 
 
 def format_table(snapshots: Sequence[Stats]) -> str:
@@ -80,8 +88,13 @@ def _doctor_cmd(args: argparse.Namespace, out: TextIO) -> int:
 
 def _print_stats(snaps: list[Stats], args: argparse.Namespace, out: TextIO, tty: bool) -> None:
     if args.json:
-        out.write(json.dumps({"time": time.time(), "devices": [s.as_dict() for s in snaps]},
-                             separators=(",", ":")) + "\n")
+        out.write(
+            json.dumps(
+                {"time": time.time(), "devices": [s.as_dict() for s in snaps]},
+                separators=(",", ":"),
+            )
+            + "\n"
+        )
     else:
         if tty:
             out.write("\x1b[H\x1b[2J")  # clear the terminal between refreshes
@@ -138,28 +151,51 @@ def _count(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bridge",
-        description="One GPU memory pool and one budget for CuPy, PyTorch and JAX.")
+        description="One GPU memory pool and one budget for CuPy, PyTorch and JAX.",
+    )
     p.add_argument("--version", action="version", version=f"bridge {bridge.__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    d = sub.add_parser("doctor", help="check the driver, GPUs, frameworks and environment",
-                       description="Check what this machine offers the bridge. Imports no "
-                                   "framework; exits 0 even without a GPU.")
+    d = sub.add_parser(
+        "doctor",
+        help="check the driver, GPUs, frameworks and environment",
+        description="Check what this machine offers the bridge. Imports no "
+        "framework; exits 0 even without a GPU.",
+    )
     d.add_argument("--json", action="store_true", help="print the report as JSON")
-    s = sub.add_parser("stats", help="print every device's pool figures",
-                       description="Print every device's pool figures: bytes per framework, "
-                                   "used, reserved, budget, peak. Exits 1 without a GPU.")
-    s.add_argument("--watch", nargs="?", type=_positive, const=1.0, default=None,
-                   metavar="SECONDS", help="refresh every SECONDS (default 1) until Ctrl-C")
-    s.add_argument("--count", type=_count, default=None, metavar="N",
-                   help="print N times, then stop (with --watch, or alone: every second)")
-    s.add_argument("--json", action="store_true",
-                   help="print one JSON object per refresh: {time, devices: [stats...]}")
+    s = sub.add_parser(
+        "stats",
+        help="print every device's pool figures",
+        description="Print every device's pool figures: bytes per framework, "
+        "used, reserved, budget, peak. Exits 1 without a GPU.",
+    )
+    s.add_argument(
+        "--watch",
+        nargs="?",
+        type=_positive,
+        const=1.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 1) until Ctrl-C",
+    )
+    s.add_argument(
+        "--count",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="print N times, then stop (with --watch, or alone: every second)",
+    )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per refresh: {time, devices: [stats...]}",
+    )
     s.add_argument("--device", type=int, default=None, help="only this device")
     return p
 
 
-def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
-         stderr: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
     """Run the command line.
 
     Parameters

@@ -35,16 +35,19 @@ CONFLICTING_ENV: dict[str, tuple[str, str]] = {
         "under bridge.unify(torch=True) torch allocates through the bridge, so torch's "
         "caching-allocator options (backend, expandable_segments, max_split_size_mb, ...) "
         "have no effect; without unify() torch's own allocator uses them outside the "
-        "budget. Unset it."),
+        "budget. Unset it.",
+    ),
     "XLA_PYTHON_CLIENT_MEM_FRACTION": (
         "warn",
         "XLA's cuda_async allocator, which the bridge gives JAX, enforces no byte limit: "
         "this fraction limits nothing. Set the shared budget instead "
-        "(bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT)."),
+        "(bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT).",
+    ),
     "CUPY_GPU_MEMORY_LIMIT": (
         "warn",
         "this limits CuPy's own memory pool, which bridge.unify(cupy=True) replaces: it has "
-        "no effect on the shared pool. Use BRIDGE_GPU_MEMORY_LIMIT (same syntax) instead."),
+        "no effect on the shared pool. Use BRIDGE_GPU_MEMORY_LIMIT (same syntax) instead.",
+    ),
 }
 
 
@@ -64,8 +67,8 @@ class Framework:
     name: str
     installed: bool = False
     version: str | None = None
-    detail: str = ""             # the distributions, jaxlib and plugins
-    usable: bool | None = None   # None: not a framework the bridge plugs into
+    detail: str = ""  # the distributions, jaxlib and plugins
+    usable: bool | None = None  # None: not a framework the bridge plugs into
     findings: list[Finding] = dataclasses.field(default_factory=list)
 
     def add(self, level: str, text: str) -> None:
@@ -110,15 +113,23 @@ def _version_text(v: int) -> str:
 
 
 def _driver() -> dict:
-    info = {"loaded": False, "library": os.environ.get(_runtime.DRIVER_LIBRARY_ENV) or
-            "libcuda.so.1", "error": "", "version": None, "version_text": "", "devices": 0}
+    info = {
+        "loaded": False,
+        "library": os.environ.get(_runtime.DRIVER_LIBRARY_ENV) or "libcuda.so.1",
+        "error": "",
+        "version": None,
+        "version_text": "",
+        "devices": 0,
+    }
     try:
         _runtime.ensure_driver()
     except BridgeError:
-        info["error"] = (f"no usable CUDA driver ({core.load_error() or 'cuInit failed'}). "
-                         "The bridge needs an NVIDIA GPU and its driver to manage GPU memory; "
-                         "check `nvidia-smi` and CUDA_VISIBLE_DEVICES. The framework checks "
-                         "below still apply.")
+        info["error"] = (
+            f"no usable CUDA driver ({core.load_error() or 'cuInit failed'}). "
+            "The bridge needs an NVIDIA GPU and its driver to manage GPU memory; "
+            "check `nvidia-smi` and CUDA_VISIBLE_DEVICES. The framework checks "
+            "below still apply."
+        )
         return info
     info["loaded"] = True
     info["library"] = core.loaded_library()
@@ -148,13 +159,18 @@ def _device_name(index: int) -> tuple[str | None, str | None]:
     if _driver_call("cuDeviceGet", ctypes.byref(dev), index) != 0:
         return None, None
     buf = ctypes.create_string_buffer(256)
-    name = buf.value.decode(errors="replace") if _driver_call(
-        "cuDeviceGetName", buf, 256, dev) == 0 else ""
+    name = (
+        buf.value.decode(errors="replace")
+        if _driver_call("cuDeviceGetName", buf, 256, dev) == 0
+        else ""
+    )
     major, minor = ctypes.c_int(), ctypes.c_int()
     cc = None
-    if (_driver_call("cuDeviceGetAttribute", ctypes.byref(major), 75, dev) == 0 and
-            _driver_call("cuDeviceGetAttribute", ctypes.byref(minor), 76, dev) == 0 and
-            major.value > 0):
+    if (
+        _driver_call("cuDeviceGetAttribute", ctypes.byref(major), 75, dev) == 0
+        and _driver_call("cuDeviceGetAttribute", ctypes.byref(minor), 76, dev) == 0
+        and major.value > 0
+    ):
         cc = f"{major.value}.{minor.value}"
     return name or None, cc
 
@@ -163,8 +179,14 @@ def _devices(count: int) -> list[dict]:
     devices = []
     for d in range(count):
         name, cc = _device_name(d)
-        dev = {"index": d, "name": name, "compute_capability": cc, "pools": False,
-               "total": None, "error": None}
+        dev = {
+            "index": d,
+            "name": name,
+            "compute_capability": cc,
+            "pools": False,
+            "total": None,
+            "error": None,
+        }
         try:
             _runtime.ensure_device(d)
         except ValueError:
@@ -212,9 +234,12 @@ def _package_file(package: str, relative: str) -> str | None:
 def _cuda_major_check(fw: Framework, major: int | None, driver: dict) -> None:
     drv = driver["version"]
     if major is not None and drv and major > drv // 1000:
-        fw.add("warn", f"built for CUDA {major}, but the driver supports CUDA "
-               f"{driver['version_text']}: update the NVIDIA driver or install "
-               f"{fw.name}'s CUDA {drv // 1000} build.")
+        fw.add(
+            "warn",
+            f"built for CUDA {major}, but the driver supports CUDA "
+            f"{driver['version_text']}: update the NVIDIA driver or install "
+            f"{fw.name}'s CUDA {drv // 1000} build.",
+        )
 
 
 def _torch(dists: dict[str, str], driver: dict) -> Framework:
@@ -225,41 +250,59 @@ def _torch(dists: dict[str, str], driver: dict) -> Framework:
     cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([\d.]+)['\"]", version_py, re.M)
     pluggable = "CUDAPluggableAllocator" in (_package_file("torch", "cuda/memory.py") or "")
     if re.search(r"^hip\s*(?::[^=]*)?=\s*['\"]", version_py, re.M):
-        fw.add("error", "a ROCm build: the bridge manages CUDA memory only; install a CUDA "
-               "build of torch.")
+        fw.add(
+            "error",
+            "a ROCm build: the bridge manages CUDA memory only; install a CUDA build of torch.",
+        )
     elif not cuda:
-        fw.add("warn", "a CPU-only build: torch cannot use the GPU; install a CUDA build "
-               "(https://pytorch.org/get-started/locally/).")
+        fw.add(
+            "warn",
+            "a CPU-only build: torch cannot use the GPU; install a CUDA build "
+            "(https://pytorch.org/get-started/locally/).",
+        )
     elif not pluggable:
-        fw.add("error", "has no torch.cuda.memory.CUDAPluggableAllocator, which the bridge "
-               "plugs into: upgrade torch (2.1 or newer).")
+        fw.add(
+            "error",
+            "has no torch.cuda.memory.CUDAPluggableAllocator, which the bridge "
+            "plugs into: upgrade torch (2.1 or newer).",
+        )
     else:
         fw.usable = True
-        fw.add("ok", f"CUDA {cuda.group(1)} build with CUDAPluggableAllocator; call "
-               "bridge.unify(torch=True) before the first CUDA tensor.")
+        fw.add(
+            "ok",
+            f"CUDA {cuda.group(1)} build with CUDAPluggableAllocator; call "
+            "bridge.unify(torch=True) before the first CUDA tensor.",
+        )
         _cuda_major_check(fw, int(cuda.group(1).split(".")[0]), driver)
     return fw
 
 
 def _cupy(dists: dict[str, str], driver: dict) -> Framework:
     names = sorted(n for n in dists if re.fullmatch(r"cupy(-cuda\d+x?|-rocm[-\d]*)?", n))
-    fw = Framework("cupy", bool(names), dists[names[0]] if names else None,
-                   detail=", ".join(names))
+    fw = Framework("cupy", bool(names), dists[names[0]] if names else None, detail=", ".join(names))
     if not names:
         return fw
     if len(names) > 1:
-        fw.add("error", f"several CuPy packages are installed ({', '.join(names)}): they "
-               "overwrite each other; uninstall all of them and install the one for your "
-               "CUDA version.")
+        fw.add(
+            "error",
+            f"several CuPy packages are installed ({', '.join(names)}): they "
+            "overwrite each other; uninstall all of them and install the one for your "
+            "CUDA version.",
+        )
     if any(n.startswith("cupy-rocm") for n in names):
         fw.add("error", "a ROCm build: the bridge manages CUDA memory only.")
     elif "set_allocator" not in (_package_file("cupy", "cuda/__init__.py") or ""):
-        fw.add("error", "cupy.cuda.set_allocator was not found in this CuPy: reinstall or "
-               "upgrade CuPy.")
+        fw.add(
+            "error",
+            "cupy.cuda.set_allocator was not found in this CuPy: reinstall or upgrade CuPy.",
+        )
     else:
         fw.usable = len(names) == 1
-        fw.add("ok", "has cupy.cuda.set_allocator; bridge.unify(cupy=True) replaces its "
-               "allocator (arrays made before the call stay in CuPy's own pool).")
+        fw.add(
+            "ok",
+            "has cupy.cuda.set_allocator; bridge.unify(cupy=True) replaces its "
+            "allocator (arrays made before the call stay in CuPy's own pool).",
+        )
     m = re.search(r"cuda(\d+)", names[0])
     if m:  # cupy-cuda12x -> 12; the old cupy-cuda117 -> 11
         digits = m.group(1)
@@ -276,26 +319,32 @@ def _jax(dists: dict[str, str], driver: dict) -> Framework:
     fw.detail = ", ".join([f"jaxlib {jaxlib}"] + [f"{n} {dists[n]}" for n in plugins])
     legacy = re.search(r"\+cuda(\d+)", jaxlib or "")  # jaxlib 0.4.7+cuda12.cudnn88
     if not jaxlib:
-        fw.add("error", "jax is installed without jaxlib: pip install -U 'jax[cuda13]' "
-               "(or cuda12).")
+        fw.add(
+            "error", "jax is installed without jaxlib: pip install -U 'jax[cuda13]' (or cuda12)."
+        )
     elif not plugins and not legacy:
-        fw.add("warn", "no CUDA plugin (jax-cuda12-plugin / jax-cuda13-plugin): JAX runs on "
-               "the CPU and the bridge has nothing to do for it. pip install -U "
-               "'jax[cuda13]' (or cuda12).")
+        fw.add(
+            "warn",
+            "no CUDA plugin (jax-cuda12-plugin / jax-cuda13-plugin): JAX runs on "
+            "the CPU and the bridge has nothing to do for it. pip install -U "
+            "'jax[cuda13]' (or cuda12).",
+        )
     else:
         fw.usable = True
         digits = legacy.group(1)[:2] if legacy else re.sub(r"\D", "", plugins[0])
-        fw.add("ok", "has a CUDA backend; call bridge.unify(jax=True) before JAX's first GPU "
-               "operation (it sets XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async without "
-               "preallocation).")
+        fw.add(
+            "ok",
+            "has a CUDA backend; call bridge.unify(jax=True) before JAX's first GPU "
+            "operation (it sets XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async without "
+            "preallocation).",
+        )
         _cuda_major_check(fw, int(digits), driver)
     return fw
 
 
 def _cuda_python(dists: dict[str, str]) -> Framework:
     names = [n for n in ("cuda-python", "cuda-bindings", "cuda-core") if n in dists]
-    fw = Framework("cuda-python", bool(names),
-                   ", ".join(f"{n} {dists[n]}" for n in names) or None)
+    fw = Framework("cuda-python", bool(names), ", ".join(f"{n} {dists[n]}" for n in names) or None)
     if names:
         fw.add("info", "optional: the bridge loads the driver itself and does not need it.")
     return fw
@@ -311,17 +360,31 @@ def _environment(devices: list[dict]) -> list[Finding]:
     # the same rule as bridge.unify(jax=True), which refuses other values
     pre = env.get("XLA_PYTHON_CLIENT_PREALLOCATE")
     if pre is not None and pre.lower() != "false":
-        found.append(Finding("warn", f"XLA_PYTHON_CLIENT_PREALLOCATE={pre}", (
-            "JAX would reserve most of the GPU at start (0.75 of it with cuda_async) before "
-            "any other framework can use it, and bridge.unify(jax=True) refuses to start "
-            "with any value but false. Unset it (the bridge sets false).")))
+        found.append(
+            Finding(
+                "warn",
+                f"XLA_PYTHON_CLIENT_PREALLOCATE={pre}",
+                (
+                    "JAX would reserve most of the GPU at start (0.75 of it with cuda_async) "
+                    "before any other framework can use it, and bridge.unify(jax=True) refuses "
+                    "to start with any value but false. Unset it (the bridge sets false)."
+                ),
+            )
+        )
     alloc = env.get("XLA_PYTHON_CLIENT_ALLOCATOR")
     if alloc is not None and alloc.lower() != "cuda_async":
-        found.append(Finding("warn", f"XLA_PYTHON_CLIENT_ALLOCATOR={alloc}", (
-            "JAX would allocate from its own arena outside the shared pool and budget, and "
-            "bridge.unify(jax=True) refuses to start with it. Unset it (the bridge sets "
-            "cuda_async); bridge.unify(jax=True, jax_memory=...) gives JAX an arena of its "
-            "own deliberately.")))
+        found.append(
+            Finding(
+                "warn",
+                f"XLA_PYTHON_CLIENT_ALLOCATOR={alloc}",
+                (
+                    "JAX would allocate from its own arena outside the shared pool and budget, and "
+                    "bridge.unify(jax=True) refuses to start with it. Unset it (the bridge sets "
+                    "cuda_async); bridge.unify(jax=True, jax_memory=...) gives JAX an arena of its "
+                    "own deliberately."
+                ),
+            )
+        )
     totals = [d["total"] for d in devices if d["total"]]
     for name in (GPU_LIMIT_ENV, PINNED_LIMIT_ENV):
         raw = env.get(name)
@@ -331,29 +394,53 @@ def _environment(devices: list[dict]) -> list[Finding]:
         try:
             size = parse_size(raw, total=total, name=name)
         except ValueError as exc:
-            who = ("bridge.unify() and bridge.pool()" if name == GPU_LIMIT_ENV else
-                   "bridge's pinned-memory functions")
-            found.append(Finding("error", f"{name}={raw}",
-                                 f"{exc} {who} raise ValueError on this value: fix or unset it."))
+            who = (
+                "bridge.unify() and bridge.pool()"
+                if name == GPU_LIMIT_ENV
+                else "bridge's pinned-memory functions"
+            )
+            found.append(
+                Finding(
+                    "error",
+                    f"{name}={raw}",
+                    f"{exc} {who} raise ValueError on this value: fix or unset it.",
+                )
+            )
             continue
         if name == GPU_LIMIT_ENV and totals:
             what = f"a budget of {format_bytes(size or 0)} per device" if size else "no limit"
             if size and size >= max(totals):
-                found.append(Finding("warn", f"{name}={raw}", (
-                    f"{format_bytes(size)} is not below the GPUs' memory "
-                    f"({format_bytes(max(totals))}): it limits nothing. Use a size below it "
-                    "or a percentage such as 90%.")))
+                found.append(
+                    Finding(
+                        "warn",
+                        f"{name}={raw}",
+                        (
+                            f"{format_bytes(size)} is not below the GPUs' memory "
+                            f"({format_bytes(max(totals))}): it limits nothing. Use a size "
+                            "below it or a percentage such as 90%."
+                        ),
+                    )
+                )
                 continue
         else:
             what = f"{format_bytes(size or 0)}" if size else "no limit"
         found.append(Finding("ok", f"{name}={raw}", f"valid: {what}."))
     if "CUDA_VISIBLE_DEVICES" in env:
-        found.append(Finding("info", f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}",
-                             "only these GPUs are visible to this process."))
+        found.append(
+            Finding(
+                "info",
+                f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}",
+                "only these GPUs are visible to this process.",
+            )
+        )
     if env.get(_runtime.DRIVER_LIBRARY_ENV):
-        found.append(Finding("info", f"{_runtime.DRIVER_LIBRARY_ENV}="
-                             f"{env[_runtime.DRIVER_LIBRARY_ENV]}",
-                             "the bridge loads this library instead of libcuda.so.1."))
+        found.append(
+            Finding(
+                "info",
+                f"{_runtime.DRIVER_LIBRARY_ENV}={env[_runtime.DRIVER_LIBRARY_ENV]}",
+                "the bridge loads this library instead of libcuda.so.1.",
+            )
+        )
     return found
 
 
@@ -367,13 +454,20 @@ def collect() -> Report:
     driver = _driver()
     devices = _devices(driver["devices"]) if driver["loaded"] else []
     dists = _distributions()
-    frameworks = [_cupy(dists, driver), _torch(dists, driver), _jax(dists, driver),
-                  _cuda_python(dists)]
+    frameworks = [
+        _cupy(dists, driver),
+        _torch(dists, driver),
+        _jax(dists, driver),
+        _cuda_python(dists),
+    ]
     return Report(
         python={"version": platform.python_version(), "executable": sys.executable},
         bridge={"version": bridge.__version__, "path": str(pathlib.Path(bridge.__file__).parent)},
-        driver=driver, devices=devices, frameworks=frameworks,
-        environment=_environment(devices))
+        driver=driver,
+        devices=devices,
+        frameworks=frameworks,
+        environment=_environment(devices),
+    )
 
 
 def _tag(level: str) -> str:
@@ -382,17 +476,30 @@ def _tag(level: str) -> str:
 
 def render(report: Report) -> str:
     """The report as the text ``python -m bridge doctor`` prints."""
-    out = ["bridge doctor", "",
-           f"  Python       {report.python['version']} ({report.python['executable']})",
-           f"  bridge       {report.bridge['version']} ({report.bridge['path']})", "", "Driver"]
+    out = [
+        "bridge doctor",
+        "",
+        f"  Python       {report.python['version']} ({report.python['executable']})",
+        f"  bridge       {report.bridge['version']} ({report.bridge['path']})",
+        "",
+        "Driver",
+    ]
     drv = report.driver
     if drv["loaded"]:
-        out.append(f"  {_tag('ok')}loaded {drv['library']}; CUDA driver "
-                   f"{drv['version_text'] or 'version unknown'} ({drv['version']})")
+        out.append(
+            f"  {_tag('ok')}loaded {drv['library']}; CUDA driver "
+            f"{drv['version_text'] or 'version unknown'} ({drv['version']})"
+        )
         why = f" ({drv['error']})" if drv["error"] else ""
-        out.append(f"  GPUs: {drv['devices']}" + ("" if drv["devices"] else
-                   f" - the driver loaded but sees no GPU{why}; check CUDA_VISIBLE_DEVICES "
-                   "and `nvidia-smi`."))
+        out.append(
+            f"  GPUs: {drv['devices']}"
+            + (
+                ""
+                if drv["devices"]
+                else f" - the driver loaded but sees no GPU{why}; check CUDA_VISIBLE_DEVICES "
+                "and `nvidia-smi`."
+            )
+        )
     else:
         out.append(f"  {_tag('error')}{drv['error']}")
     for dev in report.devices:
@@ -401,8 +508,10 @@ def render(report: Report) -> str:
             label += f", compute capability {dev['compute_capability']}"
         total = format_bytes(dev["total"]) if dev["total"] else "memory unknown"
         pools = "memory pools: yes" if dev["pools"] else f"memory pools: NO - {dev['error']}"
-        out.append(f"  {_tag('ok' if dev['pools'] else 'error')}"
-                   f"device {dev['index']}: {label}; {total}; {pools}")
+        out.append(
+            f"  {_tag('ok' if dev['pools'] else 'error')}"
+            f"device {dev['index']}: {label}; {total}; {pools}"
+        )
     out += ["", "Frameworks (read from package metadata; none was imported)"]
     for fw in report.frameworks:
         if not fw.installed:

@@ -32,8 +32,15 @@ class OutOfMemoryError(MemoryError):
         Live bytes per framework when the request failed.
     """
 
-    def __init__(self, message: str, *, device: int = 0, size: int = 0, limit: int = 0,
-                 by_framework: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        device: int = 0,
+        size: int = 0,
+        limit: int = 0,
+        by_framework: dict[str, int] | None = None,
+    ) -> None:
         super().__init__(message)
         self.device = device
         self.size = size
@@ -87,16 +94,19 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
         raise BridgeError(
             f"{what}: no usable CUDA driver ({_core.load_error()}). Run on a machine with an "
             "NVIDIA GPU and its driver (check `nvidia-smi`); `python -m bridge doctor` shows "
-            "what was found.")
+            "what was found."
+        )
     if rc == Status.NOPOOLS:
         raise BridgeError(
             f"{what}: the CUDA driver has no stream-ordered memory pools{where} "
             "(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0). Update the NVIDIA driver to "
-            "11.2 or newer; pools are not available under some virtualization.")
+            "11.2 or newer; pools are not available under some virtualization."
+        )
     if rc == Status.DEVICE:
         raise BridgeError(
             f"{what}: no such CUDA device{where}, or it is not set up. "
-            "Pass a device between 0 and the number of visible GPUs minus one.")
+            "Pass a device between 0 and the number of visible GPUs minus one."
+        )
     if rc == Status.NOTINIT:
         raise BridgeError(f"{what}: the CUDA driver is not loaded yet; call bridge.unify() first.")
     if rc == Status.INVALID:
@@ -119,13 +129,17 @@ def oom_message(device: int, size: int, rc: int, *, framework: str) -> str:
     except Exception:  # noqa: BLE001 - the message must not fail
         held, budget, tail, torch_cap = "unknown", "unknown", "", 0
     if rc == Status.TAG_LIMIT:
-        why = (f"{framework}'s share is capped at {format_bytes(torch_cap)} "
-               "(torch.cuda.set_per_process_memory_fraction)")
+        why = (
+            f"{framework}'s share is capped at {format_bytes(torch_cap)} "
+            "(torch.cuda.set_per_process_memory_fraction)"
+        )
     elif rc == Status.BUDGET:
         why = f"the bridge budget is {budget}"
     else:
         why = f"the device is full (bridge budget {budget})"
-    return (f"Out of memory allocating {size:,} bytes ({format_bytes(size)}) for {framework} on "
-            f"device {device}: {why}. In use: {held}; {tail}. Free arrays or tensors you no "
-            "longer need, lower the batch size, or raise the budget "
-            "(bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT).")
+    return (
+        f"Out of memory allocating {size:,} bytes ({format_bytes(size)}) for {framework} on "
+        f"device {device}: {why}. In use: {held}; {tail}. Free arrays or tensors you no "
+        "longer need, lower the batch size, or raise the budget "
+        "(bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT)."
+    )

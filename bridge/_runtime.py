@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
-__all__ = ["core", "ensure_driver", "device_count", "ensure_device", "resolve_devices",
-           "current_device", "DRIVER_LIBRARY_ENV", "MAX_THRESHOLD"]
+__all__ = [
+    "core",
+    "ensure_driver",
+    "device_count",
+    "ensure_device",
+    "resolve_devices",
+    "current_device",
+    "DRIVER_LIBRARY_ENV",
+    "MAX_THRESHOLD",
+]
 
 import os
 import threading
-from typing import Iterable, Union
+from collections.abc import Iterable
 
 from bridge._errors import BridgeError, Status, check
 from bridge.budget import GPU_LIMIT_ENV, size_from_env
 
 DRIVER_LIBRARY_ENV = "BRIDGE_CUDA_LIBRARY"  # another libcuda (the tests' stand-in)
-MAX_THRESHOLD = 2**64 - 1                   # the pool keeps what it has until trimmed
-CACHE_LIMIT_ENV = "BRIDGE_CACHE_LIMIT"      # bytes of freed blocks kept per device (0: none)
+MAX_THRESHOLD = 2**64 - 1  # the pool keeps what it has until trimmed
+CACHE_LIMIT_ENV = "BRIDGE_CACHE_LIMIT"  # bytes of freed blocks kept per device (0: none)
 
 _lock = threading.RLock()
 _release_threshold = MAX_THRESHOLD
@@ -24,9 +32,10 @@ try:
 except ImportError as exc:  # pragma: no cover - a broken install
     raise ImportError(
         "bridge's compiled core (bridge._core) is missing: reinstall with "
-        "`pip install -e .` from the source tree, which builds it with the C compiler.") from exc
+        "`pip install -e .` from the source tree, which builds it with the C compiler."
+    ) from exc
 
-DeviceArg = Union[int, Iterable[int], None]
+DeviceArg = int | Iterable[int] | None
 
 
 def ensure_driver() -> None:
@@ -46,8 +55,10 @@ def device_count() -> int:
 
 
 def _no_gpu() -> BridgeError:
-    return BridgeError("bridge found no CUDA device: the driver loaded but reports 0 GPUs. "
-                       "Check CUDA_VISIBLE_DEVICES and `nvidia-smi`.")
+    return BridgeError(
+        "bridge found no CUDA device: the driver loaded but reports 0 GPUs. "
+        "Check CUDA_VISIBLE_DEVICES and `nvidia-smi`."
+    )
 
 
 def resolve_devices(device: DeviceArg) -> list[int]:
@@ -94,8 +105,7 @@ def ensure_device(device: int) -> None:
         if not 0 <= device < device_count():
             raise ValueError(f"device={device}: no such CUDA device (there are {device_count()})")
         if not core.ready(device):
-            check(core.setup(device, _release_threshold), what="setting up the pool",
-                  device=device)
+            check(core.setup(device, _release_threshold), what="setting up the pool", device=device)
         rc, stats = core.stats(device)
         check(rc, what="reading the pool", device=device)
         limit = size_from_env(GPU_LIMIT_ENV, total=stats["total"])

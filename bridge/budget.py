@@ -6,21 +6,29 @@ __all__ = ["parse_size", "size_from_env", "GPU_LIMIT_ENV", "PINNED_LIMIT_ENV"]
 
 import os
 import re
-from typing import Union
 
 GPU_LIMIT_ENV = "BRIDGE_GPU_MEMORY_LIMIT"
 PINNED_LIMIT_ENV = "BRIDGE_PINNED_MEMORY_LIMIT"
 
-SizeLike = Union[int, float, str, None]
+SizeLike = int | float | str | None
 
 MAX_SIZE = 2**64 - 1  # the core holds sizes as uint64: anything larger would wrap
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1024, "kib": 1024, "kb": 1000,
-    "m": 1024**2, "mib": 1024**2, "mb": 1000**2,
-    "g": 1024**3, "gib": 1024**3, "gb": 1000**3,
-    "t": 1024**4, "tib": 1024**4, "tb": 1000**4,
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "kb": 1000,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "mb": 1000**2,
+    "g": 1024**3,
+    "gib": 1024**3,
+    "gb": 1000**3,
+    "t": 1024**4,
+    "tib": 1024**4,
+    "tb": 1000**4,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*$")
@@ -30,7 +38,8 @@ def _bad(name: str, value: object, why: str = "") -> ValueError:
     return ValueError(
         f"{name}={value!r} is not a valid size{': ' + why if why else ''}. Use bytes "
         "(1073741824), a size with a unit (40GiB, 512MiB, 40GB), a percentage of the "
-        "device's memory ('80%'), or a float fraction in (0, 1] (0.8).")
+        "device's memory ('80%'), or a float fraction in (0, 1] (0.8)."
+    )
 
 
 def parse_size(value: SizeLike, *, total: int | None = None, name: str = "budget") -> int | None:
@@ -81,8 +90,11 @@ def parse_size(value: SizeLike, *, total: int | None = None, name: str = "budget
             if unit == "" and "." in number:
                 raise _bad(name, value, "write a fraction as a percentage ('50%') or a float")
             # whole numbers stay exact (a float would round past 2**53 bytes)
-            n = int(number) * _UNITS[unit] if "." not in number \
+            n = (
+                int(number) * _UNITS[unit]
+                if "." not in number
                 else int(float(number) * _UNITS[unit])
+            )
             return _checked(n, name, value)
         raise _bad(name, value)
     raise _bad(name, value, f"a {type(value).__name__} is not a size")

@@ -29,8 +29,15 @@ Where blocks come from (``BRIDGE_PINNED_BACKEND``):
 from __future__ import annotations
 
 __all__ = [
-    "PinnedBuffer", "PinnedPool", "empty_pinned", "zeros_pinned", "pinned_buffer",
-    "pinned_pool", "pinned_record", "cupy_pinned_allocator", "host_memory_total",
+    "PinnedBuffer",
+    "PinnedPool",
+    "empty_pinned",
+    "zeros_pinned",
+    "pinned_buffer",
+    "pinned_pool",
+    "pinned_record",
+    "cupy_pinned_allocator",
+    "host_memory_total",
     "BACKEND_ENV",
 ]
 
@@ -49,8 +56,7 @@ from bridge._runtime import core
 from bridge.budget import PINNED_LIMIT_ENV, parse_size, size_from_env
 
 BACKEND_ENV = "BRIDGE_PINNED_BACKEND"
-_BACKENDS = {"cached": core.PINNED_CACHED, "mempool": core.PINNED_MEMPOOL,
-             "auto": core.PINNED_AUTO}
+_BACKENDS = {"cached": core.PINNED_CACHED, "mempool": core.PINNED_MEMPOOL, "auto": core.PINNED_AUTO}
 _BACKEND_NAMES = {core.PINNED_CACHED: "cached", core.PINNED_MEMPOOL: "mempool"}
 
 _lock = threading.Lock()
@@ -75,23 +81,31 @@ def host_memory_total() -> int | None:
 def _backend_from_env() -> int:
     raw = os.environ.get(BACKEND_ENV, "").strip().lower() or "cached"
     if raw not in _BACKENDS:
-        raise ValueError(f"{BACKEND_ENV}={os.environ.get(BACKEND_ENV)!r} is not a pinned "
-                         f"backend: use one of {', '.join(sorted(_BACKENDS))}")
+        raise ValueError(
+            f"{BACKEND_ENV}={os.environ.get(BACKEND_ENV)!r} is not a pinned "
+            f"backend: use one of {', '.join(sorted(_BACKENDS))}"
+        )
     return _BACKENDS[raw]
 
 
 def _setup(backend: int) -> int:
     rc, chosen = core.pinned_setup(backend)
     if rc == Status.NOPOOLS:
-        raise BridgeError("the CUDA driver cannot create a host-located memory pool "
-                          f"(cuMemPoolCreate with CU_MEM_LOCATION_TYPE_HOST); set {BACKEND_ENV}"
-                          "=cached or auto, or update the NVIDIA driver")
+        raise BridgeError(
+            "the CUDA driver cannot create a host-located memory pool "
+            f"(cuMemPoolCreate with CU_MEM_LOCATION_TYPE_HOST); set {BACKEND_ENV}"
+            "=cached or auto, or update the NVIDIA driver"
+        )
     if rc == Status.INVALID:
-        raise BridgeError("the pinned backend can change only while no pinned block is lent "
-                          "or awaited by a copy: drop every pinned view and synchronize first")
+        raise BridgeError(
+            "the pinned backend can change only while no pinned block is lent "
+            "or awaited by a copy: drop every pinned view and synchronize first"
+        )
     if rc == Status.DEVICE:
-        raise BridgeError("pinned memory needs a CUDA device, and the driver reports none. "
-                          "Check CUDA_VISIBLE_DEVICES and `nvidia-smi`.")
+        raise BridgeError(
+            "pinned memory needs a CUDA device, and the driver reports none. "
+            "Check CUDA_VISIBLE_DEVICES and `nvidia-smi`."
+        )
     check(rc, what="setting up the pinned memory pool")
     return chosen
 
@@ -127,23 +141,34 @@ def _set_backend(name: str) -> str:
 def _raise_alloc(rc: int, size: int) -> None:
     if rc in (Status.BUDGET, Status.OOM):
         s = _stats()
-        held = (f"the pool holds {format_bytes(s['total'])} ({format_bytes(s['used'])} in use, "
-                f"{format_bytes(s['free'])} free, {s['n_pending_blocks']} blocks awaiting copies)")
+        held = (
+            f"the pool holds {format_bytes(s['total'])} ({format_bytes(s['used'])} in use, "
+            f"{format_bytes(s['free'])} free, {s['n_pending_blocks']} blocks awaiting copies)"
+        )
         if rc == Status.BUDGET:
-            why = (f"the pinned memory limit is {format_bytes(s['limit'])} ({s['limit']} bytes, "
-                   f"set by {PINNED_LIMIT_ENV} or bridge.pinned_pool().set_limit)")
-            todo = ("drop views you no longer need, synchronize streams with pending copies, "
-                    "or raise the limit")
+            why = (
+                f"the pinned memory limit is {format_bytes(s['limit'])} ({s['limit']} bytes, "
+                f"set by {PINNED_LIMIT_ENV} or bridge.pinned_pool().set_limit)"
+            )
+            todo = (
+                "drop views you no longer need, synchronize streams with pending copies, "
+                "or raise the limit"
+            )
         else:
             why = "the system could not page-lock more host memory (the driver is out of memory)"
             todo = "drop views you no longer need, or call bridge.pinned_pool().free_all_blocks()"
         raise OutOfMemoryError(
             f"pinned host memory: cannot allocate {format_bytes(size)} ({size} bytes): {why}; "
-            f"{held}. To go on: {todo}.", device=-1, size=size, limit=int(s["limit"]),
-            by_framework={"pinned": int(s["used"])})
+            f"{held}. To go on: {todo}.",
+            device=-1,
+            size=size,
+            limit=int(s["limit"]),
+            by_framework={"pinned": int(s["used"])},
+        )
     if rc == Status.NOTINIT:
-        raise BridgeError("the pinned memory pool is not set up (internal error: _ensure "
-                          "was bypassed)")
+        raise BridgeError(
+            "the pinned memory pool is not set up (internal error: _ensure was bypassed)"
+        )
     check(rc, what=f"allocating {size} bytes of pinned host memory")
 
 
@@ -200,8 +225,9 @@ class PinnedBuffer(core.PinnedBufferBase):
         if self.ptr:
             _record(self.ptr, stream)
 
-    def numpy(self, dtype: Any = numpy.uint8, shape: ShapeLike | None = None,
-              order: str = "C") -> numpy.ndarray:
+    def numpy(
+        self, dtype: Any = numpy.uint8, shape: ShapeLike | None = None, order: str = "C"
+    ) -> numpy.ndarray:
         """A numpy view of the block (same address); ``shape`` defaults to as many as fit."""
         dt = numpy.dtype(dtype)
         if shape is None:
@@ -343,15 +369,17 @@ def _stream_handle(stream: Any) -> int:
             raise ValueError(f"stream={stream!r}: a handle is >= 0")
         return int(stream)
     proto = getattr(stream, "__cuda_stream__", None)
-    if proto is not None:                      # cuda.core and the CUDA stream protocol
+    if proto is not None:  # cuda.core and the CUDA stream protocol
         value = proto() if callable(proto) else proto
         return int(value[1])
     for attr in ("cuda_stream", "ptr", "handle"):  # torch, cupy, others
         value = getattr(stream, attr, None)
         if isinstance(value, (int, numpy.integer)) and not isinstance(value, bool):
             return int(value)
-    raise TypeError(f"stream={stream!r}: pass a stream handle (int), a torch.cuda.Stream, a "
-                    "cupy.cuda.Stream, or an object with __cuda_stream__")
+    raise TypeError(
+        f"stream={stream!r}: pass a stream handle (int), a torch.cuda.Stream, a "
+        "cupy.cuda.Stream, or an object with __cuda_stream__"
+    )
 
 
 def _record(addr: int, stream: Any) -> None:
@@ -359,8 +387,10 @@ def _record(addr: int, stream: Any) -> None:
     if rc == Status.INVALID:
         rc2, _, _ = core.pinned_lookup(addr)
         if rc2 != Status.OK:
-            raise ValueError(f"0x{addr:x} is not in pinned memory lent by bridge's pool "
-                             "(allocate it with bridge.empty_pinned / bridge.pinned_buffer)")
+            raise ValueError(
+                f"0x{addr:x} is not in pinned memory lent by bridge's pool "
+                "(allocate it with bridge.empty_pinned / bridge.pinned_buffer)"
+            )
         raise ValueError(f"stream={stream!r} is not a stream the CUDA driver knows")
     check(rc, what="recording a stream against pinned memory")
 
@@ -376,13 +406,15 @@ def _address(obj: Any) -> int:
         fn = getattr(obj, name, None)
         if callable(fn):
             return int(fn())
-    ptr = getattr(obj, "ptr", None)                    # cupy's PinnedMemoryPointer
+    ptr = getattr(obj, "ptr", None)  # cupy's PinnedMemoryPointer
     if isinstance(ptr, int):
         return ptr
     if hasattr(obj, "__array_interface__"):
         return int(obj.__array_interface__["data"][0])
-    raise TypeError(f"cannot find the address of a {type(obj).__name__}: pass a PinnedBuffer, a "
-                    "numpy array, a torch tensor, a JAX array or an address")
+    raise TypeError(
+        f"cannot find the address of a {type(obj).__name__}: pass a PinnedBuffer, a "
+        "numpy array, a torch tensor, a JAX array or an address"
+    )
 
 
 def pinned_record(obj: Any, stream: Any) -> None:
@@ -406,7 +438,7 @@ def pinned_record(obj: Any, stream: Any) -> None:
     if not _ready:
         _ensure()
     if getattr(obj, "nbytes", None) == 0:
-        return                                 # an empty view: no memory to protect
+        return  # an empty view: no memory to protect
     addr = _address(obj)
     if addr:
         _record(addr, stream)
@@ -466,8 +498,7 @@ class PinnedPool:
             _ensure()
         check(core.pinned_trim(), what="freeing pinned blocks")
 
-    def set_limit(self, size: int | str | None = None,
-                  fraction: float | None = None) -> None:
+    def set_limit(self, size: int | str | None = None, fraction: float | None = None) -> None:
         """Limit the pinned memory the pool holds.
 
         Parameters
@@ -488,8 +519,11 @@ class PinnedPool:
             raise ValueError("set_limit takes size or fraction, not both")
         total = host_memory_total()
         if fraction is not None:
-            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) \
-                    or not 0.0 <= float(fraction) <= 1.0:
+            if (
+                isinstance(fraction, bool)
+                or not isinstance(fraction, (int, float))
+                or not 0.0 <= float(fraction) <= 1.0
+            ):
                 raise ValueError(f"fraction={fraction!r} must be a number in [0, 1]")
             if total is None:
                 raise ValueError("fraction: the host's memory size is unknown; pass size")
@@ -512,8 +546,10 @@ class PinnedPool:
 
     def __repr__(self) -> str:
         s = self.stats()
-        return (f"<bridge.PinnedPool {s['backend']} used={format_bytes(s['used'])} "
-                f"total={format_bytes(s['total'])} limit={s['limit'] or 'none'}>")
+        return (
+            f"<bridge.PinnedPool {s['backend']} used={format_bytes(s['used'])} "
+            f"total={format_bytes(s['total'])} limit={s['limit'] or 'none'}>"
+        )
 
 
 _pool = PinnedPool()

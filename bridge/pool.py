@@ -6,23 +6,27 @@ __all__ = ["Pool", "Stats", "pool", "stats", "register_attribution"]
 
 import dataclasses
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from bridge import _runtime
 from bridge._errors import check, format_bytes
 from bridge._runtime import core
 from bridge.budget import parse_size
 
+if TYPE_CHECKING:
+    from bridge._core import RawStats
+
 FRAMEWORKS = ("cupy", "torch", "jax", "other")
 _TAG_NAMES = ("other", "cupy", "torch")
 
 # name -> fn(device) giving that framework's live bytes outside the ledger
 # (JAX's memory_stats), or None when it cannot tell.
-_attribution: dict[str, Callable[[int], Optional[int]]] = {}
+_attribution: dict[str, Callable[[int], int | None]] = {}
 _attribution_lock = threading.Lock()
 
 
-def register_attribution(name: str, fn: Callable[[int], Optional[int]]) -> None:
+def register_attribution(name: str, fn: Callable[[int], int | None]) -> None:
     """An adapter's way to say how many pool bytes its framework holds."""
     with _attribution_lock:
         _attribution[name] = fn
@@ -96,12 +100,14 @@ class Stats:
     def __str__(self) -> str:
         fw = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.by_framework.items())
         lim = format_bytes(self.limit) if self.limit else "none"
-        return (f"device {self.device}: used {format_bytes(self.used)} of budget {lim} "
-                f"(reserved {format_bytes(self.reserved)}, peak {format_bytes(self.peak_used)}, "
-                f"total {format_bytes(self.total)}); {fw}")
+        return (
+            f"device {self.device}: used {format_bytes(self.used)} of budget {lim} "
+            f"(reserved {format_bytes(self.reserved)}, peak {format_bytes(self.peak_used)}, "
+            f"total {format_bytes(self.total)}); {fw}"
+        )
 
 
-def _device(device: Optional[int]) -> int:
+def _device(device: int | None) -> int:
     d = _runtime.current_device() if device is None else device
     if isinstance(d, bool) or not isinstance(d, int):
         raise ValueError(f"device={device!r}: pass an int")
@@ -109,7 +115,7 @@ def _device(device: Optional[int]) -> int:
     return d
 
 
-def _raw(device: int) -> dict:
+def _raw(device: int) -> RawStats:
     rc, raw = core.stats(device)
     check(rc, what="reading the pool figures", device=device)
     return raw
@@ -138,19 +144,28 @@ def _snapshot(device: int) -> Stats:
         "other": int(tags[0]["current"]) + max(0, outside - jax),
     }
     return Stats(
-        device=device, limit=raw["limit"], used=max(0, raw["pool_used"] - raw["cached"]),
+        device=device,
+        limit=raw["limit"],
+        used=max(0, raw["pool_used"] - raw["cached"]),
         cached=raw["cached"],
-        reserved=raw["pool_reserved"], peak_used=raw["pool_used_high"],
-        num_allocs=raw["num_allocs"], num_ooms=raw["num_ooms"], by_framework=by,
-        ledger=raw["used"], ledger_peak=raw["peak_used"], total=raw["total"],
-        release_threshold=raw["release_threshold"], num_frees=raw["num_frees"],
-        num_retries=raw["num_retries"], num_bad_frees=raw["num_bad_frees"],
+        reserved=raw["pool_reserved"],
+        peak_used=raw["pool_used_high"],
+        num_allocs=raw["num_allocs"],
+        num_ooms=raw["num_ooms"],
+        by_framework=by,
+        ledger=raw["used"],
+        ledger_peak=raw["peak_used"],
+        total=raw["total"],
+        release_threshold=raw["release_threshold"],
+        num_frees=raw["num_frees"],
+        num_retries=raw["num_retries"],
+        num_bad_frees=raw["num_bad_frees"],
         num_driver_errors=raw["num_driver_errors"],
-        tags=tuple(dict(t, name=n) for n, t in zip(_TAG_NAMES, tags)),
+        tags=tuple(dict(t, name=n) for n, t in zip(_TAG_NAMES, tags, strict=True)),
     )
 
 
-def stats(device: Optional[int] = None) -> Stats:
+def stats(device: int | None = None) -> Stats:
     """A snapshot of a device's shared pool.
 
     Parameters
@@ -202,8 +217,7 @@ class Pool:
         """Return the pool's idle memory to the driver (synchronizes the device)."""
         check(core.trim(self._device, 0), what="returning idle memory", device=self._device)
 
-    def set_limit(self, size: Optional[int | str] = None,
-                  fraction: Optional[float] = None) -> None:
+    def set_limit(self, size: int | str | None = None, fraction: float | None = None) -> None:
         """Set the device's budget.
 
         Parameters
@@ -223,8 +237,11 @@ class Pool:
             raise ValueError("set_limit takes size or fraction, not both")
         total = int(_raw(self._device)["total"])
         if fraction is not None:
-            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) \
-                    or not 0.0 <= float(fraction) <= 1.0:
+            if (
+                isinstance(fraction, bool)
+                or not isinstance(fraction, (int, float))
+                or not 0.0 <= float(fraction) <= 1.0
+            ):
                 raise ValueError(f"fraction={fraction!r} must be a number in [0, 1]")
             limit = int(float(fraction) * total)
         else:
@@ -257,7 +274,7 @@ class Pool:
 _pools: dict[int, Pool] = {}
 
 
-def pool(device: Optional[int] = None) -> Pool:
+def pool(device: int | None = None) -> Pool:
     """The shared pool of a device (the current one when None).
 
     Raises

@@ -11,14 +11,14 @@ __all__ = ["on_pressure", "remove_pressure_callback", "register_releaser", "reli
 import gc
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from bridge._runtime import core
 
 log = logging.getLogger("bridge")
 
 PressureCallback = Callable[[int, int], object]  # (device, bytes wanted) -> anything
-Releaser = Callable[[int, int], object]          # (device, tag of the request) -> anything
+Releaser = Callable[[int, int], object]  # (device, tag of the request) -> anything
 
 _lock = threading.Lock()
 _callbacks: list[PressureCallback] = []

@@ -76,18 +76,35 @@ FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
 
 def _sample_of(row: Mapping[str, Any]) -> Sample:
     """A Sample from a CSV row (strings) or a JSON object."""
-    return Sample(t=float(row["t"]), device=int(row["device"]), label=str(row["label"]),
-                  cupy=int(row["cupy"]), torch=int(row["torch"]), jax=int(row["jax"]),
-                  other=int(row["other"]), used=int(row["used"]),
-                  reserved=int(row["reserved"]), limit=int(row["limit"]))
+    return Sample(
+        t=float(row["t"]),
+        device=int(row["device"]),
+        label=str(row["label"]),
+        cupy=int(row["cupy"]),
+        torch=int(row["torch"]),
+        jax=int(row["jax"]),
+        other=int(row["other"]),
+        used=int(row["used"]),
+        reserved=int(row["reserved"]),
+        limit=int(row["limit"]),
+    )
 
 
 def _read(device: int, t: float, label: str) -> Sample:
     s = stats(device)
     by = s.by_framework
-    return Sample(t=t, device=device, label=label, cupy=by["cupy"], torch=by["torch"],
-                  jax=by["jax"], other=by["other"], used=s.used, reserved=s.reserved,
-                  limit=s.limit)
+    return Sample(
+        t=t,
+        device=device,
+        label=label,
+        cupy=by["cupy"],
+        torch=by["torch"],
+        jax=by["jax"],
+        other=by["other"],
+        used=s.used,
+        reserved=s.reserved,
+        limit=s.limit,
+    )
 
 
 def _devices(device: DeviceArg) -> tuple[int, ...]:
@@ -121,8 +138,12 @@ class Recording:
     """
 
     def __init__(self, interval: float = 0.05, device: DeviceArg = None) -> None:
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
-                or not math.isfinite(interval) or interval <= 0:
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, (int, float))
+            or not math.isfinite(interval)
+            or interval <= 0
+        ):
             raise ValueError(f"interval={interval!r}: pass a number of seconds > 0")
         self.interval: float | None = float(interval)
         self.devices: tuple[int, ...] = _devices(device)
@@ -186,8 +207,10 @@ class Recording:
         if not isinstance(label, str):
             raise ValueError(f"label={label!r}: pass a str")
         if self._thread is None:
-            raise BridgeError("mark() needs a running recording: call it inside "
-                              "`with bridge.record() as rec:` or after rec.start()")
+            raise BridgeError(
+                "mark() needs a running recording: call it inside "
+                "`with bridge.record() as rec:` or after rec.start()"
+            )
         self._sample(label)
 
     def _sample(self, label: str) -> None:
@@ -212,8 +235,9 @@ class Recording:
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
-        return (f"<bridge.Recording {state} devices={list(self.devices)} "
-                f"samples={len(self.samples)}>")
+        return (
+            f"<bridge.Recording {state} devices={list(self.devices)} samples={len(self.samples)}>"
+        )
 
     # ---- saving and loading ----
     def to_csv(self, path: PathLike) -> pathlib.Path:
@@ -243,14 +267,24 @@ class Recording:
         path = pathlib.Path(path)
         with self._lock:
             rows = [dataclasses.asdict(s) for s in self.samples]
-        doc = {"interval": self.interval, "devices": list(self.devices),
-               "start_time": self.start_time, "fields": list(FIELDS), "samples": rows}
+        doc = {
+            "interval": self.interval,
+            "devices": list(self.devices),
+            "start_time": self.start_time,
+            "fields": list(FIELDS),
+            "samples": rows,
+        }
         path.write_text(json.dumps(doc, indent=1))
         return path
 
     @classmethod
-    def _loaded(cls, samples: list[Sample], interval: float | None,
-                devices: Iterable[int], start_time: float | None) -> Recording:
+    def _loaded(
+        cls,
+        samples: list[Sample],
+        interval: float | None,
+        devices: Iterable[int],
+        start_time: float | None,
+    ) -> Recording:
         rec = cls.__new__(cls)
         rec.interval, rec.start_time, rec.samples, rec.errors = interval, start_time, samples, []
         rec.devices = tuple(devices) or tuple(sorted({s.device for s in samples}))
@@ -269,8 +303,9 @@ class Recording:
         """A stopped recording with the samples of a file written by :meth:`to_json`."""
         doc = json.loads(pathlib.Path(path).read_text())
         samples = [_sample_of(r) for r in doc["samples"]]
-        return cls._loaded(samples, doc.get("interval"), doc.get("devices", ()),
-                           doc.get("start_time"))
+        return cls._loaded(
+            samples, doc.get("interval"), doc.get("devices", ()), doc.get("start_time")
+        )
 
     # ---- plotting ----
     def plot(self, path: PathLike, *, title: str | None = None, dpi: int = 120) -> pathlib.Path:
@@ -303,15 +338,18 @@ class Recording:
             raise ImportError(
                 "Recording.plot needs matplotlib, which is not installed: "
                 "pip install 'bridge[plot]' (or pip install matplotlib). "
-                "to_csv() and to_json() work without it.") from exc
+                "to_csv() and to_json() work without it."
+            ) from exc
         with self._lock:
             samples = list(self.samples)
         if not samples:
             raise ValueError("this recording has no samples to plot")
         devices = sorted({s.device for s in samples})
         peak = max(max(s.used, s.limit, sum(s.by_framework.values())) for s in samples)
-        scale, unit = next(((1024.0 ** k, u) for k, u in
-                            ((3, "GiB"), (2, "MiB"), (1, "KiB")) if peak >= 1024 ** k), (1.0, "B"))
+        scale, unit = next(
+            ((1024.0**k, u) for k, u in ((3, "GiB"), (2, "MiB"), (1, "KiB")) if peak >= 1024**k),
+            (1.0, "B"),
+        )
         fig = Figure(figsize=(10, 1.2 + 3.0 * len(devices)))
         FigureCanvasAgg(fig)
         axes = fig.subplots(len(devices), 1, squeeze=False, sharex=True)[:, 0]
@@ -319,23 +357,42 @@ class Recording:
         for ax, d in zip(axes, devices, strict=True):
             ss = [s for s in samples if s.device == d]
             t = [s.t for s in ss]
-            ax.stackplot(t, *[[getattr(s, f) / scale for s in ss] for f in FRAMEWORKS],
-                         labels=list(FRAMEWORKS), colors=[colors[f] for f in FRAMEWORKS],
-                         alpha=0.85, step="post")  # bytes hold until the next sample
+            ax.stackplot(
+                t,
+                *[[getattr(s, f) / scale for s in ss] for f in FRAMEWORKS],
+                labels=list(FRAMEWORKS),
+                colors=[colors[f] for f in FRAMEWORKS],
+                alpha=0.85,
+                step="post",
+            )  # bytes hold until the next sample
             if any(s.limit for s in ss):
-                ax.step(t, [s.limit / scale if s.limit else float("nan") for s in ss],
-                        where="post", color="#c44e52", linestyle="--", linewidth=1.5,
-                        label="budget")
+                ax.step(
+                    t,
+                    [s.limit / scale if s.limit else float("nan") for s in ss],
+                    where="post",
+                    color="#c44e52",
+                    linestyle="--",
+                    linewidth=1.5,
+                    label="budget",
+                )
             for s in ss:
                 if s.label:
                     ax.axvline(s.t, color="black", linewidth=0.8, linestyle=":")
-                    ax.annotate(s.label, (s.t, 0.98), xycoords=("data", "axes fraction"),
-                                rotation=90, va="top", ha="right", fontsize=8)
+                    ax.annotate(
+                        s.label,
+                        (s.t, 0.98),
+                        xycoords=("data", "axes fraction"),
+                        rotation=90,
+                        va="top",
+                        ha="right",
+                        fontsize=8,
+                    )
             ax.set_ylabel(f"device {d} ({unit})")
             ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
-        axes[0].legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, ncol=5,
-                       frameon=False)
+        axes[0].legend(
+            loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, ncol=5, frameon=False
+        )
         axes[-1].set_xlabel("seconds")
         fig.suptitle(title or "bridge memory timeline")
         fig.tight_layout()

@@ -6,7 +6,8 @@ __all__ = ["Bridge", "unify", "current"]
 
 import importlib
 import threading
-from typing import Iterable, Optional, Union
+from collections.abc import Iterable
+from types import ModuleType
 
 from bridge import _runtime, recovery
 from bridge._errors import BridgeError, check
@@ -31,13 +32,13 @@ class Bridge:
     def __init__(self) -> None:
         self.frameworks: frozenset[str] = frozenset()
         self.devices: tuple[int, ...] = ()
-        self._args: Optional[tuple] = None
+        self._args: tuple | None = None
 
-    def pool(self, device: Optional[int] = None) -> Pool:
+    def pool(self, device: int | None = None) -> Pool:
         """The shared pool of a device (see :func:`bridge.pool`)."""
         return pool(device)
 
-    def stats(self, device: Optional[int] = None) -> Stats:
+    def stats(self, device: int | None = None) -> Stats:
         """A snapshot of a device's pool (see :func:`bridge.stats`)."""
         return stats(device)
 
@@ -47,10 +48,10 @@ class Bridge:
 
 
 _lock = threading.RLock()
-_bridge: Optional[Bridge] = None
+_bridge: Bridge | None = None
 
 
-def current() -> Optional[Bridge]:
+def current() -> Bridge | None:
     """The Bridge that :func:`unify` returned, or None before the first call."""
     return _bridge
 
@@ -61,10 +62,17 @@ def _flag(name: str, value: object) -> bool:
     return value
 
 
-def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
-          budget: SizeLike = None, device: Union[int, Iterable[int], None] = None,
-          release_threshold: SizeLike = None, peer_access: bool = True,
-          jax_memory: SizeLike = None) -> Bridge:
+def unify(
+    cupy: bool = True,
+    torch: bool = True,
+    jax: bool = False,
+    *,
+    budget: SizeLike = None,
+    device: int | Iterable[int] | None = None,
+    release_threshold: SizeLike = None,
+    peer_access: bool = True,
+    jax_memory: SizeLike = None,
+) -> Bridge:
     """Make the named frameworks allocate from each device's default pool under one budget.
 
     Call it at program start, before the first CUDA tensor or JAX array.
@@ -106,8 +114,7 @@ def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
         driver or device.
     """
     global _bridge
-    flags = {"cupy": _flag("cupy", cupy), "torch": _flag("torch", torch),
-             "jax": _flag("jax", jax)}
+    flags = {"cupy": _flag("cupy", cupy), "torch": _flag("torch", torch), "jax": _flag("jax", jax)}
     _flag("peer_access", peer_access)
     if budget is not None:
         parse_size(budget, total=1 << 40, name="budget")  # reject bad input before any change
@@ -116,8 +123,14 @@ def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
         for d in devices:
             _runtime.ensure_device(d)
         b = _bridge if _bridge is not None else Bridge()
-        args = (tuple(sorted(f for f, on in flags.items() if on)), budget, tuple(devices),
-                release_threshold, peer_access, jax_memory)
+        args = (
+            tuple(sorted(f for f, on in flags.items() if on)),
+            budget,
+            tuple(devices),
+            release_threshold,
+            peer_access,
+            jax_memory,
+        )
         if b._args == args:
             return b
         limits = {}
@@ -128,7 +141,8 @@ def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
                 limits[d] = parse_size(budget, total=raw["total"], name="budget") or 0
         if release_threshold is not None:
             _runtime.set_release_threshold(
-                parse_size(release_threshold, total=None, name="release_threshold") or 0)
+                parse_size(release_threshold, total=None, name="release_threshold") or 0
+            )
         for d, limit in limits.items():
             check(core.set_limit(d, limit), what="setting the budget", device=d)
         if peer_access and len(devices) > 1:
@@ -143,8 +157,10 @@ def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
                 try:  # an adapter imports its framework lazily, in install()
                     if name == "jax" and jax_memory is not None:
                         total = core.stats(b.devices[0])[1]["total"]
-                        adapter.install(b.devices, partition=parse_size(
-                            jax_memory, total=total, name="jax_memory"))
+                        adapter.install(
+                            b.devices,
+                            partition=parse_size(jax_memory, total=total, name="jax_memory"),
+                        )
                     else:
                         adapter.install(b.devices)
                 except ImportError as exc:
@@ -154,7 +170,7 @@ def unify(cupy: bool = True, torch: bool = True, jax: bool = False, *,
         return b
 
 
-def _adapter(name: str):
+def _adapter(name: str) -> ModuleType:
     try:
         return importlib.import_module(f"bridge.adapters.{name}")
     except ImportError as exc:  # the framework itself is missing
@@ -164,4 +180,5 @@ def _adapter(name: str):
 def _not_installed(name: str, exc: ImportError) -> BridgeError:
     return BridgeError(
         f"bridge.unify({name}=True): {name} is not installed ({exc}). Install it "
-        f"(pip install 'bridge[{name}]') or pass {name}=False.")
+        f"(pip install 'bridge[{name}]') or pass {name}=False."
+    )

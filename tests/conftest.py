@@ -28,8 +28,19 @@ def build_standin(out_dir: pathlib.Path) -> pathlib.Path:
     lib = out_dir / "libstandin_cuda.so"
     if not lib.exists() or lib.stat().st_mtime < src.stat().st_mtime:
         cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-        cmd = cc.split() + ["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
-                            "-o", str(lib) + ".tmp", str(src), "-lpthread"]
+        cmd = cc.split() + [
+            "-O1",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(lib) + ".tmp",
+            str(src),
+            "-lpthread",
+        ]
         subprocess.run(cmd, check=True)
         os.replace(str(lib) + ".tmp", lib)
     return lib
@@ -37,7 +48,9 @@ def build_standin(out_dir: pathlib.Path) -> pathlib.Path:
 
 STANDIN: ctypes.CDLL | None = None
 if not GPU_MODE:
-    _lib = build_standin(HERE / "standin" / "build" / f"py{sys.version_info[0]}{sys.version_info[1]}")
+    _lib = build_standin(
+        HERE / "standin" / "build" / f"py{sys.version_info[0]}{sys.version_info[1]}"
+    )
     os.environ["BRIDGE_CUDA_LIBRARY"] = str(_lib)
     os.environ.setdefault("BRIDGE_STANDIN_DEVICES", "2")
     STANDIN = ctypes.CDLL(str(_lib))

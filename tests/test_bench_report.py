@@ -25,21 +25,46 @@ SIZES = [512, 1 << 20, 64 << 20]
 
 
 def alloc_run(fw: str, config: str, ns: list[float], rnd: int = 1, **extra) -> dict:
-    return {"bench": "alloc", "framework": fw, "config": config, "round": rnd, "status": "ok",
-            "ns_per_pair": {str(s): v for s, v in zip(SIZES, ns, strict=True)}, **extra}
+    return {
+        "bench": "alloc",
+        "framework": fw,
+        "config": config,
+        "round": rnd,
+        "status": "ok",
+        "ns_per_pair": {str(s): v for s, v in zip(SIZES, ns, strict=True)},
+        **extra,
+    }
 
 
 # what benchmarks/bench_pinned.py writes (abridged)
 PINNED = {
-    "status": "ok", "bench": "pinned", "backend": "cached",
+    "status": "ok",
+    "bench": "pinned",
+    "backend": "cached",
     "bandwidth": {
-        "h2d": {"1 MiB": {"bridge_GBps": 40.1, "torch_pinned_GBps": 40.5, "pageable_GBps": 9.0,
-                          "iters": 200},
-                "256 MiB": {"bridge_GBps": 52.0, "torch_pinned_GBps": 55.9, "pageable_GBps": 20.0,
-                            "iters": 16}},
-        "d2h": {"1 MiB": {"bridge_GBps": 41.0, "torch_pinned_GBps": 41.2}}},
-    "alloc_ns": {"4 KiB": {"bridge_pool": 310.5, "torch_pin_memory": 905.0,
-                           "cupy_default": "RuntimeError: no cupy"}},
+        "h2d": {
+            "1 MiB": {
+                "bridge_GBps": 40.1,
+                "torch_pinned_GBps": 40.5,
+                "pageable_GBps": 9.0,
+                "iters": 200,
+            },
+            "256 MiB": {
+                "bridge_GBps": 52.0,
+                "torch_pinned_GBps": 55.9,
+                "pageable_GBps": 20.0,
+                "iters": 16,
+            },
+        },
+        "d2h": {"1 MiB": {"bridge_GBps": 41.0, "torch_pinned_GBps": 41.2}},
+    },
+    "alloc_ns": {
+        "4 KiB": {
+            "bridge_pool": 310.5,
+            "torch_pin_memory": 905.0,
+            "cupy_default": "RuntimeError: no cupy",
+        }
+    },
     "h2d_bridge_over_torch": {"1 MiB": 0.99, "256 MiB": 0.93},
 }
 
@@ -51,39 +76,83 @@ def fake_results() -> dict:
         alloc_run("torch", "bridge", [2200, 2300, 2600]),  # 64 MiB: slower than native -> fail
         alloc_run("torch", "bridge", [2400, 2300, 2600], rnd=2),
         alloc_run("torch", "async", [5900, 4100, 4700]),
-        {"bench": "alloc", "framework": "torch", "config": "rmm", "round": 1,
-         "status": "skipped", "reason": "RMM is not installed (No module named 'rmm')"},
+        {
+            "bench": "alloc",
+            "framework": "torch",
+            "config": "rmm",
+            "round": 1,
+            "status": "skipped",
+            "reason": "RMM is not installed (No module named 'rmm')",
+        },
         alloc_run("cupy", "native", [1300, 1300, 1300]),
         alloc_run("cupy", "bridge", [1800, 1900, 2100]),  # 64 MiB: 1.62 > 1.5 -> fail
         alloc_run("cupy", "async", [4900, 4900, 4900]),
-        {"bench": "alloc", "framework": "cupy", "config": "rmm", "round": 1, "status": "error",
-         "error": "timed out after 150 s"},
+        {
+            "bench": "alloc",
+            "framework": "cupy",
+            "config": "rmm",
+            "round": 1,
+            "status": "error",
+            "error": "timed out after 150 s",
+        },
     ]
     return {
-        "meta": {"date": "2026-11-29T12:00:00+00:00", "gpu_name": "NVIDIA H200",
-                 "driver_version": "580.159", "bridge_version": "0.1.0", "quick": False,
-                 "versions": {"torch": "2.11.0", "cupy": "14.2.0"},
-                 "rmm": "not available: RMM configs are skipped"},
+        "meta": {
+            "date": "2026-11-29T12:00:00+00:00",
+            "gpu_name": "NVIDIA H200",
+            "driver_version": "580.159",
+            "bridge_version": "0.1.0",
+            "quick": False,
+            "versions": {"torch": "2.11.0", "cupy": "14.2.0"},
+            "rmm": "not available: RMM configs are skipped",
+        },
         "alloc": {"sizes": SIZES, "runs": runs},
-        "alloc_same_process": {"status": "ok", "configs": {
-            "native": {"ns_per_pair": {str(s): 1000.0 for s in SIZES}},
-            "bridge": {"ns_per_pair": {str(s): 1200.0 for s in SIZES}}},
-            "info": {"skipped": {"rmm": "Skip: RMM is not installed"}}},
-        "mixed": {"runs": [
-            {"mode": "native", "status": "ok", "outcome": "oom", "n_gib": 80.0,
-             "oom": "OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 GiB",
-             "used_at_oom": int(138.5 * 2**30),
-             "phases": [{"phase": "cupy holds N", "used_gib": 80.5, "used": 0, "live": 1}]},
-            {"mode": "bridge", "status": "ok", "outcome": "ok", "n_gib": 80.0,
-             "used_over_live": 1.004, "raw_used_over_live": 1.006,
-             "phases": [{"phase": "cupy holds N", "used_gib": 80.5},
-                        {"phase": "torch holds N", "used_gib": 80.5, "used_over_live": 1.004,
-                         "raw_used_over_live": 1.006}]}]},
-        "e2e": {"runs": [
-            {"mode": "native", "round": 1, "status": "ok", "steps_per_s": 100.0},
-            {"mode": "bridge", "round": 1, "status": "ok", "steps_per_s": 99.0},
-            {"mode": "native", "round": 2, "status": "ok", "steps_per_s": 102.0},
-            {"mode": "bridge", "round": 2, "status": "ok", "steps_per_s": 100.0}]},
+        "alloc_same_process": {
+            "status": "ok",
+            "configs": {
+                "native": {"ns_per_pair": {str(s): 1000.0 for s in SIZES}},
+                "bridge": {"ns_per_pair": {str(s): 1200.0 for s in SIZES}},
+            },
+            "info": {"skipped": {"rmm": "Skip: RMM is not installed"}},
+        },
+        "mixed": {
+            "runs": [
+                {
+                    "mode": "native",
+                    "status": "ok",
+                    "outcome": "oom",
+                    "n_gib": 80.0,
+                    "oom": "OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 GiB",
+                    "used_at_oom": int(138.5 * 2**30),
+                    "phases": [{"phase": "cupy holds N", "used_gib": 80.5, "used": 0, "live": 1}],
+                },
+                {
+                    "mode": "bridge",
+                    "status": "ok",
+                    "outcome": "ok",
+                    "n_gib": 80.0,
+                    "used_over_live": 1.004,
+                    "raw_used_over_live": 1.006,
+                    "phases": [
+                        {"phase": "cupy holds N", "used_gib": 80.5},
+                        {
+                            "phase": "torch holds N",
+                            "used_gib": 80.5,
+                            "used_over_live": 1.004,
+                            "raw_used_over_live": 1.006,
+                        },
+                    ],
+                },
+            ]
+        },
+        "e2e": {
+            "runs": [
+                {"mode": "native", "round": 1, "status": "ok", "steps_per_s": 100.0},
+                {"mode": "bridge", "round": 1, "status": "ok", "steps_per_s": 99.0},
+                {"mode": "native", "round": 2, "status": "ok", "steps_per_s": 102.0},
+                {"mode": "bridge", "round": 2, "status": "ok", "steps_per_s": 100.0},
+            ]
+        },
         "pinned": {"status": "ok", "files": ["raw/pinned.json"], "data": PINNED},
         "problems": ["alloc-cupy-rmm-r1: timed out after 150 s"],
     }
@@ -102,7 +171,9 @@ def test_alloc_summary_is_the_median_over_processes():
 
 def test_checks_against_the_targets():
     c = by_id(report.summarize(fake_results()))
-    assert c["torch.alloc.native.512"]["value"] == pytest.approx(2200 / 2400, abs=1e-4)  # best of each
+    assert c["torch.alloc.native.512"]["value"] == pytest.approx(
+        2200 / 2400, abs=1e-4
+    )  # best of each
     assert c["torch.alloc.native.512"]["status"] == "pass"
     assert c["torch.alloc.native.67108864"]["status"] == "fail"  # 2600 / 2300
     assert c["torch.alloc.async.1048576"]["status"] == "pass"
@@ -111,7 +182,7 @@ def test_checks_against_the_targets():
 
 def test_cupy_memorypool_target_is_one_and_a_half():
     c = by_id(report.summarize(fake_results()))
-    assert c["cupy.alloc.native.512"]["status"] == "pass"      # 1800 / 1300 = 1.38
+    assert c["cupy.alloc.native.512"]["status"] == "pass"  # 1800 / 1300 = 1.38
     assert c["cupy.alloc.native.1048576"]["status"] == "pass"  # 1.46
     assert c["cupy.alloc.native.67108864"]["status"] == "fail"  # 1.62
     assert c["cupy.alloc.async.512"]["op"] == "<"
@@ -141,8 +212,10 @@ def test_pinned_top_level_ratio_and_absent_script():
     r = fake_results()
     r["pinned"] = {"status": "ok", "data": {"ratio": 0.99, "x": {"other_ratio": 0.1}}}
     assert by_id(report.summarize(r))["pinned.bridge_over_torch"]["value"] == 0.99
-    r["pinned"] = {"status": "partial", "data": {"x": {"a_ratio": 0.97, "b_ratio": 1.2},
-                                                 "errors": {"alloc_ns": "boom"}}}
+    r["pinned"] = {
+        "status": "partial",
+        "data": {"x": {"a_ratio": 0.97, "b_ratio": 1.2}, "errors": {"alloc_ns": "boom"}},
+    }
     c = by_id(report.summarize(r))["pinned.bridge_over_torch"]
     assert c["value"] == 0.97 and c["status"] == "pass" and "boom" in c["note"]
     r["pinned"] = {"status": "skipped", "reason": "benchmarks/bench_pinned.py does not exist"}
@@ -164,13 +237,27 @@ def test_markdown_has_every_section_and_verdict(tmp_path):
     v = r["verdict"]
     assert f"{v['pass']} pass, {v['fail']} fail, {v['missing']} missing" in md
     assert v["fail"] >= 3 and v["missing"] >= 6
-    for text in ("NVIDIA H200", "580.159", "## Allocation", "| native caching |",
-                 "2,500 [2,400-2,600]", "bridge / native (target <= 1.00)",
-                 "skipped: RMM is not installed", "ONE process", "1.200",
-                 "torch OOM", "138.5 at OOM", "1.004", "## End to end", "## Pinned",
-                 "h2d_bridge_over_torch.256 MiB", "| 256 MiB | 52.00 | 55.90 | 20.00 | 16 |",
-                 "| 4 KiB | 310 | 905 | RuntimeError: no cupy |",
-                 "timed out after 150 s", "**FAIL**"):
+    for text in (
+        "NVIDIA H200",
+        "580.159",
+        "## Allocation",
+        "| native caching |",
+        "2,500 [2,400-2,600]",
+        "bridge / native (target <= 1.00)",
+        "skipped: RMM is not installed",
+        "ONE process",
+        "1.200",
+        "torch OOM",
+        "138.5 at OOM",
+        "1.004",
+        "## End to end",
+        "## Pinned",
+        "h2d_bridge_over_torch.256 MiB",
+        "| 256 MiB | 52.00 | 55.90 | 20.00 | 16 |",
+        "| 4 KiB | 310 | 905 | RuntimeError: no cupy |",
+        "timed out after 150 s",
+        "**FAIL**",
+    ):
         assert text in md, text
     # every table row has as many cells as its header
     for block in md.split("\n\n"):
@@ -217,7 +304,8 @@ def test_plan_is_fresh_processes_with_the_async_env(tmp_path):
     assert first == 0 and "alloc-torch-native-r2" in names  # two rounds in a full run
     async_env = {t.name: t.env for t in tasks if t.section == "alloc"}
     assert async_env["alloc-torch-async-r1"] == {
-        "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+        "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"
+    }
     assert async_env["alloc-cupy-async-r1"] == {}
     quick = run_all.plan(run_all.QUICK, sys.executable, True, None)
     assert not any(t.name.endswith("-r2") for t in quick)
@@ -231,16 +319,24 @@ def test_child_env_drops_allocator_settings(monkeypatch):
     assert env["X_SET"] == "1" and "PYTORCH_CUDA_ALLOC_CONF" in removed
 
 
-@pytest.mark.parametrize("body, expect", [
-    ("import sys; sys.exit(3)", "no result from the child (rc=3"),
-    ("import time; time.sleep(30)", "timed out after 1 s"),
-    ("raise SystemExit(0)", "no result from the child (rc=0"),
-])
+@pytest.mark.parametrize(
+    "body, expect",
+    [
+        ("import sys; sys.exit(3)", "no result from the child (rc=3"),
+        ("import time; time.sleep(30)", "timed out after 1 s"),
+        ("raise SystemExit(0)", "no result from the child (rc=0"),
+    ],
+)
 def test_a_failing_child_is_recorded(tmp_path, body, expect):
     script = tmp_path / "child.py"
     script.write_text(body)
-    task = run_all.Task("child", "alloc", [sys.executable, str(script)], 1,
-                        extra={"framework": "torch", "config": "native"})
+    task = run_all.Task(
+        "child",
+        "alloc",
+        [sys.executable, str(script)],
+        1,
+        extra={"framework": "torch", "config": "native"},
+    )
     raw = tmp_path / "raw"
     raw.mkdir()
     result = run_all.run_task(task, str(raw), timeout=1)
@@ -250,12 +346,14 @@ def test_a_failing_child_is_recorded(tmp_path, body, expect):
 
 def test_a_child_that_hangs_after_writing_keeps_its_result(tmp_path):
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, sys, time
         path = sys.argv[sys.argv.index("--json") + 1]
         json.dump({"status": "ok", "ns_per_pair": {"512": 1.0}}, open(path, "w"))
         time.sleep(30)
-    """))
+    """)
+    )
     raw = tmp_path / "raw"
     raw.mkdir()
     task = run_all.Task("child", "alloc", [sys.executable, str(script)], 2)
@@ -265,28 +363,33 @@ def test_a_child_that_hangs_after_writing_keeps_its_result(tmp_path):
 
 def test_a_child_result_is_taken_and_its_exit_code_checked(tmp_path):
     script = tmp_path / "child.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, sys
         path = sys.argv[sys.argv.index("--json") + 1]
         json.dump({"status": "ok", "ns_per_pair": {"512": 1.0}}, open(path, "w"))
         sys.exit(int(sys.argv[1]))
-    """))
+    """)
+    )
     raw = tmp_path / "raw"
     raw.mkdir()
     for rc, status in ((0, "ok"), (1, "error")):
-        task = run_all.Task("child", "alloc", [sys.executable, str(script), str(rc)], 30,
-                            extra={"round": 1})
+        task = run_all.Task(
+            "child", "alloc", [sys.executable, str(script), str(rc)], 30, extra={"round": 1}
+        )
         result = run_all.run_task(task, str(raw), timeout=30)
         assert result["status"] == status and result["round"] == 1
 
 
 def test_bench_pinned_result_is_kept_whole(tmp_path):
     script = tmp_path / "bench_pinned.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, sys
         path = sys.argv[sys.argv.index("--out") + 1]
         json.dump({"status": "ok", "h2d_bridge_over_torch": {"1 MiB": 0.99}}, open(path, "w"))
-    """))
+    """)
+    )
     raw = tmp_path / "raw"
     raw.mkdir()
     task = run_all.Task("pinned", "pinned", [sys.executable, str(script)], 30)

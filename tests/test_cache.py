@@ -110,3 +110,21 @@ def test_tag_cap_holds_on_a_cache_hit(cache):
     assert rc == 8 and q == 0  # TAG_LIMIT
     assert stats()["tags"][TORCH]["current"] == 0
     core.set_tag_limit(0, TORCH, 0)
+
+
+def test_a_table_full_of_emptied_keys_still_caches_new_sizes(cache):
+    """Once 2048 (stream, size) keys had all been taken again, no new size was
+    ever cached: the table was only reset by a flush with bytes cached (found
+    while modelling the cache for tests/test_ledger_property.py)."""
+    held = []
+    for i in range(2100):  # more distinct sizes than the table keeps keys
+        size = 512 * (i + 1)
+        rc, p = core.alloc(0, size, 0, CUPY)
+        assert rc == 0
+        core.free(p)
+        assert stats()["cached"] == size, f"size {size} (key {i}) was not cached"
+        rc, q = core.alloc(0, size, 0, CUPY)  # taken again: nothing cached
+        assert rc == 0 and q == p
+        held.append(q)
+    for q in held:
+        core.free(q)

@@ -20,9 +20,15 @@ from bridge._errors import format_bytes
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 GIB = 1 << 30
-CONFLICTING = ("PYTORCH_CUDA_ALLOC_CONF", "XLA_PYTHON_CLIENT_PREALLOCATE",
-               "XLA_PYTHON_CLIENT_ALLOCATOR", "XLA_PYTHON_CLIENT_MEM_FRACTION",
-               "CUPY_GPU_MEMORY_LIMIT", "BRIDGE_GPU_MEMORY_LIMIT", "BRIDGE_PINNED_MEMORY_LIMIT")
+CONFLICTING = (
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "CUPY_GPU_MEMORY_LIMIT",
+    "BRIDGE_GPU_MEMORY_LIMIT",
+    "BRIDGE_PINNED_MEMORY_LIMIT",
+)
 
 
 def run_main(*argv: str) -> tuple[int, str, str]:
@@ -31,8 +37,9 @@ def run_main(*argv: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def run_cli(*argv: str, env: dict | None = None, code: str | None = None,
-            pythonpath: str | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *argv: str, env: dict | None = None, code: str | None = None, pythonpath: str | None = None
+) -> subprocess.CompletedProcess:
     e = dict(os.environ)
     for name in CONFLICTING:
         e.pop(name, None)
@@ -135,14 +142,17 @@ def test_doctor_flags_a_device_without_pools(standin):
     assert "Summary: 1 thing(s) to look at" in r.stdout
 
 
-@pytest.mark.parametrize("name, value, words", [
-    ("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", "Unset it"),
-    ("XLA_PYTHON_CLIENT_PREALLOCATE", "true", "refuses to start"),
-    ("XLA_PYTHON_CLIENT_PREALLOCATE", "0", "refuses to start"),
-    ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", "outside the shared pool"),
-    ("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5", "limits nothing"),
-    ("CUPY_GPU_MEMORY_LIMIT", "50%", "BRIDGE_GPU_MEMORY_LIMIT"),
-])
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("PYTORCH_CUDA_ALLOC_CONF", "backend:cudaMallocAsync", "Unset it"),
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", "true", "refuses to start"),
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", "0", "refuses to start"),
+        ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", "outside the shared pool"),
+        ("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5", "limits nothing"),
+        ("CUPY_GPU_MEMORY_LIMIT", "50%", "BRIDGE_GPU_MEMORY_LIMIT"),
+    ],
+)
 def test_doctor_flags_conflicting_env(standin, clean_env, name, value, words):
     clean_env.setenv(name, value)
     rc, out, _ = run_main("doctor")
@@ -153,10 +163,14 @@ def test_doctor_flags_conflicting_env(standin, clean_env, name, value, words):
     assert [p["subject"] for p in doc["problems"]] == [f"{name}={value}"]
 
 
-@pytest.mark.parametrize("name, value", [
-    ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"), ("XLA_PYTHON_CLIENT_PREALLOCATE", "False"),
-    ("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async"),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", "False"),
+        ("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async"),
+    ],
+)
 def test_doctor_accepts_settings_the_bridge_wants(standin, clean_env, name, value):
     clean_env.setenv(name, value)
     doc = json.loads(run_main("doctor", "--json")[1])
@@ -199,17 +213,32 @@ POISON = "raise ImportError('the doctor must not import this framework')\n"
 
 
 def test_doctor_reads_frameworks_without_importing_them(standin, tmp_path):
-    _fake_package(tmp_path, "torch", "2.11.0", {
-        "torch/__init__.py": POISON, "torch/version.py": "cuda: Optional[str] = '13.0'\n",
-        "torch/cuda/memory.py": "class CUDAPluggableAllocator:\n    pass\n"})
-    _fake_package(tmp_path, "cupy-cuda13x", "14.2.0", {
-        "cupy/__init__.py": POISON,
-        "cupy/cuda/__init__.py": "from cupy.cuda.memory import set_allocator\n"})
+    _fake_package(
+        tmp_path,
+        "torch",
+        "2.11.0",
+        {
+            "torch/__init__.py": POISON,
+            "torch/version.py": "cuda: Optional[str] = '13.0'\n",
+            "torch/cuda/memory.py": "class CUDAPluggableAllocator:\n    pass\n",
+        },
+    )
+    _fake_package(
+        tmp_path,
+        "cupy-cuda13x",
+        "14.2.0",
+        {
+            "cupy/__init__.py": POISON,
+            "cupy/cuda/__init__.py": "from cupy.cuda.memory import set_allocator\n",
+        },
+    )
     _fake_package(tmp_path, "jax", "0.11.2", {"jax/__init__.py": POISON})
     _fake_package(tmp_path, "jaxlib", "0.11.2", {"jaxlib/__init__.py": POISON})
     _fake_package(tmp_path, "jax-cuda13-plugin", "0.11.2", {})
-    code = ("import sys; from bridge.__main__ import main; rc = main(['doctor']); "
-            "assert not {'torch', 'cupy', 'jax', 'jaxlib'} & set(sys.modules); sys.exit(rc)")
+    code = (
+        "import sys; from bridge.__main__ import main; rc = main(['doctor']); "
+        "assert not {'torch', 'cupy', 'jax', 'jaxlib'} & set(sys.modules); sys.exit(rc)"
+    )
     r = run_cli(code=code, pythonpath=str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
@@ -226,6 +255,7 @@ DRIVER_13 = {"version": 13000, "version_text": "13.0"}
 @pytest.fixture
 def fake_site(tmp_path, monkeypatch):
     """Package files come from tmp_path (find_spec would return an imported real torch)."""
+
     def package_file(package: str, relative: str) -> str | None:
         path = tmp_path / package / relative
         return path.read_text() if path.is_file() else None
@@ -236,9 +266,16 @@ def fake_site(tmp_path, monkeypatch):
 
 def test_doctor_torch_verdicts(fake_site):
     tmp_path = fake_site
-    _fake_package(tmp_path, "torch", "2.11.0", {
-        "torch/__init__.py": POISON, "torch/version.py": "cuda = None\n",
-        "torch/cuda/memory.py": "class CUDAPluggableAllocator: pass\n"})
+    _fake_package(
+        tmp_path,
+        "torch",
+        "2.11.0",
+        {
+            "torch/__init__.py": POISON,
+            "torch/version.py": "cuda = None\n",
+            "torch/cuda/memory.py": "class CUDAPluggableAllocator: pass\n",
+        },
+    )
     fw = _doctor._torch({"torch": "2.11.0"}, DRIVER_13)
     assert not fw.usable and "CPU-only build" in fw.findings[0].text
     (tmp_path / "torch/version.py").write_text("cuda = '12.1'\n")
@@ -254,8 +291,12 @@ def test_doctor_torch_verdicts(fake_site):
 
 def test_doctor_flags_two_cupy_packages_and_a_cpu_only_jax(fake_site):
     tmp_path = fake_site
-    _fake_package(tmp_path, "cupy-cuda12x", "13.0.0", {
-        "cupy/__init__.py": POISON, "cupy/cuda/__init__.py": "set_allocator = None\n"})
+    _fake_package(
+        tmp_path,
+        "cupy-cuda12x",
+        "13.0.0",
+        {"cupy/__init__.py": POISON, "cupy/cuda/__init__.py": "set_allocator = None\n"},
+    )
     fw = _doctor._cupy({"cupy-cuda12x": "13.0.0", "cupy-cuda13x": "14.0.0"}, DRIVER_13)
     assert not fw.usable
     assert "several CuPy packages" in fw.findings[0].text
@@ -269,7 +310,7 @@ def _table(out: str) -> dict[int, dict[str, str]]:
     header = next(i for i, ln in enumerate(lines) if ln[:1] == ["device"])
     assert tuple(lines[header]) == COLUMNS
     rows = {}
-    for cells in lines[header + 1:]:
+    for cells in lines[header + 1 :]:
         # "16.00 GiB" is two words: put the numbers and their units back together
         merged, i = [cells[0]], 1
         while i < len(cells):
@@ -352,8 +393,15 @@ def test_stats_with_a_bad_budget_variable(standin):
     assert "BRIDGE_GPU_MEMORY_LIMIT='lots'" in r.stderr
 
 
-@pytest.mark.parametrize("argv", [["stats", "--watch", "0"], ["stats", "--count", "0"],
-                                  ["stats", "--watch", "soon"], ["frobnicate"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["stats", "--watch", "0"],
+        ["stats", "--count", "0"],
+        ["stats", "--watch", "soon"],
+        ["frobnicate"],
+    ],
+)
 def test_usage_errors_exit_2(argv, capsys):
     assert main(argv) == 2
 

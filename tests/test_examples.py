@@ -12,8 +12,9 @@ pytestmark = pytest.mark.gpu
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.mark.parametrize("name", ["mixed_pipeline", "jax_torch_cupy", "pinned_staging",
-                                  "oom_handled"])
+@pytest.mark.parametrize(
+    "name", ["mixed_pipeline", "jax_torch_cupy", "pinned_staging", "oom_handled"]
+)
 def test_example_runs(name, tmp_path):
     args = [sys.executable, str(EXAMPLES / f"{name}.py")]
     if name == "mixed_pipeline":

@@ -7,8 +7,17 @@ import random
 import threading
 
 import pytest
-
-from gpu_util import GIB, MIB, RESERVED, THRESHOLD, USED, ctx_sync, device_bytes, driver_pool_attr, memset
+from gpu_util import (
+    GIB,
+    MIB,
+    RESERVED,
+    THRESHOLD,
+    USED,
+    ctx_sync,
+    device_bytes,
+    driver_pool_attr,
+    memset,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -129,8 +138,9 @@ def test_budget_holds_under_threads_on_real_memory(clean):
 
 def test_budget_counts_other_users_of_the_pool(clean):
     """Bytes someone else (JAX, here cuda.bindings) holds in the pool count."""
-    import bridge
     from cuda.bindings import driver as cu
+
+    import bridge
 
     core = clean
     err, pool = cu.cuDeviceGetDefaultMemPool(0)

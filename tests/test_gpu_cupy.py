@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 
 import pytest
-
 from gpu_util import GIB, MIB, RESERVED, USED, driver_pool_attr
 
 pytestmark = pytest.mark.gpu
@@ -44,8 +43,9 @@ def test_arrays_come_from_the_ledger(fresh):
     a = cupy.empty(3 * MIB, dtype=cupy.uint8)
     rc, size, dev, tag = core.lookup(a.data.ptr)
     assert (rc, size, dev, tag) == (0, 3 * MIB, 0, TAG_CUPY)
-    assert isinstance(a.data.mem.owner if hasattr(a.data.mem, "owner") else None,
-                      (core.Block, type(None)))
+    assert isinstance(
+        a.data.mem.owner if hasattr(a.data.mem, "owner") else None, (core.Block, type(None))
+    )
     assert bridge.stats(0).by_framework["cupy"] == before + 3 * MIB
     a[:] = 5
     assert int(a.sum()) == 15 * MIB

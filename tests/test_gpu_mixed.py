@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gpu_util import GIB, MIB, THRESHOLD, driver_pool_attr
 
 pytestmark = pytest.mark.gpu

@@ -8,8 +8,7 @@ import sys
 import threading
 
 import pytest
-
-from gpu_util import GIB, MIB, RESERVED, ctx_sync, driver_pool_attr
+from gpu_util import GIB, MIB, RESERVED, driver_pool_attr
 
 pytestmark = pytest.mark.gpu
 TAG_TORCH = 2
@@ -44,12 +43,14 @@ def fresh(torch):
 
 
 def test_unify_after_cuda_started_says_before():
-    code = ("import torch, bridge\n"
-            "torch.zeros(1, device='cuda')\n"
-            "try:\n"
-            "    bridge.unify(cupy=False, torch=True)\n"
-            "except bridge.BridgeError as e:\n"
-            "    print('ERR', e)\n")
+    code = (
+        "import torch, bridge\n"
+        "torch.zeros(1, device='cuda')\n"
+        "try:\n"
+        "    bridge.unify(cupy=False, torch=True)\n"
+        "except bridge.BridgeError as e:\n"
+        "    print('ERR', e)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("ERR ")
@@ -83,8 +84,9 @@ def test_zero_size_tensor(fresh):
 def test_training_with_backward(fresh):
     torch = fresh
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 1)).cuda()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)
+    ).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x = torch.randn(512, 32, device="cuda")
     y = (x[:, :1] * 2 - x[:, 1:2]).detach()
@@ -155,8 +157,9 @@ def test_cuda_graph_capture_and_replay_match_eager(fresh):
 
     torch = fresh
     torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
-                                torch.nn.Linear(256, 8)).cuda()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 8)
+    ).cuda()
     static_in = torch.randn(32, 64, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -182,8 +185,9 @@ def test_cuda_graph_capture_and_replay_match_eager(fresh):
 def test_cuda_graph_whole_training_step(fresh):
     torch = fresh
     torch.manual_seed(2)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 1)).cuda()
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+    ).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     static_x = torch.randn(256, 16, device="cuda")
     static_y = static_x.sum(dim=1, keepdim=True) * 0.1

@@ -14,8 +14,11 @@ from bridge.adapters import jax as adapter
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for var in ("XLA_PYTHON_CLIENT_ALLOCATOR", "XLA_PYTHON_CLIENT_PREALLOCATE",
-                "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+    for var in (
+        "XLA_PYTHON_CLIENT_ALLOCATOR",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    ):
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
@@ -24,9 +27,14 @@ def test_no_conflict_on_a_clean_environment(clean_env):
     assert adapter._conflicts(None) == []
 
 
-@pytest.mark.parametrize("var,value", [("XLA_PYTHON_CLIENT_ALLOCATOR", "platform"),
-                                       ("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"),
-                                       ("XLA_PYTHON_CLIENT_PREALLOCATE", "true")])
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform"),
+        ("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"),
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", "true"),
+    ],
+)
 def test_conflicting_settings_are_named(clean_env, var, value):
     clean_env.setenv(var, value)
     problems = adapter._conflicts(None)
@@ -55,8 +63,9 @@ def test_install_reports_conflicts_and_changes_nothing(standin, clean_env):
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.gpu
@@ -95,7 +104,7 @@ def test_hard_partition_gives_jax_its_own_arena():
     assert r.returncode == 0, r.stderr[-3000:]
     out = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
     assert out["ALLOC"] == "None"
-    assert out["LIMIT"] == "16"            # 20 GiB budget less JAX's 4 GiB
-    assert out["JAXPOOL"] == "0"           # JAX's arena is not in the shared pool
-    assert out["JAXBIG"] == "True"         # capped by XLA: RESOURCE_EXHAUSTED
+    assert out["LIMIT"] == "16"  # 20 GiB budget less JAX's 4 GiB
+    assert out["JAXPOOL"] == "0"  # JAX's arena is not in the shared pool
+    assert out["JAXBIG"] == "True"  # capped by XLA: RESOURCE_EXHAUSTED
     assert out["TORCH"] == "15"

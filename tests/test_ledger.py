@@ -560,9 +560,9 @@ def test_double_free_and_unknown_pointer_change_nothing_but_bad_frees(led):
     s0 = stats()
     frees = led.counter(C_FREE)
     live = core.live_records()
-    core.free(p)                      # double free
-    core.free(0x7E00DEAD0000)         # never handed out
-    core.free(keep + 8)               # inside a live block, not its start
+    core.free(p)  # double free
+    core.free(0x7E00DEAD0000)  # never handed out
+    core.free(keep + 8)  # inside a live block, not its start
     s = stats()
     assert s["num_bad_frees"] == s0["num_bad_frees"] + 3
     for key in ("used", "num_frees", "num_allocs", "num_driver_errors", "pool_used"):
@@ -845,7 +845,7 @@ def test_driver_calls_during_capture_use_relaxed_capture_mode(led):
 
 def test_graph_ids_and_slots(led):
     assert core.graph(GRAPH_END, DEV, 0xAB, 0xCD) == Status.INVALID  # never begun
-    assert core.graph(GRAPH_RELEASE, DEV, 0xAB, 0xCD) == Status.OK   # nothing to release
+    assert core.graph(GRAPH_RELEASE, DEV, 0xAB, 0xCD) == Status.OK  # nothing to release
     ids = [(0x1000 + i, 1) for i in range(128)]
     for g in ids:
         assert led.graph(GRAPH_BEGIN, DEV, *g) == Status.OK
@@ -877,7 +877,7 @@ def test_trim_returns_idle_memory_including_queued_frees(led):
     led.sd.standin_sync_all(DEV)
     assert stats()["pool_reserved"] == 4 * MIB  # the release threshold keeps idle bytes
     assert core.trim(DEV, MIB) == Status.OK
-    assert stats()["pool_reserved"] == MIB      # keep=1 MiB
+    assert stats()["pool_reserved"] == MIB  # keep=1 MiB
     assert core.trim(DEV, 0) == Status.OK
     assert stats()["pool_reserved"] == 0
 
@@ -964,7 +964,7 @@ def test_pressure_callback_from_a_context_less_thread_keeps_its_context(led):
 
     def run():
         sd.standin_clear_current()
-        rc, p1 = core.alloc(1, MIB, S2, TAG_CUPY)   # device 1 now current
+        rc, p1 = core.alloc(1, MIB, S2, TAG_CUPY)  # device 1 now current
         assert rc == Status.OK
         rc, p0 = core.alloc(0, 2 * MIB, S1, TAG_CUPY)  # needs the hook
         dev_after = core.current_device()

@@ -122,8 +122,11 @@ class LedgerMachine(RuleBasedStateMachine):
         self.dev: dict[int, Dev] = {}
 
     # ---- set-up and tear-down of one example ----
-    @initialize(cache=st.sampled_from([0, MIB, GIB]), limit=limits,
-                tag_cap=st.one_of(st.none(), st.tuples(tags, limits)))
+    @initialize(
+        cache=st.sampled_from([0, MIB, GIB]),
+        limit=limits,
+        tag_cap=st.one_of(st.none(), st.tuples(tags, limits)),
+    )
     def start(self, cache: int, limit: int, tag_cap: tuple[int, int] | None) -> None:
         """Reset the core, then start from a drawn cache, budget and framework cap."""
         self.sd.standin_clear_faults()
@@ -142,8 +145,14 @@ class LedgerMachine(RuleBasedStateMachine):
             tag_cur = [t["current"] for t in s["tags"]]
             rc, base_others = core.others(d)
             assert rc == Status.OK
-            self.dev[d] = Dev(base_used=used, base_tag=tag_cur, base_pool=s["pool_used"],
-                              base_others=base_others, peak=used, tag_peak=list(tag_cur))
+            self.dev[d] = Dev(
+                base_used=used,
+                base_tag=tag_cur,
+                base_pool=s["pool_used"],
+                base_others=base_others,
+                peak=used,
+                tag_peak=list(tag_cur),
+            )
             d_ = self.dev[d]
             d_.num_allocs, d_.num_frees = s["num_allocs"], s["num_frees"]
             d_.num_ooms, d_.num_retries = s["num_ooms"], s["num_retries"]
@@ -199,8 +208,7 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def pool_used(self, d: int) -> int:
         m = self.dev[d]
-        return (m.base_pool + self.live_bytes(d) + m.cached() + m.foreign
-                + sum(m.pending.values()))
+        return m.base_pool + self.live_bytes(d) + m.cached() + m.foreign + sum(m.pending.values())
 
     def sync(self, d: int, stream: int) -> None:
         m = self.dev[d]
@@ -362,8 +370,12 @@ class LedgerMachine(RuleBasedStateMachine):
         else:
             self._lookup_freed(ptr)
 
-    @rule(b=blocks, what=st.sampled_from(["record", "lookup", "inside"]), stream=streams,
-          offset=st.integers(1, 511))  # blocks lie >= 1024 bytes apart
+    @rule(
+        b=blocks,
+        what=st.sampled_from(["record", "lookup", "inside"]),
+        stream=streams,
+        offset=st.integers(1, 511),
+    )  # blocks lie >= 1024 bytes apart
     def use_a_live_block(self, b: Block, what: str, stream: int, offset: int) -> None:
         if what == "record":
             self._record_stream(b, stream)
@@ -382,9 +394,24 @@ class LedgerMachine(RuleBasedStateMachine):
     # Everything else that changes the setting: one rule, the change drawn.
     @rule(data=st.data())
     def configure(self, data: st.DataObject) -> None:
-        op = data.draw(st.sampled_from([
-            "limit", "tag_limit", "others", "capacity", "sync", "trim", "cache",
-            "cache_any_stream", "reset_peak", "fail_alloc", "fail_free"]), label="op")
+        op = data.draw(
+            st.sampled_from(
+                [
+                    "limit",
+                    "tag_limit",
+                    "others",
+                    "capacity",
+                    "sync",
+                    "trim",
+                    "cache",
+                    "cache_any_stream",
+                    "reset_peak",
+                    "fail_alloc",
+                    "fail_free",
+                ]
+            ),
+            label="op",
+        )
         if op == "limit":
             self._set_limit(data.draw(devices), data.draw(limits))
         elif op == "tag_limit":
@@ -392,24 +419,31 @@ class LedgerMachine(RuleBasedStateMachine):
         elif op == "others":
             self._others_in_the_pool(data.draw(devices), data)
         elif op == "capacity":
-            self._device_capacity(data.draw(devices),
-                                  data.draw(st.sampled_from([TOTAL, 8 * MIB, 2 * MIB])))
+            self._device_capacity(
+                data.draw(devices), data.draw(st.sampled_from([TOTAL, 8 * MIB, 2 * MIB]))
+            )
         elif op == "sync":
             self._synchronize_device(data.draw(devices))
         elif op == "trim":
             self._trim(data.draw(devices))
         elif op == "cache" and not self.free_fault:  # a flush's order of frees is not modelled
-            self._set_cache(data.draw(devices),
-                            data.draw(st.sampled_from([0, 64 * KIB, MIB, GIB])),
-                            data.draw(st.sampled_from([8 * KIB, MAX_BLOCK])))
+            self._set_cache(
+                data.draw(devices),
+                data.draw(st.sampled_from([0, 64 * KIB, MIB, GIB])),
+                data.draw(st.sampled_from([8 * KIB, MAX_BLOCK])),
+            )
         elif op == "cache_any_stream":
             self._set_cache_any_stream(data.draw(tags), data.draw(st.booleans()))
         elif op == "reset_peak":
             self._reset_peak(data.draw(devices), data.draw(st.sampled_from((-1, *TAGS))))
         elif op == "fail_alloc" and not self.alloc_fault:
             self._fail_next_driver_alloc(data.draw(st.sampled_from([DRIVER_OOM, DRIVER_UNKNOWN])))
-        elif (op == "fail_free" and not self.free_fault and not self.alloc_fault
-              and not any(m.cache_limit or m.cache for m in self.dev.values())):
+        elif (
+            op == "fail_free"
+            and not self.free_fault
+            and not self.alloc_fault
+            and not any(m.cache_limit or m.cache for m in self.dev.values())
+        ):
             self._fail_next_driver_free()
 
     # ---- the calls behind the rules above ----

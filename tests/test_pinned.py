@@ -94,21 +94,36 @@ class _DLDevice(ctypes.Structure):
 
 
 class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
-                ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("code", ctypes.c_uint8),
+        ("bits", ctypes.c_uint8),
+        ("lanes", ctypes.c_uint16),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 class _Versioned(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
-                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
-                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+    _fields_ = [
+        ("major", ctypes.c_uint32),
+        ("minor", ctypes.c_uint32),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _DLTensor),
+    ]
 
 
 class _Legacy(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p)]
+    _fields_ = [
+        ("dl_tensor", _DLTensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+    ]
 
 
 _get_name = ctypes.pythonapi.PyCapsule_GetName
@@ -135,11 +150,11 @@ def test_numpy_view_is_the_buffer(pp, lib):
     assert isinstance(buf, bridge.PinnedBuffer)
     assert a.ctypes.data == buf.ptr != 0
     assert buf.size == a.nbytes == 80
-    assert lib.standin_host_used() - before >= 80      # real pinned memory behind it
+    assert lib.standin_host_used() - before >= 80  # real pinned memory behind it
     rc, base, size = core.pinned_lookup(a.ctypes.data + 12)
     assert (rc, base, size) == (0, buf.ptr, 80)
     a[:] = np.arange(20, dtype=np.float32).reshape(4, 5)
-    assert bytes(memoryview(buf)) == a.tobytes()        # one memory, two views
+    assert bytes(memoryview(buf)) == a.tobytes()  # one memory, two views
     assert a.flags.writeable and a.flags.c_contiguous
 
 
@@ -153,10 +168,21 @@ def test_page_aligned_and_writable_through_every_view(pp):
     assert v1.ctypes.data == v2.ctypes.data == buf.ptr
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.int8, np.complex128, np.float16,
-                                   np.dtype([("a", "<i4"), ("b", "<f8")])])
-@pytest.mark.parametrize("shape, dims", [(7, (7,)), ((3, 4), (3, 4)), ([2, 3, 5], (2, 3, 5)),
-                                         ((0,), (0,)), ((2, 0, 3), (2, 0, 3)), ((), ())])
+@pytest.mark.parametrize(
+    "dtype",
+    [np.float64, np.int8, np.complex128, np.float16, np.dtype([("a", "<i4"), ("b", "<f8")])],
+)
+@pytest.mark.parametrize(
+    "shape, dims",
+    [
+        (7, (7,)),
+        ((3, 4), (3, 4)),
+        ([2, 3, 5], (2, 3, 5)),
+        ((0,), (0,)),
+        ((2, 0, 3), (2, 0, 3)),
+        ((), ()),
+    ],
+)
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_empty_dtype_shape_order(pp, dtype, shape, dims, order):
     a = bridge.empty_pinned(shape, dtype=dtype, order=order)
@@ -179,8 +205,8 @@ def test_zeros_clears_a_reused_block(pp):
     p = a.ctypes.data
     del a
     z = bridge.zeros_pinned((10, 100), dtype=np.uint8, order="F")
-    assert z.ctypes.data == p                   # the same block came back ...
-    assert not z.any()                          # ... cleared
+    assert z.ctypes.data == p  # the same block came back ...
+    assert not z.any()  # ... cleared
     assert z.flags.f_contiguous
 
 
@@ -193,8 +219,8 @@ def test_numpy_integer_shapes(pp):
 # ---- the pool's figures ----
 def test_stats_rise_and_fall(pp):
     s0 = pp.stats()
-    a = bridge.empty_pinned(1000, dtype=np.uint8)      # class 4 KiB
-    b = bridge.pinned_buffer(5000)                     # class 5 KiB (4 KiB + 1/8 of it)
+    a = bridge.empty_pinned(1000, dtype=np.uint8)  # class 4 KiB
+    b = bridge.pinned_buffer(5000)  # class 5 KiB (4 KiB + 1/8 of it)
     assert pp.used_bytes() == 4 * KIB + 5 * KIB
     assert pp.total_bytes() == s0["total"] + 9 * KIB
     assert pp.stats()["n_live_blocks"] == 2
@@ -210,9 +236,19 @@ def test_stats_rise_and_fall(pp):
     assert pp.total_bytes() == pp.free_bytes() == pp.n_free_blocks() == 0
 
 
-@pytest.mark.parametrize("size, cls", [(1, 4096), (4096, 4096), (4097, 4608), (8192, 8192),
-                                       (8193, 9216), (MIB, MIB), (MIB + 1, MIB + 128 * KIB),
-                                       (3 * MIB, 3 * MIB)])
+@pytest.mark.parametrize(
+    "size, cls",
+    [
+        (1, 4096),
+        (4096, 4096),
+        (4097, 4608),
+        (8192, 8192),
+        (8193, 9216),
+        (MIB, MIB),
+        (MIB + 1, MIB + 128 * KIB),
+        (3 * MIB, 3 * MIB),
+    ],
+)
 def test_size_classes(pp, size, cls):
     buf = bridge.pinned_buffer(size)
     assert pp.used_bytes() == cls
@@ -225,7 +261,7 @@ def test_freed_block_is_reused_without_the_driver(pp, lib):
     del buf
     allocs = lib.standin_counter(C_HOSTALLOC)
     reuses = pp.stats()["num_reuses"]
-    buf = bridge.pinned_buffer(99 * KIB)               # same class
+    buf = bridge.pinned_buffer(99 * KIB)  # same class
     assert buf.ptr == p
     assert lib.standin_counter(C_HOSTALLOC) == allocs
     assert pp.stats()["num_reuses"] == reuses + 1
@@ -237,8 +273,8 @@ def test_a_view_keeps_the_block(pp):
     p = a.ctypes.data
     del a
     gc.collect()
-    assert pp.used_bytes() == 4 * KIB                 # v still uses it
-    assert bridge.pinned_buffer(1000).ptr != p         # not handed out again
+    assert pp.used_bytes() == 4 * KIB  # v still uses it
+    assert bridge.pinned_buffer(1000).ptr != p  # not handed out again
     del v
     assert bridge.pinned_buffer(1000).ptr == p
 
@@ -252,7 +288,7 @@ def test_numpy_from_dlpack_same_address(pp):
     a[:] = 5
     assert bytes(memoryview(buf)) == b"\x05" * 64
     del buf
-    assert pp.used_bytes() == 4 * KIB                 # the array's export holds the block
+    assert pp.used_bytes() == 4 * KIB  # the array's export holds the block
     del a
     assert pp.used_bytes() == 0
 
@@ -267,7 +303,7 @@ def test_dlpack_device_and_capsule_kinds(pp):
         (dict(max_version=(0, 8)), "dltensor", 3),
         (dict(max_version=(1, 0), dl_device=(1, 0)), "dltensor_versioned", 1),
         (dict(dl_device=(3, 0)), "dltensor", 3),
-        ({}, "dltensor", 1),                            # a pre-versioning consumer
+        ({}, "dltensor", 1),  # a pre-versioning consumer
     ]
     for kwargs, name, device in cases:
         cap = buf.__dlpack__(**kwargs)
@@ -286,7 +322,7 @@ def test_torch_caller_gets_kdlcpu(pp):
     exec("cap = buf.__dlpack__(max_version=(1, 0))", scope)
     name, t, _ = read_capsule(scope["cap"])
     assert (name, t.device.device_type, t.data) == ("dltensor_versioned", 1, buf.ptr)
-    scope["__name__"] = "torchvision_like"              # a prefix is not torch
+    scope["__name__"] = "torchvision_like"  # a prefix is not torch
     exec("cap = buf.__dlpack__(max_version=(1, 0))", scope)
     assert read_capsule(scope["cap"])[1].device.device_type == 3
 
@@ -308,7 +344,7 @@ def test_consumed_capsule_is_the_consumers(pp):
     a = np.from_dlpack(Holder(cap))
     assert _get_name(cap) == b"used_dltensor_versioned"
     assert a.ctypes.data == buf.ptr
-    del cap, buf                                        # numpy's deleter owns it now
+    del cap, buf  # numpy's deleter owns it now
     assert pp.used_bytes() == 4 * KIB
     del a
     assert pp.used_bytes() == 0
@@ -329,27 +365,30 @@ def test_dlpack_copy(pp):
     np.frombuffer(buf, np.uint8)[:] = np.arange(100)
     cap = buf.__dlpack__(max_version=(1, 0), copy=True)
     name, t, v = read_capsule(cap)
-    assert t.data != buf.ptr and v.flags == 2           # DLPACK_FLAG_BITMASK_IS_COPIED
+    assert t.data != buf.ptr and v.flags == 2  # DLPACK_FLAG_BITMASK_IS_COPIED
     c = np.from_dlpack(Holder(cap))
     assert c.tolist() == list(range(100))
-    assert pp.used_bytes() == 8 * KIB                   # the copy is a pinned block too
+    assert pp.used_bytes() == 8 * KIB  # the copy is a pinned block too
     c2 = np.from_dlpack(buf, copy=True)
     assert c2.ctypes.data != buf.ptr and c2.tolist() == list(range(100))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(dl_device=(2, 0)), "kDLCPU"),
-    (dict(dl_device=(13, 0)), "kDLCPU"),
-    (dict(dl_device="cpu"), "tuple"),
-    (dict(max_version=1), "tuple"),
-    (dict(max_version=("a", 0)), "tuple"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(dl_device=(2, 0)), "kDLCPU"),
+        (dict(dl_device=(13, 0)), "kDLCPU"),
+        (dict(dl_device="cpu"), "tuple"),
+        (dict(max_version=1), "tuple"),
+        (dict(max_version=("a", 0)), "tuple"),
+    ],
+)
 def test_dlpack_bad_requests(pp, kwargs, match):
     buf = bridge.pinned_buffer(10)
     with pytest.raises(BufferError, match=match):
         buf.__dlpack__(**kwargs)
     del buf
-    assert pp.used_bytes() == 0                          # nothing leaked on the error path
+    assert pp.used_bytes() == 0  # nothing leaked on the error path
 
 
 def test_zero_bytes(pp):
@@ -360,7 +399,7 @@ def test_zero_bytes(pp):
     a = bridge.empty_pinned((0, 3))
     assert a.shape == (0, 3)
     assert pp.used_bytes() == 0
-    buf.record(0)                                        # nothing to record: no error
+    buf.record(0)  # nothing to record: no error
     bridge.pinned_record(a, 0)
     bridge.pinned_record(bridge.empty_pinned(10)[5:5], 0)
 
@@ -368,16 +407,16 @@ def test_zero_bytes(pp):
 # ---- reuse safety: recorded copies ----
 def test_no_reuse_while_a_recorded_copy_is_pending(pp, lib):
     s = stream(lib)
-    lib.standin_hold_events(1)                           # the "GPU" is busy
+    lib.standin_hold_events(1)  # the "GPU" is busy
     buf = bridge.pinned_buffer(64 * KIB)
     p = buf.ptr
-    buf.record(s)                                        # an async copy reads it on s
+    buf.record(s)  # an async copy reads it on s
     del buf
     st = pp.stats()
     assert (st["n_pending_blocks"], st["used"]) == (1, 0)
     other = bridge.pinned_buffer(64 * KIB)
-    assert other.ptr != p                                # a pending block is not lent
-    lib.standin_complete_events()                        # the copy is done
+    assert other.ptr != p  # a pending block is not lent
+    lib.standin_complete_events()  # the copy is done
     again = bridge.pinned_buffer(64 * KIB)
     assert again.ptr == p
     assert pp.stats()["n_pending_blocks"] == 0
@@ -388,12 +427,12 @@ def test_stream_synchronize_completes_the_copy(pp, lib):
     lib.standin_hold_events(1)
     a = bridge.empty_pinned(1000, dtype=np.uint8)
     p = a.ctypes.data
-    bridge.pinned_record(a[100:], s1)                    # a slice is enough
+    bridge.pinned_record(a[100:], s1)  # a slice is enough
     bridge.pinned_record(a, s2)
     del a
     lib.cuStreamSynchronize(s1)
     other = bridge.pinned_buffer(1000)
-    assert other.ptr != p                                 # s2 still pending
+    assert other.ptr != p  # s2 still pending
     lib.cuStreamSynchronize(s2)
     assert bridge.pinned_buffer(1000).ptr == p
 
@@ -408,14 +447,14 @@ def test_recording_the_same_stream_again_reuses_its_event(pp, lib):
     assert pp.stats()["num_records"] >= 4
     assert lib.standin_counter(C_EVCREATE) - created <= 2
     del buf
-    buf = bridge.pinned_buffer(100)                       # events came back to the cache
+    buf = bridge.pinned_buffer(100)  # events came back to the cache
     buf.record(s1)
     assert lib.standin_counter(C_EVCREATE) - created <= 2
 
 
 def test_record_on_default_streams(pp, lib):
     buf = bridge.pinned_buffer(100)
-    for s in (None, 0, 1, 2):                             # legacy, CU_STREAM_LEGACY, per-thread
+    for s in (None, 0, 1, 2):  # legacy, CU_STREAM_LEGACY, per-thread
         buf.record(s)
 
 
@@ -471,7 +510,7 @@ def test_free_all_blocks_keeps_awaited_blocks(pp, lib):
     pp.free_all_blocks()
     st = pp.stats()
     assert (st["n_free_blocks"], st["n_pending_blocks"]) == (1, 1)
-    assert lib.standin_host_used() - base == 2 * MIB      # idle freed, busy kept
+    assert lib.standin_host_used() - base == 2 * MIB  # idle freed, busy kept
     lib.standin_complete_events()
     pp.free_all_blocks()
     assert lib.standin_host_used() - base == MIB and pp.free_bytes() == 0
@@ -491,15 +530,15 @@ def test_limit_enforced_with_a_clear_error(pp):
     assert (err.size, err.limit) == (1, 64 * KIB)
     assert pp.stats()["num_ooms"] >= 1
     del held[0]
-    bridge.pinned_buffer(16 * KIB)                        # room again
+    bridge.pinned_buffer(16 * KIB)  # room again
 
 
 def test_limit_evicts_free_blocks_of_other_sizes(pp, lib):
     pp.set_limit(MIB)
     a = bridge.pinned_buffer(512 * KIB)
     b = bridge.pinned_buffer(512 * KIB)
-    del a, b                                              # 1 MiB cached in one class
-    c = bridge.pinned_buffer(768 * KIB)                   # another class: cached blocks go
+    del a, b  # 1 MiB cached in one class
+    c = bridge.pinned_buffer(768 * KIB)  # another class: cached blocks go
     assert pp.total_bytes() <= MIB
     assert c.size == 768 * KIB
 
@@ -507,7 +546,7 @@ def test_limit_evicts_free_blocks_of_other_sizes(pp, lib):
 def test_lowering_the_limit_trims_free_blocks(pp):
     bufs = [bridge.pinned_buffer(100 * KIB) for _ in range(4)]
     del bufs
-    assert pp.total_bytes() == 4 * 104 * KIB              # class of 100 KiB is 104 KiB
+    assert pp.total_bytes() == 4 * 104 * KIB  # class of 100 KiB is 104 KiB
     pp.set_limit(250 * KIB)
     assert pp.total_bytes() <= 250 * KIB
 
@@ -522,7 +561,7 @@ def test_pending_blocks_count_against_the_limit(pp, lib):
     with pytest.raises(bridge.OutOfMemoryError, match="awaiting copies"):
         bridge.pinned_buffer(64 * KIB)
     lib.standin_complete_events()
-    bridge.pinned_buffer(64 * KIB)                        # the completed block was evicted
+    bridge.pinned_buffer(64 * KIB)  # the completed block was evicted
 
 
 def test_set_limit_arguments(pp):
@@ -535,8 +574,14 @@ def test_set_limit_arguments(pp):
     assert pp.get_limit() == int(0.1 * total)
     pp.set_limit()
     assert pp.get_limit() == 0
-    for kwargs in (dict(size=1, fraction=0.5), dict(fraction=1.5), dict(fraction=-0.1),
-                   dict(fraction=True), dict(size=-1), dict(size="lots")):
+    for kwargs in (
+        dict(size=1, fraction=0.5),
+        dict(fraction=1.5),
+        dict(fraction=-0.1),
+        dict(fraction=True),
+        dict(size=-1),
+        dict(size="lots"),
+    ):
         with pytest.raises(ValueError):
             pp.set_limit(**kwargs)
 
@@ -544,9 +589,9 @@ def test_set_limit_arguments(pp):
 def test_driver_out_of_memory_gives_cached_blocks_back(pp, lib):
     base = lib.standin_host_used()
     bufs = [bridge.pinned_buffer(MIB) for _ in range(3)]
-    del bufs                                              # 3 MiB cached
+    del bufs  # 3 MiB cached
     lib.standin_set_host_capacity(base + 3 * MIB)
-    big = bridge.pinned_buffer(2 * MIB + 1)               # fits only once the cache is freed
+    big = bridge.pinned_buffer(2 * MIB + 1)  # fits only once the cache is freed
     assert pp.free_bytes() == 0
     with pytest.raises(bridge.OutOfMemoryError, match="could not page-lock"):
         bridge.pinned_buffer(2 * MIB)
@@ -560,13 +605,16 @@ def test_oversized_request(pp):
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
     e = dict(os.environ, **env)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=60
+    )
 
 
 def test_limit_and_backend_from_the_environment(pp):
-    code = ("import bridge; p = bridge.pinned_pool(); print(p.get_limit(), p.backend); "
-            "import numpy; bridge.empty_pinned(10)")
+    code = (
+        "import bridge; p = bridge.pinned_pool(); print(p.get_limit(), p.backend); "
+        "import numpy; bridge.empty_pinned(10)"
+    )
     r = _run(code, BRIDGE_PINNED_MEMORY_LIMIT="3MiB", BRIDGE_PINNED_BACKEND="mempool")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(3 * MIB), "mempool"]
@@ -584,9 +632,18 @@ def test_bad_sizes(pp, nbytes):
         bridge.pinned_buffer(nbytes)
 
 
-@pytest.mark.parametrize("kwargs", [dict(shape=(-1,)), dict(shape=(2, -3)), dict(shape="ab"),
-                                    dict(shape=(2.5,)), dict(shape=(True,)),
-                                    dict(shape=3, order="K"), dict(shape=3, order="c")])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(shape=(-1,)),
+        dict(shape=(2, -3)),
+        dict(shape="ab"),
+        dict(shape=(2.5,)),
+        dict(shape=(True,)),
+        dict(shape=3, order="K"),
+        dict(shape=3, order="c"),
+    ],
+)
 def test_bad_shapes_and_orders(pp, kwargs):
     with pytest.raises(ValueError):
         bridge.empty_pinned(**kwargs)
@@ -615,17 +672,17 @@ def test_mempool_backend(pp, lib):
     assert np.from_dlpack(a.base).ctypes.data == a.ctypes.data
     p = a.ctypes.data
     del a
-    assert bridge.pinned_buffer(4000).ptr == p            # free lists as in the cached base
+    assert bridge.pinned_buffer(4000).ptr == p  # free lists as in the cached base
     s = stream(lib)
     lib.standin_hold_events(1)
     busy = bridge.pinned_buffer(MIB)
     busy.record(s)
     with pytest.raises(bridge.BridgeError, match="no pinned block"):
-        pinned._set_backend("cached")                     # a block is lent
+        pinned._set_backend("cached")  # a block is lent
     del busy
     base = lib.standin_host_used()
-    waits = lib.standin_counter(3)                        # C_WAIT
-    pp.free_all_blocks()                                  # freed on the stream, not waited for
+    waits = lib.standin_counter(3)  # C_WAIT
+    pp.free_all_blocks()  # freed on the stream, not waited for
     assert pp.stats()["n_pending_blocks"] == 0
     assert lib.standin_counter(3) > waits
     assert lib.standin_host_used() < base
@@ -652,7 +709,7 @@ def test_threads_share_the_pool(pp, lib):
                 a[:] = seed
                 if rng.random() < 0.3:
                     bridge.pinned_record(a, s)
-                assert (a == seed).all()                  # nobody else got this block
+                assert (a == seed).all()  # nobody else got this block
                 del a
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
@@ -704,7 +761,7 @@ def test_gpu_numpy_torch_jax_cupy_share_one_block(gpu_pool):
     assert t.data_ptr() == buf.ptr == a.ctypes.data
     assert t.is_pinned()
     assert bytes(t.numpy()) == bytes(a)
-    t[:16] = 7                                            # a torch write shows in numpy
+    t[:16] = 7  # a torch write shows in numpy
     assert (a[:16] == 7).all()
 
 
@@ -712,7 +769,7 @@ def test_gpu_numpy_torch_jax_cupy_share_one_block(gpu_pool):
 def test_gpu_torch_from_numpy_view_and_as_torch(gpu_pool):
     torch = pytest.importorskip("torch")
     a = bridge.empty_pinned((256, 256), dtype=np.float32)
-    t = torch.from_dlpack(a)                               # numpy's own export (kDLCPU)
+    t = torch.from_dlpack(a)  # numpy's own export (kDLCPU)
     assert t.data_ptr() == a.ctypes.data and t.is_pinned()
     buf = bridge.pinned_buffer(4 * 1000)
     t2 = buf.as_torch(torch.float32, (10, 100))
@@ -763,19 +820,19 @@ def test_gpu_h2d_copies_under_reuse(gpu_pool):
         buf = bridge.pinned_buffer(n)
         np.copyto(buf.numpy(), patterns[i])
         with torch.cuda.stream(s):
-            torch.cuda._sleep(SLEEP)                      # the copy stays queued
+            torch.cuda._sleep(SLEEP)  # the copy stays queued
             d = torch.empty(n, dtype=torch.uint8, device="cuda")
             d.copy_(torch.from_dlpack(buf), non_blocking=True)
         buf.record(s)
         ptrs.append(buf.ptr)
-        del buf                                           # dropped while the copy is pending
+        del buf  # dropped while the copy is pending
         dsts.append(d)
     assert not s.query(), "the stream finished too early for this test to mean anything"
-    assert len(set(ptrs)) == rounds                       # pending blocks were not handed out
+    assert len(set(ptrs)) == rounds  # pending blocks were not handed out
     s.synchronize()
     for i, d in enumerate(dsts):
         assert int(d.sum(dtype=torch.int64)) == sums[i], f"round {i}"
-    again = bridge.pinned_buffer(n)                       # completed: reused now
+    again = bridge.pinned_buffer(n)  # completed: reused now
     assert again.ptr in ptrs
 
 
@@ -795,8 +852,8 @@ def test_gpu_d2h_copies_under_reuse(gpu_pool):
             torch.from_dlpack(sink).copy_(src, non_blocking=True)
         sink.record(s)
         sink_ptr = sink.ptr
-        del sink                                          # result discarded, copy pending
-        mine = bridge.pinned_buffer(n)                    # must not be the pending sink
+        del sink  # result discarded, copy pending
+        mine = bridge.pinned_buffer(n)  # must not be the pending sink
         assert mine.ptr != sink_ptr
         np.copyto(mine.numpy(), patterns[i])
         fresh.append(mine)
@@ -822,7 +879,7 @@ def test_gpu_pending_block_reused_after_completion(gpu_pool):
     assert gpu_pool.stats()["n_pending_blocks"] >= 1
     other = bridge.pinned_buffer(8 * MIB)
     assert other.ptr != p
-    s.synchronize()                                       # the copy completed
+    s.synchronize()  # the copy completed
     x, y = bridge.pinned_buffer(8 * MIB), bridge.pinned_buffer(8 * MIB)
     assert p in (x.ptr, y.ptr)
 
@@ -841,7 +898,7 @@ def test_gpu_cupy_pinned_allocator(gpu_pool):
         x = cupyx.empty_pinned((512, 512), dtype=np.float32)
         rc, base, _ = core.pinned_lookup(x.ctypes.data)
         assert rc == 0 and base == x.ctypes.data
-        host = _pattern(4 * MIB, 5)                       # pageable: CuPy stages it
+        host = _pattern(4 * MIB, 5)  # pageable: CuPy stages it
         dev = cupy.asarray(host)
         assert bytes(dev.get()) == bytes(host)
         assert gpu_pool.stats()["num_allocs"] > before

@@ -119,8 +119,17 @@ def test_set_limit_by_fraction(sd):
     assert p.get_limit() == TOTAL // 8
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"size": 0}, {"fraction": 0}, {"fraction": 0.0},
-                                    {"size": None, "fraction": None}, {"size": "0"}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"size": 0},
+        {"fraction": 0},
+        {"fraction": 0.0},
+        {"size": None, "fraction": None},
+        {"size": "0"},
+    ],
+)
 def test_zero_or_neither_removes_the_limit(sd, kwargs):
     p = bridge.pool(0)
     p.set_limit(size=GIB)
@@ -140,10 +149,20 @@ def test_size_and_fraction_together_is_refused(sd):
     assert p.get_limit() == GIB  # unchanged
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"fraction": 1.5}, {"fraction": -0.1}, {"fraction": True}, {"fraction": "0.5"},
-    {"size": -1}, {"size": "abc"}, {"size": True}, {"size": "150%"}, {"size": 2**64},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"fraction": 1.5},
+        {"fraction": -0.1},
+        {"fraction": True},
+        {"fraction": "0.5"},
+        {"size": -1},
+        {"size": "abc"},
+        {"size": True},
+        {"size": "150%"},
+        {"size": 2**64},
+    ],
+)
 def test_bad_limit_raises_valueerror_and_changes_nothing(sd, kwargs):
     p = bridge.pool(0)
     p.set_limit(size=GIB)
@@ -252,8 +271,7 @@ def test_stats_bytes_outside_the_ledger(sd, monkeypatch):
     assert bridge.stats(0).by_framework == {"cupy": 0, "torch": 0, "jax": 0, "other": 6 * MIB}
     # JAX's adapter says how much is JAX's: the rest stays "other"
     monkeypatch.setitem(pool_mod._attribution, "jax", lambda d: 4 * MIB)
-    assert bridge.stats(0).by_framework == {"cupy": 0, "torch": 0, "jax": 4 * MIB,
-                                            "other": 2 * MIB}
+    assert bridge.stats(0).by_framework == {"cupy": 0, "torch": 0, "jax": 4 * MIB, "other": 2 * MIB}
     # JAX cannot tell: everything outside the ledger is counted as JAX's
     monkeypatch.setitem(pool_mod._attribution, "jax", lambda d: None)
     assert bridge.stats(0).by_framework["jax"] == 6 * MIB

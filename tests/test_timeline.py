@@ -182,7 +182,7 @@ def test_csv_round_trip(standin, tmp_path):
     assert back.devices == (0, 1) and not back.running
     assert timeline.load(path).samples == rec.samples
     assert marked(back, 'step 1, "warm"').cupy == 3 * MIB
-    assert marked(back, "step 1, \"warm\"").limit == GIB
+    assert marked(back, 'step 1, "warm"').limit == GIB
 
 
 def test_json_round_trip(standin, tmp_path):
@@ -208,8 +208,12 @@ def test_plot_writes_a_png(standin, tmp_path):
 
 def test_plot_without_matplotlib_says_what_to_install(standin, tmp_path, monkeypatch):
     rec = _recording(standin)
-    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends",
-                 "matplotlib.backends.backend_agg"):
+    for name in (
+        "matplotlib",
+        "matplotlib.figure",
+        "matplotlib.backends",
+        "matplotlib.backends.backend_agg",
+    ):
         monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(ImportError, match=r"pip install 'bridge\[plot\]'"):
         rec.plot(tmp_path / "mem.png")

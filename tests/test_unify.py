@@ -30,8 +30,11 @@ def fresh(standin, monkeypatch):
     """As if unify() had never been called in this process (restored afterwards)."""
     monkeypatch.setattr(unify_mod, "_bridge", None)
     # the JAX adapter writes these before it imports jax
-    for var in ("XLA_PYTHON_CLIENT_ALLOCATOR", "XLA_PYTHON_CLIENT_PREALLOCATE",
-                "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+    for var in (
+        "XLA_PYTHON_CLIENT_ALLOCATOR",
+        "XLA_PYTHON_CLIENT_PREALLOCATE",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    ):
         monkeypatch.setenv(var, "")  # records the value to restore, even "unset"
         monkeypatch.delenv(var)
     yield standin
@@ -73,6 +76,7 @@ def not_installed(monkeypatch):
             if mod.split(".")[0] in names or mod in {f"bridge.adapters.{n}" for n in names}:
                 monkeypatch.delitem(sys.modules, mod)
         monkeypatch.setattr(sys, "meta_path", [_Missing(names)] + sys.meta_path)
+
     return hide
 
 
@@ -98,10 +102,18 @@ def test_budget_is_applied_per_device(fresh):
         assert core.alloc(d, GIB + 1, 0, core.TAG_CUPY) == (Status.BUDGET, 0)
 
 
-@pytest.mark.parametrize("budget, expected", [
-    (123456789, 123456789), (0.25, TOTAL // 4), ("50%", TOTAL // 2), ("512MiB", 512 * MIB),
-    ("40GB", 40 * 1000**3), ("1073741824", GIB), (0, 0),
-])
+@pytest.mark.parametrize(
+    "budget, expected",
+    [
+        (123456789, 123456789),
+        (0.25, TOTAL // 4),
+        ("50%", TOTAL // 2),
+        ("512MiB", 512 * MIB),
+        ("40GB", 40 * 1000**3),
+        ("1073741824", GIB),
+        (0, 0),
+    ],
+)
 def test_budget_forms(fresh, budget, expected):
     bridge.unify(cupy=False, torch=False, budget=budget)
     assert limits() == (expected, expected)
@@ -194,8 +206,7 @@ def test_peer_access_is_granted_between_devices(fresh):
 
 # ---- frameworks ----
 @pytest.mark.parametrize("name", ["jax", "cupy", "torch"])
-def test_framework_not_installed_raises_bridgeerror_saying_how_to_fix(fresh, not_installed,
-                                                                      name):
+def test_framework_not_installed_raises_bridgeerror_saying_how_to_fix(fresh, not_installed, name):
     not_installed(name)
     flags = {"cupy": False, "torch": False, "jax": False, name: True}
     with pytest.raises(BridgeError) as info:
@@ -245,8 +256,9 @@ def test_adapter_refusal_is_not_recorded_as_installed(fresh, monkeypatch):
 def _run(script: str, **env) -> subprocess.CompletedProcess:
     e = dict(os.environ)
     e.update(env)
-    return subprocess.run([sys.executable, "-c", script], env=e, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", script], env=e, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_no_driver_raises_bridgeerror_with_a_clear_message():
@@ -256,8 +268,8 @@ def test_no_driver_raises_bridgeerror_with_a_clear_message():
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("bridge._errors.BridgeError: ")
     assert "no usable CUDA driver" in last
-    assert missing in last          # what was tried
-    assert "nvidia-smi" in last     # what to do
+    assert missing in last  # what was tried
+    assert "nvidia-smi" in last  # what to do
     assert "python -m bridge doctor" in last
 
 

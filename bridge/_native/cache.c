@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bridge.h"
 
@@ -85,6 +86,15 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr)
         c->slots = calloc(SLOTS, sizeof(slot));
     if (c->slots && atomic_load_explicit(&c->bytes, memory_order_relaxed) + size <= limit) {
         slot *sl = find(c, stream, size, 1);
+        if (!sl && !atomic_load_explicit(&c->bytes, memory_order_relaxed)) {
+            /* The table is full of keys whose blocks were all taken again
+             * (only a flush empties it, and a flush with nothing cached
+             * returns early): with nothing cached, start the table afresh,
+             * or no new (stream, size) would ever be cached again. */
+            memset(c->slots, 0, SLOTS * sizeof(slot));
+            c->keys = 0;
+            sl = find(c, stream, size, 1);
+        }
         if (sl && sl->n < DEPTH) {
             sl->ptrs[sl->n++] = ptr;
             atomic_fetch_add_explicit(&c->bytes, size, memory_order_relaxed);

@@ -1,11 +1,13 @@
 /* stress.c: threads against the core's ledger, built with a sanitizer.
  *
- * A standalone program (no Python): it links driver.c, records.c and ledger.c
- * and loads the stand-in driver (tests/standin/standin_cuda.c) through
- * bridge_init(path), so ThreadSanitizer sees every lock and atomic of the core
- * and AddressSanitizer (with LeakSanitizer) every byte it mallocs.
- * scripts/sanitize builds it twice (-fsanitize=thread, -fsanitize=address)
- * and runs both; any sanitizer report or failed CHECK exits non-zero.
+ * A standalone program (no Python): it links the core's C files (driver.c,
+ * records.c, cache.c, ledger.c, pinned.c; not pymod.c, pypinned.c nor
+ * torch_abi.cpp) and loads the stand-in driver (tests/standin/standin_cuda.c)
+ * through bridge_init(path), so ThreadSanitizer sees every lock and atomic of
+ * the core and AddressSanitizer (with LeakSanitizer) every byte it mallocs.
+ * scripts/sanitize builds it twice (-fsanitize=thread, and
+ * -fsanitize=address,undefined) and runs both; any sanitizer report or failed
+ * CHECK exits non-zero.
  *
  * Usage: stress <libstandin_cuda.so> [scale]   (scale: iterations x; scripts/sanitize runs 3)
  *
@@ -25,6 +27,11 @@
  *   graph       captures begin and end while threads allocate and free
  *               (deferred frees), graph blocks freed racing their release
  *   huge        sizes that would overflow the ledger's arithmetic
+ *   pinned      the pinned host pool (pinned.c), on either base: threads
+ *               lending blocks, writing every byte of them, handing their
+ *               references to each other, recording copies against them,
+ *               while the limit changes, the pool is trimmed and events
+ *               complete late
  */
 #include "bridge.h"
 
@@ -62,6 +69,9 @@ static struct {
     int (*ctx_set)(void *ctx);  /* cuCtxSetCurrent */
     int (*ctx_retain)(void **ctx, int dev); /* cuDevicePrimaryCtxRetain */
     uint64_t (*counter)(int which);          /* standin_counter: 0 = driver allocations */
+    void (*hold_events)(int on);             /* events recorded now stay pending */
+    void (*complete_events)(void);
+    int (*stream_create)(void **stream, unsigned flags); /* cuStreamCreate */
 } standin;
 
 static void load_standin(const char *path)
@@ -77,8 +87,12 @@ static void load_standin(const char *path)
     *(void **)&standin.ctx_set = dlsym(lib, "cuCtxSetCurrent");
     *(void **)&standin.ctx_retain = dlsym(lib, "cuDevicePrimaryCtxRetain");
     *(void **)&standin.counter = dlsym(lib, "standin_counter");
+    *(void **)&standin.hold_events = dlsym(lib, "standin_hold_events");
+    *(void **)&standin.complete_events = dlsym(lib, "standin_complete_events");
+    *(void **)&standin.stream_create = dlsym(lib, "cuStreamCreate");
     CHECK(standin.set_capacity && standin.add_foreign && standin.sync_all && standin.live_count &&
-              standin.ctx_get && standin.ctx_set && standin.ctx_retain && standin.counter,
+              standin.ctx_get && standin.ctx_set && standin.ctx_retain && standin.counter &&
+              standin.hold_events && standin.complete_events && standin.stream_create,
           "%s lacks the standin_* controls", path);
     /* the handle stays open for the life of the program, like the core's */
 }
@@ -703,6 +717,136 @@ static void phase_huge(void)
     check_idle("huge");
 }
 
+/* ---- phase: pinned (the pinned host pool under threads) ---- */
+#define PSLOTS 32
+static _Atomic(bridge_pinned_block *) pslots[PSLOTS]; /* each holds one reference */
+static atomic_int pinned_stop;
+static void *pinned_streams[4];
+
+/* Put a block (one reference) in slot k; drop what was there. */
+static void pslot_put(int k, bridge_pinned_block *b)
+{
+    bridge_pinned_block *old = atomic_exchange(&pslots[k], b);
+    bridge_pinned_release(old); /* NULL is a no-op */
+}
+
+static void *pinned_worker(void *arg)
+{
+    worker *w = arg;
+    uint64_t s = w->seed;
+    for (int i = 0; i < w->iters; i++) {
+        int k = (int)(rnd(&s) % PSLOTS);
+        switch (rnd(&s) % 4) {
+        case 0: { /* lend a block and write all of it (AddressSanitizer checks the bounds) */
+            bridge_pinned_block *b = NULL;
+            size_t size = 1 + rnd(&s) % (256 * KIB);
+            int may_block = rnd(&s) % 4 != 0;
+            int rc = bridge_pinned_alloc(size, may_block, &b);
+            CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM,
+                  "pinned alloc %d", rc);
+            if (rc != BRIDGE_OK || !b) {
+                CHECK(b == NULL, "a refused pinned alloc gave a block");
+                CHECK(rc != BRIDGE_OK || !may_block, "may_block gave no block");
+                break;
+            }
+            CHECK(bridge_pinned_size(b) == size, "size %zu", bridge_pinned_size(b));
+            memset(bridge_pinned_ptr(b), w->id, size);
+            pslot_put(k, b);
+            break;
+        }
+        case 1: { /* take a block, share a reference with another slot */
+            bridge_pinned_block *b = atomic_exchange(&pslots[k], NULL);
+            if (!b)
+                break;
+            bridge_pinned_retain(b);
+            pslot_put(k, b);
+            pslot_put((k + 1) % PSLOTS, b);
+            break;
+        }
+        case 2: { /* record a copy against a block, look it up */
+            bridge_pinned_block *b = atomic_exchange(&pslots[k], NULL);
+            if (!b)
+                break;
+            size_t size = bridge_pinned_size(b);
+            char *p = (char *)bridge_pinned_ptr(b) + rnd(&s) % size;
+            int rc = bridge_pinned_record(p, pinned_streams[rnd(&s) % 4]);
+            CHECK(rc == BRIDGE_OK, "pinned record %d", rc);
+            void *base = NULL;
+            size_t got = 0;
+            CHECK(bridge_pinned_lookup(p, &base, &got) == BRIDGE_OK && base == bridge_pinned_ptr(b),
+                  "pinned lookup");
+            p[0] ^= 1;
+            pslot_put(k, b);
+            break;
+        }
+        default: /* drop a reference */
+            pslot_put(k, NULL);
+        }
+    }
+    return NULL;
+}
+
+static void *pinned_changer(void *arg)
+{
+    uint64_t s = *(uint64_t *)arg;
+    static const uint64_t limits[] = {0, 1 * MIB, 4 * MIB};
+    while (!atomic_load(&pinned_stop)) {
+        CHECK(bridge_pinned_set_limit(limits[rnd(&s) % 3]) == BRIDGE_OK, "pinned set_limit");
+        if (rnd(&s) % 2)
+            CHECK(bridge_pinned_trim() == BRIDGE_OK, "pinned trim");
+        standin.hold_events((int)(rnd(&s) % 2));
+        if (rnd(&s) % 2)
+            standin.complete_events();
+        bridge_pinned_stats ps;
+        CHECK(bridge_pinned_get_stats(&ps) == BRIDGE_OK, "pinned stats");
+        /* total = used + free + bytes being allocated or freed right now */
+        CHECK(ps.used + ps.free <= ps.total && ps.peak_used >= ps.used,
+              "pinned figures: used %" PRIu64 " free %" PRIu64 " total %" PRIu64, ps.used,
+              ps.free, ps.total);
+        for (int i = 0; i < 200 && !atomic_load(&pinned_stop); i++)
+            sched_yield();
+    }
+    return NULL;
+}
+
+static void phase_pinned(int backend)
+{
+    int chosen = -1;
+    bridge_pinned_stats before;
+    CHECK(bridge_pinned_get_stats(&before) == BRIDGE_OK, "pinned stats");
+    CHECK(bridge_pinned_setup(backend, &chosen) == BRIDGE_OK && chosen == backend,
+          "pinned setup %d gave %d", backend, chosen);
+    for (int i = 0; i < 4; i++)
+        CHECK(standin.stream_create(&pinned_streams[i], 1) == 0, "cuStreamCreate");
+    atomic_store(&pinned_stop, 0);
+    pthread_t changer;
+    uint64_t seed = 99 + (uint64_t)backend;
+    CHECK(pthread_create(&changer, NULL, pinned_changer, &seed) == 0, "pthread_create");
+    worker w[6];
+    for (int i = 0; i < 6; i++)
+        w[i] = (worker){.id = i, .iters = 2000 * scale, .seed = 0x9123ull * (uint64_t)(i + 1)};
+    run_threads(6, pinned_worker, w, sizeof w[0]);
+    atomic_store(&pinned_stop, 1);
+    pthread_join(changer, NULL);
+    for (int k = 0; k < PSLOTS; k++)
+        pslot_put(k, NULL);
+    /* every block back: nothing lent, and with every copy completed a trim
+     * gives every byte back to the driver */
+    standin.hold_events(0);
+    standin.complete_events();
+    CHECK(bridge_pinned_set_limit(0) == BRIDGE_OK, "pinned set_limit");
+    CHECK(bridge_pinned_trim() == BRIDGE_OK, "pinned trim");
+    bridge_pinned_stats ps;
+    CHECK(bridge_pinned_get_stats(&ps) == BRIDGE_OK, "pinned stats");
+    printf("  pinned (%s): %" PRIu64 " blocks lent, %" PRIu64 " reused, %" PRIu64 " records\n",
+           backend == BRIDGE_PINNED_CACHED ? "cached" : "mempool",
+           ps.num_allocs - before.num_allocs, ps.num_reuses - before.num_reuses,
+           ps.num_records - before.num_records);
+    CHECK(ps.used == 0 && ps.n_live_blocks == 0, "pinned: %" PRIu64 " bytes still lent", ps.used);
+    CHECK(ps.total == 0 && ps.free == 0 && ps.n_free_blocks == 0 && ps.n_pending_blocks == 0,
+          "pinned: %" PRIu64 " bytes held after a trim with every copy complete", ps.total);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -735,6 +879,9 @@ int main(int argc, char **argv)
     phase_graph();
     printf("stress: huge\n");
     phase_huge();
+    printf("stress: pinned\n");
+    phase_pinned(BRIDGE_PINNED_CACHED);
+    phase_pinned(BRIDGE_PINNED_MEMPOOL);
     printf("stress: all phases passed\n");
     return 0;
 }
