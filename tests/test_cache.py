@@ -128,3 +128,24 @@ def test_a_table_full_of_emptied_keys_still_caches_new_sizes(cache):
         held.append(q)
     for q in held:
         core.free(q)
+
+
+def test_stale_keys_are_dropped_while_other_blocks_stay_cached(cache):
+    """Keys whose blocks were all reused make room for new sizes; cached blocks survive."""
+    kept = [core.alloc(0, 7 * 4096 + i, 0, CUPY)[1] for i in range(3)]
+    for p in kept:
+        core.free(p)  # three blocks stay cached throughout
+    base = stats()["cached"]
+    held = []
+    for i in range(3000):  # more distinct sizes than the table keeps keys
+        size = 1_000_000 + 512 * i
+        rc, p = core.alloc(0, size, 0, CUPY)
+        core.free(p)
+        assert stats()["cached"] == base + size, f"size {size} (key {i}) was not cached"
+        rc, q = core.alloc(0, size, 0, CUPY)  # taken again: its key is now stale
+        assert q == p
+        held.append(q)
+    again = [core.alloc(0, 7 * 4096 + i, 0, CUPY)[1] for i in range(3)]
+    assert again == kept  # the cached blocks survived every compaction
+    for q in held + again:
+        core.free(q)

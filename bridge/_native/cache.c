@@ -4,7 +4,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "bridge.h"
 
@@ -24,14 +23,15 @@ typedef struct dcache {
     _Atomic uint64_t bytes;    /* cached bytes; <= limit after every put */
     _Atomic uint64_t limit;    /* cap; 0 = caching off */
     _Atomic uint64_t max_block;/* larger blocks are never cached */
-    uint32_t keys;             /* slots with size != 0 */
+    uint32_t keys;             /* slots with size != 0; <= SLOTS / 2 */
+    uint32_t live_keys;        /* slots with n > 0; <= keys */
 } dcache;
 
 #define DEFAULT_LIMIT (1ull << 30)
 #define DEFAULT_MAX_BLOCK (256ull << 20)
 static dcache caches[BRIDGE_MAX_DEVICES] = {
     [0 ... BRIDGE_MAX_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, DEFAULT_LIMIT,
-                                      DEFAULT_MAX_BLOCK, 0}};
+                                      DEFAULT_MAX_BLOCK, 0, 0}};
 
 static inline uint64_t hash(CUstream s, uint64_t size)
 {
@@ -58,6 +58,26 @@ static slot *find(dcache *c, CUstream s, uint64_t size, int insert)
     return NULL;
 }
 
+/* Drop the keys whose blocks were all taken again, so new (stream, size)
+ * pairs find room.  Only when at most a quarter of the table holds blocks:
+ * the next compaction is then SLOTS / 4 new keys away (amortized O(1)). */
+static int compact(dcache *c)
+{
+    if (c->live_keys >= SLOTS / 4)
+        return 0;
+    slot *fresh = calloc(SLOTS, sizeof(slot));
+    if (!fresh)
+        return 0;
+    slot *old = c->slots;
+    c->slots = fresh;
+    c->keys = 0;
+    for (uint32_t i = 0; i < SLOTS; i++)
+        if (old[i].n)
+            *find(c, old[i].stream, old[i].size, 1) = old[i];
+    free(old);
+    return 1;
+}
+
 uintptr_t cache_take(int device, CUstream stream, uint64_t size)
 {
     dcache *c = &caches[device];
@@ -68,6 +88,8 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size)
     slot *sl = c->slots ? find(c, stream, size, 0) : NULL;
     if (sl && sl->n) {
         p = sl->ptrs[--sl->n];
+        if (!sl->n)
+            c->live_keys--;
         atomic_fetch_sub_explicit(&c->bytes, size, memory_order_relaxed);
     }
     pthread_mutex_unlock(&c->lock);
@@ -86,16 +108,11 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr)
         c->slots = calloc(SLOTS, sizeof(slot));
     if (c->slots && atomic_load_explicit(&c->bytes, memory_order_relaxed) + size <= limit) {
         slot *sl = find(c, stream, size, 1);
-        if (!sl && !atomic_load_explicit(&c->bytes, memory_order_relaxed)) {
-            /* The table is full of keys whose blocks were all taken again
-             * (only a flush empties it, and a flush with nothing cached
-             * returns early): with nothing cached, start the table afresh,
-             * or no new (stream, size) would ever be cached again. */
-            memset(c->slots, 0, SLOTS * sizeof(slot));
-            c->keys = 0;
+        if (!sl && compact(c))
             sl = find(c, stream, size, 1);
-        }
         if (sl && sl->n < DEPTH) {
+            if (!sl->n)
+                c->live_keys++;
             sl->ptrs[sl->n++] = ptr;
             atomic_fetch_add_explicit(&c->bytes, size, memory_order_relaxed);
             kept = 1;
@@ -115,6 +132,7 @@ uint64_t cache_flush(int device, cache_release_fn release)
     slot *old = c->slots;
     c->slots = NULL;
     c->keys = 0;
+    c->live_keys = 0;
     uint64_t bytes = atomic_exchange(&c->bytes, 0);
     pthread_mutex_unlock(&c->lock);
     if (old) {
