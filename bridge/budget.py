@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["parse_size", "size_from_env", "GPU_LIMIT_ENV", "PINNED_LIMIT_ENV"]
+__all__ = ["parse_size", "size_from_env", "limit_from", "GPU_LIMIT_ENV", "PINNED_LIMIT_ENV"]
 
 import os
 import re
@@ -118,3 +118,36 @@ def size_from_env(variable: str, *, total: int | None) -> int | None:
     if raw is None or raw.strip() == "":
         return None
     return parse_size(raw, total=total, name=variable)
+
+
+def limit_from(size: SizeLike, fraction: float | None, *, total: int | None) -> int:
+    """A pool's ``set_limit(size=None, fraction=None)`` arguments as bytes (0 = no limit).
+
+    Parameters
+    ----------
+    size : int, str or None
+        Bytes or a size such as ``"40GiB"`` or ``"25%"`` (of ``total``).
+    fraction : float or None
+        Fraction of ``total``, in [0, 1].
+    total : int or None
+        The memory that fractions are of; None when it is unknown.
+
+    Raises
+    ------
+    ValueError
+        When both are given, either is out of range, or a fraction is given
+        and ``total`` is unknown.
+    """
+    if size is not None and fraction is not None:
+        raise ValueError("set_limit takes size or fraction, not both")
+    if fraction is None:
+        return parse_size(size, total=total, name="size") or 0
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, (int, float))
+        or not 0.0 <= float(fraction) <= 1.0
+    ):
+        raise ValueError(f"fraction={fraction!r} must be a number in [0, 1]")
+    if total is None:
+        raise ValueError("fraction: the memory size is unknown; pass size")
+    return int(float(fraction) * total)

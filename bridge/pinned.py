@@ -53,7 +53,7 @@ import numpy
 from bridge import _runtime
 from bridge._errors import BridgeError, OutOfMemoryError, Status, check, format_bytes
 from bridge._runtime import core
-from bridge.budget import PINNED_LIMIT_ENV, parse_size, size_from_env
+from bridge.budget import PINNED_LIMIT_ENV, limit_from, size_from_env
 
 BACKEND_ENV = "BRIDGE_PINNED_BACKEND"
 _BACKENDS = {"cached": core.PINNED_CACHED, "mempool": core.PINNED_MEMPOOL, "auto": core.PINNED_AUTO}
@@ -515,21 +515,7 @@ class PinnedPool:
             When both are given, or either is out of range.  0 or neither
             removes the limit.  Free blocks beyond a new limit are given back.
         """
-        if size is not None and fraction is not None:
-            raise ValueError("set_limit takes size or fraction, not both")
-        total = host_memory_total()
-        if fraction is not None:
-            if (
-                isinstance(fraction, bool)
-                or not isinstance(fraction, (int, float))
-                or not 0.0 <= float(fraction) <= 1.0
-            ):
-                raise ValueError(f"fraction={fraction!r} must be a number in [0, 1]")
-            if total is None:
-                raise ValueError("fraction: the host's memory size is unknown; pass size")
-            limit = int(float(fraction) * total)
-        else:
-            limit = parse_size(size, total=total, name="size") or 0
+        limit = limit_from(size, fraction, total=host_memory_total())
         if not _ready:
             _ensure()
         check(core.pinned_set_limit(limit), what="setting the pinned memory limit")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from bridge import _runtime
 from bridge._errors import check, format_bytes
 from bridge._runtime import core
-from bridge.budget import parse_size
+from bridge.budget import limit_from
 
 if TYPE_CHECKING:
     from bridge._core import RawStats
@@ -233,19 +233,7 @@ class Pool:
             When both are given, or either is out of range. 0 or neither
             removes the limit.
         """
-        if size is not None and fraction is not None:
-            raise ValueError("set_limit takes size or fraction, not both")
-        total = int(_raw(self._device)["total"])
-        if fraction is not None:
-            if (
-                isinstance(fraction, bool)
-                or not isinstance(fraction, (int, float))
-                or not 0.0 <= float(fraction) <= 1.0
-            ):
-                raise ValueError(f"fraction={fraction!r} must be a number in [0, 1]")
-            limit = int(float(fraction) * total)
-        else:
-            limit = parse_size(size, total=total, name="size") or 0
+        limit = limit_from(size, fraction, total=int(_raw(self._device)["total"]))
         check(core.set_limit(self._device, limit), what="setting the budget", device=self._device)
 
     def get_limit(self) -> int:

@@ -325,32 +325,22 @@ static PyObject *py_initialized(PyObject *m, PyObject *a)
     return PyBool_FromLong(bridge_initialized());
 }
 
-static PyObject *py_device_count(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    int n = 0;
-    int rc = bridge_device_count(&n);
-    return Py_BuildValue("ii", rc, n);
-}
+/* f(int *out) -> (status, out) */
+#define INT_OUT(pyname, fn)                                                                        \
+    static PyObject *pyname(PyObject *m, PyObject *a)                                              \
+    {                                                                                              \
+        (void)m;                                                                                   \
+        (void)a;                                                                                   \
+        int out = 0;                                                                               \
+        int rc = fn(&out);                                                                         \
+        return Py_BuildValue("ii", rc, out);                                                       \
+    }
 
-static PyObject *py_driver_version(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    int v = 0;
-    int rc = bridge_driver_version(&v);
-    return Py_BuildValue("ii", rc, v);
-}
+INT_OUT(py_device_count, bridge_device_count)
 
-static PyObject *py_current_device(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    int d = 0;
-    int rc = bridge_current_device(&d);
-    return Py_BuildValue("ii", rc, d);
-}
+INT_OUT(py_driver_version, bridge_driver_version)
+
+INT_OUT(py_current_device, bridge_current_device)
 
 static PyObject *py_last_driver_error(PyObject *m, PyObject *a)
 {
