@@ -23,7 +23,7 @@ def main() -> None:
     import torch
 
     out = {"mode": mode}
-    for nbytes in (512, 1 << 20):
+    for nbytes in (512, 1 << 20, 64 << 20):
         for _ in range(2000):
             torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         best = float("inf")
@@ -34,6 +34,10 @@ def main() -> None:
                 torch.empty(nbytes, dtype=torch.uint8, device="cuda")
             best = min(best, (time.perf_counter() - t) / n * 1e9)
         out[f"ns_{nbytes}"] = round(best)
+        if mode.startswith("bridge"):
+            from bridge._runtime import core
+
+            out[f"hits_after_{nbytes}"] = core.stats(0)[1]["num_cache_hits"]
     x = torch.empty(1, device="cuda")
     n = 50000
     t = time.perf_counter()
