@@ -2,8 +2,8 @@
  *
  * Accounting, per device (every figure is an atomic, lock-free to read):
  *   reserved   bytes counted against the budget: live allocations, graph
- *              blocks kept for replay, deferred frees, and reservations of
- *              allocations in flight.  A reservation is added BEFORE the
+ *              blocks kept for replay, deferred frees, blocks kept by the
+ *              cache (cache.c), and reservations of allocations in flight.  A reservation is added BEFORE the
  *              driver is asked, and checked against the budget with the sum
  *              that includes every concurrent reservation, so two threads
  *              can both be refused at the edge but never both pass it.
