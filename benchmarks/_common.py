@@ -70,6 +70,22 @@ def run_guarded(path: str | None, base: dict, body: Callable[[dict], None]) -> i
     return rc
 
 
+def pin_cpu(cpu: int | None, result: dict) -> None:
+    """Pin the calling thread (the timed one) to one CPU; threads started earlier keep theirs.
+
+    Timing on a VM moves between CPUs (up to 2x); pinning the timed thread of
+    every configuration to the same CPU keeps processes comparable. Recorded in
+    result["cpu"].
+    """
+    if cpu is None:
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        result["cpu"] = f"not pinned: no sched_setaffinity on {sys.platform}"
+        return
+    os.sched_setaffinity(0, {cpu})  # pid 0: the calling thread only
+    result["cpu"] = cpu
+
+
 def parse_sizes(text: str) -> list[int]:
     """'512,1MiB,64MiB' -> [512, 1048576, 67108864]."""
     units = {"": 1, "b": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB, "g": GIB, "gib": GIB}

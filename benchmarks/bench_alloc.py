@@ -17,9 +17,12 @@ cupy configurations (``cupy.empty(n, dtype=cupy.uint8)``, dropped):
            ``cupy.cuda.set_allocator`` round-robin: a same-process cross-check
            of the ratios (figures move up to 2x between processes).
 
-Result: ns per alloc+free pair for each size, the median of ``--repeats``
-timed loops of ``--iters`` pairs each, after ``--warmup`` pairs. A loop ends
-with a device synchronize (included in its time: one per loop).
+Result: ns per alloc+free pair for each size, the best of ``--repeats``
+timed loops of ``--iters`` pairs each (the sizes take turns), after
+``--warmup`` pairs. A loop ends with a device synchronize (included in its
+time: one per loop). ``floor_ns``: the best loop of an op that allocates
+nothing, timed before and after: how fast this process ran. ``--cpu`` pins
+the timing thread to one CPU.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import median, parse_sizes, run_guarded  # noqa: E402
+from _common import parse_sizes, pin_cpu, run_guarded  # noqa: E402
 
 FRAMEWORKS = ("torch", "cupy")
 CONFIGS = ("native", "async", "rmm", "bridge", "all")
@@ -104,6 +107,36 @@ def setup_torch(config: str, info: dict) -> Callable[[int, int], None]:
     return loop
 
 
+def torch_floor() -> Callable[[int, int], None]:
+    """A tensor op that allocates nothing (x.add_(1)): how fast this process runs."""
+    import torch
+
+    x = torch.zeros(1, device="cuda")
+    add_, sync = x.add_, torch.cuda.synchronize
+
+    def loop(_n: int, iters: int) -> None:
+        for _ in range(iters):
+            add_(1)
+        sync()
+
+    return loop
+
+
+def cupy_floor() -> Callable[[int, int], None]:
+    """An array op that allocates nothing (cupy.add(x, 1, out=x)): this process's speed."""
+    import cupy
+
+    x = cupy.zeros(1, dtype=cupy.float32)
+    add, sync = cupy.add, cupy.cuda.Device().synchronize
+
+    def loop(_n: int, iters: int) -> None:
+        for _ in range(iters):
+            add(x, 1, out=x)
+        sync()
+
+    return loop
+
+
 def _cupy_allocators(configs: tuple[str, ...], info: dict) -> dict:
     """{config: allocator callable} for CuPy; bridge first (it must see a fresh CuPy)."""
     out: dict = {}
@@ -162,19 +195,42 @@ def time_loop(loop: Callable[[int, int], None], n: int, iters: int) -> float:
 
 def measure(loop: Callable[[int, int], None], sizes: list[int], args: argparse.Namespace,
             result: dict) -> None:
-    """Fill result['ns_per_pair'] / ['ns_samples'] size by size; a failing size is recorded."""
+    """Fill result['ns_per_pair'] / ['ns_samples']; a failing size is recorded, the rest go on.
+
+    The sizes take turns (one timed loop each per repeat), so that a slow spell
+    of the machine falls on every size rather than on one.
+    """
     result.setdefault("ns_per_pair", {})
-    result.setdefault("ns_samples", {})
+    samples: dict[int, list[float]] = {}
     for n in sizes:
         try:
             loop(n, args.warmup)
-            samples = [time_loop(loop, n, args.iters) for _ in range(args.repeats)]
+            samples[n] = []
         except Exception as exc:  # noqa: BLE001 - one size failing must not lose the others
             result.setdefault("size_errors", {})[str(n)] = f"{type(exc).__name__}: {exc}"[:1000]
             result["status"] = "partial"
-            continue
-        result["ns_samples"][str(n)] = [round(s, 1) for s in samples]
-        result["ns_per_pair"][str(n)] = round(min(samples), 1)  # best loop, as timeit does
+    for _ in range(args.repeats):
+        for n in list(samples):
+            try:
+                samples[n].append(time_loop(loop, n, args.iters))
+            except Exception as exc:  # noqa: BLE001
+                result.setdefault("size_errors", {})[str(n)] = \
+                    f"{type(exc).__name__}: {exc}"[:1000]
+                result["status"] = "partial"
+                del samples[n]
+    result["ns_samples"] = {str(n): [round(s, 1) for s in v] for n, v in samples.items()}
+    for n, v in samples.items():
+        result["ns_per_pair"][str(n)] = round(min(v), 1)  # best loop, as timeit does
+
+
+def measure_floor(floor: Callable[[int, int], None], args: argparse.Namespace,
+                  result: dict) -> None:
+    """ns of the no-allocation op (best loop): the process's own speed, for reading ratios."""
+    iters = max(1, args.iters // 4)
+    floor(0, max(1, args.warmup // 4))
+    samples = [time_loop(floor, 0, iters) for _ in range(args.repeats)]
+    result.setdefault("floor_samples", []).extend(round(s, 1) for s in samples)
+    result["floor_ns"] = round(min(result["floor_samples"]), 1)
 
 
 def measure_interleaved(allocs: dict, sizes: list[int], args: argparse.Namespace,
@@ -208,8 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="512,1MiB,64MiB", type=parse_sizes)
     p.add_argument("--iters", type=int, default=20000, help="pairs per timed loop")
     p.add_argument("--warmup", type=int, default=2000, help="untimed pairs per size first")
-    p.add_argument("--repeats", type=int, default=7, help="timed loops per size (median)")
+    p.add_argument("--repeats", type=int, default=7, help="timed loops per size (best)")
     p.add_argument("--json", default=None, help="result file (stdout when absent)")
+    p.add_argument("--cpu", type=int, default=None,
+                   help="pin the timing thread to this CPU (after setup)")
     args = p.parse_args(argv)
     if args.config == "all" and args.framework != "cupy":
         p.error("--config all is for --framework cupy only (torch cannot switch allocators)")
@@ -225,10 +283,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.framework == "torch":
                 loop = setup_torch(args.config, info)
+                floor = torch_floor()
+                pin_cpu(args.cpu, result)
                 gc.disable()
+                measure_floor(floor, args, result)
                 measure(loop, args.sizes, args, result)
+                measure_floor(floor, args, result)
             elif args.config == "all":
                 allocs = _cupy_allocators(("bridge", "native", "async", "rmm"), info)
+                pin_cpu(args.cpu, result)
                 gc.disable()
                 measure_interleaved(allocs, args.sizes, args, result)
             else:
@@ -237,8 +300,12 @@ def main(argv: list[str] | None = None) -> int:
 
                 cupy.cuda.set_allocator(allocs[args.config])
                 cupy.empty(1, dtype=cupy.uint8)
+                floor = cupy_floor()
+                pin_cpu(args.cpu, result)
                 gc.disable()
+                measure_floor(floor, args, result)
                 measure(cupy_loop(), args.sizes, args, result)
+                measure_floor(floor, args, result)
         except Skip as exc:
             result["status"] = "skipped"
             result["reason"] = str(exc)

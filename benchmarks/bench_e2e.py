@@ -11,7 +11,14 @@ frees in both frameworks. Reported: training steps per second, the median of
 synchronize), after ``--warmup`` steps.
 
 native: CuPy's MemoryPool and torch's caching allocator;
-bridge: ``bridge.unify(cupy=True, torch=True)``.
+bridge: ``bridge.unify(cupy=True, torch=True)``;
+bridge-torch / bridge-cupy: only that framework on the bridge, the other
+native (diagnostics: which side costs what).
+
+After the timed runs, ``--probe-steps`` steps run one by one, each followed by
+a synchronize: ``issue_ms`` is the time to issue a step (CPU side),
+``synced_step_ms`` the time until it finished; issue close to the step time
+means the step is bound by the CPU (Python and launches), not the GPU.
 """
 
 from __future__ import annotations
@@ -22,9 +29,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import median, run_guarded  # noqa: E402
+from _common import median, pin_cpu, run_guarded  # noqa: E402
 
-MODES = ("native", "bridge")
+MODES = ("native", "bridge", "bridge-torch", "bridge-cupy")
 
 
 def build(batch: int, size: int) -> tuple:
@@ -73,6 +80,30 @@ def build(batch: int, size: int) -> tuple:
     return step, sync
 
 
+def counters(mode: str) -> dict:
+    """Allocation counters, read around the timed steps (reported per step).
+
+    bridge: allocations through the bridge and how many the per-stream cache
+    served (the rest went to the driver's pool); native: torch's segment
+    allocations (cudaMalloc calls) and CuPy's pool bytes.
+    """
+    if mode.startswith("bridge"):
+        from bridge._runtime import core
+
+        raw = core.stats(0)[1]
+        return {"allocs": raw["num_allocs"], "cache_hits": raw["num_cache_hits"],
+                "driver_allocs": raw["num_allocs"] - raw["num_cache_hits"],
+                "retries": raw["num_retries"]}
+    import cupy
+    import torch
+
+    st = torch.cuda.memory_stats()
+    return {"torch_allocs": st.get("allocation.all.allocated", 0),
+            "torch_cudamalloc": st.get("segment.all.allocated", 0),
+            "torch_retries": st.get("num_alloc_retries", 0),
+            "cupy_pool_bytes": cupy.get_default_memory_pool().total_bytes()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mode", choices=MODES, required=True)
@@ -81,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--size", type=int, default=64, help="image side, pixels")
+    p.add_argument("--probe-steps", type=int, default=20,
+                   help="steps timed one by one afterwards (issue vs finish)")
     p.add_argument("--json", default=None)
+    p.add_argument("--cpu", type=int, default=None,
+                   help="pin the main thread to this CPU (after setup)")
     args = p.parse_args(argv)
     if min(args.steps, args.repeats, args.batch, args.size) < 1 or args.warmup < 0:
         p.error("--steps, --repeats, --batch and --size must be >= 1")
@@ -89,18 +124,20 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": args.warmup, "batch": args.batch, "size": args.size}
 
     def body(result: dict) -> None:
-        if args.mode == "bridge":
+        if args.mode.startswith("bridge"):
             import bridge
 
-            bridge.unify(cupy=True, torch=True)
+            bridge.unify(cupy=args.mode != "bridge-torch", torch=args.mode != "bridge-cupy")
         import cupy
         import torch
 
         result["info"] = {"torch": torch.__version__, "cupy": cupy.__version__}
         step, sync = build(args.batch, args.size)
+        pin_cpu(args.cpu, result)
         for _ in range(args.warmup):
             loss = step()
         sync()
+        before = counters(args.mode)
         rates = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
@@ -110,8 +147,22 @@ def main(argv: list[str] | None = None) -> int:
             rates.append(args.steps / (time.perf_counter() - t0))
         result["steps_per_s_samples"] = [round(r, 2) for r in rates]
         result["steps_per_s"] = round(median(rates), 2)
+        after = counters(args.mode)
+        steps = args.steps * args.repeats
+        result["per_step"] = {k: round((after[k] - before[k]) / steps, 3) for k in after}
+        issue, total = [], []
+        for _ in range(args.probe_steps):
+            t0 = time.perf_counter()
+            loss = step()
+            t1 = time.perf_counter()
+            sync()
+            issue.append(t1 - t0)
+            total.append(time.perf_counter() - t0)
+        if issue:
+            result["issue_ms"] = round(median(issue) * 1e3, 3)
+            result["synced_step_ms"] = round(median(total) * 1e3, 3)
         result["final_loss"] = float(loss)
-        if args.mode == "bridge":
+        if args.mode.startswith("bridge"):
             import bridge
 
             result["pool_peak_used"] = bridge.stats(0).peak_used

@@ -44,6 +44,7 @@ class Params:
     warmup: int
     repeats: int
     alloc_rounds: int
+    torch_rounds: int  # rounds of torch native and bridge (the closest comparison)
     e2e_steps: int
     e2e_repeats: int
     e2e_warmup: int
@@ -52,10 +53,11 @@ class Params:
     budget_s: float
 
 
-FULL = Params(iters=20000, warmup=2000, repeats=7, alloc_rounds=3, e2e_steps=100, e2e_repeats=5,
-              e2e_warmup=20, e2e_rounds=2, mixed_fraction=0.572, budget_s=450)
-QUICK = Params(iters=4000, warmup=500, repeats=5, alloc_rounds=1, e2e_steps=30, e2e_repeats=3,
-               e2e_warmup=10, e2e_rounds=1, mixed_fraction=0.15, budget_s=150)
+FULL = Params(iters=5000, warmup=2000, repeats=21, alloc_rounds=2, torch_rounds=6,
+              e2e_steps=100, e2e_repeats=5, e2e_warmup=20, e2e_rounds=3, mixed_fraction=0.572,
+              budget_s=450)
+QUICK = Params(iters=4000, warmup=500, repeats=5, alloc_rounds=1, torch_rounds=1, e2e_steps=30,
+               e2e_repeats=3, e2e_warmup=10, e2e_rounds=1, mixed_fraction=0.15, budget_s=150)
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Task:
     timeout: float
     env: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # copied into the result (round, ...)
+    pin: bool = False  # pass --cpu: the CPU found fastest just before the child starts
 
 
 def plan(p: Params, python: str, quick: bool, mixed_gib: float | None) -> list[Task]:
@@ -80,13 +83,15 @@ def plan(p: Params, python: str, quick: bool, mixed_gib: float | None) -> list[T
         return [Task(f"alloc-{fw}-{c}-r{r}", "alloc",
                      [python, alloc_py, "--framework", fw, "--config", c] + common, 150,
                      env=ASYNC_ENV if (fw, c) == ("torch", "async") else {},
-                     extra={"round": r, "framework": fw, "config": c}) for fw, c in configs]
+                     extra={"round": r, "framework": fw, "config": c}, pin=True)
+                for fw, c in configs]
 
     def e2e_round(r: int, modes: tuple) -> list[Task]:
         return [Task(f"e2e-{m}-r{r}", "e2e",
                      [python, os.path.join(HERE, "bench_e2e.py"), "--mode", m,
                       "--steps", str(p.e2e_steps), "--repeats", str(p.e2e_repeats),
-                      "--warmup", str(p.e2e_warmup)], 180, extra={"round": r, "mode": m})
+                      "--warmup", str(p.e2e_warmup)], 180, extra={"round": r, "mode": m},
+                     pin=True)
                 for m in modes]
 
     size = ["--gib", str(mixed_gib)] if mixed_gib else ["--fraction", str(p.mixed_fraction)]
@@ -107,9 +112,10 @@ def plan(p: Params, python: str, quick: bool, mixed_gib: float | None) -> list[T
         tasks.append(Task("pinned", "pinned", argv, 300))
     tasks.append(Task("alloc-cupy-all", "alloc_same_process",
                       [python, alloc_py, "--framework", "cupy", "--config", "all"] + common, 150,
-                      extra={"framework": "cupy", "config": "all"}))
-    for r in range(2, p.alloc_rounds + 1):
-        tasks += alloc_round(r, order[::-1] if r % 2 == 0 else order)
+                      extra={"framework": "cupy", "config": "all"}, pin=True))
+    for r in range(2, max(p.alloc_rounds, p.torch_rounds) + 1):
+        configs = order if r <= p.alloc_rounds else order[:2]  # torch native and bridge
+        tasks += alloc_round(r, configs[::-1] if r % 2 == 0 else configs)
     for r in range(2, p.e2e_rounds + 1):
         tasks += e2e_round(r, ("bridge", "native") if r % 2 == 0 else ("native", "bridge"))
     return tasks
@@ -135,6 +141,35 @@ def child_env(extra: dict) -> tuple[dict, list[str]]:
     return env, removed
 
 
+def fastest_cpu(loops: int = 8) -> int | None:
+    """The CPU of this machine's that runs a small Python loop fastest right now, or None.
+
+    On a shared VM some CPUs lose speed to other tenants (measured: 4 to 9 of 16
+    at half speed, a set that changes over minutes); a child pinned to the
+    fastest one just before it starts is least disturbed. The calling thread's
+    affinity is restored before returning (children inherit it).
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    mine = os.sched_getaffinity(0)
+    best: tuple[float, int] | None = None
+    try:
+        for cpu in sorted(mine):
+            os.sched_setaffinity(0, {cpu})
+            t = min(_spin() for _ in range(loops))
+            if best is None or t < best[0]:
+                best = (t, cpu)
+    finally:
+        os.sched_setaffinity(0, mine)
+    return best[1] if best else None
+
+
+def _spin() -> float:
+    t0 = time.perf_counter()
+    sum(range(100_000))
+    return time.perf_counter() - t0
+
+
 def _tail(path: str, n: int = 3000) -> str:
     try:
         with open(path, errors="replace") as f:
@@ -149,6 +184,10 @@ def run_task(task: Task, raw_dir: str, timeout: float) -> dict:
     log_path = os.path.join(raw_dir, task.name + ".log")
     # bench_pinned.py (written separately) names its result file --out; the others --json
     argv = list(task.argv) + ["--out" if task.section == "pinned" else "--json", json_path]
+    if task.pin:
+        cpu = fastest_cpu()
+        if cpu is not None:
+            argv += ["--cpu", str(cpu)]
     env, _ = child_env(task.env)
     t0 = time.perf_counter()
     base = {"task": task.name, **task.extra, "argv": argv[1:], "env_set": task.env}
