@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -84,6 +86,116 @@ def pin_cpu(cpu: int | None, result: dict) -> None:
         return
     os.sched_setaffinity(0, {cpu})  # pid 0: the calling thread only
     result["cpu"] = cpu
+
+
+# ---- configurations taking turns: one worker process each, driven over pipes ----
+
+
+class Skip(Exception):
+    """The configuration cannot run here (such as RMM not installed): not a failure."""
+
+
+def serve(setup: Callable[[dict], dict[str, Callable[..., Any]]]) -> int:
+    """The worker side: set up, answer "ready", then one answer line per command line.
+
+    setup(info) prepares the configuration (filling info) and returns the
+    commands: name -> function of int arguments. A command line is
+    "name arg ..."; the answer "ok <json>" or "error <json>". stdout carries
+    the answers only (the frameworks' own output goes to stderr). A worker
+    waits blocked on its stdin, so it takes no CPU from the one timing.
+    """
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+    def say(kind: str, obj: object) -> None:
+        proto.write(f"{kind} {json.dumps(obj)}\n")
+
+    info: dict = {}
+    try:
+        commands = setup(info)
+    except Skip as exc:
+        say("skip", str(exc))
+        return 0
+    except Exception as exc:  # noqa: BLE001 - reported to the coordinator
+        say("error", f"{type(exc).__name__}: {exc}"[:1000])
+        return 1
+    say("ready", info)
+    for line in sys.stdin:
+        name, *rest = line.split() or ["quit"]
+        if name == "quit":
+            break
+        try:
+            if name not in commands:
+                raise KeyError(f"unknown command {name!r}")
+            say("ok", commands[name](*map(int, rest)))
+        except Exception as exc:  # noqa: BLE001
+            say("error", f"{type(exc).__name__}: {exc}"[:1000])
+    return 0
+
+
+class Worker:
+    """The coordinator's handle on one worker process (see serve)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict) -> None:
+        self.name = name
+        self.log = tempfile.TemporaryFile(mode="w+")  # a file: a full pipe would block it
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, env=env, text=True, bufsize=1)
+
+    def ask(self, command: str | None) -> tuple[str, Any]:
+        """Send command (None: only read) and return (kind, value) of the answer line."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            if command is not None:
+                self.proc.stdin.write(command + "\n")
+                self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError as exc:
+            line, why = "", str(exc)
+        else:
+            why = ""
+        if not line:
+            self.proc.wait(timeout=60)
+            self.log.seek(0)
+            return "error", (f"worker exited (rc={self.proc.returncode}) {why}: "
+                             f"{self.log.read()[-800:]}")
+        kind, _, payload = line.rstrip("\n").partition(" ")
+        return kind, json.loads(payload) if payload else None
+
+    def close(self) -> None:
+        try:
+            if self.proc.poll() is None and self.proc.stdin is not None:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def start_workers(specs: dict[str, tuple[list[str], dict]], status: dict) -> dict[str, Worker]:
+    """Start every worker together (their start-up is not timed); wait for each to be ready.
+
+    status[name] gets {"status": "ok", "info": ...}, or "skipped" with the
+    reason, or "error" with the error; returns the workers that are ready.
+    """
+    workers = {name: Worker(name, argv, env) for name, (argv, env) in specs.items()}
+    for name in list(workers):
+        kind, value = workers[name].ask(None)
+        if kind == "ready":
+            status[name] = {"status": "ok", "info": value}
+            continue
+        status[name] = ({"status": "skipped", "reason": value} if kind == "skip"
+                        else {"status": "error", "error": value})
+        workers.pop(name).close()
+    return workers
+
+
+def spread(values: list[float], digits: int = 4) -> dict:
+    """median, min, max and n of values."""
+    return {"median": round(median(values), digits), "min": round(min(values), digits),
+            "max": round(max(values), digits), "n": len(values)}
 
 
 def parse_sizes(text: str) -> list[int]:

@@ -35,14 +35,10 @@ import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import parse_sizes, pin_cpu, run_guarded  # noqa: E402
+from _common import Skip, parse_sizes, pin_cpu, run_guarded  # noqa: E402
 
 FRAMEWORKS = ("torch", "cupy")
 CONFIGS = ("native", "async", "rmm", "bridge", "all")
-
-
-class Skip(Exception):
-    """The configuration cannot run here (such as RMM not installed): not a failure."""
 
 
 _KEEP: list = []  # objects that must outlive the timed loops (RMM's memory resource)

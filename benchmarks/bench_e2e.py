@@ -1,6 +1,7 @@
 """End to end: CuPy preprocessing handed to torch by DLPack, then a training step.
 
     python3 benchmarks/bench_e2e.py --mode bridge --json r.json
+    python3 benchmarks/bench_e2e.py --turns native,bridge --repeats 15 --cpu 3 --json r.json
 
 Each step: CuPy makes a batch of uint8 "decoded images" on the device,
 converts to float, flips half of them, normalizes per channel and adds noise;
@@ -14,6 +15,12 @@ native: CuPy's MemoryPool and torch's caching allocator;
 bridge: ``bridge.unify(cupy=True, torch=True)``;
 bridge-torch / bridge-cupy: only that framework on the bridge, the other
 native (diagnostics: which side costs what).
+
+``--turns native,bridge``: one fresh worker process per mode, set up
+together, then one timed run of each in turn, the order rotating every round
+(``--repeats`` rounds), all on the same CPU: both see the same machine
+within a second (see bench_turns.py for why). ``turn_ratios``: bridge /
+native of every round, summarised.
 
 After the timed runs, ``--probe-steps`` steps run one by one, each followed by
 a synchronize: ``issue_ms`` is the time to issue a step (CPU side),
@@ -29,7 +36,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import median, pin_cpu, run_guarded  # noqa: E402
+from _common import median, pin_cpu, run_guarded, serve, spread, start_workers  # noqa: E402
 
 MODES = ("native", "bridge", "bridge-torch", "bridge-cupy")
 
@@ -104,11 +111,116 @@ def counters(mode: str) -> dict:
             "cupy_pool_bytes": cupy.get_default_memory_pool().total_bytes()}
 
 
+class Session:
+    """One mode set up in this process: timed runs, counters, the issue/finish probe."""
+
+    def __init__(self, args: argparse.Namespace, mode: str, info: dict) -> None:
+        if mode.startswith("bridge"):
+            import bridge
+
+            bridge.unify(cupy=mode != "bridge-torch", torch=mode != "bridge-cupy")
+        import cupy
+        import torch
+
+        info.update(torch=torch.__version__, cupy=cupy.__version__)
+        self.mode = mode
+        self.step, self.sync = build(args.batch, args.size)
+        pin_cpu(args.cpu, info)
+        for _ in range(args.warmup):
+            self.loss = self.step()
+        self.sync()
+        self.before = counters(mode)
+        self.timed_steps = 0
+
+    def run(self, steps: int) -> float:
+        """steps/s of one timed run of steps steps (ended by a synchronize)."""
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.loss = self.step()
+        self.sync()
+        self.timed_steps += steps
+        return steps / (time.perf_counter() - t0)
+
+    def report(self, probe_steps: int) -> dict:
+        """Allocation counters per timed step, then probe_steps steps timed one by one."""
+        after = counters(self.mode)
+        out: dict = {"per_step": {k: round((after[k] - self.before[k]) / max(1, self.timed_steps),
+                                           3) for k in after}}
+        issue, total = [], []
+        for _ in range(probe_steps):
+            t0 = time.perf_counter()
+            self.loss = self.step()
+            t1 = time.perf_counter()
+            self.sync()
+            issue.append(t1 - t0)
+            total.append(time.perf_counter() - t0)
+        if issue:
+            out["issue_ms"] = round(median(issue) * 1e3, 3)
+            out["synced_step_ms"] = round(median(total) * 1e3, 3)
+        out["final_loss"] = float(self.loss)
+        if self.mode.startswith("bridge"):
+            import bridge
+
+            out["pool_peak_used"] = bridge.stats(0).peak_used
+        return out
+
+
+def take_turns(args: argparse.Namespace, result: dict) -> None:
+    """--turns: one worker process per mode, timed runs in alternation (see bench_turns.py)."""
+    modes: dict = {}
+    result["modes"] = modes
+    me = os.path.abspath(__file__)
+    common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch",
+              str(args.batch), "--size", str(args.size)]
+    specs = {m: ([sys.executable, me, "--worker", "--mode", m] + common +
+                 (["--cpu", str(args.cpu)] if args.cpu is not None else []), dict(os.environ))
+             for m in args.turns}
+    workers = start_workers(specs, modes)
+    rates: dict = {m: [] for m in workers}
+    try:
+        live = list(workers)
+        for r in range(args.repeats):
+            k = r % max(1, len(live))
+            for m in live[k:] + live[:k]:
+                kind, value = workers[m].ask(f"run {args.steps}")
+                if kind == "ok":
+                    rates[m].append(float(value))
+                else:
+                    modes[m].update(status="error", error=f"run: {value}")
+                    live.remove(m)
+        for m in live:
+            kind, value = workers[m].ask(f"report {args.probe_steps}")
+            if kind == "ok":
+                modes[m].update(value)
+            else:
+                modes[m]["report_error"] = str(value)[:500]
+    finally:
+        for w in workers.values():
+            w.close()
+    for m, v in rates.items():
+        if v:
+            modes[m].update(steps_per_s_samples=[round(x, 2) for x in v],
+                            steps_per_s=round(median(v), 2), best_steps_per_s=round(max(v), 2))
+    pairs = list(zip(rates.get("bridge", []), rates.get("native", []), strict=False))
+    if pairs:
+        result["turn_ratios"] = {"native": spread([b / n for b, n in pairs])}
+    if not any(v.get("steps_per_s") for v in modes.values()):
+        raise RuntimeError("no mode ran: " + "; ".join(
+            f"{m}: {v.get('error') or v.get('reason')}" for m, v in modes.items())[:2000])
+    if any(v["status"] == "error" for v in modes.values()):
+        result["status"] = "partial"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--mode", choices=MODES, required=True)
+    p.add_argument("--mode", choices=MODES, default=None, help="one mode in this process")
+    p.add_argument("--turns", default=None,
+                   help="comma list of modes (such as native,bridge): one worker process each, "
+                        "timed runs taking turns")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--steps", type=int, default=100, help="steps per timed run")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs (median)")
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed runs (with --turns: rounds, one run of every mode each)")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--size", type=int, default=64, help="image side, pixels")
@@ -120,54 +232,34 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if min(args.steps, args.repeats, args.batch, args.size) < 1 or args.warmup < 0:
         p.error("--steps, --repeats, --batch and --size must be >= 1")
-    base = {"bench": "e2e", "mode": args.mode, "steps": args.steps, "repeats": args.repeats,
-            "warmup": args.warmup, "batch": args.batch, "size": args.size}
+    if (args.mode is None) == (args.turns is None):
+        p.error("give --mode MODE or --turns MODE,MODE")
+    if args.worker:
+        return serve(lambda info: _worker_commands(Session(args, args.mode, info)))
+    if args.turns is not None:
+        args.turns = [m.strip() for m in args.turns.split(",") if m.strip()]
+        bad = [m for m in args.turns if m not in MODES]
+        if bad or len(set(args.turns)) != len(args.turns) or len(args.turns) < 2:
+            p.error(f"--turns: two or more distinct modes of {MODES} (got {args.turns})")
+    base = {"bench": "e2e", "mode": args.mode, "turns": args.turns, "steps": args.steps,
+            "repeats": args.repeats, "warmup": args.warmup, "batch": args.batch,
+            "size": args.size, "cpu": args.cpu}
 
     def body(result: dict) -> None:
-        if args.mode.startswith("bridge"):
-            import bridge
-
-            bridge.unify(cupy=args.mode != "bridge-torch", torch=args.mode != "bridge-cupy")
-        import cupy
-        import torch
-
-        result["info"] = {"torch": torch.__version__, "cupy": cupy.__version__}
-        step, sync = build(args.batch, args.size)
-        pin_cpu(args.cpu, result)
-        for _ in range(args.warmup):
-            loss = step()
-        sync()
-        before = counters(args.mode)
-        rates = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                loss = step()
-            sync()
-            rates.append(args.steps / (time.perf_counter() - t0))
+        info = result.setdefault("info", {})
+        session = Session(args, args.mode, info)
+        rates = [session.run(args.steps) for _ in range(args.repeats)]
         result["steps_per_s_samples"] = [round(r, 2) for r in rates]
         result["steps_per_s"] = round(median(rates), 2)
-        after = counters(args.mode)
-        steps = args.steps * args.repeats
-        result["per_step"] = {k: round((after[k] - before[k]) / steps, 3) for k in after}
-        issue, total = [], []
-        for _ in range(args.probe_steps):
-            t0 = time.perf_counter()
-            loss = step()
-            t1 = time.perf_counter()
-            sync()
-            issue.append(t1 - t0)
-            total.append(time.perf_counter() - t0)
-        if issue:
-            result["issue_ms"] = round(median(issue) * 1e3, 3)
-            result["synced_step_ms"] = round(median(total) * 1e3, 3)
-        result["final_loss"] = float(loss)
-        if args.mode.startswith("bridge"):
-            import bridge
+        result.update(session.report(args.probe_steps))
 
-            result["pool_peak_used"] = bridge.stats(0).peak_used
-
+    if args.turns is not None:
+        return run_guarded(args.json, base, lambda result: take_turns(args, result))
     return run_guarded(args.json, base, body)
+
+
+def _worker_commands(session: Session) -> dict:
+    return {"run": session.run, "report": session.report}
 
 
 if __name__ == "__main__":

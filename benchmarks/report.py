@@ -96,27 +96,52 @@ def summarize_alloc(alloc: dict) -> dict:
             for fw, cfgs in summary.items()}
 
 
-def alloc_checks(alloc: dict) -> list[dict]:
+def _turns_value(turns: dict | None, base: str, size: str) -> tuple[float | None, str]:
+    """bridge / base from bench_turns.py: best loop against best loop, and a note."""
+    if not turns or turns.get("status") not in OK_STATUSES:
+        return None, ""
+    cfg = turns.get("configs", {})
+    b = cfg.get("bridge", {}).get("ns_per_pair", {}).get(size)
+    n = cfg.get(base, {}).get("ns_per_pair", {}).get(size)
+    if not b or not n:
+        return None, ""
+    r = turns.get("turn_ratios", {}).get(base, {}).get(size)
+    note = "taking turns"
+    if r:
+        note += f"; per round: median {r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}], n={r['n']}"
+    return b / n, note
+
+
+def alloc_checks(alloc: dict, turns: dict | None = None) -> list[dict]:
+    """The allocation targets: from the allocators taking turns (bench_turns.py) where that
+    ran, otherwise from the separate processes."""
     summary = alloc.get("summary", {})
     runs = alloc.get("runs", [])
     sizes = [str(s) for s in alloc.get("sizes", [])]
     checks = []
     for fw, base, op, target in ALLOC_TARGETS:
         for size in sizes:
+            value, note = _turns_value((turns or {}).get(fw), base, size)
             b = summary.get(fw, {}).get("bridge", {}).get(size)
             n = summary.get(fw, {}).get(base, {}).get(size)
-            value, note = None, ""
-            if b and n:
+            if value is not None:
+                pass
+            elif b and n:
                 # best process against best process: the noise on a shared VM is
                 # one-sided (a process only ever runs slower), so the minimum is
                 # the estimate of each allocator's own cost
-                value = b["min"] / n["min"]
+                value, note = b["min"] / n["min"], "separate processes"
             else:
                 note = "; ".join(f"{c}: {_why_missing(runs, fw, c)}"
                                  for c, s in (("bridge", b), (base, n)) if not s)
+                t = (turns or {}).get(fw)
+                if t:
+                    why = t.get("configs", {}).get(base, {})
+                    why_text = why.get("reason") or why.get("error") or t.get("error") or ""
+                    note += f"; turns: {t.get('status')} {why_text}"
             checks.append(_check(f"{fw}.alloc.{base}.{size}",
                                  f"{fw} {size_label(int(size))}: bridge / {SHORT[fw][base]}",
-                                 value, op, target, note, group=f"{fw} alloc"))
+                                 value, op, target, note[:300], group=f"{fw} alloc"))
     return checks
 
 
@@ -138,7 +163,9 @@ def mixed_checks(mixed: dict) -> list[dict]:
                    *MIXED_TARGET, note[:300], group="mixed")]
 
 
-def e2e_checks(e2e: dict) -> list[dict]:
+def e2e_checks(e2e: dict, turns: dict | None = None) -> list[dict]:
+    """bridge / native steps/s: from the modes taking turns where that ran (best run against
+    best run), otherwise from the separate processes (best process against best process)."""
     runs = e2e.get("runs", [])
     per_mode: dict = {}
     for r in runs:
@@ -147,15 +174,25 @@ def e2e_checks(e2e: dict) -> list[dict]:
     e2e["summary"] = {m: _spread(v) for m, v in per_mode.items()}
     s = e2e["summary"]
     value, note = None, ""
-    if "bridge" in s and "native" in s:
+    modes = (turns or {}).get("modes", {}) if (turns or {}).get("status") in OK_STATUSES else {}
+    b, n = (modes.get(m, {}).get("best_steps_per_s") for m in ("bridge", "native"))
+    if b and n:
+        value, note = b / n, "taking turns"
+        r = (turns or {}).get("turn_ratios", {}).get("native")
+        if r:
+            note += (f"; per round: median {r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}], "
+                     f"n={r['n']}")
+    elif "bridge" in s and "native" in s:
         # best process against best process, as for allocation: the step is mostly
         # CPU-bound (see issue_ms) and a process only ever runs slower than its best
-        value = s["bridge"]["max"] / s["native"]["max"]
+        value, note = s["bridge"]["max"] / s["native"]["max"], "separate processes"
     else:
         note = "; ".join(f"{m}: {_why_missing(runs, None, m)}" for m in ("native", "bridge")
                          if m not in s)
+        if turns:
+            note += f"; turns: {turns.get('status')} {turns.get('error', '')}"
     return [_check("e2e.bridge_over_native", "end to end: bridge / native steps/s", value,
-                   *E2E_TARGET, note, group="e2e")]
+                   *E2E_TARGET, note[:300], group="e2e")]
 
 
 def _is_number(v: Any) -> bool:
@@ -220,9 +257,9 @@ def summarize(results: dict) -> dict:
     """Add alloc.summary, e2e.summary and checks to results (in place); return it."""
     alloc = results.setdefault("alloc", {})
     alloc["summary"] = summarize_alloc(alloc)
-    checks = alloc_checks(alloc)
+    checks = alloc_checks(alloc, results.get("alloc_turns"))
     checks += mixed_checks(results.setdefault("mixed", {}))
-    checks += e2e_checks(results.setdefault("e2e", {}))
+    checks += e2e_checks(results.setdefault("e2e", {}), results.get("e2e_turns"))
     checks += pinned_checks(results.setdefault("pinned", {"status": "not run"}))
     results["checks"] = checks
     results["verdict"] = {k: sum(c["status"] == k for c in checks)
@@ -269,17 +306,70 @@ def _md_meta(meta: dict) -> list[str]:
     return _table(["", ""], rows) if rows else []
 
 
+def _md_turns(results: dict) -> list[str]:
+    turns = results.get("alloc_turns") or {}
+    sizes = [str(s) for s in results.get("alloc", {}).get("sizes", [])]
+    if not turns or not sizes:
+        return []
+    checks = {c["id"]: c for c in results.get("checks", [])}
+    out = ["## Allocation, allocators taking turns (the verdict)", "",
+           "bench_turns.py: one fresh process per allocator, all timing on the same CPU; each "
+           "in turn times one loop of alloc+free pairs per size, the order rotating every "
+           "round, so that all see the same machine within milliseconds. Cells: ns per pair, "
+           "best loop (median loop in brackets). Ratio rows: best against best, then the "
+           "median of the round-by-round ratios.", ""]
+    for fw in ("torch", "cupy"):
+        t = turns.get(fw)
+        if not t:
+            continue
+        if t.get("status") not in OK_STATUSES:
+            out += [f"{fw}: {t.get('status')}: {t.get('error') or t.get('reason', '')}"[:400], ""]
+            continue
+        cfg = t.get("configs", {})
+        rows = []
+        for config in ("native", "async", "rmm", "bridge"):
+            c = cfg.get(config)
+            if c is None:
+                continue
+            if c.get("status") != "ok":
+                rows.append([LABELS[fw][config], f"{c.get('status')}: "
+                             f"{c.get('reason') or c.get('error', '')}"[:120]]
+                            + [""] * len(sizes))
+                continue
+            cells = []
+            for s in sizes:
+                v = c.get("ns_samples", {}).get(s)
+                cells.append(f"{min(v):,.0f} ({median(v):,.0f})" if v else "-")
+            floor = c.get("floor_ns")
+            rows.append([LABELS[fw][config]] + cells + [f"{floor:,.0f}" if floor else "-"])
+        for f2, base, op, target in ALLOC_TARGETS:
+            if f2 != fw or cfg.get(base, {}).get("status") != "ok":
+                continue
+            ratios = t.get("turn_ratios", {}).get(base, {})
+            rows.append([f"bridge / {SHORT[fw][base]} (target {op} {target:.2f})"] +
+                        [_fmt_check(checks[f"{fw}.alloc.{base}.{s}"]) for s in sizes] + [""])
+            rows.append(["  per round, median [min-max]"] + [
+                f"{ratios[s]['median']:.3f} [{ratios[s]['min']:.3f}-{ratios[s]['max']:.3f}]"
+                if s in ratios else "-" for s in sizes] + [""])
+        out += [f"{fw}: {t.get('repeats')} rounds of {t.get('iters'):,} pairs per loop, CPU "
+                f"{t.get('cpu')}", ""]
+        out += _table([f"{fw} allocator"] + [size_label(int(s)) for s in sizes]
+                      + ["no-alloc op"], rows) + [""]
+    return out
+
+
 def _md_alloc(results: dict) -> list[str]:
     alloc = results.get("alloc", {})
     summary, sizes = alloc.get("summary", {}), [str(s) for s in alloc.get("sizes", [])]
     checks = {c["id"]: c for c in results.get("checks", [])}
     runs = alloc.get("runs", [])
-    out = ["## Allocation: ns per alloc+free pair",
+    out = ["## Allocation, one process after another: ns per alloc+free pair",
            "",
            "Each configuration in fresh processes (configurations take turns, round after "
            "round), the timing thread pinned to the CPU that was fastest just before the "
            "process started; a cell is the median over processes of each process's best timed "
-           "loop (min-max over processes in brackets). Lower is better. Ratios are bridge / "
+           "loop (min-max over processes in brackets). Lower is better. Ratios (the verdict "
+           "only where the turns did not run) are bridge / "
            "baseline from the best process of each: timing noise on this VM only ever slows a "
            "process down (CPUs lose speed to other tenants, up to 2x, and which CPUs changes "
            "over time). Last column: the best loop of a tensor op that allocates nothing "
@@ -360,15 +450,54 @@ def _md_mixed(results: dict) -> list[str]:
                          "raw used/live"], rows) + [""]
 
 
+def _e2e_row(mode: str, best: float, med: float, spread_text: str, n: str,
+             runs: list[dict]) -> list[str]:
+    issue = [r["issue_ms"] for r in runs if _is_number(r.get("issue_ms"))]
+    step = [r["synced_step_ms"] for r in runs if _is_number(r.get("synced_step_ms"))]
+    per_step = runs[-1].get("per_step") if runs else None
+    counts = ", ".join(f"{k} {v:g}" for k, v in (per_step or {}).items() if _is_number(v))
+    return [mode, f"{best:.1f}", f"{med:.1f}", spread_text, n,
+            f"{median(issue):.2f}" if issue else "-", f"{median(step):.2f}" if step else "-",
+            counts or "-"]
+
+
 def _md_e2e(results: dict) -> list[str]:
     e2e = results.get("e2e", {})
     s = e2e.get("summary", {})
     runs = e2e.get("runs", [])
+    turns = results.get("e2e_turns") or {}
     out = ["## End to end: CuPy preprocessing -> DLPack -> torch training step", "",
-           "steps/s of each process is the median of its timed runs; the ratio is bridge / "
-           "native from the best process of each. issue ms: time to issue one step (CPU); "
-           "step ms: until it finished (synchronized): issue close to step means the step is "
-           "bound by the CPU, so the machine's CPU noise moves it.", ""]
+           "issue ms: time to issue one step (CPU); step ms: until it finished (synchronized); "
+           "issue close to step means the step is bound by the CPU, so the machine's CPU "
+           "noise moves it. per step: allocation counters over the timed steps.", ""]
+    header = ["mode", "steps/s (best)", "median", "min-max", "n", "issue ms", "step ms",
+              "per step"]
+    if turns:
+        out += ["### Taking turns (the verdict)", "",
+                "One fresh process per mode, both on the same CPU; one timed run of "
+                f"{turns.get('steps', '?')} steps each in turn, the order rotating every round; "
+                "the ratio is best run against best run.", ""]
+        modes = turns.get("modes", {})
+        if turns.get("status") in OK_STATUSES and modes:
+            rows = []
+            for mode in ("native", "bridge"):
+                m = modes.get(mode, {})
+                v = m.get("steps_per_s_samples")
+                if v:
+                    rows.append(_e2e_row(mode, max(v), median(v), f"{min(v):.1f}-{max(v):.1f}",
+                                         str(len(v)), [m]))
+                else:
+                    rows.append([mode, "-", "-", f"{m.get('status')}: "
+                                 f"{m.get('error') or m.get('reason', '')}"[:120], "0", "-", "-",
+                                 "-"])
+            out += _table(header, rows)
+            r = turns.get("turn_ratios", {}).get("native")
+            if r:
+                out += ["", f"bridge / native round by round: median {r['median']:.3f}, "
+                        f"min {r['min']:.3f}, max {r['max']:.3f} ({r['n']} rounds)"]
+        else:
+            out += [f"{turns.get('status')}: {turns.get('error', '')}"[:400]]
+        out += ["", "### One process after another (context)", ""]
     if not runs:
         return out + ["Not run.", ""]
     rows = []
@@ -376,19 +505,11 @@ def _md_e2e(results: dict) -> list[str]:
         if mode in s:
             x = s[mode]
             ok = [r for r in runs if r.get("mode") == mode and r.get("status") == "ok"]
-            issue = [r["issue_ms"] for r in ok if _is_number(r.get("issue_ms"))]
-            step = [r["synced_step_ms"] for r in ok if _is_number(r.get("synced_step_ms"))]
-            per_step = ok[-1].get("per_step") if ok else None
-            counts = ", ".join(f"{k} {v:g}" for k, v in (per_step or {}).items()
-                               if _is_number(v))
-            rows.append([mode, f"{x['max']:.1f}", f"{x['median']:.1f}",
-                         f"{x['min']:.1f}-{x['max']:.1f}", str(x["n"]),
-                         f"{median(issue):.2f}" if issue else "-",
-                         f"{median(step):.2f}" if step else "-", counts or "-"])
+            rows.append(_e2e_row(mode, x["max"], x["median"], f"{x['min']:.1f}-{x['max']:.1f}",
+                                 str(x["n"]), ok))
         else:
             rows.append([mode, "-", "-", _why_missing(runs, None, mode), "0", "-", "-", "-"])
-    return out + _table(["mode", "steps/s (best process)", "median", "min-max over processes",
-                         "processes", "issue ms", "step ms", "per step"], rows) + [""]
+    return out + _table(header, rows) + [""]
 
 
 def _grid(rows: dict, first: str) -> list[str]:
@@ -448,7 +569,8 @@ def markdown(results: dict) -> str:
          f"{c['op']} {c['target']:.2f}",
          {"pass": "pass", "fail": "**FAIL**", "missing": "missing"}[c["status"]],
          c.get("note", "").replace("|", "/").replace("\n", " ")] for c in checks]) + [""]
-    lines += _md_alloc(results) + _md_mixed(results) + _md_e2e(results) + _md_pinned(results)
+    lines += _md_turns(results) + _md_alloc(results) + _md_mixed(results)
+    lines += _md_e2e(results) + _md_pinned(results)
     problems = results.get("problems", [])
     if problems:
         lines += ["## Problems during the run", ""] + [f"- {p}" for p in problems] + [""]

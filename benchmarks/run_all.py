@@ -8,9 +8,10 @@ targets), and DIR/raw/ (each child's JSON and log). results.json and
 results.md are rewritten after every child, so a run cut short still leaves
 what it measured. A child that fails, hangs or crashes is recorded and the run
 goes on; work left when the time budget (--budget-s; default 450 s, 150 s with
---quick) runs out is recorded as skipped. The order puts one round of every
-measurement first; the second rounds (and the same-process CuPy cross-check)
-come after.
+--quick) runs out is recorded as skipped. The order puts the allocators
+taking turns first (bench_turns.py: the verdict on allocation), then one round
+of every measurement; the second rounds (and the same-process CuPy
+cross-check) come after.
 """
 
 from __future__ import annotations
@@ -44,20 +45,22 @@ class Params:
     warmup: int
     repeats: int
     alloc_rounds: int
-    torch_rounds: int  # rounds of torch native and bridge (the closest comparison)
+    turns_repeats: int  # rounds of bench_turns.py (the verdict on allocation)
     e2e_steps: int
     e2e_repeats: int
     e2e_warmup: int
-    e2e_rounds: int
+    e2e_rounds: int  # separate processes, one after the other (context)
+    e2e_turns: int  # rounds of native and bridge taking turns (the verdict)
     mixed_fraction: float
     budget_s: float
 
 
-FULL = Params(iters=5000, warmup=2000, repeats=21, alloc_rounds=2, torch_rounds=6,
-              e2e_steps=100, e2e_repeats=5, e2e_warmup=20, e2e_rounds=3, mixed_fraction=0.572,
-              budget_s=450)
-QUICK = Params(iters=4000, warmup=500, repeats=5, alloc_rounds=1, torch_rounds=1, e2e_steps=30,
-               e2e_repeats=3, e2e_warmup=10, e2e_rounds=1, mixed_fraction=0.15, budget_s=150)
+FULL = Params(iters=5000, warmup=2000, repeats=15, alloc_rounds=2, turns_repeats=61,
+              e2e_steps=100, e2e_repeats=5, e2e_warmup=20, e2e_rounds=1, e2e_turns=15,
+              mixed_fraction=0.572, budget_s=450)
+QUICK = Params(iters=4000, warmup=500, repeats=5, alloc_rounds=1, turns_repeats=9, e2e_steps=30,
+               e2e_repeats=3, e2e_warmup=10, e2e_rounds=1, e2e_turns=3, mixed_fraction=0.15,
+               budget_s=150)
 
 
 @dataclass
@@ -95,10 +98,20 @@ def plan(p: Params, python: str, quick: bool, mixed_gib: float | None) -> list[T
                 for m in modes]
 
     size = ["--gib", str(mixed_gib)] if mixed_gib else ["--fraction", str(p.mixed_fraction)]
-    tasks = alloc_round(1, order)
+    tasks = [Task(f"alloc-turns-{fw}", "alloc_turns",
+                  [python, os.path.join(HERE, "bench_turns.py"), "--framework", fw,
+                   "--configs", "native,async,rmm,bridge", "--sizes", SIZES,
+                   "--iters", str(p.iters), "--warmup", str(p.warmup),
+                   "--repeats", str(p.turns_repeats)], 240, extra={"framework": fw}, pin=True)
+             for fw in ("torch", "cupy")]
+    tasks += alloc_round(1, order)
     tasks += [Task(f"mixed-{m}", "mixed",
                    [python, os.path.join(HERE, "bench_mixed.py"), "--mode", m] + size, 240,
                    extra={"mode": m}) for m in ("native", "bridge")]
+    tasks.append(Task("e2e-turns", "e2e_turns",
+                      [python, os.path.join(HERE, "bench_e2e.py"), "--turns", "native,bridge",
+                       "--steps", str(p.e2e_steps), "--repeats", str(p.e2e_turns),
+                       "--warmup", str(p.e2e_warmup)], 240, pin=True))
     tasks += e2e_round(1, ("native", "bridge"))
     pinned = os.path.join(HERE, "bench_pinned.py")
     if os.path.exists(pinned):
@@ -113,9 +126,8 @@ def plan(p: Params, python: str, quick: bool, mixed_gib: float | None) -> list[T
     tasks.append(Task("alloc-cupy-all", "alloc_same_process",
                       [python, alloc_py, "--framework", "cupy", "--config", "all"] + common, 150,
                       extra={"framework": "cupy", "config": "all"}, pin=True))
-    for r in range(2, max(p.alloc_rounds, p.torch_rounds) + 1):
-        configs = order if r <= p.alloc_rounds else order[:2]  # torch native and bridge
-        tasks += alloc_round(r, configs[::-1] if r % 2 == 0 else configs)
+    for r in range(2, p.alloc_rounds + 1):
+        tasks += alloc_round(r, order[::-1] if r % 2 == 0 else order)
     for r in range(2, p.e2e_rounds + 1):
         tasks += e2e_round(r, ("bridge", "native") if r % 2 == 0 else ("native", "bridge"))
     return tasks
@@ -329,9 +341,11 @@ def store(results: dict, task: Task, result: dict) -> None:
     """File one child's result under its section of results."""
     if task.section == "alloc":
         results["alloc"]["runs"].append(result)
+    elif task.section == "alloc_turns":
+        results.setdefault("alloc_turns", {})[task.extra["framework"]] = result
     elif task.section in ("mixed", "e2e"):
         results[task.section]["runs"].append(result)
-    else:  # alloc_same_process, pinned: one result each
+    else:  # alloc_same_process, e2e_turns, pinned: one result each
         results[task.section] = result
     if result.get("status") not in ("ok", "partial", "skipped"):
         results["problems"].append(f"{task.name}: {result.get('error', result.get('status'))}"
@@ -345,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting children after this many seconds (450; --quick 150)")
     ap.add_argument("--only", default=None,
-                    help="comma list of sections: alloc,alloc_same_process,mixed,e2e,pinned")
+                    help="comma list of sections: alloc_turns,alloc,alloc_same_process,mixed,"
+                         "e2e_turns,e2e,pinned")
     ap.add_argument("--mixed-gib", type=float, default=None,
                     help="N for the mixed phases in GiB (default: 57%% of the device, 15%% quick)")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the children")
@@ -361,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     out = os.path.abspath(args.out)
     raw = os.path.join(out, "raw")
     tasks = plan(p, args.python, args.quick, args.mixed_gib)
-    sections = ("alloc", "alloc_same_process", "mixed", "e2e", "pinned")
+    sections = ("alloc_turns", "alloc", "alloc_same_process", "mixed", "e2e_turns", "e2e",
+                "pinned")
     if args.only:
         wanted = {s.strip() for s in args.only.split(",") if s.strip()}
         bad = wanted - set(sections)

@@ -206,6 +206,59 @@ def test_missing_baselines_say_why():
     assert "timed out" in c["cupy.alloc.rmm.512"]["note"]
 
 
+def turns_result(fw: str, ns: dict, rounds: dict, status: str = "ok") -> dict:
+    return {
+        "bench": "alloc_turns",
+        "framework": fw,
+        "status": status,
+        "repeats": 3,
+        "iters": 5000,
+        "cpu": 3,
+        "configs": {
+            c: {
+                "status": "ok",
+                "ns_per_pair": {str(s): min(v) for s, v in zip(SIZES, per, strict=True)},
+                "ns_samples": {str(s): v for s, v in zip(SIZES, per, strict=True)},
+                "floor_ns": 7000.0,
+            }
+            for c, per in ns.items()
+        }
+        | {"rmm": {"status": "skipped", "reason": "RMM is not installed"}},
+        "turn_ratios": rounds,
+    }
+
+
+def test_turns_decide_the_allocation_targets_where_they_ran(tmp_path):
+    r = fake_results()
+    same = [[2000] * 3, [2100] * 3, [2200] * 3]  # samples per size
+    r["alloc_turns"] = {
+        "torch": turns_result(
+            "torch",
+            {"native": same, "bridge": [[1900] * 3, [2000] * 3, [2000] * 3]},
+            {"native": {"512": {"median": 0.96, "min": 0.9, "max": 1.01, "n": 3}}},
+        ),
+        "cupy": {"status": "error", "error": "no configuration ran: native: boom"},
+    }
+    report.write_all(r, str(tmp_path), png=False)
+    c = by_id(r)
+    # torch from the turns (1900 / 2000), not from the processes (2200 / 2400)
+    assert c["torch.alloc.native.512"]["value"] == pytest.approx(0.95)
+    assert "per round: median 0.960 [0.900-1.010], n=3" in c["torch.alloc.native.512"]["note"]
+    assert c["torch.alloc.native.67108864"]["status"] == "pass"  # 2000 / 2200 in the turns
+    assert "skipped: RMM is not installed" in c["torch.alloc.rmm.512"]["note"]
+    # cupy's turns failed: its targets come from the separate processes
+    assert c["cupy.alloc.native.1048576"]["value"] == pytest.approx(1900 / 1300, abs=1e-4)
+    assert c["cupy.alloc.native.1048576"]["note"] == "separate processes"
+    md = (tmp_path / "results.md").read_text()
+    assert "## Allocation, allocators taking turns (the verdict)" in md
+    assert "| native caching | 2,000 (2,000) | 2,100 (2,100) | 2,200 (2,200) | 7,000 |" in md
+    assert "| bridge / native (target <= 1.00) | 0.950 pass | 0.952 pass | 0.909 pass |  |" in md
+    assert "| 0.960 [0.900-1.010] | - | - |  |" in md
+    turns_md = md.split("## Allocation, allocators taking turns")[1].split("## Allocation, one")[0]
+    assert "bridge / RMM" not in turns_md  # RMM skipped: no ratio rows
+    assert "cupy: error: no configuration ran: native: boom" in md
+
+
 def test_mixed_e2e_and_pinned_checks():
     c = by_id(report.summarize(fake_results()))
     assert c["mixed.bridge.used_over_live"]["value"] == pytest.approx(1.004)
@@ -313,18 +366,20 @@ def test_plan_is_fresh_processes_with_the_async_env(tmp_path):
     tasks = run_all.plan(run_all.FULL, sys.executable, False, None)
     names = [t.name for t in tasks]
     assert len(names) == len(set(names))
-    first = names.index("alloc-torch-native-r1")
-    assert first == 0 and "alloc-torch-native-r2" in names  # two rounds in a full run
+    # the allocators taking turns come first: they decide the allocation targets
+    assert names[:2] == ["alloc-turns-torch", "alloc-turns-cupy"]
+    turns = tasks[0].argv
+    assert turns[turns.index("--configs") + 1] == "native,async,rmm,bridge"
+    assert "alloc-torch-native-r2" in names  # two rounds of separate processes in a full run
     async_env = {t.name: t.env for t in tasks if t.section == "alloc"}
     assert async_env["alloc-torch-async-r1"] == {
         "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"
     }
     assert async_env["alloc-cupy-async-r1"] == {}
-    # more rounds of the closest comparison, configurations taking turns
-    assert "alloc-torch-bridge-r6" in names and "alloc-cupy-native-r3" not in names
-    assert names.index("alloc-torch-native-r3") < names.index("alloc-torch-bridge-r3")
-    assert names.index("alloc-torch-bridge-r4") < names.index("alloc-torch-native-r4")
-    assert all(t.pin for t in tasks if t.section in ("alloc", "e2e", "alloc_same_process"))
+    assert names.index("alloc-torch-native-r1") < names.index("alloc-torch-bridge-r1")
+    assert names.index("alloc-torch-bridge-r2") < names.index("alloc-torch-native-r2")
+    timed = ("alloc_turns", "alloc", "e2e", "alloc_same_process")
+    assert all(t.pin for t in tasks if t.section in timed)
     assert not any(t.pin for t in tasks if t.section in ("mixed", "pinned"))
     quick = run_all.plan(run_all.QUICK, sys.executable, True, None)
     assert not any(t.name.endswith("-r2") for t in quick)
@@ -480,3 +535,172 @@ def test_pinned_files_are_collected(tmp_path):
     got = run_all.collect_pinned(str(d), 0)
     assert got["status"] == "ok" and got["data"] == {"ratio": 1.01}
     assert run_all.collect_pinned(str(tmp_path / "none"), 0)["status"] == "error"
+
+
+FAKE_TORCH = """
+import time
+__version__ = "0.0-fake"
+uint8 = "uint8"
+_cost = {"native": 2e-6}
+
+
+def empty(n, dtype=None, device=None):
+    import bridge
+    t = time.perf_counter() + (1e-6 if bridge.UNIFIED else 2e-6)
+    while time.perf_counter() < t:
+        pass
+
+
+class _T:
+    def add_(self, x):
+        pass
+
+
+def zeros(n, device=None):
+    return _T()
+
+
+class cuda:
+    @staticmethod
+    def synchronize():
+        pass
+
+    @staticmethod
+    def get_allocator_backend():
+        return "native"
+"""
+
+FAKE_BRIDGE = """
+UNIFIED = False
+
+
+def unify(**kw):
+    global UNIFIED
+    UNIFIED = True
+"""
+
+
+def test_turns_alternate_fresh_workers_and_compare_to_bridge(tmp_path):
+    """bench_turns.py end to end on a stand-in torch (bridge's alloc costs 1 us, native 2 us)."""
+    import subprocess
+
+    (tmp_path / "torch.py").write_text(FAKE_TORCH)
+    (tmp_path / "bridge.py").write_text(FAKE_BRIDGE)
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    argv = [
+        sys.executable,
+        str(BENCH / "bench_turns.py"),
+        "--framework",
+        "torch",
+        "--configs",
+        "native,rmm,bridge",
+        "--sizes",
+        "512,1MiB",
+        "--iters",
+        "50",
+        "--warmup",
+        "5",
+        "--repeats",
+        "4",
+        "--json",
+        str(out),
+    ]
+    if hasattr(os, "sched_getaffinity"):
+        argv += ["--cpu", str(min(os.sched_getaffinity(0)))]
+    subprocess.run(argv, env=env, timeout=120, check=True)
+    r = json.loads(out.read_text())
+    assert r["status"] == "ok", r
+    cfg = r["configs"]
+    assert cfg["rmm"]["status"] == "skipped" and "RMM" in cfg["rmm"]["reason"]
+    assert cfg["native"]["info"]["backend"] == "native"
+    for c in ("native", "bridge"):
+        assert len(cfg[c]["ns_samples"]["512"]) == 4 and cfg[c]["floor_ns"] >= 0
+        if "--cpu" in argv:
+            assert cfg[c]["info"]["cpu"] == int(argv[-1])
+    assert cfg["bridge"]["ns_per_pair"]["512"] < cfg["native"]["ns_per_pair"]["512"]
+    ratio = r["turn_ratios"]["native"]["1048576"]
+    assert ratio["n"] == 4 and 0.2 < ratio["median"] < 0.9
+    assert "rmm" not in r["turn_ratios"]
+
+
+def test_turns_with_no_worker_able_to_start_is_an_error(tmp_path):
+    import subprocess
+
+    (tmp_path / "torch.py").write_text("raise ImportError('torch is broken here')\n")
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    rc = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "bench_turns.py"),
+            "--framework",
+            "torch",
+            "--configs",
+            "native,bridge",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        timeout=120,
+    ).returncode
+    r = json.loads(out.read_text())
+    assert rc == 1 and r["status"] == "error"
+    assert "torch is broken here" in r["configs"]["native"]["error"]
+
+
+def test_e2e_turns_decide_the_end_to_end_target(tmp_path):
+    r = fake_results()
+    r["e2e_turns"] = {
+        "status": "ok",
+        "steps": 100,
+        "modes": {
+            "native": {
+                "status": "ok",
+                "steps_per_s_samples": [300.0, 350.0, 340.0],
+                "best_steps_per_s": 350.0,
+                "issue_ms": 2.3,
+                "synced_step_ms": 3.1,
+            },
+            "bridge": {
+                "status": "ok",
+                "steps_per_s_samples": [310.0, 346.5, 330.0],
+                "best_steps_per_s": 346.5,
+                "per_step": {"allocs": 62.0, "driver_allocs": 5.0},
+            },
+        },
+        "turn_ratios": {"native": {"median": 0.99, "min": 0.97, "max": 1.033, "n": 3}},
+    }
+    report.write_all(r, str(tmp_path), png=False)
+    c = by_id(r)["e2e.bridge_over_native"]
+    assert c["value"] == pytest.approx(0.99) and c["status"] == "pass"
+    assert "per round: median 0.990 [0.970-1.033], n=3" in c["note"]
+    md = (tmp_path / "results.md").read_text()
+    assert "| native | 350.0 | 340.0 | 300.0-350.0 | 3 | 2.30 | 3.10 | - |" in md
+    assert "| bridge | 346.5 | 330.0 | 310.0-346.5 | 3 | - | - | allocs 62, driver_allocs 5 |" in md
+    assert "### One process after another (context)" in md
+    # a failed turns run falls back to the separate processes, saying so
+    r["e2e_turns"] = {"status": "error", "error": "no mode ran: native: boom"}
+    c = by_id(report.summarize(r))["e2e.bridge_over_native"]
+    assert c["value"] == pytest.approx(100.0 / 102.0, abs=1e-4)
+    assert c["note"] == "separate processes"
+
+
+def test_plan_has_the_e2e_turns():
+    tasks = {t.name: t for t in run_all.plan(run_all.FULL, sys.executable, False, None)}
+    t = tasks["e2e-turns"]
+    assert t.section == "e2e_turns" and t.pin
+    assert t.argv[t.argv.index("--turns") + 1] == "native,bridge"
+    assert int(t.argv[t.argv.index("--repeats") + 1]) >= 10
+
+
+def test_e2e_cli_needs_one_mode_or_turns(capsys):
+    import bench_e2e
+
+    for argv in ([], ["--mode", "bridge", "--turns", "native,bridge"], ["--turns", "bridge"]):
+        with pytest.raises(SystemExit) as exc:
+            bench_e2e.main(argv)
+        assert exc.value.code == 2
+    assert "--turns" in capsys.readouterr().err

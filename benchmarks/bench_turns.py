@@ -1,0 +1,164 @@
+"""Allocators taking turns: each configuration in its own fresh process, timed in alternation.
+
+    python3 benchmarks/bench_turns.py --framework torch --configs native,async,rmm,bridge \\
+        --cpu 3 --json r.json
+
+Why: torch fixes its allocator at start, so two allocators cannot be timed in
+one process, and on a shared VM the speed of a CPU moves up to 2x over
+minutes (other tenants), which swamps differences of a few percent between
+processes timed one after the other. Here one worker process per
+configuration sets its allocator up, pins its timing thread to the same CPU
+(``--cpu``) and then waits, blocked on a pipe; the coordinator asks each in
+turn for one timed loop (``--iters`` alloc+free pairs, ~10 ms) per size, the
+order rotating every round. Every configuration thus sees the same machine
+state within milliseconds, round after round.
+
+Result, per configuration: ``ns_per_pair`` (best loop per size), every
+sample, and the best loop of an op that allocates nothing (``floor_ns``);
+``turn_ratios``: for each baseline, bridge / baseline of every round, summarised
+(median, min, max). A configuration that cannot run (RMM not installed) is
+recorded as skipped with the reason; the others go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_alloc  # noqa: E402
+from _common import parse_sizes, pin_cpu, run_guarded, serve, spread, start_workers  # noqa: E402
+
+ASYNC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+
+
+def worker_setup(args: argparse.Namespace) -> Callable[[dict], dict]:
+    """serve()'s setup for one allocator: warm, time and floor commands."""
+
+    def setup(info: dict) -> dict:
+        if args.framework == "torch":
+            loop = bench_alloc.setup_torch(args.config, info)
+            floor = bench_alloc.torch_floor()
+        else:
+            import cupy
+
+            allocs = bench_alloc._cupy_allocators((args.config,), info)
+            cupy.cuda.set_allocator(allocs[args.config])
+            cupy.empty(1, dtype=cupy.uint8)
+            loop, floor = bench_alloc.cupy_loop(), bench_alloc.cupy_floor()
+        pin_cpu(args.cpu, info)
+        gc.disable()
+        return {"warm": loop,
+                "time": lambda n, iters: bench_alloc.time_loop(loop, n, iters),
+                "floor": lambda iters: bench_alloc.time_loop(floor, 0, iters)}
+
+    return setup
+
+
+def coordinate(args: argparse.Namespace, result: dict) -> None:
+    configs: dict = {}
+    result["configs"] = configs
+    me = os.path.abspath(__file__)
+    specs = {}
+    for c in args.configs:
+        env = dict(os.environ)
+        if args.framework == "torch" and c == "async":
+            env.update(ASYNC_ENV)
+        argv = [sys.executable, me, "--worker", "--framework", args.framework, "--config", c]
+        specs[c] = (argv + (["--cpu", str(args.cpu)] if args.cpu is not None else []), env)
+    workers = start_workers(specs, configs)
+    try:
+        live = list(workers)
+        samples: dict = {c: {str(n): [] for n in args.sizes} for c in live}
+        floors: dict = {c: [] for c in live}
+
+        def ask(c: str, command: str) -> float | None:
+            if c not in live:
+                return None
+            kind, value = workers[c].ask(command)
+            if kind == "ok":
+                return float(value or 0.0)
+            configs[c].update(status="error", error=f"{command}: {value}")
+            live.remove(c)
+            return None
+
+        for c in list(live):
+            for n in args.sizes:
+                ask(c, f"warm {n} {args.warmup}")
+        floor_iters = max(1, args.iters // 4)
+        for r in range(args.repeats):
+            k = r % max(1, len(live))
+            order = live[k:] + live[:k]
+            for c in order:
+                if (v := ask(c, f"floor {floor_iters}")) is not None:
+                    floors[c].append(v)
+            for n in args.sizes:
+                for c in order:
+                    if (v := ask(c, f"time {n} {args.iters}")) is not None:
+                        samples[c][str(n)].append(v)
+    finally:
+        for w in workers.values():
+            w.close()
+    for c, per_size in samples.items():
+        done = {s: v for s, v in per_size.items() if v}
+        configs[c]["ns_samples"] = {s: [round(x, 1) for x in v] for s, v in done.items()}
+        configs[c]["ns_per_pair"] = {s: round(min(v), 1) for s, v in done.items()}
+        if floors[c]:
+            configs[c]["floor_ns"] = round(min(floors[c]), 1)
+    result["turn_ratios"] = turn_ratios(samples)
+    if not any(v.get("ns_per_pair") for v in configs.values()):
+        raise RuntimeError("no configuration ran: " + "; ".join(
+            f"{c}: {v.get('error') or v.get('reason')}" for c, v in configs.items())[:2000])
+    if any(v["status"] == "error" for v in configs.values()):
+        result["status"] = "partial"
+
+
+def turn_ratios(samples: dict) -> dict:
+    """{baseline: {size: spread of bridge / baseline, round by round}} (rounds both ran)."""
+    out: dict = {}
+    bridge = samples.get("bridge", {})
+    for base, per_size in samples.items():
+        if base == "bridge":
+            continue
+        for size, values in per_size.items():
+            pairs = list(zip(bridge.get(size, []), values, strict=False))
+            if pairs:
+                out.setdefault(base, {})[size] = spread([b / v for b, v in pairs])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--framework", choices=bench_alloc.FRAMEWORKS, required=True)
+    p.add_argument("--configs", default="native,async,rmm,bridge",
+                   help="comma list; bridge is the one compared against the others")
+    p.add_argument("--config", default=None, help=argparse.SUPPRESS)  # worker only
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sizes", default="512,1MiB,64MiB", type=parse_sizes)
+    p.add_argument("--iters", type=int, default=5000, help="pairs per timed loop")
+    p.add_argument("--warmup", type=int, default=2000, help="untimed pairs per size first")
+    p.add_argument("--repeats", type=int, default=41, help="rounds (timed loops per size)")
+    p.add_argument("--cpu", type=int, default=None, help="the CPU every worker times on")
+    p.add_argument("--json", default=None, help="result file (stdout when absent)")
+    args = p.parse_args(argv)
+    if args.worker:
+        return serve(worker_setup(args))
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in args.configs if c not in ("native", "async", "rmm", "bridge")]
+    if bad or len(set(args.configs)) != len(args.configs) or "bridge" not in args.configs:
+        p.error(f"--configs: distinct names from native, async, rmm, bridge, with bridge "
+                f"(got {args.configs})")
+    if min(args.iters, args.repeats) < 1 or args.warmup < 0:
+        p.error("--iters and --repeats must be >= 1, --warmup >= 0")
+    base = {"bench": "alloc_turns", "framework": args.framework, "sizes": args.sizes,
+            "iters": args.iters, "repeats": args.repeats, "warmup": args.warmup,
+            "cpu": args.cpu, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    return run_guarded(args.json, base, lambda result: coordinate(args, result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
