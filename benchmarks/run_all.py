@@ -55,11 +55,11 @@ class Params:
     budget_s: float
 
 
-FULL = Params(iters=5000, warmup=2000, repeats=15, alloc_rounds=2, turns_repeats=61,
-              e2e_steps=100, e2e_repeats=5, e2e_warmup=20, e2e_rounds=1, e2e_turns=15,
+FULL = Params(iters=5000, warmup=2000, repeats=15, alloc_rounds=1, turns_repeats=61,
+              e2e_steps=100, e2e_repeats=5, e2e_warmup=20, e2e_rounds=1, e2e_turns=16,
               mixed_fraction=0.572, budget_s=450)
 QUICK = Params(iters=4000, warmup=500, repeats=5, alloc_rounds=1, turns_repeats=9, e2e_steps=30,
-               e2e_repeats=3, e2e_warmup=10, e2e_rounds=1, e2e_turns=3, mixed_fraction=0.15,
+               e2e_repeats=3, e2e_warmup=10, e2e_rounds=1, e2e_turns=4, mixed_fraction=0.15,
                budget_s=150)
 
 

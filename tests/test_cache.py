@@ -149,3 +149,34 @@ def test_stale_keys_are_dropped_while_other_blocks_stay_cached(cache):
     assert again == kept  # the cached blocks survived every compaction
     for q in held + again:
         core.free(q)
+
+
+@pytest.mark.parametrize(
+    ("total", "env", "expect"),
+    [
+        (16 << 30, None, 1 << 30),  # at least 1 GiB
+        (140 << 30, None, (140 << 30) // 50),  # 2% of a large device: 2.8 GiB
+        (140 << 30, "512MiB", 512 * MIB),  # BRIDGE_CACHE_LIMIT wins
+        (140 << 30, "0", 0),  # off
+    ],
+)
+def test_default_cache_limit_scales_with_the_device(standin, total, env, expect):
+    """A fresh process on the stand-in: the cache limit each device gets at set-up."""
+    import os
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if k != "BRIDGE_CACHE_LIMIT"}
+    e["BRIDGE_STANDIN_TOTAL"] = str(total)
+    if env is not None:
+        e["BRIDGE_CACHE_LIMIT"] = env
+    code = (
+        "from bridge import _runtime\n"
+        "_runtime.ensure_device(1)\n"
+        "print(_runtime.core.stats(1)[1]['cache_limit'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == expect

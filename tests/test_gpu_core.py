@@ -80,6 +80,39 @@ def test_pool_figures_equal_the_driver(clean):
     assert pool.used_bytes() == driver_pool_attr(USED)
 
 
+def test_default_cache_holds_a_training_steps_worth(clean):
+    """The default cache limit is 2% of the device (2.8 GiB on an H200), at least 1 GiB:
+    1.5 GiB of freed 128 MiB blocks stay cached, and come back without a driver call."""
+    import bridge
+
+    core = clean
+    s = bridge.stats(0)
+    total = core.stats(0)[1]["total"]
+    assert core.stats(0)[1]["cache_limit"] == max(GIB, total // 50)
+    n = 12  # 12 x 128 MiB = 1.5 GiB: more than the old 1 GiB cap
+    ptrs = []
+    for _ in range(n):
+        rc, p = core.alloc(0, 128 * MIB, 0, TAG_OTHER)
+        assert rc == 0 and p
+        ptrs.append(p)
+    for p in ptrs:
+        core.free(p)
+    s = bridge.stats(0)
+    assert s.cached == n * 128 * MIB
+    hits = core.stats(0)[1]["num_cache_hits"]
+    again = []
+    for _ in range(n):
+        rc, p = core.alloc(0, 128 * MIB, 0, TAG_OTHER)
+        assert rc == 0
+        again.append(p)
+    assert sorted(again) == sorted(ptrs)  # the same blocks
+    assert core.stats(0)[1]["num_cache_hits"] - hits == n
+    for p in again:
+        core.free(p)
+    bridge.pool(0).free_all_blocks()
+    assert bridge.stats(0).cached == 0
+
+
 def test_memory_is_real_device_memory(clean):
     core = clean
     n = 3 * MIB + 17
