@@ -256,6 +256,8 @@ def test_turns_decide_the_allocation_targets_where_they_ran(tmp_path):
     assert "| 0.960 [0.900-1.010] | - | - |  |" in md
     turns_md = md.split("## Allocation, allocators taking turns")[1].split("## Allocation, one")[0]
     assert "bridge / RMM" not in turns_md  # RMM skipped: no ratio rows
+    # the processes' own ratios, shown as context where the turns decided
+    assert "| bridge / native (context) | 0.917 | 0.958 | 1.130 |  |" in md
     assert "cupy: error: no configuration ran: native: boom" in md
 
 
