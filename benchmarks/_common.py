@@ -27,6 +27,9 @@ GIB = 1 << 30
 #: removes them from every child's environment (and sets the one a
 #: configuration needs), so that the shell the benchmarks start from does not
 #: change what is measured.
+#: What torch's cudaMallocAsync configuration needs in its process's environment.
+ASYNC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+
 ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUPY_GPU_MEMORY_LIMIT",
                  "BRIDGE_GPU_MEMORY_LIMIT", "BRIDGE_PINNED_MEMORY_LIMIT")
 
@@ -190,6 +193,22 @@ def start_workers(specs: dict[str, tuple[list[str], dict]], status: dict) -> dic
                         else {"status": "error", "error": value})
         workers.pop(name).close()
     return workers
+
+
+def rotated(names: list[str], r: int) -> list[str]:
+    """names in the order of round r: each round starts one further along."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def end_of_turns(entries: dict, result: dict, figure: str) -> None:
+    """After the turns: raise when no configuration has its figure; mark the result partial
+    when one failed. entries: {name: {"status": ..., "error" or "reason": ..., figure: ...}}."""
+    if not any(v.get(figure) for v in entries.values()):
+        raise RuntimeError("no configuration ran: " + "; ".join(
+            f"{c}: {v.get('error') or v.get('reason')}" for c, v in entries.items())[:2000])
+    if any(v["status"] == "error" for v in entries.values()):
+        result["status"] = "partial"
 
 
 def spread(values: list[float], digits: int = 4) -> dict:

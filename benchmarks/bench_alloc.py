@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Skip, parse_sizes, pin_cpu, run_guarded  # noqa: E402
+from _common import Skip, parse_sizes, pin_cpu, rotated, run_guarded  # noqa: E402
 
 FRAMEWORKS = ("torch", "cupy")
 CONFIGS = ("native", "async", "rmm", "bridge", "all")
@@ -166,6 +166,20 @@ def _cupy_allocators(configs: tuple[str, ...], info: dict) -> dict:
     return out
 
 
+def setup(framework: str, config: str,
+          info: dict) -> tuple[Callable[[int, int], None], Callable[[int, int], None]]:
+    """Install one allocator in this process; return (loop, floor): its timed loop and the
+    no-allocation op. Both bench_alloc.py and bench_turns.py's workers start here."""
+    if framework == "torch":
+        return setup_torch(config, info), torch_floor()
+    import cupy
+
+    allocs = _cupy_allocators((config,), info)
+    cupy.cuda.set_allocator(allocs[config])
+    cupy.empty(1, dtype=cupy.uint8)
+    return cupy_loop(), cupy_floor()
+
+
 def cupy_loop() -> Callable[[int, int], None]:
     import cupy
 
@@ -242,9 +256,8 @@ def measure_interleaved(allocs: dict, sizes: list[int], args: argparse.Namespace
         for n in sizes:
             loop(n, args.warmup)
     for r in range(args.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
         for n in sizes:
-            for c in order:
+            for c in rotated(names, r):
                 cupy.cuda.set_allocator(allocs[c])
                 loop(n, max(1, args.warmup // 10))
                 samples[c][str(n)].append(round(time_loop(loop, n, args.iters), 1))
@@ -277,30 +290,17 @@ def main(argv: list[str] | None = None) -> int:
     def body(result: dict) -> None:
         info = result.setdefault("info", {})
         try:
-            if args.framework == "torch":
-                loop = setup_torch(args.config, info)
-                floor = torch_floor()
-                pin_cpu(args.cpu, result)
-                gc.disable()
-                measure_floor(floor, args, result)
-                measure(loop, args.sizes, args, result)
-                measure_floor(floor, args, result)
-            elif args.config == "all":
+            if args.config == "all":
                 allocs = _cupy_allocators(("bridge", "native", "async", "rmm"), info)
                 pin_cpu(args.cpu, result)
                 gc.disable()
                 measure_interleaved(allocs, args.sizes, args, result)
             else:
-                allocs = _cupy_allocators((args.config,), info)
-                import cupy
-
-                cupy.cuda.set_allocator(allocs[args.config])
-                cupy.empty(1, dtype=cupy.uint8)
-                floor = cupy_floor()
+                loop, floor = setup(args.framework, args.config, info)
                 pin_cpu(args.cpu, result)
                 gc.disable()
                 measure_floor(floor, args, result)
-                measure(cupy_loop(), args.sizes, args, result)
+                measure(loop, args.sizes, args, result)
                 measure_floor(floor, args, result)
         except Skip as exc:
             result["status"] = "skipped"

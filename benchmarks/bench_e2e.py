@@ -36,7 +36,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import median, pin_cpu, run_guarded, serve, spread, start_workers  # noqa: E402
+from _common import (  # noqa: E402
+    end_of_turns,
+    median,
+    pin_cpu,
+    rotated,
+    run_guarded,
+    serve,
+    spread,
+    start_workers,
+)
 
 MODES = ("native", "bridge", "bridge-torch", "bridge-cupy")
 
@@ -180,8 +189,7 @@ def take_turns(args: argparse.Namespace, result: dict) -> None:
     try:
         live = list(workers)
         for r in range(args.repeats):
-            k = r % max(1, len(live))
-            for m in live[k:] + live[:k]:
+            for m in rotated(live, r):
                 kind, value = workers[m].ask(f"run {args.steps}")
                 if kind == "ok":
                     rates[m].append(float(value))
@@ -204,11 +212,7 @@ def take_turns(args: argparse.Namespace, result: dict) -> None:
     pairs = list(zip(rates.get("bridge", []), rates.get("native", []), strict=False))
     if pairs:
         result["turn_ratios"] = {"native": spread([b / n for b, n in pairs])}
-    if not any(v.get("steps_per_s") for v in modes.values()):
-        raise RuntimeError("no mode ran: " + "; ".join(
-            f"{m}: {v.get('error') or v.get('reason')}" for m, v in modes.items())[:2000])
-    if any(v["status"] == "error" for v in modes.values()):
-        result["status"] = "partial"
+    end_of_turns(modes, result, "steps_per_s")
 
 
 def main(argv: list[str] | None = None) -> int:

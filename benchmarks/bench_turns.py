@@ -31,25 +31,24 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_alloc  # noqa: E402
-from _common import parse_sizes, pin_cpu, run_guarded, serve, spread, start_workers  # noqa: E402
-
-ASYNC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+from _common import (  # noqa: E402
+    ASYNC_ENV,
+    end_of_turns,
+    parse_sizes,
+    pin_cpu,
+    rotated,
+    run_guarded,
+    serve,
+    spread,
+    start_workers,
+)
 
 
 def worker_setup(args: argparse.Namespace) -> Callable[[dict], dict]:
     """serve()'s setup for one allocator: warm, time and floor commands."""
 
     def setup(info: dict) -> dict:
-        if args.framework == "torch":
-            loop = bench_alloc.setup_torch(args.config, info)
-            floor = bench_alloc.torch_floor()
-        else:
-            import cupy
-
-            allocs = bench_alloc._cupy_allocators((args.config,), info)
-            cupy.cuda.set_allocator(allocs[args.config])
-            cupy.empty(1, dtype=cupy.uint8)
-            loop, floor = bench_alloc.cupy_loop(), bench_alloc.cupy_floor()
+        loop, floor = bench_alloc.setup(args.framework, args.config, info)
         pin_cpu(args.cpu, info)
         gc.disable()
         return {"warm": loop,
@@ -91,8 +90,7 @@ def coordinate(args: argparse.Namespace, result: dict) -> None:
                 ask(c, f"warm {n} {args.warmup}")
         floor_iters = max(1, args.iters // 4)
         for r in range(args.repeats):
-            k = r % max(1, len(live))
-            order = live[k:] + live[:k]
+            order = rotated(live, r)
             for c in order:
                 if (v := ask(c, f"floor {floor_iters}")) is not None:
                     floors[c].append(v)
@@ -110,11 +108,7 @@ def coordinate(args: argparse.Namespace, result: dict) -> None:
         if floors[c]:
             configs[c]["floor_ns"] = round(min(floors[c]), 1)
     result["turn_ratios"] = turn_ratios(samples)
-    if not any(v.get("ns_per_pair") for v in configs.values()):
-        raise RuntimeError("no configuration ran: " + "; ".join(
-            f"{c}: {v.get('error') or v.get('reason')}" for c, v in configs.items())[:2000])
-    if any(v["status"] == "error" for v in configs.values()):
-        result["status"] = "partial"
+    end_of_turns(configs, result, "ns_per_pair")
 
 
 def turn_ratios(samples: dict) -> dict:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import median, size_label  # noqa: E402
+from _common import median, size_label, spread  # noqa: E402
 
 LABELS = {
     "torch": {"native": "native caching", "async": "backend:cudaMallocAsync",
@@ -53,8 +53,7 @@ def _cmp(value: float, op: str, target: float) -> bool:
 
 
 def _spread(values: list[float]) -> dict:
-    return {"median": round(median(values), 2), "min": round(min(values), 2),
-            "max": round(max(values), 2), "n": len(values)}
+    return spread(values, 2)
 
 
 def _check(cid: str, label: str, value: float | None, op: str, target: float,

@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
-from _common import ALLOCATOR_ENV, error_record, parse_sizes, write_json  # noqa: E402
+from _common import ALLOCATOR_ENV, ASYNC_ENV, error_record, parse_sizes, write_json  # noqa: E402
 
 SIZES = "512,1MiB,64MiB"
-ASYNC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
 DISTRIBUTIONS = ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "jax", "jaxlib",
                  "jax-cuda13-plugin", "jax-cuda13-pjrt", "rmm-cu13", "librmm-cu13",
                  "rapids-logger", "numpy", "cuda-bindings", "cuda-core", "cuda-pathfinder",

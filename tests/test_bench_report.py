@@ -705,3 +705,107 @@ def test_e2e_cli_needs_one_mode_or_turns(capsys):
             bench_e2e.main(argv)
         assert exc.value.code == 2
     assert "--turns" in capsys.readouterr().err
+
+
+FAKE_CUPY = """
+import time
+__version__ = "0.0-fake"
+uint8 = "uint8"
+float32 = "float32"
+_allocator = [None]
+
+
+def _spin(us):
+    t = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < t:
+        pass
+
+
+class _Pool:
+    def malloc(self, n):
+        _spin(2)
+
+
+def get_default_memory_pool():
+    return _Pool()
+
+
+def empty(n, dtype=None):
+    _allocator[0](n)
+
+
+def zeros(n, dtype=None):
+    return object()
+
+
+def add(x, y, out=None):
+    pass
+
+
+class cuda:
+    class Device:
+        def synchronize(self):
+            pass
+
+    @staticmethod
+    def set_allocator(a):
+        _allocator[0] = a
+
+    @staticmethod
+    def get_allocator():
+        return lambda n: _spin(1)
+"""
+
+
+def test_turns_for_cupy_use_the_same_setup_as_one_process(tmp_path):
+    """bench_turns.py and bench_alloc.py for CuPy on a stand-in cupy (bridge 1 us, pool 2 us)."""
+    import subprocess
+
+    (tmp_path / "cupy.py").write_text(FAKE_CUPY)
+    (tmp_path / "bridge.py").write_text(FAKE_BRIDGE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    common = ["--sizes", "512", "--iters", "50", "--warmup", "5", "--repeats", "4"]
+    out = tmp_path / "turns.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(BENCH / "bench_turns.py"),
+            "--framework",
+            "cupy",
+            "--configs",
+            "native,bridge",
+            *common,
+            "--json",
+            str(out),
+        ],
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    r = json.loads(out.read_text())
+    assert r["status"] == "ok", r
+    assert (
+        r["configs"]["bridge"]["ns_per_pair"]["512"] < r["configs"]["native"]["ns_per_pair"]["512"]
+    )
+    assert r["turn_ratios"]["native"]["512"]["n"] == 4
+    for config in ("native", "bridge"):
+        one = tmp_path / f"{config}.json"
+        subprocess.run(
+            [
+                sys.executable,
+                str(BENCH / "bench_alloc.py"),
+                "--framework",
+                "cupy",
+                "--config",
+                config,
+                *common,
+                "--json",
+                str(one),
+            ],
+            env=env,
+            timeout=120,
+            check=True,
+        )
+        p = json.loads(one.read_text())
+        assert p["status"] == "ok" and len(p["ns_samples"]["512"]) == 4 and p["floor_ns"] >= 0
+        assert p["info"]["cupy"] == "0.0-fake"
