@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-__all__ = ["parse_size", "size_from_env", "limit_from", "GPU_LIMIT_ENV", "PINNED_LIMIT_ENV"]
+__all__ = [
+    "parse_size",
+    "size_from_env",
+    "limit_from",
+    "warn_if_above",
+    "GPU_LIMIT_ENV",
+    "PINNED_LIMIT_ENV",
+    "DEVICE_MEMORY",
+    "HOST_MEMORY",
+]
 
 import os
 import re
+import warnings
+from collections.abc import Callable
+
+from bridge._errors import format_bytes
 
 GPU_LIMIT_ENV = "BRIDGE_GPU_MEMORY_LIMIT"
 PINNED_LIMIT_ENV = "BRIDGE_PINNED_MEMORY_LIMIT"
@@ -34,15 +47,38 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*%\s*$")
 
 
-def _bad(name: str, value: object, why: str = "") -> ValueError:
-    return ValueError(
-        f"{name}={value!r} is not a valid size{': ' + why if why else ''}. Use bytes "
-        "(1073741824), a size with a unit (40GiB, 512MiB, 40GB), a percentage of the "
-        "device's memory ('80%'), or a float fraction in (0, 1] (0.8)."
+DEVICE_MEMORY = "the device's memory"
+HOST_MEMORY = "the host's memory"
+
+
+def _hint(of: str | None, env: bool) -> str:
+    """What would have been accepted, in the words of where the value was written."""
+    if env:  # an environment variable holds text: no Python float, no quotes
+        units = "bytes (1073741824) or a size with a unit (40GiB, 512MiB, 40GB)"
+        share = f", or a share of {of}: a percentage (80%) or a fraction (0.8)" if of else ""
+        return f"Write {units}{share}."
+    units = "bytes (1073741824) or a size with a unit ('40GiB', '512MiB', '40GB')"
+    if of is None:
+        return f"Pass {units}."
+    return (
+        f"Pass {units}, or a share of {of}: a percentage ('80%') or a fraction in (0, 1] "
+        "(0.8 or '0.8')."
     )
 
 
-def parse_size(value: SizeLike, *, total: int | None = None, name: str = "budget") -> int | None:
+def _bad(name: str, value: object, why: str = "", *, of: str | None, env: bool) -> ValueError:
+    return ValueError(
+        f"{name}={value!r} is not a valid size{': ' + why if why else ''}. {_hint(of, env)}"
+    )
+
+
+def parse_size(
+    value: SizeLike,
+    *,
+    total: int | None = None,
+    name: str = "budget",
+    of: str | None = DEVICE_MEMORY,
+) -> int | None:
     """Turn a user's size into bytes.
 
     Parameters
@@ -50,11 +86,16 @@ def parse_size(value: SizeLike, *, total: int | None = None, name: str = "budget
     value : int, float, str or None
         ``None`` -> ``None`` (not given). ``int``: bytes (0 = no limit).
         ``float`` in (0, 1]: fraction of ``total``. ``str``: ``"80%"``,
+        ``"0.8"`` (a number with a decimal point and no unit is a fraction),
         ``"40GiB"``, ``"512MiB"``, ``"40GB"``, ``"1073741824"``.
     total : int, optional
         The memory that fractions and percentages are of.
     name : str
         What the value is called in error messages (an argument or variable).
+    of : str or None
+        What ``total`` is, for messages (``"the device's memory"``, ``"the
+        host's memory"``); None when the value takes no fraction or
+        percentage at all (then both are refused).
 
     Returns
     -------
@@ -63,64 +104,134 @@ def parse_size(value: SizeLike, *, total: int | None = None, name: str = "budget
     Raises
     ------
     ValueError
-        For anything else, naming ``name`` and the value.
+        For anything else, naming ``name`` and the value and saying what
+        would have been accepted.
     """
+    return _parse(value, total=total, name=name, of=of, env=False)
+
+
+def _parse(
+    value: SizeLike, *, total: int | None, name: str, of: str | None, env: bool
+) -> int | None:
+    def bad(why: str = "") -> ValueError:
+        return _bad(name, value, why, of=of, env=env)
+
+    def share(fraction: float) -> int:
+        if of is None:
+            raise bad(f"{name} takes bytes, not a percentage or fraction")
+        if total is None:
+            raise bad(f"a share needs the total memory it is of ({of}), which is unknown here")
+        return int(fraction * total)
+
     if value is None:
         return None
     if isinstance(value, bool):
-        raise _bad(name, value, "a bool is not a size")
+        raise bad("a bool is not a size")
     if isinstance(value, int):
         if value < 0:
-            raise _bad(name, value, "sizes are >= 0")
-        return _checked(value, name, value)
+            raise bad("sizes are >= 0")
+        return _checked(value, bad)
     if isinstance(value, float):
         if not 0.0 < value <= 1.0:
-            raise _bad(name, value, "a float is a fraction and must be in (0, 1]")
-        return _fraction(value, total, name, value)
+            raise bad("a float is a fraction and must be in (0, 1]")
+        return share(value)
     if isinstance(value, str):
         m = _PERCENT.match(value)
         if m:
             pct = float(m.group(1))
             if not 0.0 < pct <= 100.0:
-                raise _bad(name, value, "a percentage must be in (0, 100]")
-            return _fraction(pct / 100.0, total, name, value)
+                raise bad("a percentage must be in (0, 100]")
+            return share(pct / 100.0)
         m = _SIZE.match(value)
         if m and m.group(2).lower() in _UNITS:
             number, unit = m.group(1), m.group(2).lower()
-            if unit == "" and "." in number:
-                raise _bad(name, value, "write a fraction as a percentage ('50%') or a float")
+            if unit == "" and "." in number:  # '0.8': a fraction, as the float 0.8
+                if not 0.0 < float(number) <= 1.0:
+                    raise bad(
+                        "a number with a decimal point and no unit is a fraction and must be "
+                        "in (0, 1]; write bytes as a whole number"
+                    )
+                return share(float(number))
             # whole numbers stay exact (a float would round past 2**53 bytes)
             n = (
                 int(number) * _UNITS[unit]
                 if "." not in number
                 else int(float(number) * _UNITS[unit])
             )
-            return _checked(n, name, value)
-        raise _bad(name, value)
-    raise _bad(name, value, f"a {type(value).__name__} is not a size")
+            return _checked(n, bad)
+        raise bad()
+    raise bad(f"a {type(value).__name__} is not a size")
 
 
-def _checked(n: int, name: str, value: object) -> int:
+def _checked(n: int, bad: Callable[[str], ValueError]) -> int:
     if n > MAX_SIZE:
-        raise _bad(name, value, "sizes are < 2**64 bytes")
+        raise bad("sizes are < 2**64 bytes")
     return n
 
 
-def _fraction(f: float, total: int | None, name: str, value: object) -> int:
-    if total is None:
-        raise _bad(name, value, "a fraction needs the device's total memory")
-    return int(f * total)
+def size_from_env(
+    variable: str, *, total: int | None, of: str | None = DEVICE_MEMORY
+) -> int | None:
+    """The size in environment variable ``variable``, or ``None`` when unset or empty.
 
+    Parameters
+    ----------
+    variable : str
+        The variable's name.
+    total : int or None
+        The memory that a percentage or fraction is of; None when unknown.
+    of : str or None
+        What ``total`` is, for messages (see :func:`parse_size`).
 
-def size_from_env(variable: str, *, total: int | None) -> int | None:
-    """The size in environment variable ``variable``, or ``None`` when unset or empty."""
+    Raises
+    ------
+    ValueError
+        Naming the variable and its value, with the forms a variable can hold.
+    """
     raw = os.environ.get(variable)
     if raw is None or raw.strip() == "":
         return None
-    return parse_size(raw, total=total, name=variable)
+    return _parse(raw, total=total, name=variable, of=of, env=True)
 
 
-def limit_from(size: SizeLike, fraction: float | None, *, total: int | None) -> int:
+def warn_if_above(
+    limit: int, total: int | None, *, name: str, of: str, stacklevel: int = 2
+) -> bool:
+    """Warn when a limit is larger than the memory it limits: it then limits nothing.
+
+    Parameters
+    ----------
+    limit : int
+        The limit in bytes (0 = none: never warned about).
+    total : int or None
+        The memory it limits; None when unknown (no warning).
+    name : str
+        How the limit was given, for the message.
+    of : str
+        What ``total`` is (``"the device's memory"``).
+    stacklevel : int
+        As for :func:`warnings.warn`, counted from the caller of this function.
+
+    Returns
+    -------
+    bool
+        Whether it warned.
+    """
+    if not limit or not total or limit <= total:
+        return False
+    warnings.warn(
+        f"{name}: a limit of {format_bytes(limit)} ({limit} bytes) is larger than {of} "
+        f"({format_bytes(total)}, {total} bytes): it limits nothing. Pass a size below it or a "
+        "percentage such as '90%'.",
+        UserWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return True
+
+
+def limit_from(
+    size: SizeLike, fraction: float | None, *, total: int | None, of: str = DEVICE_MEMORY
+) -> int:
     """A pool's ``set_limit(size=None, fraction=None)`` arguments as bytes (0 = no limit).
 
     Parameters
@@ -131,6 +242,8 @@ def limit_from(size: SizeLike, fraction: float | None, *, total: int | None) -> 
         Fraction of ``total``, in [0, 1].
     total : int or None
         The memory that fractions are of; None when it is unknown.
+    of : str
+        What ``total`` is, for messages.
 
     Raises
     ------
@@ -141,7 +254,7 @@ def limit_from(size: SizeLike, fraction: float | None, *, total: int | None) -> 
     if size is not None and fraction is not None:
         raise ValueError("set_limit takes size or fraction, not both")
     if fraction is None:
-        return parse_size(size, total=total, name="size") or 0
+        return parse_size(size, total=total, name="size", of=of) or 0
     if (
         isinstance(fraction, bool)
         or not isinstance(fraction, (int, float))
@@ -149,5 +262,5 @@ def limit_from(size: SizeLike, fraction: float | None, *, total: int | None) -> 
     ):
         raise ValueError(f"fraction={fraction!r} must be a number in [0, 1]")
     if total is None:
-        raise ValueError("fraction: the memory size is unknown; pass size")
+        raise ValueError(f"fraction={fraction!r}: the size of {of} is unknown here; pass size")
     return int(float(fraction) * total)
