@@ -1,0 +1,188 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pinned buffers: the block owner (DLPack, buffer protocol), numpy arrays on it, recording."""
+
+from __future__ import annotations
+
+__all__ = ["PinnedBuffer", "pinned_buffer", "empty_pinned", "zeros_pinned", "pinned_record"]
+
+import math
+from typing import Any
+
+import numpy
+
+from bridge import _pinned_backend as backend
+from bridge import _pinned_shapes as shapes
+from bridge import _pinned_streams as streams
+from bridge._pinned_shapes import ShapeLike
+from bridge._runtime import core
+
+
+class PinnedBuffer(core.PinnedBufferBase):
+    """One block of pinned host memory, shared zero-copy through DLPack.
+
+    Made by :func:`pinned_buffer`.  ``ptr`` is the host address (0 for 0
+    bytes), ``size`` / ``nbytes`` the bytes asked for.  It supports the
+    buffer protocol (``memoryview(buf)``, ``numpy.frombuffer``) and DLPack:
+
+    ``__dlpack__(stream=None, max_version=None, dl_device=None, copy=None)``
+        A versioned capsule (``"dltensor_versioned"``) when ``max_version``
+        >= (1, 0), else a legacy one (``"dltensor"``); a 1-D ``uint8`` tensor
+        of ``size`` bytes at ``ptr``.  Device type kDLCUDAHost (3) for numpy
+        and JAX (``jax.dlpack.from_dlpack`` gives a ``pinned_host`` array);
+        kDLCPU (1) when the consumer asks with ``dl_device=(1, 0)``, when it
+        is torch (``torch.from_dlpack``, which refuses 3: it gets a CPU tensor
+        with ``is_pinned()`` True) and when it passes no argument at all.
+        ``copy=True`` exports a copy in a new pinned block.  ``stream`` is
+        accepted and ignored: host memory has nothing to synchronize.
+    ``__dlpack_device__()``
+        ``(3, 0)``.
+
+    The block returns to the pool when this object and every view and
+    export of it are gone.
+    """
+
+    __slots__ = ()
+
+    def record(self, stream: Any) -> None:
+        """Keep the block from reuse until ``stream``'s work queued so far has completed.
+
+        Call it after enqueuing an asynchronous copy that reads or writes this
+        memory (``tensor.to("cuda", non_blocking=True)``, ``cupy`` ``set``/``get``
+        with a stream, ``cuMemcpyAsync``).
+
+        Parameters
+        ----------
+        stream : int, torch.cuda.Stream, cupy.cuda.Stream or any object with ``__cuda_stream__``
+            ``None`` or 0: the legacy default stream of the current context.
+
+        Raises
+        ------
+        ValueError
+            When the stream handle is not a stream the driver knows.
+        """
+        if self.ptr:
+            streams.record(self.ptr, stream)
+
+    def numpy(
+        self, dtype: Any = numpy.uint8, shape: ShapeLike | None = None, order: str = "C"
+    ) -> numpy.ndarray:
+        """A numpy view of the block (same address); ``shape`` defaults to as many as fit."""
+        dt = numpy.dtype(dtype)
+        if shape is None:
+            shape = (self.size // dt.itemsize,)
+        return numpy.ndarray(
+            shapes.shape(shape), dt, buffer=shapes.as_buffer(self), order=shapes.order(order)
+        )
+
+    def as_torch(self, dtype: Any = None, shape: ShapeLike | None = None) -> Any:
+        """A torch CPU tensor on the block (same address, ``is_pinned()`` True).
+
+        ``dtype``: a ``torch.dtype`` (default ``torch.uint8``); ``shape``:
+        default as many elements as fit.
+        """
+        import torch
+
+        # a legacy capsule with kDLCPU: what every torch version takes
+        t = torch.utils.dlpack.from_dlpack(self.__dlpack__(dl_device=(1, 0)))
+        if dtype is not None and dtype != torch.uint8:
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            t = t[: self.size - self.size % itemsize].view(dtype)
+        return t if shape is None else t.reshape(shapes.shape(shape))
+
+    def __repr__(self) -> str:
+        return f"<bridge.PinnedBuffer 0x{self.ptr:x}, {self.size} bytes>"
+
+
+def pinned_buffer(nbytes: int) -> PinnedBuffer:
+    """A block of pinned host memory from the pool.
+
+    Parameters
+    ----------
+    nbytes : int
+        Bytes (>= 0).  The block is rounded up to a size class (4 KiB, then
+        at most 12.5 %); ``size`` reports ``nbytes``.
+
+    Returns
+    -------
+    PinnedBuffer
+
+    Raises
+    ------
+    bridge.OutOfMemoryError
+        Past the pinned limit (``BRIDGE_PINNED_MEMORY_LIMIT``,
+        :meth:`PinnedPool.set_limit`) or when the system cannot pin more.
+    ValueError
+        For a negative or non-integer size.
+    BridgeError
+        When there is no CUDA driver or device.
+    """
+    backend.ensure()
+    size = shapes.nbytes(nbytes)
+    rc, buf = core.pinned_alloc(PinnedBuffer, size)
+    if rc:
+        backend.raise_alloc(rc, size)
+    return buf
+
+
+def empty_pinned(shape: ShapeLike, dtype: Any = float, order: str = "C") -> numpy.ndarray:
+    """A numpy array in pinned host memory from the pool, uninitialized (cupyx.empty_pinned).
+
+    Parameters
+    ----------
+    shape : int or sequence of int
+    dtype : numpy dtype-like
+    order : {"C", "F"}
+
+    Returns
+    -------
+    numpy.ndarray
+        Its memory is a :class:`PinnedBuffer` (``array.base``), returned to
+        the pool when the array and every view of it are gone.
+
+    Raises
+    ------
+    bridge.OutOfMemoryError, ValueError, BridgeError
+        As :func:`pinned_buffer`.
+    """
+    dims = shapes.shape(shape)
+    dt = numpy.dtype(dtype)
+    order = shapes.order(order)
+    buf = pinned_buffer(math.prod(dims) * dt.itemsize)
+    return numpy.ndarray(dims, dt, buffer=shapes.as_buffer(buf), order=order)
+
+
+def zeros_pinned(shape: ShapeLike, dtype: Any = float, order: str = "C") -> numpy.ndarray:
+    """As :func:`empty_pinned`, filled with zeros (cupyx.zeros_pinned)."""
+    dims = shapes.shape(shape)
+    dt = numpy.dtype(dtype)
+    order = shapes.order(order)
+    buf = pinned_buffer(math.prod(dims) * dt.itemsize)
+    if buf.size:
+        numpy.frombuffer(shapes.as_buffer(buf), numpy.uint8).fill(0)
+    return numpy.ndarray(dims, dt, buffer=shapes.as_buffer(buf), order=order)
+
+
+def pinned_record(obj: Any, stream: Any) -> None:
+    """Keep the pinned block holding ``obj`` from reuse until ``stream``'s queued work completed.
+
+    Parameters
+    ----------
+    obj : PinnedBuffer, numpy.ndarray, torch.Tensor, jax.Array, cupy PinnedMemoryPointer or int
+        Anything whose memory is in a block lent by the pool (a view or
+        slice of it is enough), or an address in one.
+    stream : int, torch.cuda.Stream, cupy.cuda.Stream or any object with ``__cuda_stream__``
+        The stream an asynchronous copy of that memory was enqueued on.
+
+    Raises
+    ------
+    ValueError
+        When the memory is not from the pool, or the stream is unknown to the driver.
+    TypeError
+        When neither the address nor the stream can be read from the objects.
+    """
+    backend.ensure()
+    if getattr(obj, "nbytes", None) == 0:
+        return  # an empty view: no memory to protect
+    addr = streams.address(obj)
+    if addr:
+        streams.record(addr, stream)
