@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-__all__ = ["BridgeError", "OutOfMemoryError", "Status", "check", "format_bytes"]
+__all__ = [
+    "BridgeError",
+    "OutOfMemoryError",
+    "Status",
+    "check",
+    "format_bytes",
+    "oom_message",
+    "set_figures",
+]
 
 import enum
+from collections.abc import Callable
+from typing import Any
 
 
 class BridgeError(RuntimeError):
@@ -61,6 +71,7 @@ class Status(enum.IntEnum):
     INVALID = 7
     TAG_LIMIT = 8
     NOTINIT = 9
+    FORKED = 10
 
 
 OOM_STATUSES = frozenset({Status.BUDGET, Status.OOM, Status.TAG_LIMIT})
@@ -107,6 +118,13 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
             f"{what}: no such CUDA device{where}, or it is not set up. "
             "Pass a device between 0 and the number of visible GPUs minus one."
         )
+    if rc == Status.FORKED:
+        raise BridgeError(
+            f"{what}: this process was forked from one that had started CUDA, and CUDA cannot "
+            "be used in a forked child. Start workers with the 'spawn' method "
+            "(multiprocessing.set_start_method('spawn'), or DataLoader(multiprocessing_context="
+            "'spawn')), or allocate GPU and pinned memory in the parent."
+        )
     if rc == Status.NOTINIT:
         raise BridgeError(f"{what}: the CUDA driver is not loaded yet; call bridge.unify() first.")
     if rc == Status.INVALID:
@@ -116,21 +134,33 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
     raise BridgeError(f"{what}{where}: core status {rc}")
 
 
+# How an OOM message learns what a device holds: bridge.pool imports this module,
+# so this module cannot import bridge.pool; pool hands its snapshot function in
+# when it is imported (set_figures), and a message without it says "unknown".
+_figures: Callable[[int], Any] | None = None
+
+
+def set_figures(fn: Callable[[int], Any] | None) -> None:
+    """Where :func:`oom_message` reads a device's figures: ``fn(device)`` -> ``bridge.Stats``."""
+    global _figures
+    _figures = fn
+
+
 def oom_message(device: int, size: int, rc: int, *, framework: str) -> str:
     """The text every OOM carries: device, request, budget, each framework's bytes."""
-    from bridge.pool import stats
-
     try:
-        s = stats(device)
+        if _figures is None:
+            raise LookupError("no figures")
+        s = _figures(device)
         held = ", ".join(f"{k} {format_bytes(v)}" for k, v in s.by_framework.items())
         budget = format_bytes(s.limit) if s.limit else "none"
         tail = f"pool reserved {format_bytes(s.reserved)} of {format_bytes(s.total)}"
-        torch_cap = s.tags[2]["limit"] if len(s.tags) > 2 else 0
+        cap = next((t["limit"] for t in s.tags if t.get("name") == framework), 0)
     except Exception:  # noqa: BLE001 - the message must not fail
-        held, budget, tail, torch_cap = "unknown", "unknown", "", 0
+        held, budget, tail, cap = "unknown", "unknown", "", 0
     if rc == Status.TAG_LIMIT:
         why = (
-            f"{framework}'s share is capped at {format_bytes(torch_cap)} "
+            f"{framework}'s share is capped at {format_bytes(cap)} "
             "(torch.cuda.set_per_process_memory_fraction)"
         )
     elif rc == Status.BUDGET:

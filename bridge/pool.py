@@ -9,16 +9,20 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from bridge import _runtime
+from bridge import _errors, _runtime
 from bridge._errors import check, format_bytes
 from bridge._runtime import core
-from bridge.budget import limit_from
+from bridge.budget import DEVICE_MEMORY, limit_from, warn_if_above
 
 if TYPE_CHECKING:
     from bridge._core import RawStats
 
 FRAMEWORKS = ("cupy", "torch", "jax", "other")
-_TAG_NAMES = ("other", "cupy", "torch")
+# the ledger's tags (bridge.h), by index: what each framework's bytes are counted under
+_TAG_NAMES = {core.TAG_OTHER: "other", core.TAG_CUPY: "cupy", core.TAG_TORCH: "torch"}
+
+# cuMemPoolGetAttribute's CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (the driver API's enum)
+POOL_ATTR_RELEASE_THRESHOLD = 4
 
 # name -> fn(device) giving that framework's live bytes outside the ledger
 # (JAX's memory_stats), or None when it cannot tell.
@@ -138,10 +142,10 @@ def _snapshot(device: int) -> Stats:
             jax = outside
     jax = min(int(jax or 0), outside)
     by = {
-        "cupy": int(tags[1]["current"]),
-        "torch": int(tags[2]["current"]),
+        "cupy": int(tags[core.TAG_CUPY]["current"]),
+        "torch": int(tags[core.TAG_TORCH]["current"]),
         "jax": jax,
-        "other": int(tags[0]["current"]) + max(0, outside - jax),
+        "other": int(tags[core.TAG_OTHER]["current"]) + max(0, outside - jax),
     }
     return Stats(
         device=device,
@@ -161,7 +165,7 @@ def _snapshot(device: int) -> Stats:
         num_retries=raw["num_retries"],
         num_bad_frees=raw["num_bad_frees"],
         num_driver_errors=raw["num_driver_errors"],
-        tags=tuple(dict(t, name=n) for n, t in zip(_TAG_NAMES, tags, strict=True)),
+        tags=tuple(dict(t, name=_TAG_NAMES[i]) for i, t in enumerate(tags)),
     )
 
 
@@ -223,9 +227,15 @@ class Pool:
         Parameters
         ----------
         size : int or str, optional
-            Bytes, or a size such as ``"40GiB"``.
+            Bytes, or a size such as ``"40GiB"``, ``"80%"`` or ``"0.8"`` (of
+            the device's memory).
         fraction : float, optional
             Fraction of the device's memory, in [0, 1].
+
+        Warns
+        -----
+        UserWarning
+            When the budget is larger than the device's memory (it limits nothing).
 
         Raises
         ------
@@ -233,8 +243,10 @@ class Pool:
             When both are given, or either is out of range. 0 or neither
             removes the limit.
         """
-        limit = limit_from(size, fraction, total=int(_raw(self._device)["total"]))
+        total = int(_raw(self._device)["total"])
+        limit = limit_from(size, fraction, total=total)
         check(core.set_limit(self._device, limit), what="setting the budget", device=self._device)
+        warn_if_above(limit, total, name=f"bridge.pool({self._device}).set_limit", of=DEVICE_MEMORY)
 
     def get_limit(self) -> int:
         """The budget in bytes; 0 = no limit."""
@@ -251,7 +263,7 @@ class Pool:
     @property
     def release_threshold(self) -> int:
         """The pool's release threshold as the driver reports it."""
-        rc, v = core.pool_attribute(self._device, 4)
+        rc, v = core.pool_attribute(self._device, POOL_ATTR_RELEASE_THRESHOLD)
         check(rc, what="reading the release threshold", device=self._device)
         return int(v)
 
@@ -275,3 +287,7 @@ def pool(device: int | None = None) -> Pool:
     if p is None:
         p = _pools.setdefault(d, Pool(d))
     return p
+
+
+# OOM messages (bridge._errors.oom_message) read a device's figures from here.
+_errors.set_figures(stats)

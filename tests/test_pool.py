@@ -100,13 +100,28 @@ def test_set_limit_by_size(sd):
     assert p.get_limit() == GIB
     p.set_limit(size="512MiB")
     assert p.get_limit() == 512 * MIB
-    p.set_limit(size="40GB")
-    assert p.get_limit() == 40 * 1000**3
+    p.set_limit(size="4GB")
+    assert p.get_limit() == 4 * 1000**3
+    p.set_limit(size="0.5")  # a fraction written as text
+    assert p.get_limit() == TOTAL // 2
     p.set_limit(size="25%")
     assert p.get_limit() == TOTAL // 4
     p.set_limit(GIB)  # positional: size
     assert p.get_limit() == GIB
     assert bridge.stats(0).limit == GIB
+
+
+def test_a_budget_above_the_device_warns_naming_both_sizes(sd):
+    p = bridge.pool(0)
+    with pytest.warns(UserWarning) as record:
+        p.set_limit(size="40GB")  # the stand-in's devices have 16 GiB
+    msg = str(record[0].message)
+    assert msg.startswith("bridge.pool(0).set_limit: a limit of 37.25 GiB (40000000000 bytes)")
+    assert "larger than the device's memory (16.00 GiB, 17179869184 bytes)" in msg
+    assert "limits nothing" in msg
+    assert record[0].filename == __file__  # it points at the call
+    assert p.get_limit() == 40 * 1000**3  # applied all the same
+    p.set_limit(0)
 
 
 def test_set_limit_by_fraction(sd):
@@ -320,3 +335,42 @@ def test_pool_stats_matches_bridge_stats(sd):
     assert bridge.stats(1).by_framework["cupy"] == 2 * MIB
     assert bridge.stats(0).by_framework["cupy"] == 0
     sd.free(a)
+
+
+# ---- the figures an OOM message carries ----
+def test_oom_message_carries_the_pools_figures(sd):
+    from bridge._errors import oom_message
+
+    sd.alloc(3 * MIB, core.TAG_CUPY)
+    sd.alloc(5 * MIB, core.TAG_TORCH)
+    bridge.pool(0).set_limit(size=GIB)
+    try:
+        msg = oom_message(0, 2 * GIB, Status.BUDGET, framework="cupy")
+    finally:
+        bridge.pool(0).set_limit(0)
+    assert msg.startswith("Out of memory allocating 2,147,483,648 bytes (2.00 GiB) for cupy")
+    assert "on device 0: the bridge budget is 1.00 GiB" in msg
+    assert "In use: cupy 3.00 MiB, torch 5.00 MiB, jax 0 B, other 0 B" in msg
+    assert "of 16.00 GiB" in msg and "raise the budget" in msg
+
+
+def test_oom_message_names_the_frameworks_own_cap(sd):
+    from bridge._errors import oom_message
+
+    assert core.set_tag_limit(0, core.TAG_TORCH, 64 * MIB) == Status.OK
+    try:
+        msg = oom_message(0, GIB, Status.TAG_LIMIT, framework="torch")
+    finally:
+        core.set_tag_limit(0, core.TAG_TORCH, 0)
+    assert "torch's share is capped at 64.00 MiB" in msg
+
+
+def test_oom_message_never_fails(sd, monkeypatch):
+    from bridge import _errors
+
+    def broken(device):
+        raise RuntimeError("no figures today")
+
+    monkeypatch.setattr(_errors, "_figures", broken)
+    msg = _errors.oom_message(0, MIB, Status.OOM, framework="cupy")
+    assert "the device is full (bridge budget unknown)" in msg and "In use: unknown" in msg
