@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridge._errors import BridgeError, OutOfMemoryError
+from bridge._version import __version__
 from bridge.budget import parse_size
 from bridge.pool import Pool, Stats, pool, stats
 from bridge.recovery import on_pressure, remove_pressure_callback
@@ -36,9 +37,8 @@ __all__ = [
     "PinnedBuffer",
     "PinnedPool",
     "record",
+    "__version__",
 ]
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
