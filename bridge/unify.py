@@ -5,14 +5,16 @@ from __future__ import annotations
 __all__ = ["Bridge", "unify", "current"]
 
 import importlib
+import importlib.util
 import threading
+import warnings
 from collections.abc import Iterable
 from types import ModuleType
 
 from bridge import _runtime, recovery
-from bridge._errors import BridgeError, check
+from bridge._errors import BridgeError, check, format_bytes
 from bridge._runtime import core
-from bridge.budget import SizeLike, parse_size
+from bridge.budget import DEVICE_MEMORY, SizeLike, parse_size, warn_if_above
 from bridge.pool import Pool, Stats, pool, stats
 
 ORDER = ("jax", "torch", "cupy")  # JAX first: its environment must precede its backend
@@ -83,41 +85,65 @@ def unify(
         Frameworks to put on the shared pool.
     budget : int, float, str or None
         Per device. ``None``: ``BRIDGE_GPU_MEMORY_LIMIT`` if set, else no limit
-        (or the limit set earlier). ``int`` bytes; ``float`` in (0, 1] =
-        fraction of the device's memory; ``str`` such as ``"80%"``,
-        ``"40GiB"``, ``"512MiB"``, ``"40GB"``.
+        (or the limit set earlier). ``int`` bytes; ``float`` in (0, 1] (or
+        the same written as text, ``"0.8"``) = fraction of the device's
+        memory; ``str`` such as ``"80%"``, ``"40GiB"``, ``"512MiB"``, ``"40GB"``.
     device : int, list of int, or None
         Devices to set up; every visible device when None.
     release_threshold : int, str or None
-        Idle bytes each pool keeps across synchronizations; default: all of
-        them (memory stays in the shared pool until ``free_all_blocks``).
+        Idle bytes each pool keeps across synchronizations (bytes or a size
+        with a unit, no percentage); default: all of them (memory stays in
+        the shared pool until ``free_all_blocks``).
     peer_access : bool
         With several devices, let each device's kernels read the others'
         pool memory (as torch does when peer access is enabled).
-    jax_memory : int, str or None
-        A hard partition for JAX: its own capped arena of this size instead of
-        the shared pool, and the budget reduced by it. Default: JAX shares the
-        pool (see bridge.adapters.jax for the trade-off).
+    jax_memory : int, float, str or None
+        A hard partition for JAX: its own capped arena of this size (or share
+        of the device) instead of the shared pool, and the budget reduced by
+        it. Default: JAX shares the pool (see bridge.adapters.jax for the
+        trade-off).
 
     Returns
     -------
     Bridge
-        The same object on every call.
+        The same object on every call. The same arguments again change
+        nothing; a later call may add frameworks and devices.
+
+    Warns
+    -----
+    UserWarning
+        When this call changes a budget that an earlier call set (naming the
+        device and both budgets: the new one applies), or the budget is
+        larger than a device's memory. ``bridge.pool(d).set_limit(...)`` is
+        the way to change a budget deliberately.
 
     Raises
     ------
     ValueError
-        For a bad budget, device or flag; nothing has changed then.
+        For a bad budget, device, threshold, JAX partition or flag. Every
+        argument is checked before anything changes: after a ValueError the
+        process is as it was (no Bridge, no budget, no framework).
     BridgeError
-        When a framework has already started its own allocator (torch's CUDA
-        allocator, JAX's GPU backend), is not installed, or there is no CUDA
-        driver or device.
+        When frameworks are not installed (all of them named at once), a
+        framework has already started its own allocator (torch's CUDA
+        allocator, JAX's GPU backend), or there is no CUDA driver or device.
+        A framework that refuses leaves the budget and the bridge as they were
+        before the call; frameworks installed before it stay installed.
     """
     global _bridge
     flags = {"cupy": _flag("cupy", cupy), "torch": _flag("torch", torch), "jax": _flag("jax", jax)}
     _flag("peer_access", peer_access)
-    if budget is not None:
-        parse_size(budget, total=1 << 40, name="budget")  # reject bad input before any change
+    # reject bad input before any change, and before the driver is needed
+    for name, value, of in (
+        ("budget", budget, DEVICE_MEMORY),
+        ("release_threshold", release_threshold, None),
+        ("jax_memory", jax_memory, DEVICE_MEMORY),
+    ):
+        parse_size(value, total=1 << 40, name=name, of=of)
+    if jax_memory is not None and not flags["jax"]:
+        raise ValueError(
+            f"jax_memory={jax_memory!r} is a partition for JAX: pass jax=True with it, or drop it"
+        )
     with _lock:
         devices = _runtime.resolve_devices(device)
         for d in devices:
@@ -133,52 +159,158 @@ def unify(
         )
         if b._args == args:
             return b
+        # every figure from every argument, still without changing anything
+        totals = {d: _total(d) for d in devices}
         limits = {}
         if budget is not None:
-            for d in devices:
-                rc, raw = core.stats(d)
-                check(rc, what="reading the device", device=d)
-                limits[d] = parse_size(budget, total=raw["total"], name="budget") or 0
+            limits = {d: parse_size(budget, total=t, name="budget") or 0 for d, t in totals.items()}
+        threshold = None
         if release_threshold is not None:
-            _runtime.set_release_threshold(
-                parse_size(release_threshold, total=None, name="release_threshold") or 0
-            )
+            threshold = parse_size(release_threshold, name="release_threshold", of=None) or 0
+        partition = None
+        if jax_memory is not None:
+            partition = _partition(jax_memory, totals)
+        adapters = _adapters([n for n in ORDER if flags[n] and n not in b.frameworks])
+
+        # now change things; a framework that refuses puts back what this call changed
+        before = {d: _limit(d) for d in limits}
+        old_threshold = _runtime.release_threshold()
+        if threshold is not None:
+            _runtime.set_release_threshold(threshold)
         for d, limit in limits.items():
             check(core.set_limit(d, limit), what="setting the budget", device=d)
         if peer_access and len(devices) > 1:
             for d in devices:
                 check(core.grant_peer_access(d)[0], what="granting peer access", device=d)
-        b.devices = tuple(sorted(set(b.devices) | set(devices)))
         recovery.install()
-        _bridge = b
-        for name in ORDER:
-            if flags[name] and name not in b.frameworks:
-                adapter = _adapter(name)
-                try:  # an adapter imports its framework lazily, in install()
-                    if name == "jax" and jax_memory is not None:
-                        total = core.stats(b.devices[0])[1]["total"]
-                        adapter.install(
-                            b.devices,
-                            partition=parse_size(jax_memory, total=total, name="jax_memory"),
-                        )
-                    else:
-                        adapter.install(b.devices)
-                except ImportError as exc:
-                    raise _not_installed(name, exc) from exc
-                b.frameworks = b.frameworks | {name}
+        installed = []
+        try:
+            for name, adapter in adapters:
+                if name == "jax" and partition is not None:
+                    adapter.install(sorted(set(b.devices) | set(devices)), partition=partition)
+                else:
+                    adapter.install(sorted(set(b.devices) | set(devices)))
+                installed.append(name)
+        except BaseException:
+            if not installed:  # nothing of this call stays: put the budget back
+                for d, limit in before.items():
+                    core.set_limit(d, limit)
+                if threshold is not None:
+                    _runtime.set_release_threshold(old_threshold)
+                raise
+            _record(b, devices, installed)
+            raise
+        earlier = b.devices if b._args is not None else None
+        _record(b, devices, installed)
         b._args = args
+        _say_what_changed(budget, before, limits, totals, earlier)
         return b
 
 
+def _record(b: Bridge, devices: list[int], installed: list[str]) -> None:
+    """Make ``b`` the bridge, with the devices and frameworks this call set up."""
+    global _bridge
+    b.devices = tuple(sorted(set(b.devices) | set(devices)))
+    b.frameworks = b.frameworks | set(installed)
+    _bridge = b
+
+
+def _total(device: int) -> int:
+    rc, raw = core.stats(device)
+    check(rc, what="reading the device", device=device)
+    return int(raw["total"])
+
+
+def _limit(device: int) -> int:
+    rc, raw = core.stats(device)
+    check(rc, what="reading the budget", device=device)
+    return int(raw["limit"])
+
+
+def _partition(jax_memory: SizeLike, totals: dict[int, int]) -> int:
+    """JAX's partition in bytes, below every device's memory."""
+    partition = min(
+        parse_size(jax_memory, total=t, name="jax_memory") or 0 for t in totals.values()
+    )
+    small = min(totals.values())
+    if not 0 < partition < small:
+        raise ValueError(
+            f"jax_memory={jax_memory!r} is {format_bytes(partition)}: a partition for JAX must be "
+            f"more than 0 and below the device's memory ({format_bytes(small)}). Pass a smaller "
+            "size or a share such as '25%', or leave jax_memory out to let JAX share the pool."
+        )
+    return partition
+
+
+def _say_what_changed(
+    budget: SizeLike,
+    before: dict[int, int],
+    limits: dict[int, int],
+    totals: dict[int, int],
+    earlier: tuple[int, ...] | None,
+) -> None:
+    """Warn when this call changed the budget of a device an earlier call set up, and
+    about budgets larger than a device."""
+    changed = [
+        (d, before[d], new)
+        for d, new in limits.items()
+        if earlier is not None and d in earlier and before[d] != new
+    ]
+    if changed:
+        what = "; ".join(
+            f"device {d}: {_budget_text(old)} -> {_budget_text(new)}" for d, old, new in changed
+        )
+        warnings.warn(
+            f"bridge.unify(budget={budget!r}) changed the budget an earlier call left in place "
+            f"({what}); the new budget applies. To change a budget deliberately, call "
+            "bridge.pool(device).set_limit(...); to keep it, call unify() again with the same "
+            "budget or none.",
+            UserWarning,
+            stacklevel=3,
+        )
+    above: dict[tuple[int, int], list[int]] = {}  # (limit, total) -> devices
+    for d, limit in limits.items():
+        above.setdefault((limit, totals[d]), []).append(d)
+    for (limit, total), devs in above.items():
+        where = f"device {devs[0]}" if len(devs) == 1 else f"devices {devs}"
+        warn_if_above(
+            limit, total, name=f"budget={budget!r} on {where}", of=DEVICE_MEMORY, stacklevel=3
+        )
+
+
+def _budget_text(limit: int) -> str:
+    return format_bytes(limit) if limit else "no limit"
+
+
 def _adapter(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(f"bridge.adapters.{name}")
-    except ImportError as exc:  # the framework itself is missing
-        raise _not_installed(name, exc) from exc
+    """The adapter module of a framework; ImportError when the framework is missing."""
+    if name == "jax" and importlib.util.find_spec("jax") is None:  # its adapter imports it late
+        raise ModuleNotFoundError("No module named 'jax'", name="jax")
+    return importlib.import_module(f"bridge.adapters.{name}")
 
 
-def _not_installed(name: str, exc: ImportError) -> BridgeError:
+def _adapters(names: list[str]) -> list[tuple[str, ModuleType]]:
+    """The adapters of these frameworks, in order; BridgeError naming every missing one."""
+    found, missing = [], {}
+    for name in names:
+        try:
+            found.append((name, _adapter(name)))
+        except ImportError as exc:  # the framework itself is missing
+            missing[name] = exc
+    if missing:
+        raise _not_installed(missing)
+    return found
+
+
+def _not_installed(missing: dict[str, ImportError]) -> BridgeError:
+    names = list(missing)
+    listed = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    verb = "is" if len(names) == 1 else "are"
+    why = "; ".join(str(exc) for exc in missing.values())
+    calls = ", ".join(f"{n}=True" for n in names)
+    offs = ", ".join(f"{n}=False" for n in names)
     return BridgeError(
-        f"bridge.unify({name}=True): {name} is not installed ({exc}). Install it "
-        f"(pip install 'bridge[{name}]') or pass {name}=False."
+        f"bridge.unify({calls}): {listed} {verb} not installed ({why}). Install "
+        f"{'it' if len(names) == 1 else 'them'} (pip install 'bridge[{','.join(names)}]') "
+        f"or pass {offs}."
     )

@@ -8,12 +8,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 
 import bridge
 from bridge._errors import BridgeError, Status
-from bridge._runtime import core
+from bridge._runtime import MAX_THRESHOLD, core
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -88,8 +89,9 @@ def test_returns_the_same_object_on_repeat(fresh):
     assert unify_mod.current() is b
     assert b.devices == (0, 1)  # every visible device
     assert b.frameworks == frozenset()
-    # other arguments: still the same object, updated
-    assert bridge.unify(cupy=False, torch=False, budget="1GiB") is b
+    # other arguments: still the same object, updated (and it says what it changed)
+    with pytest.warns(UserWarning, match="changed the budget"):
+        assert bridge.unify(cupy=False, torch=False, budget="1GiB") is b
     assert "frameworks=[none]" in repr(b)
 
 
@@ -107,23 +109,38 @@ def test_budget_is_applied_per_device(fresh):
     [
         (123456789, 123456789),
         (0.25, TOTAL // 4),
+        ("0.25", TOTAL // 4),
         ("50%", TOTAL // 2),
         ("512MiB", 512 * MIB),
-        ("40GB", 40 * 1000**3),
+        ("4GB", 4 * 1000**3),
         ("1073741824", GIB),
         (0, 0),
     ],
 )
 def test_budget_forms(fresh, budget, expected):
-    bridge.unify(cupy=False, torch=False, budget=budget)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # none of these is above the device
+        bridge.unify(cupy=False, torch=False, budget=budget)
     assert limits() == (expected, expected)
+
+
+def test_a_budget_above_the_device_warns_naming_both_sizes(fresh):
+    with pytest.warns(UserWarning) as record:
+        bridge.unify(cupy=False, torch=False, budget="40GB")
+    assert len(record) == 1  # one warning for the two same-sized devices
+    msg = str(record[0].message)
+    assert msg.startswith("budget='40GB' on devices [0, 1]: a limit of 37.25 GiB")
+    assert "larger than the device's memory (16.00 GiB, 17179869184 bytes)" in msg
+    assert record[0].filename == __file__
+    assert limits() == (40 * 1000**3, 40 * 1000**3)  # applied all the same
 
 
 def test_budget_for_chosen_devices_only(fresh):
     b = bridge.unify(cupy=False, torch=False, budget="2GiB", device=1)
     assert b.devices == (1,)
     assert limits() == (0, 2 * GIB)
-    b2 = bridge.unify(cupy=False, torch=False, budget="3GiB", device=[1, 0, 1])
+    with pytest.warns(UserWarning, match=r"device 1: 2\.00 GiB -> 3\.00 GiB\)"):
+        b2 = bridge.unify(cupy=False, torch=False, budget="3GiB", device=[1, 0, 1])
     assert b2 is b
     assert b.devices == (0, 1)
     assert limits() == (3 * GIB, 3 * GIB)
@@ -138,8 +155,36 @@ def test_no_budget_keeps_the_limit_set_earlier(fresh):
 def test_same_arguments_change_nothing(fresh):
     b = bridge.unify(cupy=False, torch=False, budget="1GiB")
     bridge.pool(0).set_limit(size="3GiB")  # the user changed it since
-    assert bridge.unify(cupy=False, torch=False, budget="1GiB") is b
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert bridge.unify(cupy=False, torch=False, budget="1GiB") is b
     assert limits() == (3 * GIB, GIB)
+
+
+def test_a_second_budget_applies_and_says_so(fresh):
+    b = bridge.unify(cupy=False, torch=False, budget="1GiB")
+    with pytest.warns(UserWarning) as record:
+        assert bridge.unify(cupy=False, torch=False, budget="2GiB") is b
+    assert limits() == (2 * GIB, 2 * GIB)  # the new budget applies
+    msg = str(record[0].message)
+    assert msg.startswith("bridge.unify(budget='2GiB') changed the budget")
+    assert "device 0: 1.00 GiB -> 2.00 GiB; device 1: 1.00 GiB -> 2.00 GiB" in msg
+    assert "bridge.pool(device).set_limit(...)" in msg  # the deliberate way
+    assert record[0].filename == __file__
+    # no budget: the one in place stays, without a word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bridge.unify(cupy=False, torch=False, budget=None)
+        bridge.unify(cupy=False, torch=False, budget="2GiB", peer_access=False)  # no change
+    assert limits() == (2 * GIB, 2 * GIB)
+
+
+def test_the_first_budget_replaces_the_environments_without_a_word(fresh):
+    bridge.pool(0).set_limit(size="5GiB")  # as BRIDGE_GPU_MEMORY_LIMIT would
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bridge.unify(cupy=False, torch=False, budget="1GiB")
+    assert limits() == (GIB, GIB)
 
 
 def test_budget_from_the_environment_when_none_given(standin, monkeypatch):
@@ -182,6 +227,42 @@ def test_bad_budget_after_a_good_call_keeps_the_bridge(fresh):
     assert limits() == (GIB, GIB)
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(jax=True, jax_memory="abc"), "jax_memory='abc'"),
+        (dict(jax=True, jax_memory="150%"), "jax_memory='150%'"),
+        (dict(jax=True, jax_memory="20GiB"), "below the device's memory"),  # 16 GiB here
+        (dict(jax=True, jax_memory=0), "more than 0"),
+        (dict(jax=False, jax_memory="1GiB"), "pass jax=True with it"),
+        (dict(release_threshold="50%"), "takes bytes, not a percentage"),
+        (dict(release_threshold="lots"), "release_threshold='lots'"),
+    ],
+)
+def test_every_argument_is_checked_before_anything_changes(fake_adapters, kwargs, match):
+    bridge.pool(0).set_limit(size=7 * MIB)
+    threshold = bridge.stats(0).release_threshold
+    with pytest.raises(ValueError, match=match):
+        bridge.unify(cupy=True, torch=True, budget="1GiB", **kwargs)
+    assert unify_mod.current() is None  # no Bridge left behind
+    assert fake_adapters == []  # no framework installed
+    assert limits() == (7 * MIB, 0)  # no budget
+    assert bridge.stats(0).release_threshold == threshold
+
+
+def test_a_framework_that_refuses_puts_the_budget_back(fresh, monkeypatch):
+    class TooLate:
+        def install(self, devices, **kw):
+            raise BridgeError("call bridge.unify(torch=True) before the first CUDA tensor")
+
+    monkeypatch.setattr(unify_mod, "_adapter", lambda name: TooLate())
+    with pytest.raises(BridgeError, match="before the first CUDA tensor"):
+        bridge.unify(cupy=False, torch=True, budget="1GiB", release_threshold="1GiB")
+    assert limits() == (0, 0)
+    assert unify_mod.current() is None
+    assert bridge.stats(0).release_threshold == MAX_THRESHOLD
+
+
 @pytest.mark.parametrize("device", [2, -1, [0, 5], True, "0", [0, "1"], 1.0])
 def test_bad_device_raises_valueerror_and_changes_nothing(fresh, device):
     with pytest.raises(ValueError, match="device"):
@@ -219,6 +300,17 @@ def test_framework_not_installed_raises_bridgeerror_saying_how_to_fix(fresh, not
     # the way out works
     b = bridge.unify(cupy=False, torch=False, jax=False)
     assert name not in b.frameworks
+
+
+def test_missing_frameworks_are_named_in_one_error(fresh, not_installed):
+    not_installed("cupy", "torch")
+    with pytest.raises(BridgeError) as info:
+        bridge.unify(cupy=True, torch=True, budget="1GiB")
+    msg = str(info.value)
+    assert msg.startswith("bridge.unify(torch=True, cupy=True): torch and cupy are not installed")
+    assert "pip install 'bridge[torch,cupy]'" in msg
+    assert "pass torch=False, cupy=False" in msg
+    assert limits() == (0, 0) and unify_mod.current() is None  # nothing changed
 
 
 def test_frameworks_are_installed_once_in_order(fake_adapters):
