@@ -59,4 +59,8 @@ def __getattr__(name: str) -> Any:
         from bridge import timeline
 
         return timeline.record
+    if name == "cli":  # bridge.cli.main(["stats"]): the command line inside a program
+        import importlib
+
+        return importlib.import_module("bridge.cli")
     raise AttributeError(f"module 'bridge' has no attribute {name!r}")

@@ -1,17 +1,35 @@
-"""``python -m bridge doctor``: what this machine offers the bridge, and what is in its way.
+# SPDX-License-Identifier: Apache-2.0
+"""``bridge doctor``: what this machine offers the bridge, and what is in its way.
 
 Nothing here imports CuPy, PyTorch or JAX: installed versions come from
 ``importlib.metadata`` and capabilities from the packages' source files, so
 that the doctor never starts a framework's CUDA runtime (which would itself
-be one of the problems it looks for).
+be one of the problems it looks for).  The driver's figures come from the
+compiled core; only GPU names and compute capabilities, which the core does
+not offer, are read from the driver library the core already loaded.
+
+A report's :attr:`Report.errors` decide the exit status of ``bridge doctor``:
+0 without errors (warnings allowed), 1 with at least one.
 """
 
 from __future__ import annotations
 
-__all__ = ["Finding", "Framework", "Report", "collect", "render", "CONFLICTING_ENV"]
+__all__ = [
+    "Finding",
+    "Framework",
+    "Report",
+    "collect",
+    "render",
+    "CONFLICTING_ENV",
+    "BRIDGE_ENV",
+    "cuda_majors",
+]
 
 import ctypes
 import dataclasses
+import difflib
+import functools
+import importlib
 import importlib.metadata as metadata
 import importlib.util
 import os
@@ -20,13 +38,23 @@ import platform
 import re
 import sys
 
-import bridge
 from bridge import _runtime
 from bridge._errors import BridgeError, format_bytes
-from bridge._runtime import core
-from bridge.budget import GPU_LIMIT_ENV, PINNED_LIMIT_ENV, parse_size
+from bridge._pinned_backend import BACKEND_ENV, BACKENDS, host_memory_total
+from bridge._runtime import CACHE_LIMIT_ENV, DRIVER_LIBRARY_ENV, core
+from bridge._version import __version__
+from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, HOST_MEMORY, PINNED_LIMIT_ENV, parse_size
 
 LEVELS = ("ok", "info", "warn", "error")
+
+# Every variable the library reads (a BRIDGE_* variable not here is a typo or a test's)
+BRIDGE_ENV = (
+    GPU_LIMIT_ENV,
+    CACHE_LIMIT_ENV,
+    PINNED_LIMIT_ENV,
+    BACKEND_ENV,
+    DRIVER_LIBRARY_ENV,
+)
 
 # Variables whose mere presence deserves a sentence: name -> (level, advice).
 CONFLICTING_ENV: dict[str, tuple[str, str]] = {
@@ -86,25 +114,47 @@ class Report:
     devices: list[dict]
     frameworks: list[Framework]
     environment: list[Finding]
+    stack: list[Finding] = dataclasses.field(default_factory=list)  # frameworks together
 
     @property
     def problems(self) -> list[Finding]:
         """Findings at level warn or error, from every section."""
-        found = [f for f in self.environment if f.level in ("warn", "error")]
-        for fw in self.frameworks:
-            found += [f for f in fw.findings if f.level in ("warn", "error")]
+        found = []
         if not self.driver["loaded"]:
             found.append(Finding("error", "driver", self.driver["error"]))
+        elif not self.devices:
+            found.append(Finding("error", "GPUs", NO_GPU))
         for dev in self.devices:
             if not dev["pools"]:
                 found.append(Finding("error", f"device {dev['index']}", dev["error"] or ""))
+        for fw in self.frameworks:
+            found += [f for f in fw.findings if f.level in ("warn", "error")]
+        found += [f for f in self.stack if f.level in ("warn", "error")]
+        found += [f for f in self.environment if f.level in ("warn", "error")]
         return found
+
+    @property
+    def errors(self) -> list[Finding]:
+        """Findings at level error: ``bridge doctor`` exits 1 when there is one."""
+        return [f for f in self.problems if f.level == "error"]
+
+    @property
+    def exit_status(self) -> int:
+        """0 without errors (warnings allowed), 1 with at least one."""
+        return 1 if self.errors else 0
 
     def as_dict(self) -> dict:
         """The report as plain data."""
         d = dataclasses.asdict(self)
         d["problems"] = [dataclasses.asdict(f) for f in self.problems]
+        d["exit_status"] = self.exit_status
         return d
+
+
+NO_GPU = (
+    "the driver loaded but sees no GPU: the bridge cannot run in this process. "
+    "Check CUDA_VISIBLE_DEVICES and `nvidia-smi`."
+)
 
 
 # ---- the driver and the GPUs ----
@@ -115,7 +165,7 @@ def _version_text(v: int) -> str:
 def _driver() -> dict:
     info = {
         "loaded": False,
-        "library": os.environ.get(_runtime.DRIVER_LIBRARY_ENV) or "libcuda.so.1",
+        "library": os.environ.get(DRIVER_LIBRARY_ENV) or "libcuda.so.1",
         "error": "",
         "version": None,
         "version_text": "",
@@ -144,13 +194,30 @@ def _driver() -> dict:
     return info
 
 
-def _driver_call(name: str, *args: object) -> int | None:
-    """Call an entry point of the loaded driver by name; its CUresult, or None."""
-    try:
-        fn = getattr(ctypes.CDLL(core.loaded_library()), name)
-    except (OSError, AttributeError):
+# The core offers no GPU name and no compute capability: these come from the
+# driver library the core loaded, looked up with RTLD_NOLOAD (a handle on the
+# library already in the process; nothing is loaded a second time).
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
+CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+
+
+@functools.cache
+def _loaded_driver() -> ctypes.CDLL | None:
+    """The driver library the core loaded, or None (never loads one)."""
+    path = core.loaded_library()
+    if not path:
         return None
-    return int(fn(*args))
+    try:
+        return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return None
+
+
+def _driver_call(name: str, *args: object) -> int | None:
+    """Call an entry point of the core's driver by name; its CUresult, or None."""
+    lib = _loaded_driver()
+    fn = getattr(lib, name, None) if lib is not None else None
+    return None if fn is None else int(fn(*args))
 
 
 def _device_name(index: int) -> tuple[str | None, str | None]:
@@ -167,8 +234,20 @@ def _device_name(index: int) -> tuple[str | None, str | None]:
     major, minor = ctypes.c_int(), ctypes.c_int()
     cc = None
     if (
-        _driver_call("cuDeviceGetAttribute", ctypes.byref(major), 75, dev) == 0
-        and _driver_call("cuDeviceGetAttribute", ctypes.byref(minor), 76, dev) == 0
+        _driver_call(
+            "cuDeviceGetAttribute",
+            ctypes.byref(major),
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            dev,
+        )
+        == 0
+        and _driver_call(
+            "cuDeviceGetAttribute",
+            ctypes.byref(minor),
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            dev,
+        )
+        == 0
         and major.value > 0
     ):
         cc = f"{major.value}.{minor.value}"
@@ -247,7 +326,7 @@ def _torch(dists: dict[str, str], driver: dict) -> Framework:
     if not fw.installed:
         return fw
     version_py = _package_file("torch", "version.py") or ""
-    cuda = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([\d.]+)['\"]", version_py, re.M)
+    cuda = _torch_cuda()
     pluggable = "CUDAPluggableAllocator" in (_package_file("torch", "cuda/memory.py") or "")
     if re.search(r"^hip\s*(?::[^=]*)?=\s*['\"]", version_py, re.M):
         fw.add(
@@ -270,10 +349,10 @@ def _torch(dists: dict[str, str], driver: dict) -> Framework:
         fw.usable = True
         fw.add(
             "ok",
-            f"CUDA {cuda.group(1)} build with CUDAPluggableAllocator; call "
+            f"CUDA {cuda} build with CUDAPluggableAllocator; call "
             "bridge.unify(torch=True) before the first CUDA tensor.",
         )
-        _cuda_major_check(fw, int(cuda.group(1).split(".")[0]), driver)
+        _cuda_major_check(fw, int(cuda.split(".")[0]), driver)
     return fw
 
 
@@ -350,81 +429,168 @@ def _cuda_python(dists: dict[str, str]) -> Framework:
     return fw
 
 
+# ---- the frameworks together ----
+def _torch_cuda() -> str | None:
+    """torch.version.cuda, read from torch/version.py without importing torch."""
+    version_py = _package_file("torch", "version.py") or ""
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([\d.]+)['\"]", version_py, re.M)
+    return m.group(1) if m else None
+
+
+_MAJOR_OF = (  # distribution name -> the CUDA major it was built for
+    (re.compile(r"cupy-cuda(\d+)x?"), lambda d: int(d[:2] if len(d) > 2 else d)),
+    (re.compile(r"jax-cuda(\d+)-(?:plugin|pjrt)"), int),
+    (re.compile(r"nvidia-.+-cu(\d+)"), int),
+)
+
+
+def cuda_majors(dists: dict[str, str], torch_cuda: str | None) -> dict[int, list[str]]:
+    """CUDA major version -> the installed packages built for it.
+
+    Parameters
+    ----------
+    dists : dict[str, str]
+        Normalized distribution name -> version (``cupy-cuda12x``,
+        ``jax-cuda13-plugin``, ``nvidia-cublas-cu12``, ...).
+    torch_cuda : str or None
+        ``torch.version.cuda`` (``"13.0"``), None for no torch or a CPU build.
+
+    Returns
+    -------
+    dict[int, list[str]]
+        Each major with what targets it; ``nvidia-*`` runtime wheels are
+        counted as one entry per major.
+    """
+    found: dict[int, list[str]] = {}
+    nvidia: dict[int, int] = {}
+    for name in sorted(dists):
+        for pattern, major_of in _MAJOR_OF:
+            m = pattern.fullmatch(name)
+            if m:
+                major = major_of(m.group(1))
+                if name.startswith("nvidia-"):
+                    nvidia[major] = nvidia.get(major, 0) + 1
+                else:
+                    found.setdefault(major, []).append(name)
+                break
+    if torch_cuda:
+        found.setdefault(int(torch_cuda.split(".")[0]), []).append(f"torch (CUDA {torch_cuda})")
+    for major, n in nvidia.items():
+        found.setdefault(major, []).append(f"nvidia-*-cu{major} ({n} package{'s' * (n > 1)})")
+    return found
+
+
+def _stack(dists: dict[str, str]) -> list[Finding]:
+    """One warning when the installed frameworks target different CUDA majors."""
+    majors = cuda_majors(dists, _torch_cuda() if "torch" in dists else None)
+    if len(majors) < 2:
+        return []
+    listed = "; ".join(f"CUDA {m}: {', '.join(who)}" for m, who in sorted(majors.items()))
+    return [
+        Finding(
+            "warn",
+            "CUDA versions",
+            f"the packages here target different CUDA major versions ({listed}): one process "
+            "would load two CUDA runtimes and their libraries, which wastes GPU memory and "
+            "can fail. Install one set: pip install 'bridge[cuda12]' or 'bridge[cuda13]' "
+            "(uninstall the other major's packages first).",
+        )
+    ]
+
+
 # ---- the environment ----
+_XLA_ADVICE = {  # what JAX would do with another value; bridge.unify(jax=True) refuses it
+    "XLA_PYTHON_CLIENT_PREALLOCATE": (
+        "JAX would reserve most of the GPU at start (0.75 of it with cuda_async) before any "
+        "other framework can use it, and bridge.unify(jax=True) refuses to start with it. "
+        "Unset it (the bridge sets {want})."
+    ),
+    "XLA_PYTHON_CLIENT_ALLOCATOR": (
+        "JAX would allocate from its own arena outside the shared pool and budget, and "
+        "bridge.unify(jax=True) refuses to start with it. Unset it (the bridge sets {want}); "
+        "bridge.unify(jax=True, jax_memory=...) gives JAX an arena of its own deliberately."
+    ),
+}
+
+
+def _jax_shared_env() -> dict[str, str]:
+    """What the JAX adapter sets (``bridge.adapters.jax.SHARED_ENV``); it imports no JAX."""
+    return dict(importlib.import_module("bridge.adapters.jax").SHARED_ENV)
+
+
+def _size_finding(
+    name: str, raw: str, total: int | None, of: str, who: str, device_totals: list[int]
+) -> Finding:
+    """The verdict on a size variable: error when the library would raise on it."""
+    try:
+        size = parse_size(raw, total=total, name=name, of=of)
+    except ValueError as exc:
+        return Finding(
+            "error", f"{name}={raw}", f"{exc} {who} raise ValueError on it: fix or unset it."
+        )
+    if name == GPU_LIMIT_ENV and device_totals and size and size > max(device_totals):
+        return Finding(
+            "warn",
+            f"{name}={raw}",
+            f"{format_bytes(size)} is above the GPUs' memory ({format_bytes(max(device_totals))}): "
+            "it limits nothing. Use a size below it or a percentage such as 90%.",
+        )
+    if name == GPU_LIMIT_ENV and device_totals:
+        what = f"a budget of {format_bytes(size)} per device" if size else "no limit"
+    elif name == CACHE_LIMIT_ENV:
+        what = f"a cache of {format_bytes(size)} per device" if size else "no cache"
+    else:
+        what = format_bytes(size) if size else "no limit"
+    return Finding("ok", f"{name}={raw}", f"valid: {what}.")
+
+
 def _environment(devices: list[dict]) -> list[Finding]:
     env = os.environ
     found = []
     for name, (level, advice) in CONFLICTING_ENV.items():
         if name in env:
             found.append(Finding(level, f"{name}={env[name]}", advice))
-    # the same rule as bridge.unify(jax=True), which refuses other values
-    pre = env.get("XLA_PYTHON_CLIENT_PREALLOCATE")
-    if pre is not None and pre.lower() != "false":
-        found.append(
-            Finding(
-                "warn",
-                f"XLA_PYTHON_CLIENT_PREALLOCATE={pre}",
-                (
-                    "JAX would reserve most of the GPU at start (0.75 of it with cuda_async) "
-                    "before any other framework can use it, and bridge.unify(jax=True) refuses "
-                    "to start with any value but false. Unset it (the bridge sets false)."
-                ),
-            )
-        )
-    alloc = env.get("XLA_PYTHON_CLIENT_ALLOCATOR")
-    if alloc is not None and alloc.lower() != "cuda_async":
-        found.append(
-            Finding(
-                "warn",
-                f"XLA_PYTHON_CLIENT_ALLOCATOR={alloc}",
-                (
-                    "JAX would allocate from its own arena outside the shared pool and budget, and "
-                    "bridge.unify(jax=True) refuses to start with it. Unset it (the bridge sets "
-                    "cuda_async); bridge.unify(jax=True, jax_memory=...) gives JAX an arena of its "
-                    "own deliberately."
-                ),
-            )
-        )
+    # the rules of the JAX adapter, which refuses other values
+    for name, want in _jax_shared_env().items():
+        have = env.get(name)
+        if have is not None and have.lower() != want:
+            found.append(Finding("warn", f"{name}={have}", _XLA_ADVICE[name].format(want=want)))
     totals = [d["total"] for d in devices if d["total"]]
-    for name in (GPU_LIMIT_ENV, PINNED_LIMIT_ENV):
+    device_total = min(totals) if totals else None
+    sizes = (
+        (GPU_LIMIT_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
+        (CACHE_LIMIT_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
+        (PINNED_LIMIT_ENV, host_memory_total(), HOST_MEMORY, "bridge's pinned-memory functions"),
+    )
+    for name, total, of, who in sizes:
         raw = env.get(name)
-        if raw is None or raw.strip() == "":
-            continue
-        total = min(totals) if totals and name == GPU_LIMIT_ENV else 1 << 40
-        try:
-            size = parse_size(raw, total=total, name=name)
-        except ValueError as exc:
-            who = (
-                "bridge.unify() and bridge.pool()"
-                if name == GPU_LIMIT_ENV
-                else "bridge's pinned-memory functions"
-            )
+        if raw is not None and raw.strip():
+            # without a GPU a share of the device is still checked for its form
+            found.append(_size_finding(name, raw, total or 1 << 40, of, who, totals))
+    backend = env.get(BACKEND_ENV)
+    if backend is not None and backend.strip():
+        if backend.strip().lower() in BACKENDS:
+            found.append(Finding("ok", f"{BACKEND_ENV}={backend}", "valid."))
+        else:
             found.append(
                 Finding(
                     "error",
-                    f"{name}={raw}",
-                    f"{exc} {who} raise ValueError on this value: fix or unset it.",
+                    f"{BACKEND_ENV}={backend}",
+                    f"not a pinned backend: use one of {', '.join(sorted(BACKENDS))}. bridge's "
+                    "pinned-memory functions raise ValueError on it: fix or unset it.",
                 )
             )
-            continue
-        if name == GPU_LIMIT_ENV and totals:
-            what = f"a budget of {format_bytes(size or 0)} per device" if size else "no limit"
-            if size and size >= max(totals):
+    for name in sorted(env):
+        if name.startswith("BRIDGE_") and name not in BRIDGE_ENV:
+            close = difflib.get_close_matches(name, BRIDGE_ENV, n=1, cutoff=0.85)
+            if close:
                 found.append(
                     Finding(
                         "warn",
-                        f"{name}={raw}",
-                        (
-                            f"{format_bytes(size)} is not below the GPUs' memory "
-                            f"({format_bytes(max(totals))}): it limits nothing. Use a size "
-                            "below it or a percentage such as 90%."
-                        ),
+                        f"{name}={env[name]}",
+                        f"bridge reads no such variable; did you mean {close[0]}?",
                     )
                 )
-                continue
-        else:
-            what = f"{format_bytes(size or 0)}" if size else "no limit"
-        found.append(Finding("ok", f"{name}={raw}", f"valid: {what}."))
     if "CUDA_VISIBLE_DEVICES" in env:
         found.append(
             Finding(
@@ -433,11 +599,11 @@ def _environment(devices: list[dict]) -> list[Finding]:
                 "only these GPUs are visible to this process.",
             )
         )
-    if env.get(_runtime.DRIVER_LIBRARY_ENV):
+    if env.get(DRIVER_LIBRARY_ENV):
         found.append(
             Finding(
                 "info",
-                f"{_runtime.DRIVER_LIBRARY_ENV}={env[_runtime.DRIVER_LIBRARY_ENV]}",
+                f"{DRIVER_LIBRARY_ENV}={env[DRIVER_LIBRARY_ENV]}",
                 "the bridge loads this library instead of libcuda.so.1.",
             )
         )
@@ -462,11 +628,12 @@ def collect() -> Report:
     ]
     return Report(
         python={"version": platform.python_version(), "executable": sys.executable},
-        bridge={"version": bridge.__version__, "path": str(pathlib.Path(bridge.__file__).parent)},
+        bridge={"version": __version__, "path": str(pathlib.Path(__file__).resolve().parent)},
         driver=driver,
         devices=devices,
         frameworks=frameworks,
         environment=_environment(devices),
+        stack=_stack(dists),
     )
 
 
@@ -475,7 +642,7 @@ def _tag(level: str) -> str:
 
 
 def render(report: Report) -> str:
-    """The report as the text ``python -m bridge doctor`` prints."""
+    """The report as the text ``bridge doctor`` prints."""
     out = [
         "bridge doctor",
         "",
@@ -493,12 +660,9 @@ def render(report: Report) -> str:
         why = f" ({drv['error']})" if drv["error"] else ""
         out.append(
             f"  GPUs: {drv['devices']}"
-            + (
-                ""
-                if drv["devices"]
-                else f" - the driver loaded but sees no GPU{why}; check CUDA_VISIBLE_DEVICES "
-                "and `nvidia-smi`."
-            )
+            if drv["devices"]
+            else f"  {_tag('error')}GPUs: 0 - the driver loaded but sees no GPU{why}; check "
+            "CUDA_VISIBLE_DEVICES and `nvidia-smi`."
         )
     else:
         out.append(f"  {_tag('error')}{drv['error']}")
@@ -520,19 +684,34 @@ def render(report: Report) -> str:
         out.append(f"  {fw.name:<12} {fw.version}" + (f" ({fw.detail})" if fw.detail else ""))
         for f in fw.findings:
             out.append(f"    {_tag(f.level)}{f.text}")
+    for f in report.stack:
+        out.append(f"  {_tag(f.level)}{f.subject}: {f.text}")
     out += ["", "Environment"]
     if not report.environment:
         out.append(f"  {_tag('ok')}no variable that concerns the bridge is set.")
     for f in report.environment:
         out.append(f"  {_tag(f.level)}{f.subject}: {f.text}")
-    problems = report.problems
-    out.append("")
-    if not drv["loaded"]:
-        out.append("Summary: no GPU stack here; the bridge cannot run on this machine.")
-    elif not report.devices:
-        out.append("Summary: the driver sees no GPU; the bridge cannot run in this process.")
-    elif problems:
-        out.append(f"Summary: {len(problems)} thing(s) to look at above ([warn], [error]).")
-    else:
-        out.append("Summary: ready; bridge.unify() can run here.")
+    out += ["", _summary(report)]
     return "\n".join(out)
+
+
+def _summary(report: Report) -> str:
+    problems = report.problems
+    if not report.driver["loaded"]:
+        head, counted = "no GPU stack here; the bridge cannot run on this machine", 1
+    elif not report.devices:
+        head, counted = "the driver sees no GPU; the bridge cannot run in this process", 1
+    else:
+        head, counted = "", 0
+    rest = len(problems) - counted
+    if head:
+        more = f"; {rest} more thing(s) to look at above ([warn], [error])" if rest else ""
+        text = f"Summary: {head}{more}."
+    elif problems:
+        text = f"Summary: {len(problems)} thing(s) to look at above ([warn], [error])."
+    else:
+        text = "Summary: ready; bridge.unify() can run here."
+    n = len(report.errors)
+    if n:
+        text += f" Exit status 1: {n} error(s) reported."
+    return text

@@ -1,4 +1,4 @@
-"""python -m bridge doctor / stats, on the stand-in driver and without any driver."""
+"""bridge doctor / stats (bridge.cli), on the stand-in driver and without any driver."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,8 +15,8 @@ import pytest
 
 import bridge
 from bridge import _doctor
-from bridge.__main__ import COLUMNS, main
 from bridge._errors import format_bytes
+from bridge.cli import COLUMNS, main
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -28,6 +29,8 @@ CONFLICTING = (
     "CUPY_GPU_MEMORY_LIMIT",
     "BRIDGE_GPU_MEMORY_LIMIT",
     "BRIDGE_PINNED_MEMORY_LIMIT",
+    "BRIDGE_CACHE_LIMIT",
+    "BRIDGE_PINNED_BACKEND",
 )
 
 
@@ -99,13 +102,34 @@ def test_doctor_json_matches_the_core(standin, clean_env):
     assert doc["bridge"]["version"] == bridge.__version__
 
 
-def test_doctor_without_a_driver_exits_0_and_says_so():
+def test_doctor_without_a_driver_exits_1_and_says_so():
     r = run_cli("doctor", env={"BRIDGE_CUDA_LIBRARY": "/nonexistent"})
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stdout + r.stderr
     assert "no usable CUDA driver" in r.stdout and "/nonexistent" in r.stdout
-    assert "Summary: no GPU stack here" in r.stdout
+    last = r.stdout.strip().splitlines()[-1]
+    assert last == (
+        "Summary: no GPU stack here; the bridge cannot run on this machine. "
+        "Exit status 1: 1 error(s) reported."
+    )
     assert "Frameworks" in r.stdout  # the rest of the report still runs
+
+
+def test_doctor_without_a_driver_still_counts_a_bad_variable():
+    env = {"BRIDGE_CUDA_LIBRARY": "/nonexistent", "BRIDGE_CACHE_LIMIT": "abc"}
+    r = run_cli("doctor", env=env)
+    assert r.returncode == 1
+    line = next(ln for ln in r.stdout.splitlines() if "BRIDGE_CACHE_LIMIT=abc" in ln)
+    assert line.lstrip().startswith("[error]") and "fix or unset it" in line
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith(
+        "Summary: no GPU stack here; the bridge cannot run on this machine; "
+        "1 more thing(s) to look at above ([warn], [error])."
+    )
+    assert last.endswith("Exit status 1: 2 error(s) reported.")
+    doc = json.loads(run_cli("doctor", "--json", env=env).stdout)
+    assert doc["exit_status"] == 1
+    assert [p["subject"] for p in doc["problems"]] == ["driver", "BRIDGE_CACHE_LIMIT=abc"]
 
 
 def test_doctor_in_a_subprocess_on_the_standin(standin):
@@ -118,8 +142,9 @@ def test_doctor_in_a_subprocess_on_the_standin(standin):
 def test_doctor_and_stats_with_no_gpu(standin):
     env = {"BRIDGE_STANDIN_DEVICES": "0"}
     r = run_cli("doctor", env=env)
-    assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr
-    assert "GPUs: 0" in r.stdout and "sees no GPU" in r.stdout
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
+    assert "[error] GPUs: 0" in r.stdout and "sees no GPU" in r.stdout
+    assert "Summary: the driver sees no GPU" in r.stdout
     r = run_cli("stats", env=env)
     assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
     assert "no CUDA device" in r.stderr
@@ -131,11 +156,11 @@ def test_doctor_flags_a_device_without_pools(standin):
         from bridge import _runtime
         _runtime.ensure_driver()
         ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"]).standin_set_pools_supported(1, 0)
-        from bridge.__main__ import main
+        from bridge.cli import main
         sys.exit(main(["doctor"]))
     """)
     r = run_cli(code=code)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # an [error]: a device without pools
     assert "device 0: name unavailable; 16.00 GiB; memory pools: yes" in r.stdout
     assert "device 1:" in r.stdout and "memory pools: NO" in r.stdout
     assert "Update the NVIDIA driver" in r.stdout
@@ -177,14 +202,69 @@ def test_doctor_accepts_settings_the_bridge_wants(standin, clean_env, name, valu
     assert doc["problems"] == []
 
 
-@pytest.mark.parametrize("name", ["BRIDGE_GPU_MEMORY_LIMIT", "BRIDGE_PINNED_MEMORY_LIMIT"])
-def test_doctor_flags_bad_bridge_limits(standin, clean_env, name):
-    clean_env.setenv(name, "lots")
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("BRIDGE_GPU_MEMORY_LIMIT", "lots", "not a valid size"),
+        ("BRIDGE_PINNED_MEMORY_LIMIT", "lots", "a share of the host's memory"),
+        ("BRIDGE_CACHE_LIMIT", "lots", "not a valid size"),
+        ("BRIDGE_CACHE_LIMIT", "150%", "a percentage must be in (0, 100]"),
+        ("BRIDGE_PINNED_BACKEND", "fast", "use one of auto, cached, mempool"),
+    ],
+)
+def test_doctor_flags_every_bad_bridge_variable(standin, clean_env, name, value, words):
+    clean_env.setenv(name, value)
+    rc, out, _ = run_main("doctor")
+    assert rc == 1  # an [error]: the library would raise on this value
+    line = next(ln for ln in out.splitlines() if f"{name}={value}" in ln)
+    assert line.lstrip().startswith("[error]") and words in line
+    assert "fix or unset it" in line
+    assert "Exit status 1: 1 error(s) reported." in out
+
+
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("BRIDGE_CACHE_LIMIT", "2GiB", "valid: a cache of 2.00 GiB per device"),
+        ("BRIDGE_CACHE_LIMIT", "0", "valid: no cache"),
+        ("BRIDGE_PINNED_BACKEND", "mempool", "valid."),
+        ("BRIDGE_PINNED_MEMORY_LIMIT", "1GiB", "valid: 1.00 GiB"),
+        ("BRIDGE_GPU_MEMORY_LIMIT", "0.5", "valid: a budget of 8.00 GiB per device"),
+    ],
+)
+def test_doctor_accepts_good_bridge_variables(standin, clean_env, name, value, words):
+    clean_env.setenv(name, value)
     rc, out, _ = run_main("doctor")
     assert rc == 0
-    line = next(ln for ln in out.splitlines() if f"{name}=lots" in ln)
-    assert line.lstrip().startswith("[error]") and "not a valid size" in line
-    assert "fix or unset it" in line
+    assert f"[ok]    {name}={value}: {words}" in out
+
+
+def test_doctor_suspects_a_misspelt_variable(standin, clean_env):
+    clean_env.setenv("BRIDGE_GPU_MEMORY_LIMT", "8GiB")
+    rc, out, _ = run_main("doctor")
+    assert rc == 0  # a warning
+    line = next(ln for ln in out.splitlines() if "BRIDGE_GPU_MEMORY_LIMT" in ln)
+    assert line.lstrip().startswith("[warn]")
+    assert "did you mean BRIDGE_GPU_MEMORY_LIMIT?" in line
+    assert "BRIDGE_STANDIN_DEVICES" not in out  # a test's own variable is nobody's typo
+
+
+def test_doctor_reads_what_the_library_reads():
+    from bridge import _pinned_backend, _runtime, budget
+
+    assert set(_doctor.BRIDGE_ENV) == {
+        budget.GPU_LIMIT_ENV,
+        budget.PINNED_LIMIT_ENV,
+        _runtime.CACHE_LIMIT_ENV,
+        _pinned_backend.BACKEND_ENV,
+        _runtime.DRIVER_LIBRARY_ENV,
+    }
+    # every variable named in the library's code: NAME_ENV = "BRIDGE_..." or getenv("BRIDGE_...")
+    py = "".join(p.read_text() for p in (REPO / "bridge").glob("*.py"))
+    c = "".join(p.read_text() for p in (REPO / "bridge" / "_native").glob("*.[ch]*"))
+    read = set(re.findall(r'_ENV = "(BRIDGE_[A-Z_]+)"', py))
+    read |= set(re.findall(r'getenv\("(BRIDGE_[A-Z_]+)"', c))
+    assert read == set(_doctor.BRIDGE_ENV)
 
 
 def test_doctor_shows_a_valid_budget(standin, clean_env):
@@ -236,7 +316,7 @@ def test_doctor_reads_frameworks_without_importing_them(standin, tmp_path):
     _fake_package(tmp_path, "jaxlib", "0.11.2", {"jaxlib/__init__.py": POISON})
     _fake_package(tmp_path, "jax-cuda13-plugin", "0.11.2", {})
     code = (
-        "import sys; from bridge.__main__ import main; rc = main(['doctor']); "
+        "import sys; from bridge.cli import main; rc = main(['doctor']); "
         "assert not {'torch', 'cupy', 'jax', 'jaxlib'} & set(sys.modules); sys.exit(rc)"
     )
     r = run_cli(code=code, pythonpath=str(tmp_path))
@@ -370,7 +450,7 @@ def test_stats_watch_refreshes_count_times(allocations):
 
 
 def test_stats_watch_stops_on_ctrl_c(allocations, monkeypatch):
-    import bridge.__main__ as cli
+    import bridge.cli as cli
 
     def interrupt(_seconds):
         raise KeyboardInterrupt
@@ -419,3 +499,129 @@ def test_doctor_and_stats_on_a_gpu():
     r = run_cli("stats", "--json")
     assert r.returncode == 0
     assert all(d["total"] > 0 for d in json.loads(r.stdout)["devices"])
+
+
+# ---- how it is run ----
+def test_usage_names_the_way_it_was_run(tmp_path):
+    r = run_cli("--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m bridge ")
+    assert "exit status: 0 all is well; 1 doctor reported an [error]" in " ".join(r.stdout.split())
+    # the `bridge` console script runs bridge.cli:main with argv[0] ending in /bridge
+    code = (
+        "import sys; sys.argv = ['/somewhere/bin/bridge', '--help']; "
+        "from bridge.cli import main; sys.exit(main())"
+    )
+    r = run_cli(code=code)
+    assert r.returncode == 0 and r.stdout.startswith("usage: bridge ")
+    script = pathlib.Path(sys.executable).parent / "bridge"
+    if script.exists():  # the installed script itself
+        r = subprocess.run([str(script), "doctor", "--help"], capture_output=True, text=True)
+        assert r.stdout.startswith("usage: bridge doctor"), r.stdout + r.stderr
+
+
+def test_entry_point_is_bridge_cli_main():
+    scripts = (REPO / "pyproject.toml").read_text().split("[project.scripts]")[1]
+    assert scripts.split("[")[0].strip() == 'bridge = "bridge.cli:main"'
+
+
+def test_a_closed_pipe_ends_quietly(standin):
+    # `bridge stats --watch 0.01 | head -2`: the reader goes away after two lines
+    e = dict(os.environ)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bridge", "stats", "--watch", "0.01", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=e,
+        cwd=REPO,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    lines = [proc.stdout.readline() for _ in range(2)]
+    proc.stdout.close()
+    rc = proc.wait(timeout=60)
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert all(json.loads(ln)["devices"] for ln in lines)
+    assert rc == 1 and err == ""  # CPython's convention for EPIPE, without a traceback
+
+
+def test_a_broken_pipe_inside_a_program_returns_1():
+    class Closed(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    assert main(["doctor"], stdout=Closed()) == 1
+
+
+def test_the_cli_inside_a_program_as_the_docs_show(allocations):
+    r = run_cli(code="import bridge, sys; sys.exit(bridge.cli.main(['stats', '--json']))")
+    assert r.returncode == 0, r.stderr
+    assert [d["device"] for d in json.loads(r.stdout)["devices"]] == [0, 1]
+    # python -m bridge keeps its old names
+    from bridge import __main__ as dunder_main
+
+    assert dunder_main.main is main and dunder_main.COLUMNS is COLUMNS
+
+
+# ---- CUDA majors of the frameworks together ----
+@pytest.mark.parametrize(
+    "dists, torch_cuda, expected",
+    [
+        ({}, None, {}),
+        ({"cupy-cuda12x": "13.0"}, None, {12: ["cupy-cuda12x"]}),
+        ({"cupy-cuda117": "11.0"}, None, {11: ["cupy-cuda117"]}),
+        (
+            {"cupy-cuda12x": "1", "jax-cuda12-plugin": "1", "nvidia-cublas-cu12": "1"},
+            "12.8",
+            {
+                12: [
+                    "cupy-cuda12x",
+                    "jax-cuda12-plugin",
+                    "torch (CUDA 12.8)",
+                    "nvidia-*-cu12 (1 package)",
+                ]
+            },
+        ),
+        (
+            {"cupy-cuda12x": "1", "nvidia-cublas-cu13": "1", "nvidia-cudnn-cu13": "1"},
+            "13.0",
+            {
+                12: ["cupy-cuda12x"],
+                13: ["torch (CUDA 13.0)", "nvidia-*-cu13 (2 packages)"],
+            },
+        ),
+        ({"jax-cuda13-pjrt": "1", "numpy": "2"}, None, {13: ["jax-cuda13-pjrt"]}),
+    ],
+)
+def test_cuda_majors_from_metadata(dists, torch_cuda, expected):
+    assert _doctor.cuda_majors(dists, torch_cuda) == expected
+
+
+def test_doctor_warns_about_two_cuda_majors(standin, tmp_path):
+    # what `pip install 'bridge[torch,cupy]'` gave: torch for CUDA 13, CuPy for CUDA 12
+    _fake_package(
+        tmp_path,
+        "torch",
+        "2.11.0",
+        {
+            "torch/__init__.py": POISON,
+            "torch/version.py": "cuda: Optional[str] = '13.0'\n",
+            "torch/cuda/memory.py": "class CUDAPluggableAllocator:\n    pass\n",
+        },
+    )
+    _fake_package(
+        tmp_path,
+        "cupy-cuda12x",
+        "14.2.0",
+        {
+            "cupy/__init__.py": POISON,
+            "cupy/cuda/__init__.py": "from cupy.cuda.memory import set_allocator\n",
+        },
+    )
+    _fake_package(tmp_path, "nvidia-cublas-cu13", "13.0.0", {})
+    r = run_cli("doctor", pythonpath=str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr  # a warning, not an error
+    line = next(ln for ln in r.stdout.splitlines() if "CUDA versions" in ln)
+    assert line.lstrip().startswith("[warn]")
+    assert "(CUDA 12: cupy-cuda12x; CUDA 13: torch (CUDA 13.0), nvidia-*-cu13 (1 package))" in line
+    assert "pip install 'bridge[cuda12]' or 'bridge[cuda13]'" in line
+    assert "Summary: 1 thing(s) to look at above" in r.stdout

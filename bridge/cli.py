@@ -1,0 +1,271 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The command line: ``bridge doctor`` and ``bridge stats`` (or ``python -m bridge ...``).
+
+``doctor`` reports the driver, the GPUs, the installed frameworks and the
+settings that conflict with the bridge. ``stats`` prints every device's pool
+figures. Pools belong to a process: run from a shell, ``stats`` shows this
+new process's pools (device memory and budget, nothing allocated yet); call
+``bridge.cli.main(["stats"])`` or :func:`bridge.stats` inside a program to see
+that program's figures.
+
+Exit status: 0 when all is well; 1 when ``doctor`` reported an error (an
+``[error]`` line: no driver, no GPU, a bad variable, an unusable framework),
+when ``stats`` found no usable GPU, or when the reader of the output went away
+(``bridge stats --watch | head``); 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+__all__ = ["main", "format_table", "snapshot"]
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from bridge import _doctor, _runtime
+from bridge._errors import BridgeError, format_bytes
+from bridge._version import __version__
+from bridge.pool import FRAMEWORKS, Stats, stats
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # doctor reported an error; stats found no GPU; the reader went away
+EXIT_USAGE = 2  # argparse's own
+EXIT_STATUS_HELP = (
+    "exit status: 0 all is well; 1 doctor reported an [error] (no driver, no GPU, a bad "
+    "variable, an unusable framework), stats found no usable GPU, or the reader of the "
+    "output went away; 2 a usage error"
+)
+
+COLUMNS = ("device",) + FRAMEWORKS + ("used", "reserved", "budget", "peak", "total", "ooms")
+
+
+def _row(s: Stats) -> list[str]:
+    return (
+        [str(s.device)]
+        + [format_bytes(s.by_framework.get(f, 0)) for f in FRAMEWORKS]
+        + [
+            format_bytes(s.used),
+            format_bytes(s.reserved),
+            format_bytes(s.limit) if s.limit else "none",
+            format_bytes(s.peak_used),
+            format_bytes(s.total),
+            str(s.num_ooms),
+        ]
+    )
+
+
+def format_table(snapshots: Sequence[Stats]) -> str:
+    """Stats of several devices as an aligned text table, one row per device.
+
+    Parameters
+    ----------
+    snapshots : sequence of Stats
+
+    Returns
+    -------
+    str
+        A header line and one line per device: bytes per framework
+        (``cupy``, ``torch``, ``jax``, ``other``), then ``used``, ``reserved``,
+        ``budget`` (``none`` without a limit), ``peak`` (of ``used``),
+        ``total`` and refused allocations (``ooms``).
+    """
+    rows = [list(COLUMNS)] + [_row(s) for s in snapshots]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def snapshot(devices: Sequence[int] | None = None) -> list[Stats]:
+    """Stats of the given devices, every visible device when None.
+
+    Raises
+    ------
+    BridgeError
+        When there is no CUDA driver or no GPU.
+    ValueError
+        For a device that does not exist, or a bad ``BRIDGE_GPU_MEMORY_LIMIT``.
+    """
+    return [stats(d) for d in _runtime.resolve_devices(devices)]
+
+
+def _doctor_cmd(args: argparse.Namespace, out: TextIO) -> int:
+    report = _doctor.collect()
+    if args.json:
+        out.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        out.write(_doctor.render(report) + "\n")
+    out.flush()
+    return EXIT_ERROR if report.errors else EXIT_OK
+
+
+def _print_stats(snaps: list[Stats], args: argparse.Namespace, out: TextIO, tty: bool) -> None:
+    if args.json:
+        out.write(
+            json.dumps(
+                {"time": time.time(), "devices": [s.as_dict() for s in snaps]},
+                separators=(",", ":"),
+            )
+            + "\n"
+        )
+    else:
+        if tty:
+            out.write("\x1b[H\x1b[2J")  # clear the terminal between refreshes
+        out.write(time.strftime("%Y-%m-%d %H:%M:%S") + "  bridge pool figures (this process)\n")
+        out.write(format_table(snaps) + "\n")
+        if args.watching:
+            out.write("\n")
+    out.flush()
+
+
+def _stats_cmd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    devices = None if args.device is None else [args.device]
+    count = args.count if args.count is not None else (None if args.watch is not None else 1)
+    args.watching = count != 1
+    interval = args.watch if args.watch is not None else 1.0
+    tty = bool(getattr(out, "isatty", lambda: False)()) and args.watching and not args.json
+    shown = 0
+    try:
+        while count is None or shown < count:
+            if shown:
+                time.sleep(interval)
+            try:
+                snaps = snapshot(devices)
+            except (BridgeError, ValueError) as exc:
+                err.write(f"bridge stats: {exc}\n")
+                return EXIT_ERROR
+            _print_stats(snaps, args, out, tty)
+            shown += 1
+    except KeyboardInterrupt:
+        out.write("\n")
+    return EXIT_OK
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the interval must be > 0 seconds")
+    return v
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the count must be >= 1")
+    return v
+
+
+def _prog() -> str:
+    """How the user ran the command line: the ``bridge`` script, or ``python -m bridge``."""
+    return "bridge" if os.path.basename(sys.argv[0] or "") == "bridge" else "python -m bridge"
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="One GPU memory pool and one budget for CuPy, PyTorch and JAX.",
+        epilog=EXIT_STATUS_HELP,
+    )
+    p.add_argument("--version", action="version", version=f"bridge {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    d = sub.add_parser(
+        "doctor",
+        help="check the driver, GPUs, frameworks and environment",
+        description="Check what this machine offers the bridge. Imports no framework. "
+        "Exits 0 when no [error] was reported (warnings allowed), 1 when one was "
+        "(no driver or GPU included).",
+    )
+    d.add_argument("--json", action="store_true", help="print the report as JSON")
+    s = sub.add_parser(
+        "stats",
+        help="print every device's pool figures",
+        description="Print every device's pool figures: bytes per framework, "
+        "used, reserved, budget, peak. Exits 1 without a usable GPU, and when the "
+        "reader of the output goes away (stats --watch | head).",
+    )
+    s.add_argument(
+        "--watch",
+        nargs="?",
+        type=_positive,
+        const=1.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 1) until Ctrl-C",
+    )
+    s.add_argument(
+        "--count",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="print N times, then stop (with --watch, or alone: every second)",
+    )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per refresh: {time, devices: [stats...]}",
+    )
+    s.add_argument("--device", type=int, default=None, help="only this device")
+    return p
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    prog: str | None = None,
+) -> int:
+    """Run the command line.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments after ``bridge``; ``sys.argv[1:]`` when None.
+    stdout, stderr : file, optional
+        Where to write; ``sys.stdout`` and ``sys.stderr`` when None.
+    prog : str, optional
+        The program's name in usage lines: ``bridge`` when run as the
+        ``bridge`` script, else ``python -m bridge``.
+
+    Returns
+    -------
+    int
+        The exit status: 0 when all is well; 1 when ``doctor`` reported an
+        error, ``stats`` found no usable GPU, or the reader of the output
+        went away (a closed pipe); 2 for a usage error.
+    """
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    parser = _parser(prog or _prog())
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse's own exit (usage error, --help, --version)
+        return int(exc.code or 0)
+    try:
+        if args.command == "doctor":
+            return _doctor_cmd(args, out)
+        if args.command == "stats":
+            return _stats_cmd(args, out, err)
+        parser.print_help(out)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (`bridge stats --watch | head -5`). As CPython's
+        # documentation recommends (signal module, "Note on SIGPIPE"): point
+        # stdout at devnull so the interpreter's flush at exit stays quiet, and
+        # exit 1.
+        if out is sys.stdout:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+            except (OSError, ValueError):  # not a file descriptor (a test's stream)
+                pass
+        return EXIT_ERROR
