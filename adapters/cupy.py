@@ -81,6 +81,39 @@ def _release_caches(device: int, tag: int) -> None:
     cupy.get_default_memory_pool().free_all_blocks()
 
 
+def _tell_captures() -> None:
+    """Let the core see CuPy's stream captures (``Stream.begin_capture`` .. ``end_capture``).
+
+    While a stream is captured, nothing may be freed, synchronized or
+    allocated on it (each would invalidate the capture or become a node of
+    the user's graph): the core defers frees and allocates captured arrays
+    outside the capture, as it does for torch's graphs.
+    """
+    for cls in (cupy.cuda.Stream, cupy.cuda.ExternalStream):
+        begin, end = cls.begin_capture, cls.end_capture
+        if getattr(begin, "_bridge", False):
+            continue
+
+        def begin_capture(self: Any, mode: Any = None, _begin: Any = begin) -> None:
+            dev = int(self.device_id)
+            check(core.capture(True, dev), what="starting a CuPy capture", device=dev)
+            try:
+                _begin(self, mode)
+            except BaseException:
+                core.capture(False, dev)
+                raise
+
+        def end_capture(self: Any, _end: Any = end) -> Any:
+            try:
+                return _end(self)
+            finally:
+                core.capture(False, int(self.device_id))
+
+        begin_capture._bridge = True  # type: ignore[attr-defined]
+        begin_capture.__doc__, end_capture.__doc__ = begin.__doc__, end.__doc__
+        cls.begin_capture, cls.end_capture = begin_capture, end_capture
+
+
 def install(devices: Iterable[int]) -> None:
     """Point CuPy's device (and pinned) allocators at the shared pool."""
     global _allocator
@@ -96,6 +129,7 @@ def install(devices: Iterable[int]) -> None:
             core.TAG_CUPY,
         )
     cupy.cuda.set_allocator(_allocator)
+    _tell_captures()
     try:
         from bridge import pinned
     except ImportError:

@@ -116,6 +116,13 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
         _runtime.ensure_device(d)
     if partition is None:
         os.environ.update(SHARED_ENV)
+        # XLA allocates from the pool itself and cannot ask the bridge to
+        # flush: a freed block the bridge kept cached would be memory JAX
+        # cannot have.  No cache (unless BRIDGE_CACHE_LIMIT asks for one):
+        # what CuPy and torch free goes back to the pool at once.
+        if os.environ.get(_runtime.CACHE_LIMIT_ENV) is None:
+            for d in devices:
+                check(core.set_cache(d, 0), what="turning the cache off for JAX", device=d)
     else:
         for d in devices:
             rc, raw = core.stats(d)

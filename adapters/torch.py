@@ -110,6 +110,32 @@ def _release_caches(device: int, tag: int) -> None:
     cache[device].clear()
 
 
+def register_pool_streams(device: int) -> int:
+    """Tell the core that torch's pooled streams of a device live as long as the process.
+
+    torch hands out its streams (``torch.cuda.Stream()``, the autograd
+    streams, graph capture's side streams) from a fixed pool per device and
+    priority, created once and never destroyed, so blocks freed on them may
+    be cached by stream.  Any other stream (``torch.cuda.ExternalStream`` of
+    a CuPy stream, say) may be destroyed and its handle reused: its blocks
+    go back to the pool instead.  Returns the number of streams registered.
+    """
+    least, greatest = torch.cuda.Stream.priority_range()
+    step = -1 if greatest < least else 1
+    seen: set[int] = set()
+    for priority in range(least, greatest + step, step):
+        first = None
+        for _ in range(1024):  # a pool is 32 streams, handed out round-robin
+            handle = torch.cuda.Stream(device=device, priority=priority).cuda_stream
+            if handle == first or (first is None and handle in seen):
+                break  # went round (or a clamped priority: the same pool)
+            first = handle if first is None else first
+            seen.add(handle)
+    for handle in seen:
+        check(core.register_stream(handle), what="registering torch's streams", device=device)
+    return len(seen)
+
+
 def _check_order() -> None:
     if torch.cuda.is_initialized():
         raise BridgeError(
@@ -126,7 +152,8 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
     if _allocator is not None:
         return
     _check_order()
-    for d in devices:
+    devices_list = list(devices)
+    for d in devices_list:
         _runtime.ensure_device(d)
     path = library or core.__file__
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
@@ -144,9 +171,8 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
             f"its allocator ({exc})."
         ) from exc
     _allocator = alloc
-    # torch's streams come from a pool and are never destroyed: its freed
-    # blocks can be cached on any stream.
-    check(core.set_cache_any_stream(core.TAG_TORCH, True), what="configuring the cache")
+    for d in devices_list:
+        register_pool_streams(d)
     # torch.cuda.memory_stats & co. read these; a bare pluggable allocator raises.
     torch._C._cuda_memoryStats = memory_stats
     torch._C._cuda_resetPeakMemoryStats = _reset_peak

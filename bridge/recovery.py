@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = ["on_pressure", "remove_pressure_callback", "register_releaser", "relieve"]
 
+import atexit
 import gc
 import logging
 import threading
@@ -25,6 +26,7 @@ _callbacks: list[PressureCallback] = []
 _releasers: dict[str, Releaser] = {}
 _installed = False
 _in_progress = threading.local()
+_reliever: threading.Thread | None = None
 
 
 def on_pressure(fn: PressureCallback) -> PressureCallback:
@@ -92,9 +94,26 @@ def relieve(device: int, nbytes: int, tag: int = 0) -> bool:
         _in_progress.active = False
 
 
+def _start_reliever() -> None:
+    """The thread that runs :func:`relieve` for torch's C++ threads (autograd).
+
+    Those threads never take the GIL themselves (they may hold torch locks a
+    Python thread waits for): they ask this thread and wait a bounded time.
+    """
+    global _reliever
+    if _reliever is not None and _reliever.is_alive():
+        return
+    _reliever = threading.Thread(target=core.relief_loop, name="bridge-reliever", daemon=True)
+    _reliever.start()
+
+
 def install() -> None:
     """Connect :func:`relieve` to the core (idempotent)."""
     global _installed
     if not _installed:
         core.set_pressure_callback(relieve)
+        _start_reliever()
         _installed = True
+
+
+atexit.register(core.stop_relief)

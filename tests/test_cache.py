@@ -14,10 +14,10 @@ SIDE = 0x5000  # a user stream handle (the stand-in accepts any)
 @pytest.fixture
 def cache(standin):
     core.set_cache(0, 64 * MIB)
-    core.set_cache_any_stream(TORCH, False)
+    core.forget_stream(SIDE)
     yield standin
     core.set_cache(0, 0)
-    core.set_cache_any_stream(TORCH, False)
+    core.forget_stream(SIDE)
 
 
 def stats():
@@ -48,11 +48,11 @@ def test_other_size_or_stream_misses(cache):
         core.free(x)
 
 
-def test_user_streams_are_not_cached_unless_the_framework_keeps_them(cache):
-    rc, p = core.alloc(0, MIB, SIDE, CUPY)
+def test_user_streams_are_not_cached_unless_registered_as_long_lived(cache):
+    rc, p = core.alloc(0, MIB, SIDE, TORCH)
     core.free(p)
-    assert stats()["cached"] == 0  # a CuPy user stream may be destroyed
-    core.set_cache_any_stream(TORCH, True)
+    assert stats()["cached"] == 0  # a user stream (ExternalStream) may be destroyed
+    core.register_stream(SIDE)
     rc, p = core.alloc(0, MIB, SIDE, TORCH)
     core.free(p)
     assert stats()["cached"] == MIB  # torch's pooled streams live on

@@ -118,7 +118,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.live: dict[int, Block] = {}
         self.alloc_fault = 0  # code of the armed cuMemAllocFromPoolAsync fault, 0 = none
         self.free_fault = False
-        self.any_stream = [False, False, False]  # per tag: cache blocks of any stream
+        self.registered: set[int] = set()  # user streams registered as long-lived
         self.dev: dict[int, Dev] = {}
 
     # ---- set-up and tear-down of one example ----
@@ -157,8 +157,11 @@ class LedgerMachine(RuleBasedStateMachine):
             d_.num_allocs, d_.num_frees = s["num_allocs"], s["num_frees"]
             d_.num_ooms, d_.num_retries = s["num_ooms"], s["num_retries"]
             d_.num_driver_errors = s["num_driver_errors"]
-        for t in TAGS:
-            assert core.set_cache_any_stream(t, 0) == Status.OK
+        self.sd.standin_adopt_stream.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        for s_ in STREAMS:
+            assert core.forget_stream(s_) == Status.OK
+            if s_:
+                self.sd.standin_adopt_stream(s_, 0)  # a stream the driver knows
         for d in DEVICES:
             assert core.set_cache(d, cache, MAX_BLOCK) == Status.OK
             self.dev[d].cache_limit = cache
@@ -172,8 +175,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.sd.standin_clear_faults()
         for b in list(self.live.values()):
             core.free(b.ptr)
-        for t in TAGS:
-            core.set_cache_any_stream(t, 0)
+        for s_ in STREAMS:
+            core.forget_stream(s_)
         for d, m in self.dev.items():
             core.set_cache(d, 0)  # empties it
             if m.foreign:
@@ -239,7 +242,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def cache_put(self, b: Block) -> bool:
         """Whether bridge_free keeps the block in the cache (and keep it)."""
         m = self.dev[b.dev]
-        if b.recorded or not (b.stream <= 2 or self.any_stream[b.tag]):
+        if b.recorded or not (b.stream <= 2 or b.stream in self.registered):
             return False  # user streams may die; recorded streams need the driver's order
         if not m.cache_limit or b.size > m.cache_max_block:
             return False
@@ -404,7 +407,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     "sync",
                     "trim",
                     "cache",
-                    "cache_any_stream",
+                    "register_stream",
                     "reset_peak",
                     "fail_alloc",
                     "fail_free",
@@ -432,8 +435,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 data.draw(st.sampled_from([0, 64 * KIB, MIB, GIB])),
                 data.draw(st.sampled_from([8 * KIB, MAX_BLOCK])),
             )
-        elif op == "cache_any_stream":
-            self._set_cache_any_stream(data.draw(tags), data.draw(st.booleans()))
+        elif op == "register_stream":
+            self._register_stream(data.draw(st.sampled_from(STREAMS[1:])), data.draw(st.booleans()))
         elif op == "reset_peak":
             self._reset_peak(data.draw(devices), data.draw(st.sampled_from((-1, *TAGS))))
         elif op == "fail_alloc" and not self.alloc_fault:
@@ -517,9 +520,19 @@ class LedgerMachine(RuleBasedStateMachine):
         if not limit:
             self.flush_cache(d)  # off: emptied
 
-    def _set_cache_any_stream(self, tag: int, on: bool) -> None:
-        assert core.set_cache_any_stream(tag, int(on)) == Status.OK
-        self.any_stream[tag] = on
+    def _register_stream(self, stream: int, on: bool) -> None:
+        if on:
+            assert core.register_stream(stream) == Status.OK
+            self.registered.add(stream)
+        else:
+            # forgotten: its cached blocks go back to the pool on it
+            assert core.forget_stream(stream) == Status.OK
+            self.registered.discard(stream)
+            for d in DEVICES:
+                m = self.dev[d]
+                for key in [k for k in m.cache if k[0] == stream]:
+                    for _ in m.cache.pop(key):
+                        self.release(d, key[1], stream)
 
     def _reset_peak(self, d: int, tag: int) -> None:
         assert core.reset_peak(d, tag) == Status.OK

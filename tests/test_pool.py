@@ -72,16 +72,15 @@ def test_pool_per_device_is_one_object(sd):
 def test_pool_and_stats_default_to_the_current_device(sd):
     assert bridge.pool().device == 0  # no current context: device 0
     assert bridge.stats().device == 0
-    # with device 1's context current (as after torch.cuda.set_device(1)):
-    # a thread without a context keeps the one the core made current
-    rc, p = core.alloc(1, MIB, S1, core.TAG_CUPY)
-    assert rc == Status.OK
+    # with device 1's context current (as after torch.cuda.set_device(1))
+    ctx = ctypes.c_void_p()
+    assert sd.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 1) == 0
+    assert sd.lib.cuCtxSetCurrent(ctx) == 0
     try:
         assert core.current_device() == (Status.OK, 1)
         assert bridge.pool().device == 1
         assert bridge.stats().device == 1
     finally:
-        core.free(p)
         sd.lib.standin_clear_current()
 
 

@@ -50,7 +50,8 @@ typedef enum bridge_status {
     BRIDGE_E_DEVICE = 6,     /* no such device, or the device is not set up */
     BRIDGE_E_INVALID = 7,    /* bad argument */
     BRIDGE_E_TAG_LIMIT = 8,  /* the request would pass the framework's own cap */
-    BRIDGE_E_NOTINIT = 9     /* bridge_init was not called */
+    BRIDGE_E_NOTINIT = 9,    /* bridge_init was not called */
+    BRIDGE_E_FORKED = 10     /* this process is a fork child of one that used CUDA */
 } bridge_status;
 
 /* ---- driver loading (driver.c) ---- */
@@ -68,10 +69,15 @@ const char *bridge_driver_error_name(int code);
 const char *bridge_loaded_library(void);
 /* Why the last bridge_init failed (empty when it did not). */
 const char *bridge_load_error(void);
+/* 1 in a child forked after bridge_init: the parent's CUDA state is unusable
+ * there, and the child owns none of the parent's blocks (frees are ignored,
+ * every allocation fails with BRIDGE_E_FORKED). */
+int bridge_forked(void);
 
 /* ---- devices and their pools (ledger.c) ---- */
 /* Retain the primary context, fetch the default pool, set its release
- * threshold.  Idempotent; release_threshold is (re)applied every call. */
+ * threshold.  Idempotent; release_threshold is (re)applied every call.  A
+ * device nobody set up is set up by its first allocation (no budget). */
 int bridge_device_setup(int device, uint64_t release_threshold);
 int bridge_device_ready(int device);
 /* Write the pool attributes the bridge owns again (after JAX changed them). */
@@ -106,20 +112,31 @@ int bridge_lookup(void *ptr, size_t *size, int *device, int *tag);
 /* Cap the cached bytes of a device (0 turns the cache off and empties it) and
  * the largest block that is cached. */
 int bridge_set_cache(int device, uint64_t limit, uint64_t max_block);
-/* Cache `tag`'s blocks on every stream, not only the default streams: for a
- * framework whose streams are never destroyed (torch's stream pool). */
-int bridge_set_cache_any_stream(int tag, int on);
+/* Blocks freed on `stream` may be cached: it lives as long as the process
+ * (torch's pooled streams).  Default streams need no registration; other
+ * streams' blocks are never cached, since a user stream may be destroyed
+ * and its handle reused, and stream order is what makes a cached block safe. */
+int bridge_register_stream(void *stream);
+/* The stream will be destroyed: blocks freed on it are no longer cached
+ * (blocks already cached stay, and are freed in its order on a flush). */
+int bridge_forget_stream(void *stream);
 
-/* ---- CUDA graph capture (torch's hooks) ---- */
-/* While a capture is active on a device: allocations that the caller routes
- * to the capture (bridge_alloc_graph) come from a side stream and stay
- * reserved for the graph until bridge_graph_release; frees of other pointers
- * are deferred until no capture is active. */
+/* ---- CUDA graph capture (graph.c) ---- */
+/* torch's pool hooks.  begin/release count the pool's users (as torch
+ * does); while a capture is active on a device, allocations the caller
+ * routes to a pool (bridge_alloc_graph, with the capturing stream) come from
+ * the pool's freed blocks or the side stream and stay with the pool until its
+ * last user releases it; frees of other pointers are deferred until no
+ * capture is active. */
 int bridge_graph_begin(int device, uint64_t id0, uint64_t id1);
 int bridge_graph_end(int device, uint64_t id0, uint64_t id1);
 int bridge_graph_release(int device, uint64_t id0, uint64_t id1);
 int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0,
-                       uint64_t id1, void **out);
+                       uint64_t id1, void *stream, void **out);
+/* A capture the bridge would not otherwise see (CuPy's Stream.begin_capture):
+ * nothing is freed, synchronized or allocated on a capturing stream. */
+int bridge_capture_begin(int device);
+int bridge_capture_end(int device);
 int bridge_captures_active(int device);
 
 /* ---- pressure hook: called once before an allocation fails ---- */
@@ -159,6 +176,9 @@ typedef struct bridge_stats {
     uint64_t cached;         /* freed blocks kept for reuse (part of `used`) */
     uint64_t cache_limit;    /* cap of `cached`; 0 = no cache */
     uint64_t num_cache_hits; /* allocations served from the cache */
+    uint64_t num_order_fallbacks;  /* frees ordered by a device sync, not events */
+    uint64_t num_pool_read_errors; /* budget checks that used the last pool figure */
+    uint64_t captures_active;      /* captures the bridge knows are running */
     bridge_tag_stats tag[BRIDGE_NTAGS];
 } bridge_stats;
 

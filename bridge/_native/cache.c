@@ -7,7 +7,8 @@
 
 #include "bridge.h"
 
-#define SLOTS 4096  /* (stream, size) keys per device; power of two */
+#define SLOT_BITS 12
+#define SLOTS (1u << SLOT_BITS) /* (stream, size) keys per device */
 #define DEPTH 16    /* blocks kept per key */
 
 typedef struct slot {
@@ -28,14 +29,18 @@ typedef struct dcache {
 } dcache;
 
 #define DEFAULT_LIMIT (1ull << 30)
-#define DEFAULT_MAX_BLOCK (256ull << 20)
 static dcache caches[BRIDGE_MAX_DEVICES] = {
     [0 ... BRIDGE_MAX_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, DEFAULT_LIMIT,
-                                      DEFAULT_MAX_BLOCK, 0, 0}};
+                                      BRIDGE_CACHE_MAX_BLOCK, 0, 0}};
 
+/* The slot index comes from the TOP bits of a 64-bit multiplicative hash:
+ * sizes that are multiples of 1 MiB and aligned stream handles have low
+ * bits that are all zero, and the low bits of a product of them are too (the
+ * old index took those and piled such keys onto a few slots). */
 static inline uint64_t hash(CUstream s, uint64_t size)
 {
-    return ((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) ^ (size * 0xC2B2AE3D27D4EB4Full);
+    uint64_t h = ((uint64_t)(uintptr_t)s ^ (size * 0xC2B2AE3D27D4EB4Full)) * 0x9E3779B97F4A7C15ull;
+    return h >> (64 - SLOT_BITS);
 }
 
 /* The slot of (s, size), or the empty slot where it would go; NULL if full. */
@@ -144,6 +149,39 @@ uint64_t cache_flush(int device, cache_release_fn release)
     return bytes;
 }
 
+uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn release)
+{
+    dcache *c = &caches[device];
+    if (!atomic_load(&c->bytes))
+        return 0;
+    uintptr_t ptrs[DEPTH];
+    uint64_t bytes = 0;
+    for (;;) {
+        /* one key at a time: take its blocks under the lock, release after */
+        uint32_t n = 0;
+        uint64_t size = 0;
+        pthread_mutex_lock(&c->lock);
+        for (uint32_t i = 0; c->slots && i < SLOTS && !n; i++) {
+            slot *sl = &c->slots[i];
+            if (sl->n && sl->stream == stream) {
+                n = sl->n;
+                size = sl->size;
+                for (uint32_t k = 0; k < n; k++)
+                    ptrs[k] = sl->ptrs[k];
+                sl->n = 0;
+                c->live_keys--;
+                atomic_fetch_sub(&c->bytes, size * n);
+            }
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (!n)
+            return bytes;
+        for (uint32_t k = 0; k < n; k++)
+            release(device, ptrs[k], size, stream);
+        bytes += size * n;
+    }
+}
+
 uint64_t cache_bytes(int device) { return atomic_load(&caches[device].bytes); }
 
 uint64_t cache_limit(int device) { return atomic_load(&caches[device].limit); }
@@ -152,4 +190,16 @@ void cache_set_limits(int device, uint64_t limit, uint64_t max_block)
 {
     atomic_store(&caches[device].limit, limit);
     atomic_store(&caches[device].max_block, max_block);
+}
+
+/* A fork child forgets the parent's cached blocks without taking a lock. */
+void cache_forget_after_fork(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    for (int i = 0; i < BRIDGE_MAX_DEVICES; i++) {
+        caches[i].lock = fresh;
+        caches[i].slots = NULL;
+        caches[i].keys = caches[i].live_keys = 0;
+        atomic_store(&caches[i].bytes, 0);
+    }
 }

@@ -14,7 +14,11 @@
 
 #include "driver.h"
 
-/* A cached block on its way back to the driver. */
+/* Larger blocks are never cached (default of cache_set_limits' max_block). */
+#define BRIDGE_CACHE_MAX_BLOCK (256ull << 20)
+
+/* Streams are keys here (streams.c: the per-thread default stream has one
+ * key per thread).  A cached block on its way back to the driver. */
 typedef void (*cache_release_fn)(int device, uintptr_t ptr, uint64_t size, CUstream stream);
 
 /* Pop a block of exactly `size` cached for `stream`; 0 when none. */
@@ -23,6 +27,8 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size);
 int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr);
 /* Hand every cached block of `device` to `release`; returns the bytes. */
 uint64_t cache_flush(int device, cache_release_fn release);
+/* Hand the cached blocks of one stream to `release`; returns the bytes. */
+uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn release);
 uint64_t cache_bytes(int device);
 /* Cap of cached bytes per device (0 disables) and the largest cached block. */
 void cache_set_limits(int device, uint64_t limit, uint64_t max_block);

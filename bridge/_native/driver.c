@@ -63,10 +63,48 @@ static int load_entries(void *lib)
     return BRIDGE_OK;
 }
 
+/* ---- fork ---- */
+static void after_fork_in_child(void);
+static void register_atfork(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
+
+/* CUDA cannot be used in a child forked after the driver was initialized,
+ * and the child owns none of the parent's blocks.  The child forgets every
+ * table without taking a lock (a thread that held one is gone) and refuses
+ * every allocation with BRIDGE_E_FORKED; frees of the parent's blocks are
+ * ignored. */
+static atomic_int forked;
+
+void ledger_forget_after_fork(void);
+void cache_forget_after_fork(void);
+void records_forget_after_fork(void);
+void pinned_forget_after_fork(void);
+
+static void after_fork_in_child(void)
+{
+    if (!atomic_load(&init_done))
+        return; /* nothing was set up: the child may start the driver itself */
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    init_lock = fresh;
+    atomic_store(&forked, 1);
+    atomic_store(&init_done, 0);
+    init_status = BRIDGE_E_FORKED;
+    snprintf(load_error, sizeof load_error,
+             "this process was forked from one that had started CUDA; CUDA cannot be used in a "
+             "forked child");
+    ledger_forget_after_fork();
+    cache_forget_after_fork();
+    records_forget_after_fork();
+    pinned_forget_after_fork();
+}
+
+int bridge_forked(void) { return atomic_load_explicit(&forked, memory_order_relaxed); }
+
 int bridge_init(const char *path)
 {
-    if (atomic_load(&init_done))
+    if (atomic_load(&init_done) || atomic_load(&forked))
         return init_status;
+    static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&init_lock);
     if (!atomic_load(&init_done)) {
         const char *name = (path && path[0]) ? path : "libcuda.so.1";

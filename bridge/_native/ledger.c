@@ -1,116 +1,44 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ledger.c: per-device pools, the budget ledger, allocation and free.
  *
  * Accounting, per device (every figure is an atomic, lock-free to read):
  *   reserved   bytes counted against the budget: live allocations, graph
  *              blocks kept for replay, deferred frees, blocks kept by the
- *              cache (cache.c), and reservations of allocations in flight.  A reservation is added BEFORE the
- *              driver is asked, and checked against the budget with the sum
- *              that includes every concurrent reservation, so two threads
- *              can both be refused at the edge but never both pass it.
+ *              cache (cache.c), and reservations of allocations in flight.
+ *              A reservation is added BEFORE the driver is asked, and checked
+ *              against the budget with the sum that includes every concurrent
+ *              reservation, so two threads can both be refused at the edge
+ *              but never both pass it.
  *   committed  bytes the driver granted and the bridge has not yet freed;
  *              `others` = pool USED_MEM_CURRENT - committed.
  *   tag[t]     bytes live for framework t as the framework sees them.
  * Ordering that keeps the budget conservative under races: alloc adds
  * `reserved`, calls the driver, then adds `committed`; free calls the driver,
  * then subtracts `committed`, then `reserved`.
+ *
+ * A free reaches the driver only in stream order: on the block's stream
+ * (streams.c says which handle that is from this thread), after every stream
+ * recorded against it, and never while that stream is being captured (the
+ * free would become a node of the user's graph): such frees are deferred
+ * and issued as soon as the captures end.
  */
-#include "bridge.h"
-#include "driver.h"
-#include "records.h"
+#include "ledger.h"
 #include "cache.h"
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- per-device state ---- */
-typedef struct tag_state {
-    _Atomic uint64_t current;    /* live bytes; what the framework sees */
-    _Atomic uint64_t peak;       /* max of current since reset */
-    _Atomic uint64_t allocated;  /* cumulative bytes */
-    _Atomic uint64_t freed;      /* cumulative bytes */
-    _Atomic uint64_t num_allocs;
-    _Atomic uint64_t num_frees;
-    _Atomic uint64_t num_ooms;
-    _Atomic uint64_t limit;      /* the framework's own cap; 0 = none */
-} tag_state;
-
-typedef struct deferred_free {
-    record rec;                  /* the block, with its streams */
-} deferred_free;
-
-#define MAX_GRAPHS 128 /* graph pools open at once per device */
-typedef struct graph_pool {
-    uint64_t id0, id1;
-    int in_use;                  /* 1 from begin until release */
-    int capturing;               /* 1 from begin until end */
-} graph_pool;
-
-typedef struct device_state {
-    /* ---- the ledger ---- */
-    _Atomic uint64_t reserved;   /* see the banner; <= limit - others when checked */
-    _Atomic uint64_t committed;  /* driver-granted, not yet freed */
-    _Atomic uint64_t limit;      /* budget; 0 = none */
-    _Atomic uint64_t peak;       /* max of reserved after a passed check */
-    tag_state tag[BRIDGE_NTAGS];
-    _Atomic uint64_t num_allocs, num_frees, num_ooms, num_retries;
-    _Atomic uint64_t num_driver_errors;
-    _Atomic uint64_t num_cache_hits; /* allocations served from the cache */
-    _Atomic uint64_t graph_bytes; /* bytes of graph blocks the user freed */
-
-    /* ---- the pool (set once by setup, under setup_lock) ---- */
-    atomic_int ready;            /* 1 once the fields below are valid */
-    CUdevice dev;
-    CUcontext ctx;               /* the primary context, retained */
-    CUmemoryPool pool;           /* the default pool */
-    CUstream side;               /* non-blocking stream for graph blocks */
-    uint64_t total;              /* device memory, bytes */
-    _Atomic uint64_t release_threshold;
-
-    /* ---- graph capture (under capture_lock) ---- */
-    pthread_mutex_t capture_lock;
-    atomic_int captures_active;  /* captures between begin and end */
-    graph_pool graphs[MAX_GRAPHS];
-    deferred_free *deferred;     /* frees waiting for the captures to end */
-    size_t ndeferred, cap_deferred;
-    _Atomic uint64_t num_deferred; /* == ndeferred, readable without the lock */
-} device_state;
-
-static device_state devices[BRIDGE_MAX_DEVICES];
+device_state bridge_devices[BRIDGE_MAX_DEVICES];
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 /* Set from Python while other threads allocate without the GIL: atomic, and
  * read once per use (a second read could see NULL after the first saw a hook). */
 static _Atomic(bridge_pressure_fn) pressure_hook;
 static _Atomic uint64_t bad_frees; /* unknown pointers and double frees, every device */
-
-#define RELAXED memory_order_relaxed
-
-static inline device_state *device_of(int device)
-{
-    if (device < 0 || device >= BRIDGE_MAX_DEVICES)
-        return NULL;
-    device_state *d = &devices[device];
-    return atomic_load_explicit(&d->ready, memory_order_acquire) ? d : NULL;
-}
-
-static inline void atomic_max(_Atomic uint64_t *a, uint64_t v)
-{
-    uint64_t cur = atomic_load_explicit(a, RELAXED);
-    while (cur < v && !atomic_compare_exchange_weak_explicit(a, &cur, v, RELAXED, RELAXED))
-        ;
-}
+/* The release threshold of devices set up lazily (the last one asked for). */
+static _Atomic uint64_t default_threshold = UINT64_MAX;
 
 /* ---- the current context ---- */
-/* The driver allocates in the calling thread's current context.  torch's
- * autograd thread has none, and a caller may have another device's current;
- * make the device's primary context current for the call. */
-typedef struct ctx_guard {
-    CUcontext prev;
-    int changed;
-} ctx_guard;
-
-static inline void ctx_enter(device_state *d, ctx_guard *g)
+void ctx_enter(device_state *d, ctx_guard *g)
 {
     g->prev = NULL;
     g->changed = 0;
@@ -120,27 +48,22 @@ static inline void ctx_enter(device_state *d, ctx_guard *g)
     }
 }
 
-static inline void ctx_exit(ctx_guard *g)
+void ctx_exit(ctx_guard *g)
 {
-    /* A thread that had no context keeps the primary one: the next call is
-     * then one cheap check, and torch's runtime would make the same choice. */
-    if (g->changed && g->prev)
+    /* "None" is put back too: a thread left with this device's context would
+     * send its next runtime call (torch.empty(device="cuda")) to this device. */
+    if (g->changed)
         bridge_drv.cuCtxSetCurrent(g->prev);
 }
 
-/* While a capture runs, driver calls on other streams must not invalidate it:
- * switch this thread to relaxed capture mode for the call (torch does the
- * same around cudaMalloc). */
-static inline int capture_mode_enter(device_state *d)
+int capture_mode_enter(device_state *d)
 {
     if (!atomic_load_explicit(&d->captures_active, RELAXED))
         return -1;
-    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
-    return mode;
+    return capture_mode_relax();
 }
 
-static inline void capture_mode_exit(int mode)
+void capture_mode_exit(int mode)
 {
     if (mode >= 0)
         bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
@@ -150,13 +73,13 @@ static inline void capture_mode_exit(int mode)
 int bridge_device_setup(int device, uint64_t release_threshold)
 {
     if (!bridge_initialized())
-        return BRIDGE_E_NOTINIT;
+        return bridge_forked() ? BRIDGE_E_FORKED : BRIDGE_E_NOTINIT;
     if (device < 0 || device >= BRIDGE_MAX_DEVICES)
         return BRIDGE_E_DEVICE;
     int count = 0;
     if (bridge_device_count(&count) != BRIDGE_OK || device >= count)
         return BRIDGE_E_DEVICE;
-    device_state *d = &devices[device];
+    device_state *d = &bridge_devices[device];
     int rc = BRIDGE_OK;
     pthread_mutex_lock(&setup_lock);
     if (!atomic_load(&d->ready)) {
@@ -186,15 +109,33 @@ int bridge_device_setup(int device, uint64_t release_threshold)
         if (rc == BRIDGE_OK) {
             d->total = total;
             pthread_mutex_init(&d->capture_lock, NULL);
+            /* the cache's default size: 2% of the device, at least 1 GiB
+             * (bridge/_runtime.py may set another) */
+            uint64_t cache = total / 50 > (1ull << 30) ? total / 50 : (1ull << 30);
+            cache_set_limits(device, cache, BRIDGE_CACHE_MAX_BLOCK);
             atomic_store_explicit(&d->ready, 1, memory_order_release);
         }
     }
     if (rc == BRIDGE_OK) {
         atomic_store(&d->release_threshold, release_threshold);
+        atomic_store(&default_threshold, release_threshold);
         rc = bridge_reassert(device);
     }
     pthread_mutex_unlock(&setup_lock);
     return rc;
+}
+
+device_state *device_use(int device, int *rc)
+{
+    device_state *d = device_of(device);
+    if (d) {
+        *rc = BRIDGE_OK;
+        return d;
+    }
+    /* A device outside unify's list that a framework uses all the same
+     * (torch copying to cuda:1): its default pool, set up now, no budget. */
+    *rc = bridge_device_setup(device, atomic_load(&default_threshold));
+    return *rc == BRIDGE_OK ? device_of(device) : NULL;
 }
 
 int bridge_device_ready(int device) { return device_of(device) != NULL; }
@@ -230,7 +171,8 @@ int bridge_grant_peer_access(int device, int *granted)
         int can = 0;
         if (p == device || bridge_drv.cuDeviceCanAccessPeer(&can, p, d->dev) != CUDA_SUCCESS || !can)
             continue;
-        bridge_CUmemAccessDesc desc = {{1 /* DEVICE */, p}, 3 /* READWRITE */};
+        bridge_CUmemAccessDesc desc = {{CU_MEM_LOCATION_TYPE_DEVICE, p},
+                                       CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
         CUresult r = bridge_drv.cuMemPoolSetAccess(d->pool, &desc, 1);
         if (r != CUDA_SUCCESS)
             return bridge_note_driver_error(r), BRIDGE_E_DRIVER;
@@ -240,15 +182,21 @@ int bridge_grant_peer_access(int device, int *granted)
 }
 
 /* ---- the budget ---- */
-static uint64_t bridge_others_of(device_state *d)
+static uint64_t others_of(device_state *d)
 {
     /* `committed` first: a grant landing between the two reads is then in the
      * pool's figure but not in ours, and counts as others (too much, never
      * too little). */
     uint64_t mine = atomic_load_explicit(&d->committed, memory_order_acquire);
     uint64_t used = 0;
-    if (bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) != CUDA_SUCCESS)
-        return 0;
+    if (bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) ==
+        CUDA_SUCCESS) {
+        atomic_store_explicit(&d->last_pool_used, used, RELAXED);
+    } else {
+        /* Never fail open (others = 0): the last good figure, counted. */
+        atomic_fetch_add_explicit(&d->num_pool_read_errors, 1, RELAXED);
+        used = atomic_load_explicit(&d->last_pool_used, RELAXED);
+    }
     return used > mine ? used - mine : 0;
 }
 
@@ -258,13 +206,12 @@ int bridge_others(int device, uint64_t *out)
     device_state *d = device_of(device);
     if (!d)
         return BRIDGE_E_DEVICE;
-    *out = bridge_others_of(d);
+    *out = others_of(d);
     return BRIDGE_OK;
 }
 
-/* Reserve size bytes for tag; BRIDGE_OK or the limit that refused it.
- * Fast path without a budget: two atomic adds. */
-static int reserve(device_state *d, int tag, uint64_t size)
+/* Fast path without a budget: two atomic adds. */
+int ledger_reserve(device_state *d, int tag, uint64_t size)
 {
     /* No request larger than the device can succeed; refusing it here also
      * keeps the sums below from wrapping (SIZE_MAX from a C caller would
@@ -282,7 +229,7 @@ static int reserve(device_state *d, int tag, uint64_t size)
     uint64_t limit = atomic_load_explicit(&d->limit, RELAXED);
     if (limit) {
         /* one driver call: what others hold in the pool counts too */
-        uint64_t others = bridge_others_of(d);
+        uint64_t others = others_of(d);
         if (r > limit || others > limit - r) {
             atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
             atomic_fetch_sub_explicit(&t->current, size, RELAXED);
@@ -294,10 +241,27 @@ static int reserve(device_state *d, int tag, uint64_t size)
     return BRIDGE_OK;
 }
 
-static void unreserve(device_state *d, int tag, uint64_t size)
+void ledger_unreserve(device_state *d, int tag, uint64_t size)
 {
     atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
     atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
+}
+
+void ledger_count_alloc(device_state *d, int tag, uint64_t size)
+{
+    tag_state *t = &d->tag[tag];
+    atomic_fetch_add_explicit(&t->allocated, size, RELAXED);
+    atomic_fetch_add_explicit(&t->num_allocs, 1, RELAXED);
+    atomic_fetch_add_explicit(&d->num_allocs, 1, RELAXED);
+}
+
+void ledger_count_free(device_state *d, const record *rec)
+{
+    tag_state *t = &d->tag[rec->tag];
+    atomic_fetch_sub_explicit(&t->current, rec->size, RELAXED);
+    atomic_fetch_add_explicit(&t->freed, rec->size, RELAXED);
+    atomic_fetch_add_explicit(&t->num_frees, 1, RELAXED);
+    atomic_fetch_add_explicit(&d->num_frees, 1, RELAXED);
 }
 
 int bridge_set_limit(int device, uint64_t limit)
@@ -323,144 +287,197 @@ int bridge_set_tag_limit(int device, int tag, uint64_t limit)
 void bridge_set_pressure_hook(bridge_pressure_fn fn) { atomic_store(&pressure_hook, fn); }
 
 /* ---- freeing ---- */
-/* Issue the driver free of a block whose record is already out of the table,
- * ordered after every stream recorded against it, and settle the ledger. */
-static void release_block(device_state *d, const record *rec)
+/* Issue the driver free of a block (its record out of the table), ordered
+ * after its streams.  0 when issued; 1 when it must wait for a capture to
+ * end.  Needs the device's context current. */
+static int issue_free(device_state *d, const record *rec)
 {
-    ctx_guard g;
-    ctx_enter(d, &g);
-    int mode = capture_mode_enter(d);
-    CUstream stream = rec->stream;
+    CUstream stream = stream_handle(rec->stream);
     if (rec->nrec) {
-        /* The allocating stream waits for the recorded streams' queued work
-         * (one event, recorded and waited once per stream). */
-        CUevent ev = NULL;
-        if (bridge_drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
-            for (uint16_t i = 0; i < rec->nrec; i++) {
-                bridge_drv.cuEventRecord(ev, rec->recs[i]);
-                bridge_drv.cuStreamWaitEvent(stream, ev, 0);
-            }
-            bridge_drv.cuEventDestroy_v2(ev);
-        } else {
-            for (uint16_t i = 0; i < rec->nrec; i++)
-                bridge_drv.cuStreamSynchronize(rec->recs[i]);
+        int o = stream_order_after_recorded(rec, stream);
+        if (o > 0)
+            return 1;
+        if (o < 0) {
+            /* A recorded stream is gone or unusable: its work can only be
+             * waited for with the whole device (never during a capture). */
+            if (atomic_load_explicit(&d->captures_active, RELAXED))
+                return 1;
+            atomic_fetch_add_explicit(&d->num_order_fallbacks, 1, RELAXED);
+            bridge_drv.cuCtxSynchronize();
         }
-        free(rec->recs);
     }
     CUresult r = bridge_drv.cuMemFreeAsync((CUdeviceptr)rec->ptr, stream);
     if (r != CUDA_SUCCESS) {
-        /* The stream may be gone: finish the device's work, then free on the
-         * legacy stream, which is then ordered after everything. */
         bridge_note_driver_error(r);
         atomic_fetch_add_explicit(&d->num_driver_errors, 1, RELAXED);
+        /* The stream may be capturing (wait for it) or gone: then finish the
+         * device's work and free on the legacy stream, ordered after it. */
+        if (atomic_load_explicit(&d->captures_active, RELAXED) || stream_capturing(rec->stream))
+            return 1;
+        atomic_fetch_add_explicit(&d->num_order_fallbacks, 1, RELAXED);
         bridge_drv.cuCtxSynchronize();
         if (bridge_drv.cuMemFreeAsync((CUdeviceptr)rec->ptr, NULL) != CUDA_SUCCESS)
             atomic_fetch_add_explicit(&d->num_driver_errors, 1, RELAXED);
     }
-    capture_mode_exit(mode);
-    ctx_exit(&g);
+    return 0;
+}
+
+static void settle(device_state *d, const record *rec)
+{
+    free(rec->recs);
     atomic_fetch_sub_explicit(&d->committed, rec->size, RELAXED);
     atomic_fetch_sub_explicit(&d->reserved, rec->size, memory_order_acq_rel);
 }
 
-/* Count a free on the framework's figures (the memory itself may live on). */
-static void count_free(device_state *d, const record *rec)
+void ledger_release(device_state *d, const record *rec)
 {
-    tag_state *t = &d->tag[rec->tag];
-    atomic_fetch_sub_explicit(&t->current, rec->size, RELAXED);
-    atomic_fetch_add_explicit(&t->freed, rec->size, RELAXED);
-    atomic_fetch_add_explicit(&t->num_frees, 1, RELAXED);
-    atomic_fetch_add_explicit(&d->num_frees, 1, RELAXED);
+    /* During a capture a block of the captured stream (a cached one, say)
+     * must not be freed on it: the free would join the user's graph. */
+    if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(rec->stream)) {
+        ledger_defer(d, rec, 0);
+        return;
+    }
+    ctx_guard g;
+    ctx_enter(d, &g);
+    int mode = capture_mode_enter(d);
+    int wait = issue_free(d, rec);
+    capture_mode_exit(mode);
+    ctx_exit(&g);
+    if (wait)
+        ledger_defer(d, rec, 0);
+    else
+        settle(d, rec);
 }
 
-/* Complete the frees deferred during captures, when none is active.  A block
- * whose stream is still capturing stays deferred. */
-static void flush_deferred(device_state *d)
+void ledger_defer(device_state *d, const record *rec, int need_sync)
+{
+    deferred_free item = {.rec = *rec};
+    /* A stream that may be destroyed before the free is issued (a CuPy
+     * stream whose last reference goes with the array): mark the point of
+     * the stream now, and issue the free on the side stream after it. */
+    if (!need_sync && !stream_long_lived(rec->stream) && !stream_capturing(rec->stream)) {
+        ctx_guard g;
+        ctx_enter(d, &g);
+        int mode = capture_mode_relax();
+        if (bridge_drv.cuEventCreate(&item.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+            item.event = NULL;
+        else if (bridge_drv.cuEventRecord(item.event, stream_handle(rec->stream)) != CUDA_SUCCESS) {
+            bridge_drv.cuEventDestroy_v2(item.event);
+            item.event = NULL;
+        }
+        capture_mode_exit(mode);
+        ctx_exit(&g);
+    }
+    pthread_mutex_lock(&d->capture_lock);
+    if (d->ndeferred == d->cap_deferred) {
+        size_t ncap = d->cap_deferred ? d->cap_deferred * 2 : 64;
+        deferred_free *n = realloc(d->deferred, ncap * sizeof *n);
+        if (n) {
+            d->deferred = n;
+            d->cap_deferred = ncap;
+        }
+    }
+    if (d->ndeferred < d->cap_deferred) {
+        d->deferred[d->ndeferred++] = item;
+        atomic_store(&d->num_deferred, d->ndeferred);
+        if (need_sync)
+            atomic_store(&d->deferred_sync, 1);
+    } else {
+        /* No host memory to remember it: the block stays on the ledger (a
+         * leak the figures show), never freed out of order. */
+        atomic_fetch_add_explicit(&d->num_driver_errors, 1, RELAXED);
+        if (item.event)
+            bridge_drv.cuEventDestroy_v2(item.event);
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+}
+
+void ledger_flush_deferred(device_state *d)
 {
     if (!atomic_load_explicit(&d->num_deferred, RELAXED) ||
         atomic_load_explicit(&d->captures_active, RELAXED))
         return;
-    pthread_mutex_lock(&d->capture_lock);
-    size_t kept = 0;
-    for (size_t i = 0; i < d->ndeferred; i++) {
-        record *rec = &d->deferred[i].rec;
-        int status = CU_STREAM_CAPTURE_STATUS_NONE;
-        int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-        bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
-        bridge_drv.cuStreamIsCapturing(rec->stream, &status);
-        bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
-        if (status != CU_STREAM_CAPTURE_STATUS_NONE || atomic_load(&d->captures_active))
-            d->deferred[kept++] = d->deferred[i];
-        else
-            release_block(d, rec);
-    }
-    d->ndeferred = kept;
-    atomic_store(&d->num_deferred, kept);
-    pthread_mutex_unlock(&d->capture_lock);
-}
-
-static int defer_free(device_state *d, const record *rec)
-{
+    ctx_guard g;
+    ctx_enter(d, &g);
+    int mode = capture_mode_relax();
     pthread_mutex_lock(&d->capture_lock);
     if (!atomic_load(&d->captures_active)) {
-        pthread_mutex_unlock(&d->capture_lock);
-        return 0; /* the capture ended meanwhile: free now */
-    }
-    if (d->ndeferred == d->cap_deferred) {
-        size_t ncap = d->cap_deferred ? d->cap_deferred * 2 : 64;
-        deferred_free *n = realloc(d->deferred, ncap * sizeof *n);
-        if (!n) {
-            pthread_mutex_unlock(&d->capture_lock);
-            return 0; /* no host memory to remember it: free now */
+        if (atomic_exchange(&d->deferred_sync, 0))
+            bridge_drv.cuCtxSynchronize(); /* replays of a released graph */
+        size_t kept = 0;
+        for (size_t i = 0; i < d->ndeferred; i++) {
+            deferred_free *it = &d->deferred[i];
+            record rec = it->rec;
+            /* torch calls the end hook after the capture ended on its stream,
+             * but another capture of the same stream may have begun, and a
+             * free issued on a capturing stream would join its graph */
+            if (!it->event && stream_capturing(rec.stream)) {
+                d->deferred[kept++] = *it;
+                continue;
+            }
+            if (it->event) {
+                /* the marked point, then the side stream: the block's own
+                 * stream handle may be gone by now */
+                if (bridge_drv.cuStreamWaitEvent(d->side, it->event, 0) == CUDA_SUCCESS)
+                    rec.stream = d->side;
+                else
+                    atomic_fetch_add_explicit(&d->num_order_fallbacks, 1, RELAXED);
+            }
+            if (issue_free(d, &rec)) {
+                d->deferred[kept++] = *it;
+                continue;
+            }
+            if (it->event)
+                bridge_drv.cuEventDestroy_v2(it->event);
+            settle(d, &rec);
         }
-        d->deferred = n;
-        d->cap_deferred = ncap;
+        d->ndeferred = kept;
+        atomic_store(&d->num_deferred, kept);
     }
-    d->deferred[d->ndeferred++].rec = *rec;
-    atomic_store(&d->num_deferred, d->ndeferred);
     pthread_mutex_unlock(&d->capture_lock);
-    return 1;
+    capture_mode_exit(mode);
+    ctx_exit(&g);
 }
 
 /* ---- the cache in front of the pool (cache.c) ---- */
-/* Tags whose streams live as long as the process (torch's pooled streams):
- * their blocks are cached on any stream.  Other tags' blocks are cached on
- * the default streams only, since a user stream may be destroyed and its
- * handle reused, and stream order is what makes a cached block safe. */
-static atomic_int cache_any_stream[BRIDGE_NTAGS];
-
-static inline int default_stream(CUstream s) { return (uintptr_t)s <= 2; /* NULL, legacy, per-thread */ }
-
-static void release_cached(int device, uintptr_t ptr, uint64_t size, CUstream stream)
+static void release_cached(int device, uintptr_t ptr, uint64_t size, CUstream key)
 {
-    record rec = {.ptr = ptr, .size = size, .stream = stream, .device = device};
-    release_block(&devices[device], &rec);
+    record rec = {.ptr = ptr, .size = size, .stream = key, .device = device};
+    ledger_release(&bridge_devices[device], &rec);
 }
 
-/* Every cached block of a device back to the pool. */
+/* Every cached block of a device back to the pool (in stream order; blocks
+ * of a stream being captured wait for its end). */
 static void flush_cache(int device) { cache_flush(device, release_cached); }
 
 /* An allocation served from the cache: the bytes are already on the ledger
  * (reserved and committed); only the framework's figures move. */
-static int adopt_cached(device_state *d, int device, uintptr_t p, size_t size, CUstream stream,
+static int adopt_cached(device_state *d, int device, uintptr_t p, size_t size, CUstream key,
                         int tag, void **out)
 {
     tag_state *t = &d->tag[tag];
     uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
     uint64_t tcur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
-    record rec = {.ptr = p, .size = size, .stream = stream, .device = device, .tag = (uint8_t)tag};
+    record rec = {.ptr = p, .size = size, .stream = key, .device = device, .tag = (uint8_t)tag};
     if ((tlimit && tcur > tlimit) || records_insert(&rec) != 0) {
         atomic_fetch_sub_explicit(&t->current, size, RELAXED);
-        release_block(d, &rec);
+        ledger_release(d, &rec);
         return BRIDGE_E_TAG_LIMIT;
     }
     atomic_max(&t->peak, tcur);
-    atomic_fetch_add_explicit(&t->allocated, size, RELAXED);
-    atomic_fetch_add_explicit(&t->num_allocs, 1, RELAXED);
-    atomic_fetch_add_explicit(&d->num_allocs, 1, RELAXED);
+    ledger_count_alloc(d, tag, size);
     atomic_fetch_add_explicit(&d->num_cache_hits, 1, RELAXED);
     *out = (void *)p;
     return BRIDGE_OK;
+}
+
+int bridge_forget_stream(void *stream)
+{
+    int rc = stream_forget((CUstream)stream);
+    for (int i = 0; i < BRIDGE_MAX_DEVICES; i++)
+        if (device_of(i))
+            cache_flush_stream(i, (CUstream)stream, release_cached);
+    return rc;
 }
 
 int bridge_set_cache(int device, uint64_t limit, uint64_t max_block)
@@ -473,20 +490,10 @@ int bridge_set_cache(int device, uint64_t limit, uint64_t max_block)
     return BRIDGE_OK;
 }
 
-int bridge_set_cache_any_stream(int tag, int on)
-{
-    if (tag < 0 || tag >= BRIDGE_NTAGS)
-        return BRIDGE_E_INVALID;
-    atomic_store(&cache_any_stream[tag], on ? 1 : 0);
-    return BRIDGE_OK;
-}
-
 /* records_take's `keep` for bridge_free: a graph block stays in the table,
- * marked freed by the user, because replays may still write it; the graph's
+ * marked freed by the user, because replays may still write it; the pool's
  * release returns it.  Runs under the shard lock, so the mark and the figures
- * change in the same step that bridge_graph_release's sweep sees (taking the
- * record out and inserting it back, as before, let a sweep in between miss
- * it: the block then stayed on the ledger for good).
+ * change in the same step that bridge_graph_release's sweep sees.
  * 0: an ordinary block (take it); 1: a graph block, first free; 2: again. */
 static int keep_graph_block(record *r)
 {
@@ -495,69 +502,84 @@ static int keep_graph_block(record *r)
     if (r->flags & REC_USER_FREED)
         return 2;
     r->flags |= REC_USER_FREED;
-    device_state *d = &devices[r->device];
-    count_free(d, r);
+    device_state *d = &bridge_devices[r->device];
+    ledger_count_free(d, r);
     atomic_fetch_add_explicit(&d->graph_bytes, r->size, RELAXED);
     return 1;
 }
 
 void bridge_free(void *ptr)
 {
-    if (!ptr)
-        return;
+    if (!ptr || bridge_forked())
+        return; /* a fork child owns none of the parent's blocks */
     record rec;
-    /* fast path: one shard lock, the driver free, four atomic subtractions */
+    /* fast path: one shard lock, one cache lock, a few atomics */
     int kept = records_take((uintptr_t)ptr, &rec, keep_graph_block);
     if (kept < 0 || kept == 2) {
         /* unknown pointer or double free: count it, change nothing else */
         atomic_fetch_add_explicit(&bad_frees, 1, RELAXED);
         return;
     }
-    if (kept == 1)
-        return; /* a graph block: counted as freed, memory kept until the release */
-    device_state *d = &devices[rec.device];
-    count_free(d, &rec);
-    int capturing = atomic_load_explicit(&d->captures_active, RELAXED);
-    if (capturing && defer_free(d, &rec))
+    device_state *d = &bridge_devices[rec.device];
+    if (kept == 1) {
+        graph_block_freed(d, &rec); /* memory kept for the graph's pool */
         return;
-    /* fast path: kept for the next allocation of this size on this stream */
-    if (!capturing && !rec.nrec &&
-        (default_stream(rec.stream) || atomic_load_explicit(&cache_any_stream[rec.tag], RELAXED)) &&
-        cache_put(rec.device, rec.stream, rec.size, rec.ptr))
+    }
+    ledger_count_free(d, &rec);
+    if (atomic_load_explicit(&d->captures_active, RELAXED)) {
+        ledger_defer(d, &rec, 0); /* issued when the captures end */
         return;
-    release_block(d, &rec);
-    flush_deferred(d);
+    }
+    /* kept for the next allocation of this size on this stream */
+    if (!rec.nrec && stream_long_lived(rec.stream) &&
+        cache_put(rec.device, rec.stream, rec.size, rec.ptr)) {
+        if (atomic_load_explicit(&d->num_deferred, RELAXED))
+            ledger_flush_deferred(d);
+        return;
+    }
+    ledger_release(d, &rec);
+    if (atomic_load_explicit(&d->num_deferred, RELAXED))
+        ledger_flush_deferred(d);
 }
 
 /* ---- allocation ---- */
-static int try_alloc(device_state *d, int device, size_t size, CUstream stream, int tag,
-                     void **out)
+static int try_alloc(device_state *d, int device, size_t size, CUstream stream, CUstream key,
+                     int tag, int outside_capture, void **out)
 {
-    int rc = reserve(d, tag, size);
+    int rc = ledger_reserve(d, tag, size);
     if (rc != BRIDGE_OK)
         return rc;
     CUdeviceptr p = 0;
-    int mode = capture_mode_enter(d);
-    CUresult r = bridge_drv.cuMemAllocFromPoolAsync(&p, size, d->pool, stream);
-    capture_mode_exit(mode);
+    CUresult r;
+    if (outside_capture) {
+        /* The stream is being captured (CuPy's Stream.begin_capture): an
+         * allocation on it would become a node of the user's graph.  Allocate
+         * on the side stream, complete, as torch's graph blocks are. */
+        int mode = capture_mode_relax();
+        r = bridge_drv.cuMemAllocFromPoolAsync(&p, size, d->pool, d->side);
+        if (r == CUDA_SUCCESS)
+            r = bridge_drv.cuStreamSynchronize(d->side);
+        capture_mode_exit(mode);
+    } else {
+        int mode = capture_mode_enter(d);
+        r = bridge_drv.cuMemAllocFromPoolAsync(&p, size, d->pool, stream);
+        capture_mode_exit(mode);
+    }
     if (r != CUDA_SUCCESS || !p) {
-        unreserve(d, tag, size);
+        ledger_unreserve(d, tag, size);
         bridge_note_driver_error(r);
         return r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_SUCCESS ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
     }
     atomic_fetch_add_explicit(&d->committed, size, RELAXED);
-    record rec = {.ptr = (uintptr_t)p, .size = size, .stream = stream,
+    record rec = {.ptr = (uintptr_t)p, .size = size, .stream = key,
                   .device = device, .tag = (uint8_t)tag};
     if (records_insert(&rec) != 0) {
         /* no host memory for the record: give the block back */
         atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
-        release_block(d, &rec);
+        ledger_release(d, &rec);
         return BRIDGE_E_OOM;
     }
-    tag_state *t = &d->tag[tag];
-    atomic_fetch_add_explicit(&t->allocated, size, RELAXED);
-    atomic_fetch_add_explicit(&t->num_allocs, 1, RELAXED);
-    atomic_fetch_add_explicit(&d->num_allocs, 1, RELAXED);
+    ledger_count_alloc(d, tag, size);
     *out = (void *)p;
     return BRIDGE_OK;
 }
@@ -571,42 +593,47 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
         return BRIDGE_OK; /* a null pointer is the right answer for 0 bytes */
     if (tag < 0 || tag >= BRIDGE_NTAGS)
         return BRIDGE_E_INVALID;
+    int rc;
     device_state *d = device_of(device);
-    if (!d)
-        return bridge_initialized() ? BRIDGE_E_DEVICE : BRIDGE_E_NOTINIT;
+    if (!d && !(d = device_use(device, &rc)))
+        return rc;
+    CUstream key = stream_key((CUstream)stream);
+    if (atomic_load_explicit(&d->num_deferred, RELAXED))
+        ledger_flush_deferred(d);
     /* fastest path: a block of this size freed on this stream (one lock, one
      * pop, one shard lock; no driver call, so no context needed) */
-    uintptr_t hit = cache_take(device, stream, size);
-    if (hit && adopt_cached(d, device, hit, size, stream, tag, out) == BRIDGE_OK)
+    uintptr_t hit = cache_take(device, key, size);
+    if (hit && adopt_cached(d, device, hit, size, key, tag, out) == BRIDGE_OK)
         return BRIDGE_OK;
     ctx_guard g;
     ctx_enter(d, &g);
-    if (atomic_load_explicit(&d->num_deferred, RELAXED))
-        flush_deferred(d);
+    int captured = atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(key);
     /* fast path: two atomic adds (plus one attribute read under a budget),
      * one driver call, one shard lock */
-    int rc = try_alloc(d, device, size, stream, tag, out);
+    rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
     if (retryable(rc)) {
-        /* 1. Let the stream's pending frees land and complete deferred ones.
-         *    (Not while a capture runs: a synchronize would invalidate it.) */
+        /* 1. Cached blocks back to the pool, the stream's pending frees land
+         *    (not while a capture runs: a synchronization could invalidate
+         *    it), deferred frees complete. */
         flush_cache(device);
         if (!atomic_load_explicit(&d->captures_active, RELAXED))
-            bridge_drv.cuStreamSynchronize(stream);
-        flush_deferred(d);
-        rc = try_alloc(d, device, size, stream, tag, out);
-        /* 2. Ask the frameworks to release their caches, then try again. */
+            bridge_drv.cuStreamSynchronize((CUstream)stream);
+        ledger_flush_deferred(d);
+        rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
+        /* 2. Ask the frameworks to release their caches, then try again.  No
+         *    device-wide synchronization: another library's capture (XLA's)
+         *    may be running, and the pool reuses memory freed on other
+         *    streams by itself. */
         bridge_pressure_fn hook = atomic_load(&pressure_hook); /* one read: see its comment */
         if (retryable(rc) && hook && hook(device, size, tag)) {
-            /* The hook ran Python, which may have switched the context: make
-             * the device's current again, but keep `g` as it is: it holds the
-             * caller's context for ctx_exit (a second ctx_enter(d, &g) here
-             * overwrote it, and the caller was left on this device's). */
+            /* The hook may have run Python that switched the context: make
+             * the device's current again (keeping the caller's in `g`). */
             bridge_drv.cuCtxSetCurrent(d->ctx);
             flush_cache(device);
-            /* the whole device this time: frees queued on other streams land */
             if (!atomic_load_explicit(&d->captures_active, RELAXED))
-                bridge_drv.cuCtxSynchronize();
-            rc = try_alloc(d, device, size, stream, tag, out);
+                bridge_drv.cuStreamSynchronize((CUstream)stream);
+            ledger_flush_deferred(d);
+            rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
         }
         if (rc == BRIDGE_OK)
             atomic_fetch_add_explicit(&d->num_retries, 1, RELAXED);
@@ -622,6 +649,11 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
 static int add_stream(record *r, void *arg)
 {
     CUstream s = (CUstream)arg;
+    /* The per-thread default stream of the calling thread: recorded as the
+     * legacy stream, which any thread can order after (it waits for every
+     * blocking stream's queued work). */
+    if (s == (CUstream)(uintptr_t)2)
+        s = stream_key(s) == r->stream ? r->stream : (CUstream)(uintptr_t)1;
     if (s == r->stream)
         return 0;
     for (uint16_t i = 0; i < r->nrec; i++)
@@ -663,179 +695,39 @@ int bridge_lookup(void *ptr, size_t *size, int *device, int *tag)
     return BRIDGE_OK;
 }
 
-/* ---- CUDA graph capture ---- */
-int bridge_captures_active(int device)
-{
-    device_state *d = device_of(device);
-    return d ? atomic_load(&d->captures_active) : 0;
-}
-
-int bridge_graph_begin(int device, uint64_t id0, uint64_t id1)
-{
-    device_state *d = device_of(device);
-    if (!d)
-        return BRIDGE_E_DEVICE;
-    int rc = BRIDGE_E_INVALID;
-    pthread_mutex_lock(&d->capture_lock);
-    graph_pool *free_slot = NULL;
-    for (int i = 0; i < MAX_GRAPHS; i++) {
-        graph_pool *gp = &d->graphs[i];
-        if (gp->in_use && gp->id0 == id0 && gp->id1 == id1) {
-            free_slot = gp; /* a pool captured into again */
-            break;
-        }
-        if (!gp->in_use && !free_slot)
-            free_slot = gp;
-    }
-    if (free_slot) {
-        if (!free_slot->capturing)
-            atomic_fetch_add(&d->captures_active, 1);
-        *free_slot = (graph_pool){.id0 = id0, .id1 = id1, .in_use = 1, .capturing = 1};
-        rc = BRIDGE_OK;
-    }
-    pthread_mutex_unlock(&d->capture_lock);
-    return rc;
-}
-
-int bridge_graph_end(int device, uint64_t id0, uint64_t id1)
-{
-    device_state *d = device_of(device);
-    if (!d)
-        return BRIDGE_E_DEVICE;
-    int rc = BRIDGE_E_INVALID;
-    pthread_mutex_lock(&d->capture_lock);
-    for (int i = 0; i < MAX_GRAPHS; i++) {
-        graph_pool *gp = &d->graphs[i];
-        if (gp->in_use && gp->capturing && gp->id0 == id0 && gp->id1 == id1) {
-            gp->capturing = 0;
-            atomic_fetch_sub(&d->captures_active, 1);
-            rc = BRIDGE_OK;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&d->capture_lock);
-    /* Deferred frees complete at the next allocation or free: the capture
-     * itself ends only after this hook returns. */
-    return rc;
-}
-
-typedef struct release_arg {
-    device_state *d;
-    uint64_t id0, id1;
-} release_arg;
-
-static int release_graph_record(record *r, void *arg)
-{
-    release_arg *a = arg;
-    if (!(r->flags & REC_GRAPH) || r->graph0 != a->id0 || r->graph1 != a->id1 ||
-        &devices[r->device] != a->d)
-        return 0;
-    if (!(r->flags & REC_USER_FREED)) {
-        r->flags = 0; /* still in use: an ordinary block from now on */
-        return 0;
-    }
-    atomic_fetch_sub_explicit(&a->d->graph_bytes, r->size, RELAXED);
-    release_block(a->d, r);
-    return 1;
-}
-
-int bridge_graph_release(int device, uint64_t id0, uint64_t id1)
-{
-    device_state *d = device_of(device);
-    if (!d)
-        return BRIDGE_E_DEVICE;
-    int found = 0;
-    pthread_mutex_lock(&d->capture_lock);
-    for (int i = 0; i < MAX_GRAPHS; i++) {
-        graph_pool *gp = &d->graphs[i];
-        if (gp->in_use && gp->id0 == id0 && gp->id1 == id1) {
-            if (gp->capturing)
-                atomic_fetch_sub(&d->captures_active, 1);
-            *gp = (graph_pool){0};
-            found = 1;
-        }
-    }
-    pthread_mutex_unlock(&d->capture_lock);
-    if (!found)
-        return BRIDGE_OK;
-    /* Replays may still be running: wait for the device before the blocks
-     * go back to the pool. */
-    ctx_guard g;
-    ctx_enter(d, &g);
-    if (!atomic_load(&d->captures_active))
-        bridge_drv.cuCtxSynchronize();
-    release_arg a = {d, id0, id1};
-    records_sweep(release_graph_record, &a);
-    ctx_exit(&g);
-    return BRIDGE_OK;
-}
-
-int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void **out)
-{
-    *out = NULL;
-    if (size == 0)
-        return BRIDGE_OK;
-    if (tag < 0 || tag >= BRIDGE_NTAGS)
-        return BRIDGE_E_INVALID;
-    device_state *d = device_of(device);
-    if (!d)
-        return BRIDGE_E_DEVICE;
-    int rc = reserve(d, tag, size);
-    if (rc != BRIDGE_OK) {
-        atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
-        atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
-        return rc;
-    }
-    ctx_guard g;
-    ctx_enter(d, &g);
-    /* Allocated outside the capture, on the side stream, and complete before
-     * the captured work uses it: the graph holds no allocation node, so
-     * every replay finds the memory at the same address. */
-    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
-    CUdeviceptr p = 0;
-    CUresult r = bridge_drv.cuMemAllocFromPoolAsync(&p, size, d->pool, d->side);
-    if (r == CUDA_SUCCESS)
-        r = bridge_drv.cuStreamSynchronize(d->side);
-    bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
-    ctx_exit(&g);
-    if (r != CUDA_SUCCESS || !p) {
-        unreserve(d, tag, size);
-        bridge_note_driver_error(r);
-        atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
-        atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
-        return r == CUDA_ERROR_OUT_OF_MEMORY ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
-    }
-    atomic_fetch_add_explicit(&d->committed, size, RELAXED);
-    record rec = {.ptr = (uintptr_t)p, .size = size, .stream = d->side, .device = device,
-                  .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1};
-    if (records_insert(&rec) != 0) {
-        atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
-        release_block(d, &rec);
-        return BRIDGE_E_OOM;
-    }
-    atomic_fetch_add_explicit(&d->tag[tag].allocated, size, RELAXED);
-    atomic_fetch_add_explicit(&d->tag[tag].num_allocs, 1, RELAXED);
-    atomic_fetch_add_explicit(&d->num_allocs, 1, RELAXED);
-    *out = (void *)p;
-    return BRIDGE_OK;
-}
-
 /* ---- idle memory ---- */
 int bridge_trim(int device, uint64_t keep)
 {
     device_state *d = device_of(device);
     if (!d)
         return BRIDGE_E_DEVICE;
+    flush_cache(device);
+    ledger_flush_deferred(d);
     ctx_guard g;
     ctx_enter(d, &g);
-    flush_cache(device);
-    flush_deferred(d);
     if (!atomic_load(&d->captures_active))
         bridge_drv.cuCtxSynchronize(); /* pending frees return to the pool */
     CUresult r = bridge_drv.cuMemPoolTrimTo(d->pool, keep);
     ctx_exit(&g);
     return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
+}
+
+/* ---- fork ---- */
+void ledger_forget_after_fork(void)
+{
+    /* The child owns none of the parent's blocks and may find any lock held
+     * by a thread that no longer exists: forget everything, take no lock. */
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    setup_lock = fresh;
+    for (int i = 0; i < BRIDGE_MAX_DEVICES; i++) {
+        device_state *d = &bridge_devices[i];
+        atomic_store(&d->ready, 0);
+        d->capture_lock = fresh;
+        d->deferred = NULL;
+        d->ndeferred = d->cap_deferred = 0;
+        atomic_store(&d->num_deferred, 0);
+        graph_forget(d);
+    }
 }
 
 /* ---- figures ---- */
@@ -860,6 +752,9 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->graph_bytes = atomic_load(&d->graph_bytes);
     out->cached = cache_bytes(device);
     out->num_cache_hits = atomic_load(&d->num_cache_hits);
+    out->num_order_fallbacks = atomic_load(&d->num_order_fallbacks);
+    out->num_pool_read_errors = atomic_load(&d->num_pool_read_errors);
+    out->captures_active = (uint64_t)atomic_load(&d->captures_active);
     out->cache_limit = cache_limit(device);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];

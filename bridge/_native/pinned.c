@@ -449,7 +449,7 @@ int bridge_pinned_setup(int backend, int *chosen)
     if (chosen)
         *chosen = -1;
     if (!bridge_initialized())
-        return BRIDGE_E_NOTINIT;
+        return bridge_forked() ? BRIDGE_E_FORKED : BRIDGE_E_NOTINIT;
     if (backend != BRIDGE_PINNED_CACHED && backend != BRIDGE_PINNED_MEMPOOL &&
         backend != BRIDGE_PINNED_AUTO)
         return BRIDGE_E_INVALID;
@@ -505,6 +505,8 @@ int bridge_pinned_alloc(size_t size, int may_block, bridge_pinned_block **out)
     int cls = class_of(size, &cap);
     int reused = 1;
 
+    if (bridge_forked())
+        return BRIDGE_E_FORKED; /* the free lists hold the parent's blocks */
     /* fast path: one lock and a list pop */
     pthread_mutex_lock(&P.lock);
     if (!P.ready) {
@@ -612,7 +614,8 @@ void bridge_pinned_retain(bridge_pinned_block *b)
 /* fast path: one atomic decrement; the last owner takes the lock once */
 void bridge_pinned_release(bridge_pinned_block *b)
 {
-    if (!b || atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
+    if (!b || atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1 ||
+        bridge_forked())
         return;
     pthread_mutex_lock(&P.lock);
     live_remove(b);
@@ -787,4 +790,14 @@ int bridge_pinned_reset_peak(void)
     P.peak_used = P.used;
     pthread_mutex_unlock(&P.lock);
     return BRIDGE_OK;
+}
+
+/* ---- fork ---- */
+/* The child forgets the parent's blocks (never handed out again: CUDA
+ * marks pinned pages not to be inherited) without taking the lock. */
+void pinned_forget_after_fork(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    memset(&P, 0, sizeof P);
+    P.lock = fresh;
 }

@@ -12,6 +12,9 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include <pthread.h>
+#include <time.h>
+
 #include "bridge.h"
 
 static PyObject *str_ptr; /* interned "ptr" */
@@ -262,14 +265,28 @@ static PyTypeObject CupyAllocatorType = {
 };
 
 /* ---- the pressure hook: Python's recovery chain, reached from C ---- */
+/* The chain (framework caches, gc.collect, user callbacks) runs Python.  A
+ * thread that already holds the GIL, or a CuPy allocation (a Python thread
+ * that released it around the core), runs it itself.  A torch allocation
+ * may come from a C++ thread (autograd's) holding torch locks that a
+ * GIL-holding thread waits for: taking the GIL there could deadlock.  Such a
+ * thread asks the reliever (a Python thread started by bridge.recovery,
+ * blocked here without the GIL) and waits for it at most relief_timeout;
+ * past that it goes on without the chain's help. */
 static PyObject *pressure_callback; /* (device, size, tag) -> bool */
 
-static int pressure_trampoline(int device, size_t size, int tag)
+static pthread_mutex_t relief_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t relief_cv = PTHREAD_COND_INITIALIZER;
+static uint64_t relief_asked, relief_done; /* request generations (relief_mu) */
+static int relief_args[2];                 /* device, tag of the request */
+static size_t relief_size;
+static int relief_freed;                   /* result of generation relief_done */
+static int reliever_running;               /* a reliever waits for requests */
+static double relief_timeout = 5.0;        /* seconds */
+
+static int run_callback(int device, size_t size, int tag)
 {
-    if (!Py_IsInitialized())
-        return 0;
     int freed = 0;
-    PyGILState_STATE st = PyGILState_Ensure();
     PyObject *cb = pressure_callback;
     if (cb) {
         Py_INCREF(cb);
@@ -282,8 +299,123 @@ static int pressure_trampoline(int device, size_t size, int tag)
         }
         Py_DECREF(cb);
     }
+    return freed;
+}
+
+/* -1 when no reliever runs (the caller then takes the GIL itself). */
+static int ask_reliever(int device, size_t size, int tag)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double whole = (double)(long)relief_timeout;
+    until.tv_sec += (time_t)whole;
+    until.tv_nsec += (long)((relief_timeout - whole) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    int freed = -1;
+    pthread_mutex_lock(&relief_mu);
+    if (reliever_running) {
+        /* one request at a time: a request in flight serves this one too */
+        if (relief_asked == relief_done) {
+            relief_args[0] = device;
+            relief_args[1] = tag;
+            relief_size = size;
+            relief_asked++;
+            pthread_cond_broadcast(&relief_cv);
+        }
+        uint64_t mine = relief_asked;
+        int rc = 0;
+        while (relief_done < mine && rc == 0)
+            rc = pthread_cond_timedwait(&relief_cv, &relief_mu, &until);
+        freed = relief_done >= mine && relief_freed;
+    }
+    pthread_mutex_unlock(&relief_mu);
+    return freed;
+}
+
+static int pressure_trampoline(int device, size_t size, int tag)
+{
+    if (!Py_IsInitialized())
+        return 0;
+    if (tag == BRIDGE_TAG_TORCH && !PyGILState_Check()) {
+        int freed = ask_reliever(device, size, tag);
+        if (freed >= 0)
+            return freed;
+    }
+    PyGILState_STATE st = PyGILState_Ensure();
+    int freed = run_callback(device, size, tag);
     PyGILState_Release(st);
     return freed;
+}
+
+static PyObject *py_relief_loop(PyObject *m, PyObject *a)
+{
+    /* The reliever's body: serve requests until stop_relief() (never returns
+     * otherwise).  Run it in a daemon thread. */
+    (void)m;
+    (void)a;
+    pthread_mutex_lock(&relief_mu);
+    if (reliever_running) {
+        pthread_mutex_unlock(&relief_mu);
+        Py_RETURN_FALSE; /* one reliever is enough */
+    }
+    reliever_running = 1;
+    pthread_mutex_unlock(&relief_mu);
+    for (;;) {
+        int device = 0, tag = 0, stop = 0;
+        size_t size = 0;
+        uint64_t gen = 0;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&relief_mu);
+        while (reliever_running && relief_asked == relief_done)
+            pthread_cond_wait(&relief_cv, &relief_mu);
+        stop = !reliever_running;
+        gen = relief_asked;
+        device = relief_args[0];
+        tag = relief_args[1];
+        size = relief_size;
+        pthread_mutex_unlock(&relief_mu);
+        Py_END_ALLOW_THREADS
+        if (stop)
+            break;
+        int freed = run_callback(device, size, tag);
+        pthread_mutex_lock(&relief_mu);
+        relief_freed = freed;
+        relief_done = gen;
+        pthread_cond_broadcast(&relief_cv);
+        pthread_mutex_unlock(&relief_mu);
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *py_stop_relief(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    pthread_mutex_lock(&relief_mu);
+    reliever_running = 0;
+    relief_done = relief_asked; /* nobody waits for a request nobody serves */
+    pthread_cond_broadcast(&relief_cv);
+    pthread_mutex_unlock(&relief_mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_relief_timeout(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    double t = PyFloat_AsDouble(arg);
+    if (t == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (!(t >= 0.0 && t <= 3600.0)) {
+        PyErr_Format(PyExc_ValueError, "the relief timeout must be in [0, 3600] seconds, got %R", arg);
+        return NULL;
+    }
+    pthread_mutex_lock(&relief_mu);
+    relief_timeout = t;
+    pthread_mutex_unlock(&relief_mu);
+    Py_RETURN_NONE;
 }
 
 static PyObject *py_set_pressure_callback(PyObject *m, PyObject *cb)
@@ -461,13 +593,43 @@ static PyObject *py_set_cache(PyObject *m, PyObject *args)
     return PyLong_FromLong(rc);
 }
 
-static PyObject *py_set_cache_any_stream(PyObject *m, PyObject *args)
+static PyObject *py_register_stream(PyObject *m, PyObject *args)
 {
     (void)m;
-    int tag, on;
-    if (!PyArg_ParseTuple(args, "ip", &tag, &on))
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "K", &stream))
         return NULL;
-    return PyLong_FromLong(bridge_set_cache_any_stream(tag, on));
+    return PyLong_FromLong(bridge_register_stream((void *)(uintptr_t)stream));
+}
+
+static PyObject *py_forget_stream(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "K", &stream))
+        return NULL;
+    return PyLong_FromLong(bridge_forget_stream((void *)(uintptr_t)stream));
+}
+
+static PyObject *py_capture(PyObject *m, PyObject *args)
+{
+    /* capture(begin, device) -> status: a capture the bridge must know of */
+    (void)m;
+    int begin, dev;
+    if (!PyArg_ParseTuple(args, "pi", &begin, &dev))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = begin ? bridge_capture_begin(dev) : bridge_capture_end(dev);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_forked(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    return PyBool_FromLong(bridge_forked());
 }
 
 static PyObject *py_set_tag_limit(PyObject *m, PyObject *args)
@@ -587,7 +749,8 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(limit) PUT(used) PUT(peak_used) PUT(pool_used) PUT(pool_reserved) PUT(pool_used_high)
     PUT(release_threshold) PUT(total) PUT(num_allocs) PUT(num_frees) PUT(num_ooms)
     PUT(num_retries) PUT(num_bad_frees) PUT(num_driver_errors) PUT(num_deferred) PUT(graph_bytes)
-    PUT(cached) PUT(cache_limit) PUT(num_cache_hits)
+    PUT(cached) PUT(cache_limit) PUT(num_cache_hits) PUT(num_order_fallbacks)
+    PUT(num_pool_read_errors) PUT(captures_active)
 #undef PUT
     {
         PyObject *tags = PyList_New(BRIDGE_NTAGS);
@@ -675,8 +838,8 @@ static PyObject *py_alloc_graph(PyObject *m, PyObject *args)
     (void)m;
     int dev, tag;
     Py_ssize_t size;
-    unsigned long long a, b;
-    if (!PyArg_ParseTuple(args, "iniKK", &dev, &size, &tag, &a, &b))
+    unsigned long long a, b, stream = 0;
+    if (!PyArg_ParseTuple(args, "iniKK|K", &dev, &size, &tag, &a, &b, &stream))
         return NULL;
     if (size < 0) {
         PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
@@ -685,7 +848,7 @@ static PyObject *py_alloc_graph(PyObject *m, PyObject *args)
     void *p = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = bridge_alloc_graph(dev, (size_t)size, tag, a, b, &p);
+    rc = bridge_alloc_graph(dev, (size_t)size, tag, a, b, (void *)(uintptr_t)stream, &p);
     Py_END_ALLOW_THREADS
     return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
 }
@@ -707,7 +870,13 @@ static PyMethodDef methods[] = {
     {"grant_peer_access", py_grant_peer_access, METH_VARARGS, "-> (status, peers granted)"},
     {"set_limit", py_set_limit, METH_VARARGS, "set_limit(device, bytes) -> status"},
     {"set_cache", py_set_cache, METH_VARARGS, "set_cache(device, limit, max_block=256MiB) -> status"},
-    {"set_cache_any_stream", py_set_cache_any_stream, METH_VARARGS, "set_cache_any_stream(tag, on) -> status"},
+    {"register_stream", py_register_stream, METH_VARARGS, "register_stream(handle) -> status: blocks freed on it may be cached"},
+    {"forget_stream", py_forget_stream, METH_VARARGS, "forget_stream(handle) -> status: no longer cache blocks freed on it"},
+    {"capture", py_capture, METH_VARARGS, "capture(begin, device) -> status: a stream capture starts or ends"},
+    {"forked", py_forked, METH_NOARGS, "Whether this is a fork child of a process that used CUDA."},
+    {"relief_loop", py_relief_loop, METH_NOARGS, "Serve pressure requests of non-Python threads (run in a daemon thread)."},
+    {"stop_relief", py_stop_relief, METH_NOARGS, "Stop the reliever."},
+    {"set_relief_timeout", py_set_relief_timeout, METH_O, "Seconds a torch thread waits for the reliever."},
     {"set_tag_limit", py_set_tag_limit, METH_VARARGS, "set_tag_limit(device, tag, bytes) -> status"},
     {"alloc", py_alloc, METH_VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)"},
     {"alloc_block", py_alloc_block, METH_VARARGS, "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
@@ -720,7 +889,7 @@ static PyMethodDef methods[] = {
     {"others", py_others, METH_VARARGS, "others(device) -> (status, bytes)"},
     {"live_records", py_live_records, METH_NOARGS, "Live allocations, every device."},
     {"graph", py_graph, METH_VARARGS, "graph(op, device, id0, id1) -> status"},
-    {"alloc_graph", py_alloc_graph, METH_VARARGS, "alloc_graph(device, size, tag, id0, id1) -> (status, ptr)"},
+    {"alloc_graph", py_alloc_graph, METH_VARARGS, "alloc_graph(device, size, tag, id0, id1, stream=0) -> (status, ptr)"},
     {"set_pressure_callback", py_set_pressure_callback, METH_O, "Set the recovery hook (or None)."},
     {NULL, NULL, 0, NULL},
 };

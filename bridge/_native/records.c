@@ -27,20 +27,22 @@ static shard shards[NSHARDS] = {
 #undef S1
 };
 
-static inline uint64_t mix(uintptr_t p)
-{
-    /* Pool pointers are aligned: drop the low bits, then Fibonacci hashing. */
-    return ((uint64_t)p >> 8) * 0x9E3779B97F4A7C15ull;
-}
+/* Pool pointers are aligned (to 512 B, and to 2 MiB for large blocks): a
+ * multiplicative hash spreads them only in its HIGH bits.  The shard comes
+ * from the top 6 bits, the slot from the next ones (a slot index from the
+ * low bits piled 64 MiB-strided pointers onto a few slots). */
+static inline uint64_t mix(uintptr_t p) { return (uint64_t)p * 0x9E3779B97F4A7C15ull; }
 
-static inline shard *shard_of(uint64_t h) { return &shards[h >> 58 & (NSHARDS - 1)]; }
+static inline shard *shard_of(uint64_t h) { return &shards[h >> 58]; }
+
+static inline size_t slot_index(uint64_t h, size_t mask) { return (size_t)(h >> 6 >> 20) & mask; }
 
 /* Slot of ptr in s, or of the first free slot on its probe path (insert). */
 static record *probe(shard *s, uintptr_t ptr, uint64_t h, int for_insert)
 {
     size_t mask = s->cap - 1;
     record *first_tomb = NULL;
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
+    for (size_t i = slot_index(h, mask);; i = (i + 1) & mask) {
         record *r = &s->slots[i];
         if (r->ptr == ptr)
             return r;
@@ -159,4 +161,12 @@ uint64_t records_count(void)
         pthread_mutex_unlock(&shards[k].lock);
     }
     return n;
+}
+
+/* A fork child forgets the parent's records without taking a lock. */
+void records_forget_after_fork(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    for (int k = 0; k < NSHARDS; k++)
+        shards[k] = (shard){fresh, NULL, 0, 0, 0};
 }

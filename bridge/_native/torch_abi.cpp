@@ -60,11 +60,25 @@ std::string gib(uint64_t bytes)
     uint64_t others = 0;
     bridge_others(device, &others);
     std::string msg;
-    if (rc == BRIDGE_E_DRIVER || rc == BRIDGE_E_DEVICE || rc == BRIDGE_E_NOTINIT) {
-        int code = bridge_last_driver_error();
+    if (rc == BRIDGE_E_FORKED)
+        throw std::runtime_error(
+            "CUDA error: this process was forked from one that had started CUDA, and CUDA "
+            "cannot be used in a forked child: start workers with the 'spawn' method");
+    if (rc == BRIDGE_E_DRIVER || rc == BRIDGE_E_DEVICE || rc == BRIDGE_E_NOTINIT ||
+        rc == BRIDGE_E_NOPOOLS || rc == BRIDGE_E_INVALID) {
         msg = "CUDA error: bridge could not allocate " + std::to_string(size) + " bytes on device " +
-              std::to_string(device) + " (" + bridge_driver_error_name(code) + ", code " +
-              std::to_string(code) + ")";
+              std::to_string(device) + ": ";
+        int code = bridge_last_driver_error();
+        if (rc == BRIDGE_E_DRIVER && code != 0)
+            msg += std::string("the driver said ") + bridge_driver_error_name(code) + " (code " +
+                   std::to_string(code) + ")";
+        else if (rc == BRIDGE_E_NOPOOLS)
+            msg += "the device has no stream-ordered memory pools";
+        else if (rc == BRIDGE_E_NOTINIT)
+            msg += "the CUDA driver is not loaded (call bridge.unify first)";
+        else
+            msg += "no such device, or it could not be set up (bridge status " +
+                   std::to_string(rc) + ")";
         throw std::runtime_error(msg);
     }
     msg = "CUDA out of memory. Tried to allocate " + gib(size) + " (" + std::to_string(size) +
@@ -97,7 +111,7 @@ void *bridge_torch_alloc(size_t size, int device, void *stream)
     int rc;
     MempoolId id;
     if (bridge_captures_active(device) && route_to_graph(device, stream, &id))
-        rc = bridge_alloc_graph(device, size, BRIDGE_TAG_TORCH, id.first, id.second, &p);
+        rc = bridge_alloc_graph(device, size, BRIDGE_TAG_TORCH, id.first, id.second, stream, &p);
     else
         rc = bridge_alloc(device, size, stream, BRIDGE_TAG_TORCH, &p);
     if (rc != BRIDGE_OK)
@@ -109,7 +123,8 @@ void bridge_torch_free(void *ptr, size_t, int, void *) { bridge_free(ptr); }
 
 void bridge_torch_init(int) {}
 
-// torch.cuda.empty_cache(): idle pool memory of every device goes back.
+// torch.cuda.empty_cache(): idle pool memory of every device goes back
+// (nothing synchronized or freed on a stream being captured).
 void bridge_torch_empty_cache(void)
 {
     for (int d = 0; d < BRIDGE_MAX_DEVICES; d++)
@@ -142,9 +157,8 @@ void bridge_torch_begin_allocate_to_pool(int device, MempoolId id, StreamFilter 
         std::lock_guard<std::mutex> lock(capture_mu);
         captures.pop_back();
         // torch raises this as a RuntimeError from capture_begin
-        throw std::runtime_error("bridge: too many CUDA graph pools are open on device " +
-                                 std::to_string(device) +
-                                 "; release graphs you no longer need (graph.reset() or del)");
+        throw std::runtime_error("bridge: no host memory to open a CUDA graph pool on device " +
+                                 std::to_string(device));
     }
 }
 

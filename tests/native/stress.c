@@ -72,6 +72,7 @@ static struct {
     void (*hold_events)(int on);             /* events recorded now stay pending */
     void (*complete_events)(void);
     int (*stream_create)(void **stream, unsigned flags); /* cuStreamCreate */
+    void (*adopt_stream)(void *stream, int dev); /* a made-up handle becomes a stream */
 } standin;
 
 static void load_standin(const char *path)
@@ -90,11 +91,15 @@ static void load_standin(const char *path)
     *(void **)&standin.hold_events = dlsym(lib, "standin_hold_events");
     *(void **)&standin.complete_events = dlsym(lib, "standin_complete_events");
     *(void **)&standin.stream_create = dlsym(lib, "cuStreamCreate");
+    *(void **)&standin.adopt_stream = dlsym(lib, "standin_adopt_stream");
+    CHECK(standin.adopt_stream, "%s lacks standin_adopt_stream", path);
     CHECK(standin.set_capacity && standin.add_foreign && standin.sync_all && standin.live_count &&
               standin.ctx_get && standin.ctx_set && standin.ctx_retain && standin.counter &&
               standin.hold_events && standin.complete_events && standin.stream_create,
           "%s lacks the standin_* controls", path);
     /* the handle stays open for the life of the program, like the core's */
+    for (int i = 0; i < 32; i++) /* the streams the phases use (stream_of) */
+        standin.adopt_stream((void *)(uintptr_t)(0x5000 + 16 * (uintptr_t)i), 0);
 }
 
 /* ---- small helpers ---- */
@@ -566,8 +571,11 @@ static void *cache_changer(void *arg)
     while (!atomic_load(&cache_stop)) {
         CHECK(bridge_set_cache(0, caps[rnd(&s) % 3], rnd(&s) % 2 ? 256 * MIB : 8 * KIB) ==
                   BRIDGE_OK, "set_cache");
-        CHECK(bridge_set_cache_any_stream((int)(rnd(&s) % BRIDGE_NTAGS), (int)(rnd(&s) % 2)) ==
-                  BRIDGE_OK, "set_cache_any_stream");
+        /* streams become long-lived and are forgotten again while blocks
+         * freed on them come and go through the cache */
+        void *st = stream_of((int)(rnd(&s) % 6));
+        CHECK((rnd(&s) % 2 ? bridge_register_stream(st) : bridge_forget_stream(st)) == BRIDGE_OK,
+              "register/forget stream");
         for (int i = 0; i < 2000 && !atomic_load(&cache_stop); i++)
             sched_yield();
     }
@@ -602,8 +610,8 @@ static void phase_cache(void)
     check_idle("cache");
     /* the defaults again (cache.c) */
     CHECK(bridge_set_cache(0, 1ull << 30, 256 * MIB) == BRIDGE_OK, "set_cache");
-    for (int t = 0; t < BRIDGE_NTAGS; t++)
-        CHECK(bridge_set_cache_any_stream(t, 0) == BRIDGE_OK, "set_cache_any_stream");
+    for (int i = 0; i < 6; i++)
+        CHECK(bridge_forget_stream(stream_of(i)) == BRIDGE_OK, "forget_stream");
 }
 
 /* ---- phase: graph (captures, deferred frees, graph blocks racing release) ---- */
@@ -617,7 +625,7 @@ static void *capture_toggler(void *arg)
         id++;
         CHECK(bridge_graph_begin(0, 7, id) == BRIDGE_OK, "graph_begin");
         void *p = NULL;
-        int rc = bridge_alloc_graph(0, 4096, BRIDGE_TAG_TORCH, 7, id, &p);
+        int rc = bridge_alloc_graph(0, 4096, BRIDGE_TAG_TORCH, 7, id, stream_of(30), &p);
         /* OOM is possible: the workers' frees queue on streams nobody
          * synchronizes, and a graph allocation does not retry (it may not
          * synchronize during a capture) */
@@ -675,7 +683,7 @@ static void phase_graph(void)
         uint64_t id = (uint64_t)r;
         CHECK(bridge_graph_begin(1, 9, id) == BRIDGE_OK, "graph_begin");
         for (int i = 0; i < 16; i++)
-            CHECK(bridge_alloc_graph(1, 512 + (size_t)i, BRIDGE_TAG_TORCH, 9, id,
+            CHECK(bridge_alloc_graph(1, 512 + (size_t)i, BRIDGE_TAG_TORCH, 9, id, stream_of(31),
                                      &g[0].blocks[i]) == BRIDGE_OK, "alloc_graph");
         CHECK(bridge_graph_end(1, 9, id) == BRIDGE_OK, "graph_end");
         g[0].id = g[1].id = id;

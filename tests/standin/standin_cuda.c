@@ -923,6 +923,20 @@ void standin_set_host_pools_supported(int on)
 }
 
 /* A stream of device `dev`'s primary context (what torch or CuPy would make). */
+/* Declare a handle a test made up as a stream of device `dev`. */
+void standin_adopt_stream(CUstream s, int dev)
+{
+    pthread_mutex_lock(&mu);
+    int known = 0;
+    for (int i = 0; i < nstreams; i++)
+        known |= streams[i].s == s;
+    if (!known && nstreams < MAXSTREAMS) {
+        streams[nstreams].s = s;
+        streams[nstreams++].ctx = (CUcontext)&devs[dev].ctx_tag;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 CUstream standin_new_stream(int dev)
 {
     pthread_mutex_lock(&mu);

@@ -1,0 +1,373 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* graph.c: CUDA graph pools, as torch's private pools behave.
+ *
+ * Glossary
+ *   pool       one torch MempoolId: the memory of the graphs captured into it
+ *              (torch.cuda.graph(pool=...), graph_pool_handle(),
+ *              make_graphed_callables) or of a torch.cuda.use_mem_pool block.
+ *   uses       begins minus releases: torch calls begin once per capture (or
+ *              use_mem_pool) into the pool and release once per graph reset
+ *              (or use_mem_pool exit).  The pool's memory lives until uses
+ *              falls to 0, so a pool shared by several graphs lives until the
+ *              last of them is released.
+ *   graph block a block allocated for a pool: allocated OUTSIDE the capture
+ *              (on the device's side stream, complete before it is returned),
+ *              so the graph has no allocation node and every replay finds it
+ *              at the same address; its record names the stream the work was
+ *              captured on, which frees of it are ordered on.
+ *   free list  graph blocks of a pool the user freed: their memory stays with
+ *              the pool (replays may still write it) and later allocations in
+ *              the same pool on the same stream reuse it, in capture order, as
+ *              torch's private pool does.  Graphs sharing a pool must be
+ *              replayed in the order they were captured (torch's rule too).
+ * Locking: every field here is under the device's capture_lock.  The records
+ * table's shard locks are never taken while a shard lock is held by the
+ * caller: the release sweep collects records first and releases them after.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ledger.h"
+
+typedef struct gblock {
+    uintptr_t ptr;
+    uint64_t size;
+    CUstream stream; /* key */
+} gblock;
+
+typedef struct gpool {
+    uint64_t id0, id1;
+    int uses;       /* see the glossary */
+    int capturing;  /* begins minus ends */
+    gblock *free;   /* the free list */
+    size_t nfree, capfree;
+} gpool;
+
+struct graph_pools {
+    gpool *pool;
+    size_t n, cap;
+};
+
+/* A freed block fits a request when it is at least as large and at most
+ * twice as large (no splitting: a block is one pool allocation). */
+#define FIT_SLACK 2
+
+static gpool *find_pool(device_state *d, uint64_t id0, uint64_t id1)
+{
+    graph_pools *g = d->graphs;
+    for (size_t i = 0; g && i < g->n; i++)
+        if (g->pool[i].id0 == id0 && g->pool[i].id1 == id1)
+            return &g->pool[i];
+    return NULL;
+}
+
+static gpool *add_pool(device_state *d, uint64_t id0, uint64_t id1)
+{
+    if (!d->graphs && !(d->graphs = calloc(1, sizeof *d->graphs)))
+        return NULL;
+    graph_pools *g = d->graphs;
+    if (g->n == g->cap) {
+        size_t ncap = g->cap ? g->cap * 2 : 16;
+        gpool *n = realloc(g->pool, ncap * sizeof *n);
+        if (!n)
+            return NULL;
+        g->pool = n;
+        g->cap = ncap;
+    }
+    gpool *p = &g->pool[g->n++];
+    *p = (gpool){.id0 = id0, .id1 = id1};
+    return p;
+}
+
+static void drop_pool(device_state *d, gpool *p)
+{
+    graph_pools *g = d->graphs;
+    free(p->free);
+    *p = g->pool[--g->n];
+}
+
+void graph_forget(device_state *d)
+{
+    d->graphs = NULL; /* the parent's; never freed in a fork child */
+}
+
+int bridge_captures_active(int device)
+{
+    device_state *d = device_of(device);
+    return d ? atomic_load(&d->captures_active) : 0;
+}
+
+/* ---- captures the bridge is told of (torch's hooks, CuPy's Stream) ---- */
+int bridge_capture_begin(int device)
+{
+    int rc;
+    device_state *d = device_use(device, &rc);
+    if (!d)
+        return rc;
+    atomic_fetch_add(&d->captures_active, 1);
+    return BRIDGE_OK;
+}
+
+int bridge_capture_end(int device)
+{
+    device_state *d = device_of(device);
+    if (!d)
+        return BRIDGE_E_DEVICE;
+    int cur = atomic_load(&d->captures_active);
+    while (cur > 0 && !atomic_compare_exchange_weak(&d->captures_active, &cur, cur - 1))
+        ;
+    if (cur <= 0)
+        return BRIDGE_E_INVALID;
+    /* The capture has ended (torch and CuPy end it before telling): the
+     * frees it held back can go now, not only under pressure. */
+    if (cur == 1)
+        ledger_flush_deferred(d);
+    return BRIDGE_OK;
+}
+
+/* ---- torch's pool hooks ---- */
+int bridge_graph_begin(int device, uint64_t id0, uint64_t id1)
+{
+    int rc;
+    device_state *d = device_use(device, &rc);
+    if (!d)
+        return rc;
+    rc = BRIDGE_OK;
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, id0, id1);
+    if (!p)
+        p = add_pool(d, id0, id1);
+    if (p) {
+        p->uses++;
+        p->capturing++;
+        atomic_fetch_add(&d->captures_active, 1);
+    } else {
+        rc = BRIDGE_E_OOM;
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+    return rc;
+}
+
+int bridge_graph_end(int device, uint64_t id0, uint64_t id1)
+{
+    device_state *d = device_of(device);
+    if (!d)
+        return BRIDGE_E_DEVICE;
+    int found = 0;
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, id0, id1);
+    if (p && p->capturing > 0) {
+        p->capturing--;
+        found = 1;
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+    return found ? bridge_capture_end(device) : BRIDGE_E_INVALID;
+}
+
+typedef struct sweep {
+    uint64_t id0, id1;
+    int device;
+    record *out;      /* user-freed blocks taken out of the table */
+    size_t n, cap;
+    int oom;          /* no room to collect one: it stays in the table */
+} sweep;
+
+static int sweep_pool(record *r, void *arg)
+{
+    sweep *s = arg;
+    if (!(r->flags & REC_GRAPH) || r->graph0 != s->id0 || r->graph1 != s->id1 ||
+        r->device != s->device)
+        return 0;
+    if (!(r->flags & REC_USER_FREED)) {
+        r->flags = 0; /* still in use: an ordinary block, freed on its capture stream */
+        return 0;
+    }
+    if (s->n == s->cap) {
+        size_t ncap = s->cap ? s->cap * 2 : 64;
+        record *n = realloc(s->out, ncap * sizeof *n);
+        if (!n) {
+            s->oom = 1;
+            return 0;
+        }
+        s->out = n;
+        s->cap = ncap;
+    }
+    s->out[s->n++] = *r;
+    return 1;
+}
+
+int bridge_graph_release(int device, uint64_t id0, uint64_t id1)
+{
+    device_state *d = device_of(device);
+    if (!d)
+        return BRIDGE_E_DEVICE;
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, id0, id1);
+    int last = 0;
+    if (p && --p->uses <= 0) {
+        if (p->capturing) /* released mid-capture (a failed capture): it ends here */
+            atomic_fetch_sub(&d->captures_active, p->capturing);
+        drop_pool(d, p);
+        last = 1;
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+    if (!last)
+        return BRIDGE_OK; /* another graph still uses the pool */
+    /* Replays may still be running on any stream: wait for the device before
+     * the blocks go back (never while a capture runs: they wait instead). */
+    int sync_now = !atomic_load(&d->captures_active);
+    if (sync_now) {
+        ctx_guard g;
+        ctx_enter(d, &g);
+        bridge_drv.cuCtxSynchronize();
+        ctx_exit(&g);
+    }
+    sweep s = {.id0 = id0, .id1 = id1, .device = device};
+    records_sweep(sweep_pool, &s);
+    for (size_t i = 0; i < s.n; i++) {
+        atomic_fetch_sub_explicit(&d->graph_bytes, s.out[i].size, RELAXED);
+        if (sync_now)
+            ledger_release(d, &s.out[i]);
+        else
+            ledger_defer(d, &s.out[i], 1);
+    }
+    free(s.out);
+    return BRIDGE_OK;
+}
+
+/* ---- allocation in a pool ---- */
+typedef struct adopt {
+    uint64_t id0, id1, size;
+    CUstream stream;
+    int tag;
+} adopt;
+
+/* Take a freed graph block back for a new tensor, if it is still what the
+ * free list says (a release may have swept it meanwhile). */
+static int adopt_block(record *r, void *arg)
+{
+    adopt *a = arg;
+    if ((r->flags & (REC_GRAPH | REC_USER_FREED)) != (REC_GRAPH | REC_USER_FREED) ||
+        r->graph0 != a->id0 || r->graph1 != a->id1 || r->stream != a->stream ||
+        r->size != a->size || r->nrec)
+        return 1;
+    r->flags = REC_GRAPH;
+    r->tag = (uint8_t)a->tag;
+    return 0;
+}
+
+/* A block of the pool's free list for `size` on `key`, best fit; 0 if none. */
+static uintptr_t reuse(device_state *d, gpool *p, size_t size, CUstream key, int tag,
+                       uint64_t *got)
+{
+    for (;;) {
+        size_t best = (size_t)-1;
+        for (size_t i = 0; i < p->nfree; i++) {
+            gblock *b = &p->free[i];
+            if (b->stream == key && b->size >= size && b->size / FIT_SLACK <= size &&
+                (best == (size_t)-1 || b->size < p->free[best].size))
+                best = i;
+        }
+        if (best == (size_t)-1)
+            return 0;
+        gblock b = p->free[best];
+        p->free[best] = p->free[--p->nfree];
+        adopt a = {p->id0, p->id1, b.size, key, tag};
+        if (records_update(b.ptr, adopt_block, &a) == 0) {
+            atomic_fetch_sub_explicit(&d->graph_bytes, b.size, RELAXED);
+            *got = b.size;
+            return b.ptr;
+        }
+        /* stale entry: look again */
+    }
+}
+
+int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1,
+                       void *stream, void **out)
+{
+    *out = NULL;
+    if (size == 0)
+        return BRIDGE_OK;
+    if (tag < 0 || tag >= BRIDGE_NTAGS)
+        return BRIDGE_E_INVALID;
+    int rc;
+    device_state *d = device_use(device, &rc);
+    if (!d)
+        return rc;
+    CUstream key = stream_key((CUstream)stream);
+
+    /* fast path of a pool: a block its graphs freed, no driver call */
+    uint64_t got = 0;
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, id0, id1);
+    uintptr_t hit = p ? reuse(d, p, size, key, tag, &got) : 0;
+    pthread_mutex_unlock(&d->capture_lock);
+    if (hit) {
+        tag_state *t = &d->tag[tag];
+        uint64_t cur = atomic_fetch_add_explicit(&t->current, got, RELAXED) + got;
+        atomic_max(&t->peak, cur);
+        ledger_count_alloc(d, tag, got);
+        *out = (void *)hit;
+        return BRIDGE_OK;
+    }
+
+    rc = ledger_reserve(d, tag, size);
+    if (rc != BRIDGE_OK) {
+        atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
+        atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
+        return rc;
+    }
+    ctx_guard g;
+    ctx_enter(d, &g);
+    /* Allocated outside the capture, on the side stream, and complete before
+     * the captured work uses it: the graph holds no allocation node. */
+    int mode = capture_mode_relax();
+    CUdeviceptr ptr = 0;
+    CUresult r = bridge_drv.cuMemAllocFromPoolAsync(&ptr, size, d->pool, d->side);
+    if (r == CUDA_SUCCESS)
+        r = bridge_drv.cuStreamSynchronize(d->side);
+    capture_mode_exit(mode);
+    ctx_exit(&g);
+    if (r != CUDA_SUCCESS || !ptr) {
+        ledger_unreserve(d, tag, size);
+        bridge_note_driver_error(r);
+        atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
+        atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
+        return r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_SUCCESS ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
+    }
+    atomic_fetch_add_explicit(&d->committed, size, RELAXED);
+    record rec = {.ptr = (uintptr_t)ptr, .size = size, .stream = key, .device = device,
+                  .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1};
+    if (records_insert(&rec) != 0) {
+        atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
+        ledger_release(d, &rec);
+        return BRIDGE_E_OOM;
+    }
+    ledger_count_alloc(d, tag, size);
+    *out = (void *)ptr;
+    return BRIDGE_OK;
+}
+
+/* A graph block the user freed: on its pool's free list, for the next
+ * allocation in the pool (not one a side stream was recorded against: its
+ * reuse would not be ordered after that stream). */
+void graph_block_freed(device_state *d, const record *rec)
+{
+    if (rec->nrec)
+        return;
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, rec->graph0, rec->graph1);
+    if (p) {
+        if (p->nfree == p->capfree) {
+            size_t ncap = p->capfree ? p->capfree * 2 : 32;
+            gblock *n = realloc(p->free, ncap * sizeof *n);
+            if (n) {
+                p->free = n;
+                p->capfree = ncap;
+            }
+        }
+        if (p->nfree < p->capfree)
+            p->free[p->nfree++] = (gblock){rec->ptr, rec->size, rec->stream};
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+}

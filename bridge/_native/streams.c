@@ -1,0 +1,197 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* streams.c: what a stream handle means to the core.
+ *
+ * Stream order is what makes reuse safe: a block freed on stream S may be
+ * handed to the next allocation on S at once, because S runs the new user's
+ * work after the old user's.  That holds only while the handle names ONE
+ * stream that is still alive:
+ *   - handle 0 and 1 name the legacy default stream of the context, for
+ *     every thread and for the life of the process;
+ *   - handle 2 (CU_STREAM_PER_THREAD) names a different stream on every
+ *     thread, so it is keyed by thread here (CuPy does the same with
+ *     CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1);
+ *   - any other handle is a stream somebody created, and may be destroyed
+ *     while a block freed on it is still remembered, after which a new
+ *     stream can get the same address.  Only streams registered as living
+ *     as long as the process (torch's stream pool) are treated as stable.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "ledger.h"
+
+#define LEGACY ((CUstream)(uintptr_t)1)
+#define PER_THREAD ((CUstream)(uintptr_t)2)
+
+/* ---- per-thread keys ---- */
+/* Odd and above 0xF: never a real handle (those are aligned pointers), never
+ * 0, 1 or 2; unique for the life of the process (never reused by a later
+ * thread, whose per-thread stream is another stream). */
+#define THREAD_KEY_TAG 0xBu
+static _Atomic uint64_t next_thread;
+static _Thread_local uintptr_t my_key;
+
+static inline int is_thread_key(CUstream k)
+{
+    uintptr_t v = (uintptr_t)k;
+    return v > 0xF && (v & 0xF) == THREAD_KEY_TAG;
+}
+
+static uintptr_t thread_key(void)
+{
+    if (!my_key)
+        my_key = (uintptr_t)((atomic_fetch_add_explicit(&next_thread, 1, RELAXED) + 1) << 4) |
+                 THREAD_KEY_TAG;
+    return my_key;
+}
+
+CUstream stream_key(CUstream s) { return s == PER_THREAD ? (CUstream)thread_key() : s; }
+
+CUstream stream_handle(CUstream key)
+{
+    if (!is_thread_key(key))
+        return key;
+    return (uintptr_t)key == thread_key() ? PER_THREAD : LEGACY;
+}
+
+/* ---- streams that live as long as the process ---- */
+/* An open-addressing set; lookups take no lock.  A forgotten handle leaves a
+ * tombstone (the legacy handle, never a member). */
+#define LONG_LIVED_SLOTS 4096 /* power of two; at most half used, tombstones included */
+#define TOMBSTONE ((uintptr_t)1)
+static _Atomic uintptr_t long_lived[LONG_LIVED_SLOTS];
+static unsigned long_lived_count; /* under long_lived_lock */
+static pthread_mutex_t long_lived_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static inline size_t slot_of(uintptr_t s)
+{
+    /* Handles are aligned pointers: mix every bit into the top ones, use those. */
+    return (size_t)(((uint64_t)s * 0x9E3779B97F4A7C15ull) >> 52) & (LONG_LIVED_SLOTS - 1);
+}
+
+int bridge_register_stream(void *stream)
+{
+    uintptr_t s = (uintptr_t)stream;
+    if (s <= 2 || is_thread_key((CUstream)s))
+        return BRIDGE_OK; /* default streams are long-lived already */
+    int rc = BRIDGE_OK;
+    pthread_mutex_lock(&long_lived_lock);
+    size_t i = slot_of(s);
+    for (;; i = (i + 1) & (LONG_LIVED_SLOTS - 1)) {
+        uintptr_t cur = atomic_load_explicit(&long_lived[i], RELAXED);
+        if (cur == s)
+            break;
+        if (!cur) {
+            /* a fresh slot (tombstones stay: a lookup may be probing past them) */
+            if (long_lived_count >= LONG_LIVED_SLOTS / 2) {
+                rc = BRIDGE_E_OOM;
+                break;
+            }
+            atomic_store_explicit(&long_lived[i], s, memory_order_release);
+            long_lived_count++;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&long_lived_lock);
+    return rc;
+}
+
+int stream_forget(CUstream key)
+{
+    void *stream = key;
+    uintptr_t s = (uintptr_t)stream;
+    if (s <= 2)
+        return BRIDGE_OK;
+    pthread_mutex_lock(&long_lived_lock);
+    for (size_t i = slot_of(s);; i = (i + 1) & (LONG_LIVED_SLOTS - 1)) {
+        uintptr_t cur = atomic_load_explicit(&long_lived[i], RELAXED);
+        if (!cur)
+            break;
+        if (cur == s) {
+            atomic_store_explicit(&long_lived[i], TOMBSTONE, memory_order_release);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&long_lived_lock);
+    return BRIDGE_OK;
+}
+
+int stream_long_lived(CUstream key)
+{
+    uintptr_t s = (uintptr_t)key;
+    if (s <= 1 || is_thread_key(key))
+        return 1;
+    for (size_t i = slot_of(s);; i = (i + 1) & (LONG_LIVED_SLOTS - 1)) {
+        uintptr_t cur = atomic_load_explicit(&long_lived[i], memory_order_acquire);
+        if (cur == s)
+            return 1;
+        if (!cur)
+            return 0;
+    }
+}
+
+/* ---- capture status ---- */
+int capture_mode_relax(void)
+{
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
+    return mode;
+}
+
+int stream_capturing(CUstream key)
+{
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    int mode = capture_mode_relax();
+    /* The legacy stream answers an error while a blocking stream captures
+     * (work on it would join the capture): that counts as capturing. */
+    CUresult r = bridge_drv.cuStreamIsCapturing(stream_handle(key), &status);
+    bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
+    return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* ---- ordering a free after the streams recorded against the block ---- */
+/* One event per recorded stream, created in that stream's context (a stream
+ * of another device cannot record an event of this one), waited on by the
+ * stream the free is issued on. */
+static int order_after(CUstream recorded, CUstream free_stream)
+{
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    int mode = capture_mode_relax();
+    CUresult r = bridge_drv.cuStreamIsCapturing(recorded, &status);
+    bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
+    if (r != CUDA_SUCCESS)
+        return -1;
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE)
+        return 1;
+    CUcontext sctx = NULL, prev = NULL;
+    if (bridge_drv.cuStreamGetCtx(recorded, &sctx) != CUDA_SUCCESS || !sctx)
+        return -1;
+    bridge_drv.cuCtxGetCurrent(&prev);
+    if (prev != sctx)
+        bridge_drv.cuCtxSetCurrent(sctx);
+    CUevent ev = NULL;
+    int rc = -1;
+    if (bridge_drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
+        if (bridge_drv.cuEventRecord(ev, recorded) == CUDA_SUCCESS &&
+            bridge_drv.cuStreamWaitEvent(free_stream, ev, 0) == CUDA_SUCCESS)
+            rc = 0;
+        bridge_drv.cuEventDestroy_v2(ev); /* released once it completes */
+    }
+    if (prev != sctx)
+        bridge_drv.cuCtxSetCurrent(prev);
+    return rc;
+}
+
+int stream_order_after_recorded(const record *rec, CUstream free_stream)
+{
+    int worst = 0;
+    for (uint16_t i = 0; i < rec->nrec; i++) {
+        int rc = order_after(rec->recs[i], free_stream);
+        if (rc == 1)
+            return 1; /* wait for the capture: nothing else matters yet */
+        if (rc < 0)
+            worst = -1;
+    }
+    return worst;
+}
