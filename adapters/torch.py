@@ -136,6 +136,26 @@ def register_pool_streams(device: int) -> int:
     return len(seen)
 
 
+def _graphs_without_trees() -> None:
+    """``torch.compile(mode="reduce-overhead")`` with the CUDA graphs a pluggable allocator allows.
+
+    Inductor's default CUDA graph *trees* share one private pool between
+    every graph of a model and checkpoint that pool's allocator state
+    (``_cuda_getCheckpointState`` & co.), which torch offers only for its own
+    caching allocator: under a pluggable allocator they raise "does not yet
+    support checkPoolLiveAllocations".  Without trees, inductor captures each
+    compiled graph with ``torch.cuda.graph`` into a pool of its own, which the
+    bridge serves (graph.c).  The cost: no pool shared between a model's
+    forward and backward graphs, so graph memory is the sum of their peaks,
+    and inputs are copied into static buffers before each replay.
+    """
+    try:
+        from torch._inductor import config as inductor_config
+    except ImportError:  # a torch without inductor
+        return
+    inductor_config.triton.cudagraph_trees = False
+
+
 def _check_order() -> None:
     if torch.cuda.is_initialized():
         raise BridgeError(
@@ -173,6 +193,7 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
     _allocator = alloc
     for d in devices_list:
         register_pool_streams(d)
+    _graphs_without_trees()
     # torch.cuda.memory_stats & co. read these; a bare pluggable allocator raises.
     torch._C._cuda_memoryStats = memory_stats
     torch._C._cuda_resetPeakMemoryStats = _reset_peak

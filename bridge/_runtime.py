@@ -131,6 +131,15 @@ def ensure_device(device: int) -> None:
         _configured.add(device)
 
 
+def _forget_after_fork() -> None:
+    """A fork child starts clean: the core refuses CUDA there (BridgeError), and
+    nothing here may claim a device is set up."""
+    _configured.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def set_release_threshold(threshold: int) -> None:
     """The release threshold every device's pool is (re)set to."""
     global _release_threshold

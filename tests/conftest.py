@@ -62,6 +62,9 @@ if not GPU_MODE:
     STANDIN.standin_counter.restype = ctypes.c_uint64
     STANDIN.standin_access_grants.restype = ctypes.c_uint64
     STANDIN.standin_set_capturing.argtypes = [ctypes.c_void_p]
+    STANDIN.standin_pending_on.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    STANDIN.standin_pending_on.restype = ctypes.c_uint64
+    STANDIN.standin_adopt_stream.argtypes = [ctypes.c_void_p, ctypes.c_int]
     # the environment variables are read at the first init: none has happened yet
     os.environ.pop("BRIDGE_GPU_MEMORY_LIMIT", None)
     os.environ.pop("BRIDGE_PINNED_MEMORY_LIMIT", None)

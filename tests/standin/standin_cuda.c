@@ -829,6 +829,18 @@ uint64_t standin_pending_bytes(int dev)
     return b;
 }
 
+/* Frees queued on one stream handle (as the core passed it). */
+uint64_t standin_pending_on(int dev, CUstream s)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t b = 0;
+    for (size_t i = 0; i < devs[dev].npend; i++)
+        if (devs[dev].pend[i].stream == s)
+            b += devs[dev].pend[i].size;
+    pthread_mutex_unlock(&mu);
+    return b;
+}
+
 uint64_t standin_live_count(void)
 {
     pthread_mutex_lock(&mu);

@@ -1,0 +1,301 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Streams, threads, devices and fork in the core, on the stand-in driver.
+
+tests/test_gpu_streams.py runs the same semantics on a GPU, against the
+native allocators.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from bridge._errors import Status
+from bridge._runtime import core
+
+DEV = 0
+MIB = 1 << 20
+TORCH, CUPY = core.TAG_TORCH, core.TAG_CUPY
+PER_THREAD, LEGACY = 2, 1
+USER = 0xD1000  # a stream somebody created (ExternalStream of a CuPy stream)
+
+
+@pytest.fixture
+def sd(standin):
+    standin.standin_adopt_stream(USER, DEV)
+    core.set_cache(DEV, 64 * MIB)
+    live = core.live_records()
+    yield standin
+    core.set_cache(DEV, 0)
+    core.forget_stream(USER)
+    standin.standin_sync_all(DEV)
+    assert core.live_records() == live
+
+
+def stats() -> dict:
+    rc, s = core.stats(DEV)
+    assert rc == Status.OK
+    return s
+
+
+def in_thread(fn):
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            out["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(60)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+# ---- the per-thread default stream ----
+def test_per_thread_default_streams_of_two_threads_never_share_a_cached_block(sd):
+    """Issue: with CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1, thread B got the block
+    thread A had just dropped while A's kernel still read it."""
+
+    def thread_a():
+        rc, p = core.alloc(DEV, 2 * MIB, PER_THREAD, CUPY)
+        core.free(p)  # cached for A's per-thread stream
+        rc, q = core.alloc(DEV, 2 * MIB, PER_THREAD, CUPY)  # A's stream order: safe
+        core.free(q)  # cached for A again
+        return p, q
+
+    p, q = in_thread(thread_a)
+    assert q == p and stats()["cached"] == 2 * MIB
+    # handle 2 from another thread names another stream: never A's block
+    b = in_thread(lambda: core.alloc(DEV, 2 * MIB, PER_THREAD, CUPY)[1])
+    c = core.alloc(DEV, 2 * MIB, PER_THREAD, CUPY)[1]
+    assert p not in (b, c)
+    for x in (b, c):
+        core.free(x)
+
+
+def test_a_per_thread_block_freed_by_another_thread_is_freed_on_the_legacy_stream(sd):
+    core.set_cache(DEV, 0)
+    rc, p = in_thread(lambda: core.alloc(DEV, MIB, PER_THREAD, CUPY))
+    sd.standin_sync_all(DEV)
+    core.free(p)  # this thread's per-thread stream is not the one that used it
+    assert sd.standin_pending_on(DEV, LEGACY) == MIB
+    assert sd.standin_pending_on(DEV, PER_THREAD) == 0
+    rc, q = core.alloc(DEV, MIB, PER_THREAD, CUPY)
+    sd.standin_sync_all(DEV)
+    core.free(q)  # the allocating thread frees on its own per-thread stream
+    assert sd.standin_pending_on(DEV, PER_THREAD) == MIB
+
+
+# ---- streams that may be destroyed ----
+def test_blocks_of_a_user_stream_are_not_cached_until_it_is_registered(sd):
+    rc, p = core.alloc(DEV, MIB, USER, TORCH)
+    core.free(p)
+    assert stats()["cached"] == 0  # the stream may be destroyed and its handle reused
+    assert core.register_stream(USER) == Status.OK
+    rc, p = core.alloc(DEV, MIB, USER, TORCH)
+    core.free(p)
+    assert stats()["cached"] == MIB
+
+
+def test_forgetting_a_stream_returns_its_cached_blocks_on_it(sd):
+    core.register_stream(USER)
+    rc, p = core.alloc(DEV, MIB, USER, TORCH)
+    core.free(p)
+    assert stats()["cached"] == MIB
+    sd.standin_sync_all(DEV)
+    assert core.forget_stream(USER) == Status.OK
+    assert stats()["cached"] == 0
+    assert sd.standin_pending_on(DEV, USER) == MIB  # in the stream's order, while it lives
+    rc, q = core.alloc(DEV, MIB, USER, TORCH)
+    core.free(q)
+    assert stats()["cached"] == 0
+
+
+# ---- ordering a free after recorded streams ----
+def test_a_failing_event_record_falls_back_to_a_device_sync_and_counts_it(sd):
+    """Issue: event record or wait failures before a free were ignored: the free
+    went ahead unordered."""
+    core.set_cache(DEV, 0)
+    rc, p = core.alloc(DEV, MIB, 0, TORCH)
+    assert core.record_stream(p, USER) == Status.OK
+    s0 = stats()
+    syncs = sd.standin_counter(2)
+    sd.standin_fail(b"cuEventRecord", 400, 1)  # e.g. the recorded stream was destroyed
+    core.free(p)
+    s = stats()
+    assert s["num_order_fallbacks"] == s0["num_order_fallbacks"] + 1
+    assert sd.standin_counter(2) == syncs + 1  # the whole device, then the free
+    assert s["used"] == 0
+
+
+def test_a_recorded_stream_that_is_capturing_defers_the_free(sd):
+    core.set_cache(DEV, 0)
+    rc, p = core.alloc(DEV, MIB, 0, TORCH)
+    assert core.record_stream(p, USER) == Status.OK
+    sd.standin_set_capturing(USER)
+    core.free(p)
+    assert stats()["num_deferred"] == 1
+    sd.standin_set_capturing(None)
+    core.free(core.alloc(DEV, MIB, 0, TORCH)[1])
+    assert stats()["num_deferred"] == 0 and stats()["used"] == 0
+
+
+# ---- the budget never fails open ----
+def test_a_failing_pool_read_uses_the_last_good_figure(sd):
+    """Issue: when reading the pool's used bytes failed, others' bytes counted as 0."""
+    core.set_limit(DEV, 10 * MIB)
+    try:
+        sd.standin_add_foreign(DEV, 8 * MIB)  # JAX holds 8 MiB of the pool
+        rc, p = core.alloc(DEV, MIB, 0, CUPY)  # a read that succeeds
+        assert rc == Status.OK
+        n0 = stats()["num_pool_read_errors"]
+        sd.standin_fail(b"cuMemPoolGetAttribute", 999, 1)
+        assert core.alloc(DEV, 4 * MIB, 0, CUPY) == (Status.BUDGET, 0)
+        assert stats()["num_pool_read_errors"] == n0 + 1
+        core.free(p)
+    finally:
+        sd.standin_add_foreign(DEV, -8 * MIB)
+        core.set_limit(DEV, 0)
+
+
+# ---- the pressure hook from threads without the GIL ----
+def test_a_torch_thread_never_waits_on_the_gil_past_the_relief_timeout(sd):
+    """Issue: the recovery chain took the GIL from any torch thread (autograd), which
+    deadlocks when a GIL holder waits for a lock that thread holds.  The thread asks
+    the reliever and waits a bounded time."""
+    from bridge import recovery
+
+    core.set_limit(DEV, MIB)
+    calls = []
+    core.set_pressure_callback(lambda d, n, t: calls.append(n) or True)
+    recovery._start_reliever()
+    core.set_relief_timeout(0.2)
+    libc = ctypes.PyDLL(None)  # a call through PyDLL keeps the GIL
+    libc.usleep.argtypes = [ctypes.c_uint]
+    try:
+        # a reliever that can get the GIL runs the chain for the torch thread
+        assert in_thread(lambda: core.alloc(DEV, 2 * MIB, 0, TORCH)) == (Status.BUDGET, 0)
+        assert calls == [2 * MIB]
+        # a GIL held elsewhere: the torch thread gives up after the timeout
+        result: dict = {}
+
+        def torch_thread():
+            t0 = time.monotonic()
+            result["rc"] = core.alloc(DEV, 2 * MIB, 0, TORCH)
+            result["s"] = time.monotonic() - t0
+
+        t = threading.Thread(target=torch_thread)
+        t.start()
+        time.sleep(0.05)
+        libc.usleep(2_000_000)  # this thread holds the GIL for 2 s
+        t.join(10)
+        assert result["rc"] == (Status.BUDGET, 0)
+        assert result["s"] < 1.5
+    finally:
+        core.set_relief_timeout(5.0)
+        core.set_pressure_callback(None)
+        core.set_limit(DEV, 0)
+
+
+# ---- devices outside unify's list; fork ----
+def _child(code: str) -> subprocess.CompletedProcess:
+    script = textwrap.dedent(code)
+    env = dict(os.environ)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_a_device_nobody_set_up_is_served_without_a_budget(standin):
+    """Issue: a rank that unified device 0 got 'could not allocate ... (CUDA_SUCCESS)'
+    when torch copied a tensor to cuda:1."""
+    r = _child(
+        """
+        import os
+        from bridge._runtime import core
+        assert core.init(os.environ["BRIDGE_CUDA_LIBRARY"]) == 0
+        assert core.setup(0, 2**64 - 1) == 0
+        assert not core.ready(1)
+        rc, p = core.alloc(1, 1 << 20, 0, core.TAG_TORCH)
+        assert rc == 0 and p, rc
+        rc, s = core.stats(1)
+        assert s["limit"] == 0 and s["tags"][core.TAG_TORCH]["current"] == 1 << 20
+        core.free(p)
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_a_fork_child_starts_clean_and_never_deadlocks(standin):
+    """Issue: no fork handling: a child inherited held locks and the parent's
+    pointers.  The child gets BridgeError, frees of the parent's blocks are
+    ignored, nothing of the parent's is handed out, and it never hangs even when
+    another thread was allocating at the fork."""
+    r = _child(
+        """
+        import os, sys, threading
+        from bridge._runtime import core
+        from bridge._errors import BridgeError, check
+        import bridge
+        assert core.init(os.environ["BRIDGE_CUDA_LIBRARY"]) == 0
+        for d in (0, 1):
+            assert core.setup(d, 2**64 - 1) == 0
+        core.set_cache(0, 64 << 20)
+        rc, kept = core.alloc(0, 1 << 20, 0, core.TAG_CUPY)
+        rc, cached = core.alloc(0, 2 << 20, 0, core.TAG_CUPY)
+        core.free(cached)  # in the parent's cache
+        buf = bridge.pinned_buffer(4096)  # a pinned block of the parent
+        stop = False
+        def churn():  # holds the core's locks now and then
+            while not stop:
+                rc, p = core.alloc(0, 4096, 0, core.TAG_TORCH)
+                core.free(p)
+        t = threading.Thread(target=churn)
+        t.start()
+        for i in range(20):
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                if not core.forked():
+                    code = 10
+                rc, p = core.alloc(0, 2 << 20, 0, core.TAG_CUPY)
+                if rc != 10 or p:  # FORKED, nothing handed out
+                    code = 11
+                core.free(kept)  # the parent's: ignored, never counted as a bad free
+                del buf
+                try:
+                    bridge.empty_pinned(16)
+                    code = 12
+                except BridgeError as e:
+                    if "forked" not in str(e):
+                        code = 13
+                try:
+                    check(core.init(None), what="starting the bridge")
+                    code = 14
+                except BridgeError as e:
+                    if "spawn" not in str(e):
+                        code = 15
+                os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (i, status)
+        stop = True
+        t.join()
+        core.free(kept)
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
