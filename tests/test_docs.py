@@ -70,7 +70,10 @@ def test_every_python_block_compiles(path, line, kind, code):
 @pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(REPO)) for p in DOCS])
 def test_no_reference_outside_the_repository(path):
     text = path.read_text()
-    for needle in ("/work/", "shared/", "CONTRACT", "PLATFORM.md", "bridge.__main__.main"):
+    needles = ["/work/", "shared/", "CONTRACT", "PLATFORM.md"]
+    if path.name != "CHANGELOG.md":  # the changelog tells the broken recipe's story
+        needles.append("bridge.__main__.main")  # `import bridge` does not import __main__
+    for needle in needles:
         assert needle not in text, f"{path.name} mentions {needle!r}"
 
 
