@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Build of bridge's compiled core: one C library (plus the C++ torch entry
 points) that loads the CUDA driver at run time, so no CUDA toolkit is needed."""
 import os

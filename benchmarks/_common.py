@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers shared by the benchmark scripts: result files, error capture, sizes.
 
 Every ``bench_*.py`` script runs one configuration in its own process and

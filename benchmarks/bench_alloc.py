@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cost of one device allocation + free, for one allocator, in this (fresh) process.
 
     python3 benchmarks/bench_alloc.py --framework torch --config bridge --json r.json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """End to end: CuPy preprocessing handed to torch by DLPack, then a training step.
 
     python3 benchmarks/bench_e2e.py --mode bridge --json r.json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Mixed phases: CuPy holds N GiB and frees it, then torch asks for N GiB.
 
     python3 benchmarks/bench_mixed.py --mode bridge --fraction 0.572 --json r.json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pinned staging memory: copy bandwidth and allocation cost, bridge's pool against the rest.
 
     python3 benchmarks/bench_pinned.py --out pinned.json [--quick] [--sizes 1MiB,16MiB,256MiB]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Allocators taking turns: each configuration in its own fresh process, timed in alternation.
 
     python3 benchmarks/bench_turns.py --framework torch --configs native,async,rmm,bridge \\

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Turn collected benchmark results into a verdict: results.md and results.png.
 
 Pure Python (matplotlib only for the PNG): no GPU framework is imported, so

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run every benchmark, each configuration in a fresh process, and write the report.
 
     python3 benchmarks/run_all.py --out DIR [--quick]

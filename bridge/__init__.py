@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bridge: one GPU memory pool and one budget for CuPy, PyTorch and JAX.
 
 >>> import bridge

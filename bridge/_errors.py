@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Errors of bridge, and the one place where core status codes become them."""
 
 from __future__ import annotations

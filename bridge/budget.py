@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Sizes and budgets as users write them: bytes, units, fractions, percentages."""
 
 from __future__ import annotations

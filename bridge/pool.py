@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The shared pool of a device, with the seed's CuPy pool API, and its figures."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A memory timeline: per-framework bytes sampled over time, saved, and plotted.
 
 >>> with bridge.record(interval=0.05) as rec:

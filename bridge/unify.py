@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bridge.unify(): put the frameworks of this process on one pool and one budget."""
 
 from __future__ import annotations

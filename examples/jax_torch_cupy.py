@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """JAX, PyTorch and CuPy in one process, one pool, one budget.
 
 Run on a GPU machine:  python examples/jax_torch_cupy.py

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CuPy preprocessing, then PyTorch training, on one pool under one budget.
 
 Run on a GPU machine:  python examples/mixed_pipeline.py [OUT_DIR]

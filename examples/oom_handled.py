@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An out-of-memory handled gracefully: pressure callbacks, then a smaller batch.
 
 Run on a GPU machine:  python examples/oom_handled.py

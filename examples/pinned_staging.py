@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pinned staging buffers from one pool, shared without copies.
 
 Run on a GPU machine:  python examples/pinned_staging.py

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Print the platform facts bridge depends on (run on a GPU machine)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where does torch's alloc+free time go under the bridge? (GPU diagnostic)
 
     python scripts/torch_alloc_probe.py native|bridge|bridge-nocache

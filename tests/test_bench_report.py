@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The benchmark report (benchmarks/report.py) and run_all's bookkeeping, on fake results.
 
 No GPU and no framework: the report must be buildable anywhere from a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bridge.budget: sizes and budgets as users write them (pure Python, no driver)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bridge doctor / stats (bridge.cli), on the stand-in driver and without any driver."""
 
 from __future__ import annotations

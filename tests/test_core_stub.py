@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bridge/_core.pyi, the type stub of the compiled core, matches the module.
 
 mypy trusts the stub: a function added to pymod.c but not to the stub is an

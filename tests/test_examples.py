@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The examples run as written on a GPU machine (gpu tests)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CuPy, PyTorch and JAX in one process on one pool and one budget (H200).
 (Run by scripts/gpu-test.)"""
 

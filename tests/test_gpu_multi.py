@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Several GPUs: per-device pools and budgets, peer access, torchrun (two-GPU machine)."""
 
 from __future__ import annotations

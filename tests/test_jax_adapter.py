@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bridge.adapters.jax: conflicts and call order (CPU), partition and order on a GPU."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bridge.pinned: the pinned host memory pool and its DLPack exports.
 
 These tests run on the stand-in driver, whose pinned memory is real malloc'd

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bridge.pool() / bridge.stats(): the shared pool's API, on the stand-in driver."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bridge.record(): per-framework bytes over time, on the stand-in driver."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bridge.unify() on the stand-in driver, and start-up errors in a fresh process."""
 
 from __future__ import annotations

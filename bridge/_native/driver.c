@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* driver.c: find and load the CUDA driver at run time.
  *
  * The library is libcuda.so.1 unless `path` (or BRIDGE_CUDA_LIBRARY, read by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* driver.h: the CUDA driver entry points the core uses, loaded at run time.
  *
  * No CUDA toolkit is needed to build: the types below are the driver API's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pinned.c: the pool of pinned (page-locked) host memory, the staging memory
  * that numpy, torch, JAX and CuPy share through DLPack.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pypinned.c: the Python face of the pinned pool (pinned.c), in bridge._core.
  *
  *   PinnedBufferBase  owner of one pinned block (bridge/pinned.py subclasses
