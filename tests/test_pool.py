@@ -246,7 +246,7 @@ def test_pool_figures_count_every_user_of_the_pool(sd):
 def test_release_threshold_is_reasserted(sd):
     p = bridge.pool(0)
     assert p.release_threshold == MAX_THRESHOLD
-    # JAX writes 0 when its backend starts (PLATFORM.md)
+    # JAX writes 0 when its backend starts (docs/platform-notes.md)
     handle = ctypes.c_void_p()
     assert sd.lib.cuDeviceGetDefaultMemPool(ctypes.byref(handle), 0) == 0
     zero = ctypes.c_uint64(0)
