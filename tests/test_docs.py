@@ -90,3 +90,20 @@ def test_the_readme_opens_with_install_test_and_the_gpu_example():
     assert lines[2:6] == ["```", 'pip install -e ".[test]"', "pytest", "```"]
     assert "python examples/mixed_pipeline.py" in lines[6] and "GPU machine" in lines[6]
     assert "C and a C++ compiler" in "\n".join(lines[:12])
+
+
+def test_no_file_of_the_repository_points_outside_it():
+    here = pathlib.Path(__file__).resolve()
+    bad = []
+    for path in REPO.rglob("*"):
+        rel = path.relative_to(REPO)
+        if (
+            not path.is_file()
+            or path == here
+            or any(p.startswith(".") or p in ("build", "results") for p in rel.parts[:-1])
+            or path.suffix not in (".py", ".pyi", ".c", ".h", ".cpp", ".md", ".toml", ".txt", "")
+        ):
+            continue
+        text = path.read_text(errors="replace")
+        bad += [f"{rel}: {n}" for n in ("/work/", "CONTRACT.md", "PLATFORM.md") if n in text]
+    assert not bad, bad
