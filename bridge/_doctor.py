@@ -2,9 +2,10 @@
 """``bridge doctor``: what this machine offers the bridge, and what is in its way.
 
 Nothing here imports CuPy, PyTorch or JAX: installed versions come from
-``importlib.metadata`` and capabilities from the packages' source files, so
-that the doctor never starts a framework's CUDA runtime (which would itself
-be one of the problems it looks for).  The driver's figures come from the
+``importlib.metadata`` and capabilities from the packages' source files
+(``bridge._doctor_frameworks``), so that the doctor never starts a
+framework's CUDA runtime (which would itself be one of the problems it looks
+for).  The driver's figures come from the
 compiled core; only GPU names and compute capabilities, which the core does
 not offer, are read from the driver library the core already loaded.
 
@@ -30,15 +31,20 @@ import dataclasses
 import difflib
 import functools
 import importlib
-import importlib.metadata as metadata
-import importlib.util
 import os
 import pathlib
 import platform
-import re
 import sys
 
 from bridge import _runtime
+from bridge._doctor_frameworks import (
+    Finding,
+    Framework,
+    cuda_majors,
+    distributions,
+    frameworks,
+    stack,
+)
 from bridge._errors import BridgeError, format_bytes
 from bridge._pinned_backend import BACKEND_ENV, BACKENDS, host_memory_total
 from bridge._runtime import CACHE_LIMIT_ENV, DRIVER_LIBRARY_ENV, core
@@ -77,31 +83,6 @@ CONFLICTING_ENV: dict[str, tuple[str, str]] = {
         "no effect on the shared pool. Use BRIDGE_GPU_MEMORY_LIMIT (same syntax) instead.",
     ),
 }
-
-
-@dataclasses.dataclass
-class Finding:
-    """One line of the report: a subject, a level in LEVELS, and what to do."""
-
-    level: str
-    subject: str
-    text: str
-
-
-@dataclasses.dataclass
-class Framework:
-    """What the doctor found of one installed framework, without importing it."""
-
-    name: str
-    installed: bool = False
-    version: str | None = None
-    detail: str = ""  # the distributions, jaxlib and plugins
-    usable: bool | None = None  # None: not a framework the bridge plugs into
-    findings: list[Finding] = dataclasses.field(default_factory=list)
-
-    def add(self, level: str, text: str) -> None:
-        """Note a finding about this framework."""
-        self.findings.append(Finding(level, self.name, text))
 
 
 @dataclasses.dataclass
@@ -281,223 +262,6 @@ def _devices(count: int) -> list[dict]:
     return devices
 
 
-# ---- installed frameworks, read without importing them ----
-def _distributions() -> dict[str, str]:
-    """Normalized distribution name -> version, for everything installed."""
-    found: dict[str, str] = {}
-    for dist in metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)
-    return found
-
-
-def _package_file(package: str, relative: str) -> str | None:
-    """The text of a file inside an installed package, found without importing it."""
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for root in spec.submodule_search_locations:
-        path = pathlib.Path(root) / relative
-        if path.is_file():
-            try:
-                return path.read_text(errors="replace")
-            except OSError:
-                return None
-    return None
-
-
-def _cuda_major_check(fw: Framework, major: int | None, driver: dict) -> None:
-    drv = driver["version"]
-    if major is not None and drv and major > drv // 1000:
-        fw.add(
-            "warn",
-            f"built for CUDA {major}, but the driver supports CUDA "
-            f"{driver['version_text']}: update the NVIDIA driver or install "
-            f"{fw.name}'s CUDA {drv // 1000} build.",
-        )
-
-
-def _torch(dists: dict[str, str], driver: dict) -> Framework:
-    fw = Framework("torch", "torch" in dists, dists.get("torch"))
-    if not fw.installed:
-        return fw
-    version_py = _package_file("torch", "version.py") or ""
-    cuda = _torch_cuda()
-    pluggable = "CUDAPluggableAllocator" in (_package_file("torch", "cuda/memory.py") or "")
-    if re.search(r"^hip\s*(?::[^=]*)?=\s*['\"]", version_py, re.M):
-        fw.add(
-            "error",
-            "a ROCm build: the bridge manages CUDA memory only; install a CUDA build of torch.",
-        )
-    elif not cuda:
-        fw.add(
-            "warn",
-            "a CPU-only build: torch cannot use the GPU; install a CUDA build "
-            "(https://pytorch.org/get-started/locally/).",
-        )
-    elif not pluggable:
-        fw.add(
-            "error",
-            "has no torch.cuda.memory.CUDAPluggableAllocator, which the bridge "
-            "plugs into: upgrade torch (2.1 or newer).",
-        )
-    else:
-        fw.usable = True
-        fw.add(
-            "ok",
-            f"CUDA {cuda} build with CUDAPluggableAllocator; call "
-            "bridge.unify(torch=True) before the first CUDA tensor.",
-        )
-        _cuda_major_check(fw, int(cuda.split(".")[0]), driver)
-    return fw
-
-
-def _cupy(dists: dict[str, str], driver: dict) -> Framework:
-    names = sorted(n for n in dists if re.fullmatch(r"cupy(-cuda\d+x?|-rocm[-\d]*)?", n))
-    fw = Framework("cupy", bool(names), dists[names[0]] if names else None, detail=", ".join(names))
-    if not names:
-        return fw
-    if len(names) > 1:
-        fw.add(
-            "error",
-            f"several CuPy packages are installed ({', '.join(names)}): they "
-            "overwrite each other; uninstall all of them and install the one for your "
-            "CUDA version.",
-        )
-    if any(n.startswith("cupy-rocm") for n in names):
-        fw.add("error", "a ROCm build: the bridge manages CUDA memory only.")
-    elif "set_allocator" not in (_package_file("cupy", "cuda/__init__.py") or ""):
-        fw.add(
-            "error",
-            "cupy.cuda.set_allocator was not found in this CuPy: reinstall or upgrade CuPy.",
-        )
-    else:
-        fw.usable = len(names) == 1
-        fw.add(
-            "ok",
-            "has cupy.cuda.set_allocator; bridge.unify(cupy=True) replaces its "
-            "allocator (arrays made before the call stay in CuPy's own pool).",
-        )
-    m = re.search(r"cuda(\d+)", names[0])
-    if m:  # cupy-cuda12x -> 12; the old cupy-cuda117 -> 11
-        digits = m.group(1)
-        _cuda_major_check(fw, int(digits[:2] if len(digits) > 2 else digits), driver)
-    return fw
-
-
-def _jax(dists: dict[str, str], driver: dict) -> Framework:
-    fw = Framework("jax", "jax" in dists, dists.get("jax"))
-    if not fw.installed:
-        return fw
-    jaxlib = dists.get("jaxlib")
-    plugins = sorted(n for n in dists if re.fullmatch(r"jax-cuda\d+-(plugin|pjrt)", n))
-    fw.detail = ", ".join([f"jaxlib {jaxlib}"] + [f"{n} {dists[n]}" for n in plugins])
-    legacy = re.search(r"\+cuda(\d+)", jaxlib or "")  # jaxlib 0.4.7+cuda12.cudnn88
-    if not jaxlib:
-        fw.add(
-            "error", "jax is installed without jaxlib: pip install -U 'jax[cuda13]' (or cuda12)."
-        )
-    elif not plugins and not legacy:
-        fw.add(
-            "warn",
-            "no CUDA plugin (jax-cuda12-plugin / jax-cuda13-plugin): JAX runs on "
-            "the CPU and the bridge has nothing to do for it. pip install -U "
-            "'jax[cuda13]' (or cuda12).",
-        )
-    else:
-        fw.usable = True
-        digits = legacy.group(1)[:2] if legacy else re.sub(r"\D", "", plugins[0])
-        fw.add(
-            "ok",
-            "has a CUDA backend; call bridge.unify(jax=True) before JAX's first GPU "
-            "operation (it sets XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async without "
-            "preallocation).",
-        )
-        _cuda_major_check(fw, int(digits), driver)
-    return fw
-
-
-def _cuda_python(dists: dict[str, str]) -> Framework:
-    names = [n for n in ("cuda-python", "cuda-bindings", "cuda-core") if n in dists]
-    fw = Framework("cuda-python", bool(names), ", ".join(f"{n} {dists[n]}" for n in names) or None)
-    if names:
-        fw.add("info", "optional: the bridge loads the driver itself and does not need it.")
-    return fw
-
-
-# ---- the frameworks together ----
-def _torch_cuda() -> str | None:
-    """torch.version.cuda, read from torch/version.py without importing torch."""
-    version_py = _package_file("torch", "version.py") or ""
-    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([\d.]+)['\"]", version_py, re.M)
-    return m.group(1) if m else None
-
-
-_MAJOR_OF = (  # distribution name -> the CUDA major it was built for
-    (re.compile(r"cupy-cuda(\d+)x?"), lambda d: int(d[:2] if len(d) > 2 else d)),
-    (re.compile(r"jax-cuda(\d+)-(?:plugin|pjrt)"), int),
-    (re.compile(r"nvidia-.+-cu(\d+)"), int),
-)
-
-
-def cuda_majors(dists: dict[str, str], torch_cuda: str | None) -> dict[int, list[str]]:
-    """CUDA major version -> the installed packages built for it.
-
-    Parameters
-    ----------
-    dists : dict[str, str]
-        Normalized distribution name -> version (``cupy-cuda12x``,
-        ``jax-cuda13-plugin``, ``nvidia-cublas-cu12``, ...).
-    torch_cuda : str or None
-        ``torch.version.cuda`` (``"13.0"``), None for no torch or a CPU build.
-
-    Returns
-    -------
-    dict[int, list[str]]
-        Each major with what targets it; ``nvidia-*`` runtime wheels are
-        counted as one entry per major.
-    """
-    found: dict[int, list[str]] = {}
-    nvidia: dict[int, int] = {}
-    for name in sorted(dists):
-        for pattern, major_of in _MAJOR_OF:
-            m = pattern.fullmatch(name)
-            if m:
-                major = major_of(m.group(1))
-                if name.startswith("nvidia-"):
-                    nvidia[major] = nvidia.get(major, 0) + 1
-                else:
-                    found.setdefault(major, []).append(name)
-                break
-    if torch_cuda:
-        found.setdefault(int(torch_cuda.split(".")[0]), []).append(f"torch (CUDA {torch_cuda})")
-    for major, n in nvidia.items():
-        found.setdefault(major, []).append(f"nvidia-*-cu{major} ({n} package{'s' * (n > 1)})")
-    return found
-
-
-def _stack(dists: dict[str, str]) -> list[Finding]:
-    """One warning when the installed frameworks target different CUDA majors."""
-    majors = cuda_majors(dists, _torch_cuda() if "torch" in dists else None)
-    if len(majors) < 2:
-        return []
-    listed = "; ".join(f"CUDA {m}: {', '.join(who)}" for m, who in sorted(majors.items()))
-    return [
-        Finding(
-            "warn",
-            "CUDA versions",
-            f"the packages here target different CUDA major versions ({listed}): one process "
-            "would load two CUDA runtimes and their libraries, which wastes GPU memory and "
-            "can fail. Install one set: pip install 'bridge[cuda12]' or 'bridge[cuda13]' "
-            "(uninstall the other major's packages first).",
-        )
-    ]
-
-
 # ---- the environment ----
 _XLA_ADVICE = {  # what JAX would do with another value; bridge.unify(jax=True) refuses it
     "XLA_PYTHON_CLIENT_PREALLOCATE": (
@@ -619,21 +383,15 @@ def collect() -> Report:
     """
     driver = _driver()
     devices = _devices(driver["devices"]) if driver["loaded"] else []
-    dists = _distributions()
-    frameworks = [
-        _cupy(dists, driver),
-        _torch(dists, driver),
-        _jax(dists, driver),
-        _cuda_python(dists),
-    ]
+    dists = distributions()
     return Report(
         python={"version": platform.python_version(), "executable": sys.executable},
         bridge={"version": __version__, "path": str(pathlib.Path(__file__).resolve().parent)},
         driver=driver,
         devices=devices,
-        frameworks=frameworks,
+        frameworks=frameworks(dists, driver),
         environment=_environment(devices),
-        stack=_stack(dists),
+        stack=stack(dists),
     )
 
 

@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import bridge
-from bridge import _doctor
+from bridge import _doctor, _doctor_frameworks
 from bridge._errors import format_bytes
 from bridge.cli import COLUMNS, main
 
@@ -341,7 +341,7 @@ def fake_site(tmp_path, monkeypatch):
         path = tmp_path / package / relative
         return path.read_text() if path.is_file() else None
 
-    monkeypatch.setattr(_doctor, "_package_file", package_file)
+    monkeypatch.setattr(_doctor_frameworks, "_package_file", package_file)
     return tmp_path
 
 
@@ -357,15 +357,15 @@ def test_doctor_torch_verdicts(fake_site):
             "torch/cuda/memory.py": "class CUDAPluggableAllocator: pass\n",
         },
     )
-    fw = _doctor._torch({"torch": "2.11.0"}, DRIVER_13)
+    fw = _doctor_frameworks._torch({"torch": "2.11.0"}, DRIVER_13)
     assert not fw.usable and "CPU-only build" in fw.findings[0].text
     (tmp_path / "torch/version.py").write_text("cuda = '12.1'\n")
     (tmp_path / "torch/cuda/memory.py").write_text("# torch 1.13\n")
-    fw = _doctor._torch({"torch": "1.13.0"}, DRIVER_13)
+    fw = _doctor_frameworks._torch({"torch": "1.13.0"}, DRIVER_13)
     assert not fw.usable and "CUDAPluggableAllocator" in fw.findings[0].text
     (tmp_path / "torch/cuda/memory.py").write_text("class CUDAPluggableAllocator: pass\n")
     (tmp_path / "torch/version.py").write_text("cuda = '14.0'\n")
-    fw = _doctor._torch({"torch": "3.0.0"}, DRIVER_13)
+    fw = _doctor_frameworks._torch({"torch": "3.0.0"}, DRIVER_13)
     assert fw.usable and fw.findings[-1].level == "warn"
     assert "built for CUDA 14, but the driver supports CUDA 13.0" in fw.findings[-1].text
 
@@ -378,10 +378,10 @@ def test_doctor_flags_two_cupy_packages_and_a_cpu_only_jax(fake_site):
         "13.0.0",
         {"cupy/__init__.py": POISON, "cupy/cuda/__init__.py": "set_allocator = None\n"},
     )
-    fw = _doctor._cupy({"cupy-cuda12x": "13.0.0", "cupy-cuda13x": "14.0.0"}, DRIVER_13)
+    fw = _doctor_frameworks._cupy({"cupy-cuda12x": "13.0.0", "cupy-cuda13x": "14.0.0"}, DRIVER_13)
     assert not fw.usable
     assert "several CuPy packages" in fw.findings[0].text
-    fw = _doctor._jax({"jax": "0.11.2", "jaxlib": "0.11.2"}, DRIVER_13)
+    fw = _doctor_frameworks._jax({"jax": "0.11.2", "jaxlib": "0.11.2"}, DRIVER_13)
     assert not fw.usable and "no CUDA plugin" in fw.findings[0].text
 
 
