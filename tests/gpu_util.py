@@ -48,3 +48,40 @@ def ctx_sync() -> None:
     cu = _cu()
     (err,) = cu.cuCtxSynchronize()
     assert err == cu.CUresult.CUDA_SUCCESS, err
+
+
+def run_mode(code: str, mode: str, *, env: dict | None = None, timeout: int = 300) -> dict:
+    """Run a scenario in a fresh process with the native allocators or on the bridge.
+
+    ``code`` sees ``MODE`` ("native" or "bridge") and ``report(**figures)``; it
+    sets its allocators up itself (``bridge.unify`` when MODE is "bridge").
+    Returns what it reported; a crash or a hang fails with its output.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    prelude = (
+        "import faulthandler, json, os, sys\n"
+        f"faulthandler.dump_traceback_later({max(timeout - 15, 5)}, exit=True)\n"
+        f"MODE = {mode!r}\n"
+        "def report(**kw):\n"
+        "    print('RESULT ' + json.dumps(kw), flush=True)\n"
+    )
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    r = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+    )
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, (
+        f"{mode}: exit {r.returncode}\n--- stdout\n{r.stdout[-4000:]}"
+        f"\n--- stderr\n{r.stderr[-6000:]}"
+    )
+    return json.loads(lines[-1][len("RESULT ") :])

@@ -773,21 +773,23 @@ def test_graph_allocations_obey_the_budget(led):
     core.graph(GRAPH_RELEASE, DEV, *g)
 
 
-def test_frees_during_capture_are_deferred_until_it_ends(led):
+def test_frees_on_a_captured_stream_are_deferred_until_it_ends(led):
     g = (0x77, 0x88)
     p = led.ok(3 * MIB, stream=S1, tag=TAG_TORCH)
     q = led.ok(2 * MIB, stream=S2, tag=TAG_TORCH)
     led.graph(GRAPH_BEGIN, DEV, *g)
+    led.sd.standin_set_capturing(S1)
     frees = led.counter(C_FREE)
-    led.free(p)
-    led.free(q)
+    led.free(p)  # the captured work may still use it: held back
+    led.free(q)  # another stream (another thread's tensor): freed at once
     s = stats()
-    assert s["num_deferred"] == 2
-    assert led.counter(C_FREE) == frees  # nothing freed while capturing
-    assert s["used"] == 5 * MIB  # still counted against the budget
+    assert s["num_deferred"] == 1
+    assert led.counter(C_FREE) == frees + 1
+    assert s["used"] == 3 * MIB  # p still counted against the budget
     assert s["tags"][TAG_TORCH]["current"] == 0  # but freed for torch
     # torch ends the capture on the stream before it calls the end hook: the
     # deferred frees go at once (they used to wait for memory pressure)
+    led.sd.standin_set_capturing(None)
     assert core.graph(GRAPH_END, DEV, *g) == Status.OK
     s = stats()
     assert s["num_deferred"] == 0
@@ -826,13 +828,13 @@ def test_the_core_never_frees_or_syncs_on_a_capturing_stream(led):
     assert rc == Status.OK
     led.free(p)
     led.free(q)
-    assert stats()["num_deferred"] == 2
-    # torch calls the end hook before the capture has ended on the stream
+    assert stats()["num_deferred"] == 1  # p; q's stream is not captured: freed at once
+    assert led.sd.standin_pending_bytes(DEV) == MIB
+    # the end hook, while the stream still captures: p waits
     core.graph(GRAPH_END, DEV, *g)
     r = led.ok(MIB, stream=S3)
     s = stats()
-    assert s["num_deferred"] == 1  # q freed; p waits for its stream's capture to end
-    assert led.sd.standin_pending_bytes(DEV) == MIB
+    assert s["num_deferred"] == 1
     led.sd.standin_set_capturing(None)
     led.free(r)
     s = stats()
@@ -852,8 +854,10 @@ def test_no_stream_sync_while_a_capture_runs(led):
     syncs = led.counter(C_SYNC)
     assert led.alloc(MIB, stream=S2) == (Status.OOM, 0)
     assert led.counter(C_SYNC) == syncs
-    led.free(p)
+    led.sd.standin_set_capturing(S2)
+    led.free(p)  # a block of the captured stream: held back
     assert stats()["num_deferred"] == 1
+    led.sd.standin_set_capturing(None)
     core.graph(GRAPH_END, DEV, *g)
     core.graph(GRAPH_RELEASE, DEV, *g)
     # the next allocation completes the deferred free, and its retry on S2

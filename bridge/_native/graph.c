@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "ledger.h"
+#include "cache.h"
 
 typedef struct gblock {
     uintptr_t ptr;
@@ -309,6 +310,26 @@ int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
         ledger_count_alloc(d, tag, got);
         *out = (void *)hit;
         return BRIDGE_OK;
+    }
+
+    /* a block freed on the capturing stream before the capture, kept by the
+     * cache: everything that used it precedes the capture in that stream's
+     * order (torch's private pools take such blocks too) */
+    uintptr_t cached = cache_take(device, key, size);
+    if (cached) {
+        record rec = {.ptr = cached, .size = size, .stream = key, .device = device,
+                      .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1};
+        tag_state *t = &d->tag[tag];
+        uint64_t cur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
+        if (records_insert(&rec) == 0) {
+            atomic_max(&t->peak, cur);
+            ledger_count_alloc(d, tag, size);
+            atomic_fetch_add_explicit(&d->num_cache_hits, 1, RELAXED);
+            *out = (void *)cached;
+            return BRIDGE_OK;
+        }
+        atomic_fetch_sub_explicit(&t->current, size, RELAXED);
+        ledger_release(d, &rec);
     }
 
     rc = ledger_reserve(d, tag, size);

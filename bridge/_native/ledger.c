@@ -526,8 +526,11 @@ void bridge_free(void *ptr)
         return;
     }
     ledger_count_free(d, &rec);
-    if (atomic_load_explicit(&d->captures_active, RELAXED)) {
-        ledger_defer(d, &rec, 0); /* issued when the captures end */
+    /* During a capture, a block of a captured stream (one the captured work
+     * may still use) is held back until it ends; others go on as usual, so
+     * memory other threads free meanwhile is usable at once. */
+    if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(rec.stream)) {
+        ledger_defer(d, &rec, 0);
         return;
     }
     /* kept for the next allocation of this size on this stream */
