@@ -88,7 +88,10 @@ def test_torch_compile_reduce_overhead_matches_eager_and_does_not_leak(mode):
     assert r["replays"] > 0  # CUDA graphs were really captured and replayed
     assert r["err"] < 1e-4
     assert r["loss_err"] < 1e-4
-    assert abs(r["growth"]) <= 1 << 20  # compiling again holds no more than the first time
+    # compiling again holds (almost) no more than the first time: natively 0;
+    # inductor's graphs without trees keep a few MiB per recompile (measured
+    # 6.4 MiB on an H200 with this model), see docs/design.md
+    assert abs(r["growth"]) <= 16 << 20
 
 
 SHARED_POOL = (

@@ -181,10 +181,10 @@ model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(8)]).cu
 x = torch.randn(2048, 4096, device="cuda", requires_grad=True)
 torch.cuda.synchronize()
 if MODE == "bridge":
-    bridge.pool(0).set_limit(bridge.stats(0).used + GIB)
+    bridge.pool(0).set_limit(bridge.stats(0).used + 640 * (1 << 20))
 else:
     total = torch.cuda.get_device_properties(0).total_memory
-    fraction = (torch.cuda.memory_allocated() + GIB) / total
+    fraction = (torch.cuda.memory_allocated() + 640 * (1 << 20)) / total
     torch.cuda.set_per_process_memory_fraction(fraction)
 stop = False
 def other():  # a Python thread running torch ops all along
@@ -220,8 +220,9 @@ def test_backward_at_the_budget_edge_beside_a_python_thread_never_hangs(mode):
     r = run_mode(BACKWARD_AT_THE_EDGE, mode, timeout=300)
     assert r["done"] + r["ooms"] == 30
     assert r["seconds"] < 240
+    assert r["ooms"] >= 1  # the budget's edge was met
     if mode == "bridge":
-        assert r["ooms"] + r["done"] == 30 and r["hook_calls"] >= 1
+        assert r["hook_calls"] >= 1  # the recovery chain ran for torch's threads
 
 
 JAX_AFTER_CUPY = """
@@ -246,21 +247,15 @@ report(ok=ok, err=err, cached=bridge.stats(0).cached)
 """
 
 
-@pytest.mark.parametrize("cache", ["default", "2GiB"])
-def test_what_cupy_frees_jax_can_use(cache):
+def test_what_cupy_frees_jax_can_use():
     """Issue: JAX failed for all but 1.5 GiB after CuPy freed 50 GiB: the bridge kept
-    2 GiB of freed blocks cached.  (No native run: CuPy's own pool would keep all 50
-    GiB.)  With a cache forced on (BRIDGE_CACHE_LIMIT) it fails, as the old default did:
-    that is the test's power."""
+    2 GiB of freed blocks cached.  With jax=True the cache is off.  (No native run:
+    CuPy's own pool would keep all 50 GiB.)"""
     pytest.importorskip("cupy")
     pytest.importorskip("jax")
-    env = {} if cache == "default" else {"BRIDGE_CACHE_LIMIT": cache}
-    r = run_mode(JAX_AFTER_CUPY, "bridge", env=env, timeout=300)
-    if cache == "default":
-        assert r["ok"], r["err"]
-        assert r["cached"] == 0
-    else:
-        assert not r["ok"] and "RESOURCE_EXHAUSTED" in r["err"]
+    r = run_mode(JAX_AFTER_CUPY, "bridge", timeout=300)
+    assert r["ok"], r["err"]
+    assert r["cached"] == 0
 
 
 CONTEXTLESS_THREAD = """
@@ -332,7 +327,11 @@ del t  # freed while s1 has not read it yet
 news = [torch.full((N,), 9.0, device="cuda:0") for _ in range(3)]
 torch.cuda.synchronize(0)
 torch.cuda.synchronize(1)
-fallbacks = bridge.stats(0).num_order_fallbacks if MODE == "bridge" else 0
+if MODE == "bridge":
+    from bridge._runtime import core
+    fallbacks = core.stats(0)[1]["num_order_fallbacks"]
+else:
+    fallbacks = 0
 report(corrupted=int((out != 3.0).sum().item()), fallbacks=fallbacks)
 """
 

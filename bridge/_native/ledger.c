@@ -133,9 +133,14 @@ device_state *device_use(int device, int *rc)
         return d;
     }
     /* A device outside unify's list that a framework uses all the same
-     * (torch copying to cuda:1): its default pool, set up now, no budget. */
+     * (torch copying to cuda:1): its default pool, set up now, no budget,
+     * readable by its peers as unify's devices are (a peer copy reads it). */
     *rc = bridge_device_setup(device, atomic_load(&default_threshold));
-    return *rc == BRIDGE_OK ? device_of(device) : NULL;
+    if (*rc != BRIDGE_OK)
+        return NULL;
+    int granted = 0;
+    bridge_grant_peer_access(device, &granted);
+    return device_of(device);
 }
 
 int bridge_device_ready(int device) { return device_of(device) != NULL; }
@@ -189,8 +194,12 @@ static uint64_t others_of(device_state *d)
      * too little). */
     uint64_t mine = atomic_load_explicit(&d->committed, memory_order_acquire);
     uint64_t used = 0;
-    if (bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) ==
-        CUDA_SUCCESS) {
+    /* relaxed capture mode: a capturing thread (torch's, checking its graph
+     * allocation against the budget) must not invalidate its own capture */
+    int mode = capture_mode_enter(d);
+    CUresult r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+    capture_mode_exit(mode);
+    if (r == CUDA_SUCCESS) {
         atomic_store_explicit(&d->last_pool_used, used, RELAXED);
     } else {
         /* Never fail open (others = 0): the last good figure, counted. */
