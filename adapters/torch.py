@@ -191,8 +191,14 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
             f"its allocator ({exc})."
         ) from exc
     _allocator = alloc
-    for d in devices_list:
-        register_pool_streams(d)
+    # Only the current device's: creating torch streams on another device
+    # would make that device's context current and then put the caller's
+    # back, starting a context on a GPU the process may never use (a
+    # torchrun rank that unified its own device before set_device).  Blocks
+    # freed on other devices' non-default streams go back to the pool.
+    current = _runtime.current_device()
+    if current in devices_list:
+        register_pool_streams(current)
     _graphs_without_trees()
     # torch.cuda.memory_stats & co. read these; a bare pluggable allocator raises.
     torch._C._cuda_memoryStats = memory_stats

@@ -16,6 +16,14 @@ def _cu():
 
     (err,) = cu.cuInit(0)
     assert err == cu.CUresult.CUDA_SUCCESS, err
+    err, ctx = cu.cuCtxGetCurrent()
+    if err == cu.CUresult.CUDA_SUCCESS and not int(ctx):
+        # the bridge leaves a thread without a context as it found it: the
+        # oracle makes device 0's primary context current for its own calls
+        err, dev = cu.cuDeviceGet(0)
+        err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
+        (err,) = cu.cuCtxSetCurrent(ctx)
+        assert err == cu.CUresult.CUDA_SUCCESS, err
     return cu
 
 
