@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CuPy on the shared pool: ``cupy.cuda.set_allocator`` with the core's C allocator.
 
 The allocator is a C callable (``bridge._core.CupyAllocator``): it asks CuPy

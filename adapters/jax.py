@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """JAX on the shared pool: XLA's ``cuda_async`` allocator draws from the default pool.
 
 JAX is configured through its environment before its GPU backend starts

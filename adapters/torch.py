@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch on the shared pool: a ``CUDAPluggableAllocator`` backed by the core.
 
 Every CUDA tensor's memory comes from ``bridge_torch_alloc`` in the compiled

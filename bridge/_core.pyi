@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Type stub of bridge._core, the compiled core (bridge/_native/pymod.c).
 
 Every function returns a status code (see ``bridge._errors.Status``), alone or

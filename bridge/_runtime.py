@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The driver and devices of this process: loaded once, set up once per device."""
 
 from __future__ import annotations

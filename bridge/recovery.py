@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What runs before an allocation fails: release caches, collect garbage, ask the user.
 
 The compiled core first synchronizes the stream and retries; then it calls

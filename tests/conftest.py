@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Test modes.
 
 CPU (default, CI): the core is pointed at the stand-in driver built from

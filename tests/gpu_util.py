@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers for gpu tests: the driver's own figures (cuda.bindings), an oracle
 independent of bridge."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cache of freed blocks in front of the pool (stand-in driver)."""
 
 from __future__ import annotations
@@ -180,3 +181,39 @@ def test_default_cache_limit_scales_with_the_device(standin, total, env, expect)
     )
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == expect
+
+
+def test_many_sizes_that_are_multiples_of_a_mib_are_all_cached_and_found(cache):
+    """Such sizes have all-zero low bits: the table must spread them (issue: they
+    piled onto a few slots)."""
+    core.set_cache(0, 8 << 30)
+    ptrs = {}
+    for i in range(1, 101):  # 5 GiB of the stand-in's 16
+        rc, p = core.alloc(0, i * MIB, 0, CUPY)
+        assert rc == 0
+        ptrs[i] = p
+    for p in ptrs.values():
+        core.free(p)
+    assert stats()["cached"] == sum(i * MIB for i in ptrs)
+    for i, p in ptrs.items():
+        assert core.alloc(0, i * MIB, 0, CUPY) == (0, p)
+    for p in ptrs.values():
+        core.free(p)
+
+
+def test_the_tables_hold_many_aligned_keys(tmp_path):
+    """benchmarks/bench_tables.c checks every insert, take, put and take it times:
+    64 MiB-strided pointers and sizes in MiB (its speed is a benchmark, not a test)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "bench_tables.py"), "--n", "20000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "64 MiB stride" in r.stdout and "multiples of 1 MiB" in r.stdout

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The core on a real GPU, no framework: figures against the driver's own,
 the budget under threads, no leaks. (Run by scripts/gpu-test.)"""
 

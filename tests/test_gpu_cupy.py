@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CuPy on the shared pool, on a real GPU. (Run by scripts/gpu-test.)"""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The compiled core's ledger, on the stand-in driver (bridge._runtime.core).
 
 Every figure asserted here is one a user relies on: bytes per framework,

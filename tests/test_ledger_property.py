@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ledger against a model, over random sequences of calls (hypothesis).
 
 A ``RuleBasedStateMachine`` drives ``bridge._runtime.core`` on the stand-in

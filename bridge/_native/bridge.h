@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bridge.h: the compiled core of bridge (internal header).
  *
  * Glossary

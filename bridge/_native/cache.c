@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cache.c: exact-size, per-stream cache of freed blocks (see cache.h). */
 #include "cache.h"
 

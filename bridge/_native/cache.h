@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cache.h: a per-device cache of freed blocks in front of the driver pool.
  *
  * A block freed on stream S is kept, by its exact size, for the next

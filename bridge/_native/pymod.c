@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* pymod.c: the Python face of the core, module bridge._core.
  *
  * Thin wrappers that return status codes (bridge/_errors.py turns them into

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* records.c: sharded open-addressing table of live allocations. */
 #include "records.h"
 

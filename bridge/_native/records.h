@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* records.h: the table of live allocations (records.c).
  *
  * Every pointer the core hands out has one record until it is freed; a free

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // torch_abi.cpp: the entry points torch's CUDAPluggableAllocator calls.
 //
 // torch calls these from C++ on any thread, the autograd thread included, with

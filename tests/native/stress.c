@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* stress.c: threads against the core's ledger, built with a sanitizer.
  *
  * A standalone program (no Python): it links the core's C files (driver.c,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* standin_cuda.c: a stand-in CUDA driver for the CPU tests.
  *
  * It exports the driver entry points the core loads (same names, same
