@@ -127,3 +127,27 @@ def standin():
     STANDIN.standin_set_capturing(None)
     core.set_pressure_callback(None)
     recovery._installed = False
+
+
+@pytest.fixture
+def led(standin):
+    """A Ledger (tests/ledger_util.py) on the reset stand-in; the core holds nothing after."""
+    import ledger_util
+
+    from bridge._runtime import core
+
+    standin.standin_adopt_stream.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    # made-up handles the driver should know as streams
+    for s_ in (ledger_util.S1, ledger_util.S2, ledger_util.S3):
+        standin.standin_adopt_stream(s_, ledger_util.DEV)
+    led = ledger_util.Ledger(standin)
+    live_before = core.live_records()
+    yield led
+    led.close()
+    # whatever a test did, the core ends it holding nothing
+    assert core.live_records() == live_before
+    for dev in (0, 1):
+        s = ledger_util.stats(dev)
+        assert s["used"] == 0, f"device {dev}: {s['used']} bytes still counted"
+        assert s["num_deferred"] == 0 and s["graph_bytes"] == 0
+        assert [t["current"] for t in s["tags"]] == [0, 0, 0]

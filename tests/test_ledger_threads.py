@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Threads, contexts and record_stream in the ledger, on the stand-in driver.
+
+Every figure asserted is one a user relies on: bytes per framework, statuses,
+what the budget lets through, what the driver was asked to do.  The core is
+process-global: tests compare against figures read at their start, free what
+they allocate, and undo what they add to the stand-in (the `led` fixture).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from ledger_util import (
+    C_FREE,
+    C_RECORD,
+    C_WAIT,
+    DEV,
+    MIB,
+    S1,
+    S2,
+    S3,
+    TAG_CUPY,
+    TAG_TORCH,
+    _in_thread,
+    _make_current,
+    stats,
+)
+
+from bridge._errors import Status
+from bridge._runtime import core
+
+
+# ---- threads and contexts ----
+def test_thread_without_current_context_allocates_and_frees(led):
+    """torch's autograd thread has no current CUDA context."""
+    sd = led.sd
+
+    def autograd():
+        sd.standin_clear_current()
+        assert core.current_device() == (Status.OK, 0)  # no context: reported as 0
+        rc, p = core.alloc(1, 2 * MIB, S1, TAG_TORCH)
+        sd.standin_clear_current()
+        core.free(p)  # freed from a context-less thread too
+        return rc, p
+
+    s0 = stats(1)
+    frees = led.counter(C_FREE)
+    rc, p = _in_thread(autograd)
+    assert rc == Status.OK and p != 0
+    s = stats(1)
+    assert s["num_allocs"] == s0["num_allocs"] + 1
+    assert s["num_frees"] == s0["num_frees"] + 1
+    assert s["used"] == 0
+    assert s["num_driver_errors"] == s0["num_driver_errors"]
+    assert led.counter(C_FREE) == frees + 1
+
+
+def test_callers_context_is_restored(led):
+    """Allocating on device 0 from a thread whose current device is 1."""
+    sd = led.sd
+
+    def run():
+        _make_current(sd, 1)
+        before = core.current_device()
+        rc, p0 = core.alloc(0, MIB, S1, TAG_CUPY)
+        assert rc == Status.OK
+        after_alloc = core.current_device()
+        core.free(p0)
+        after_free = core.current_device()
+        return before, after_alloc, after_free, p0
+
+    before, after_alloc, after_free, p0 = _in_thread(run)
+    assert before == (Status.OK, 1)
+    assert after_alloc == (Status.OK, 1)
+    assert after_free == (Status.OK, 1)
+    assert p0 != 0
+
+
+def test_a_thread_without_context_is_left_without_one(led):
+    """Issue: a context-less thread that allocated or freed on cuda:1 was left with
+    device 1's context current, and its next torch.empty(device='cuda') went there."""
+    sd = led.sd
+
+    def run():
+        sd.standin_clear_current()
+        rc, p1 = core.alloc(1, MIB, S1, TAG_TORCH)  # a miss: a driver call in device 1's context
+        assert rc == Status.OK
+        ctx = ctypes.c_void_p()
+        after_alloc = sd.cuCtxGetCurrent(ctypes.byref(ctx)), ctx.value
+        core.free(p1)
+        after_free = sd.cuCtxGetCurrent(ctypes.byref(ctx)), ctx.value
+        return after_alloc, after_free
+
+    after_alloc, after_free = _in_thread(run)
+    assert after_alloc == (0, None)
+    assert after_free == (0, None)
+
+
+# ---- record_stream ----
+def test_record_stream_orders_the_free_after_the_recorded_streams(led):
+    p = led.ok(MIB, stream=S1)
+    assert core.record_stream(p, S2) == Status.OK
+    assert core.record_stream(p, S3) == Status.OK
+    assert core.record_stream(p, S2) == Status.OK  # twice: waited once
+    assert core.record_stream(p, S1) == Status.OK  # its own stream: nothing to wait for
+    waits, records = led.counter(C_WAIT), led.counter(C_RECORD)
+    led.free(p)
+    assert led.counter(C_WAIT) == waits + 2
+    assert led.counter(C_RECORD) == records + 2
+    assert stats()["used"] == 0
+
+
+def test_free_without_recorded_streams_issues_no_waits(led):
+    p = led.ok(MIB, stream=S1)
+    waits = led.counter(C_WAIT)
+    led.free(p)
+    assert led.counter(C_WAIT) == waits
+
+
+def test_free_is_queued_on_the_allocating_stream(led):
+    p = led.ok(MIB, stream=S1)
+    q = led.ok(MIB, stream=S2)
+    led.free(p)
+    led.free(q)
+    assert led.sd.standin_pending_bytes(DEV) == 2 * MIB
+    # a retry on S2 completes S2's frees only
+    led.sd.standin_set_capacity(DEV, 3 * MIB)
+    r = led.ok(2 * MIB, stream=S2)
+    assert led.sd.standin_pending_bytes(DEV) == MIB  # S1's free is still queued
+    led.free(r)
