@@ -5,6 +5,8 @@ from __future__ import annotations
 
 __all__ = [
     "core",
+    "on_reset",
+    "reset_process_state",
     "ensure_driver",
     "device_count",
     "ensure_device",
@@ -16,7 +18,7 @@ __all__ = [
 
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from bridge._errors import BridgeError, Status, check
 from bridge.budget import GPU_LIMIT_ENV, size_from_env
@@ -132,13 +134,36 @@ def ensure_device(device: int) -> None:
         _configured.add(device)
 
 
-def _forget_after_fork() -> None:
-    """A fork child starts clean: the core refuses CUDA there (BridgeError), and
-    nothing here may claim a device is set up."""
+_resetters: list[Callable[[], None]] = []
+
+
+def on_reset(fn: Callable[[], None]) -> Callable[[], None]:
+    """Register a module's way to forget its process-wide state (decorator).
+
+    Every module singleton of the bridge (devices set up, the Bridge that
+    unify() returned, the recovery chain's installation) registers here, so
+    one call forgets them all: :func:`reset_process_state`.
+    """
+    _resetters.append(fn)
+    return fn
+
+
+def reset_process_state() -> None:
+    """Forget what this process set up in Python (the compiled core keeps its own).
+
+    Run in a fork child, where the core refuses CUDA (BridgeError) and nothing
+    may claim a device is set up, and by the tests between cases.
+    """
+    for fn in _resetters:
+        fn()
+
+
+@on_reset
+def _forget_devices() -> None:
     _configured.clear()
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
+os.register_at_fork(after_in_child=reset_process_state)
 
 
 def set_release_threshold(threshold: int) -> None:

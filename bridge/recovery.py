@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from bridge._runtime import core
+from bridge._runtime import core, on_reset
 
 log = logging.getLogger("bridge")
 
@@ -115,6 +115,13 @@ def install() -> None:
         core.set_pressure_callback(relieve)
         _start_reliever()
         _installed = True
+
+
+@on_reset
+def _forget() -> None:
+    """The core's callback is set again by the next install()."""
+    global _installed
+    _installed = False
 
 
 atexit.register(core.stop_relief)

@@ -54,6 +54,13 @@ _lock = threading.RLock()
 _bridge: Bridge | None = None
 
 
+@_runtime.on_reset
+def _forget() -> None:
+    """A fork child (or a test) starts without the parent's Bridge."""
+    global _bridge
+    _bridge = None
+
+
 def current() -> Bridge | None:
     """The Bridge that :func:`unify` returned, or None before the first call."""
     return _bridge

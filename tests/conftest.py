@@ -107,6 +107,7 @@ def standin():
 
     STANDIN.standin_clear_faults()
     STANDIN.standin_set_capturing(None)
+    _runtime.reset_process_state()  # every module singleton: devices, Bridge, recovery
     n = _runtime.device_count()
     for d in range(n):
         _runtime.ensure_device(d)
@@ -119,14 +120,11 @@ def standin():
         core.reset_peak(d, -1)
         core.reset_accumulated(d, -1)
     core.set_pressure_callback(None)
-    import bridge.recovery as recovery
-
-    recovery._installed = False
     yield STANDIN
     STANDIN.standin_clear_faults()
     STANDIN.standin_set_capturing(None)
     core.set_pressure_callback(None)
-    recovery._installed = False
+    _runtime.reset_process_state()
 
 
 @pytest.fixture

@@ -299,3 +299,21 @@ def test_a_fork_child_starts_clean_and_never_deadlocks(standin):
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+def test_one_reset_forgets_every_module_singleton(standin):
+    """A fork child (os.register_at_fork) and the tests use one hook, not private flags."""
+    import importlib
+
+    from bridge import _runtime, recovery
+
+    unify_mod = importlib.import_module("bridge.unify")
+
+    recovery.install()
+    unify_mod._bridge = unify_mod.Bridge()
+    _runtime.ensure_device(0)
+    assert recovery._installed and unify_mod.current() is not None and _runtime._configured
+    _runtime.reset_process_state()
+    assert not recovery._installed
+    assert unify_mod.current() is None
+    assert not _runtime._configured
