@@ -66,7 +66,7 @@ def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
             return _allocator.wrap(block)
     if rc in OOM_STATUSES:
         raw_rc, raw = core.stats(device)
-        total = raw["tags"][1]["current"] if raw_rc == 0 else 0
+        total = raw["tags"][core.TAG_CUPY]["current"] if raw_rc == 0 else 0
         limit = raw["limit"] if raw_rc == 0 else 0
         raise OutOfMemoryError(size, total, limit, oom_message(device, size, rc, framework="cupy"))
     check(rc, what=f"cupy allocation of {size} bytes", device=device)

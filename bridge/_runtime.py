@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from bridge._errors import BridgeError, Status, check
-from bridge.budget import GPU_LIMIT_ENV, size_from_env
+from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, size_from_env, warn_if_above
 
 DRIVER_LIBRARY_ENV = "BRIDGE_CUDA_LIBRARY"  # another libcuda (the tests' stand-in)
 MAX_THRESHOLD = 2**64 - 1  # the pool keeps what it has until trimmed
@@ -126,6 +126,9 @@ def ensure_device(device: int) -> None:
         check(rc, what="reading the pool", device=device)
         limit = size_from_env(GPU_LIMIT_ENV, total=stats["total"])
         if limit is not None:
+            warn_if_above(
+                limit, stats["total"], name=f"{GPU_LIMIT_ENV} on device {device}", of=DEVICE_MEMORY
+            )
             check(core.set_limit(device, limit), what="setting the budget", device=device)
         cache = size_from_env(CACHE_LIMIT_ENV, total=stats["total"])
         if cache is None:

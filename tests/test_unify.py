@@ -202,6 +202,14 @@ def test_budget_from_the_environment_when_none_given(standin, monkeypatch):
     assert out.stdout.split("\n")[:2] == [f"[{TOTAL // 4}, {TOTAL // 4}]", f"[{GIB}, {GIB}]"]
 
 
+def test_an_environment_budget_above_the_device_warns(standin):
+    """The variable's value is applied, with a warning naming both sizes."""
+    out = _run("import bridge; print(bridge.pool(0).get_limit())", BRIDGE_GPU_MEMORY_LIMIT="64GiB")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(64 * GIB)
+    assert "UserWarning" in out.stderr and "BRIDGE_GPU_MEMORY_LIMIT on device 0" in out.stderr
+
+
 @pytest.mark.parametrize("raw", ["lots", "150%", "-1", "1.5"])
 def test_bad_environment_budget_names_the_variable(standin, raw):
     out = _run("import bridge; bridge.stats(0)", BRIDGE_GPU_MEMORY_LIMIT=raw)
