@@ -34,5 +34,7 @@ uint64_t cache_bytes(int device);
 /* Cap of cached bytes per device (0 disables) and the largest cached block. */
 void cache_set_limits(int device, uint64_t limit, uint64_t max_block);
 uint64_t cache_limit(int device);
+/* A fork child forgets the cached blocks (no lock taken). */
+void cache_forget_after_fork(void);
 
 #endif

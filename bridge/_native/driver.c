@@ -92,10 +92,6 @@ static void after_fork_in_child(void)
     snprintf(load_error, sizeof load_error,
              "this process was forked from one that had started CUDA; CUDA cannot be used in a "
              "forked child");
-    ledger_forget_after_fork();
-    cache_forget_after_fork();
-    records_forget_after_fork();
-    pinned_forget_after_fork();
 }
 
 int bridge_forked(void) { return atomic_load_explicit(&forked, memory_order_relaxed); }

@@ -87,11 +87,6 @@ static void drop_pool(device_state *d, gpool *p)
     *p = g->pool[--g->n];
 }
 
-void graph_forget(device_state *d)
-{
-    d->graphs = NULL; /* the parent's; never freed in a fork child */
-}
-
 int bridge_captures_active(int device)
 {
     device_state *d = device_of(device);

@@ -70,10 +70,14 @@ void capture_mode_exit(int mode)
 }
 
 /* ---- devices ---- */
+static void register_fork_handler(void);
+
 int bridge_device_setup(int device, uint64_t release_threshold)
 {
     if (!bridge_initialized())
         return bridge_forked() ? BRIDGE_E_FORKED : BRIDGE_E_NOTINIT;
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&fork_once, register_fork_handler); /* after the driver's: runs after it */
     if (device < 0 || device >= BRIDGE_MAX_DEVICES)
         return BRIDGE_E_DEVICE;
     int count = 0;
@@ -725,7 +729,7 @@ int bridge_trim(int device, uint64_t keep)
 }
 
 /* ---- fork ---- */
-void ledger_forget_after_fork(void)
+static void forget_after_fork(void)
 {
     /* The child owns none of the parent's blocks and may find any lock held
      * by a thread that no longer exists: forget everything, take no lock. */
@@ -738,9 +742,13 @@ void ledger_forget_after_fork(void)
         d->deferred = NULL;
         d->ndeferred = d->cap_deferred = 0;
         atomic_store(&d->num_deferred, 0);
-        graph_forget(d);
+        d->graphs = NULL; /* the parent's graph pools; never freed here */
     }
+    cache_forget_after_fork();
+    records_forget_after_fork();
 }
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_after_fork); }
 
 /* ---- figures ---- */
 int bridge_get_stats(int device, bridge_stats *out)

@@ -159,9 +159,8 @@ int stream_capturing(CUstream key);
 int stream_order_after_recorded(const record *rec, CUstream free_stream);
 
 /* ---- graph.c ---- */
-/* A graph block the user freed: onto its pool's free list. */
+/* A graph block the user freed: onto its pool's free list.  (The one call
+ * from ledger.c into graph.c: bridge_free meets graph blocks first.) */
 void graph_block_freed(device_state *d, const record *rec);
-/* Forget the graph pools (fork child). */
-void graph_forget(device_state *d);
 
 #endif /* BRIDGE_LEDGER_H */

@@ -445,12 +445,16 @@ static int create_mpool(void)
     return BRIDGE_OK;
 }
 
+static void register_fork_handler(void);
+
 int bridge_pinned_setup(int backend, int *chosen)
 {
     if (chosen)
         *chosen = -1;
     if (!bridge_initialized())
         return bridge_forked() ? BRIDGE_E_FORKED : BRIDGE_E_NOTINIT;
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&fork_once, register_fork_handler); /* after the driver's: runs after it */
     if (backend != BRIDGE_PINNED_CACHED && backend != BRIDGE_PINNED_MEMPOOL &&
         backend != BRIDGE_PINNED_AUTO)
         return BRIDGE_E_INVALID;
@@ -796,9 +800,11 @@ int bridge_pinned_reset_peak(void)
 /* ---- fork ---- */
 /* The child forgets the parent's blocks (never handed out again: CUDA
  * marks pinned pages not to be inherited) without taking the lock. */
-void pinned_forget_after_fork(void)
+static void forget_after_fork(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     memset(&P, 0, sizeof P);
     P.lock = fresh;
 }
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_after_fork); }

@@ -47,5 +47,7 @@ int records_update(uintptr_t ptr, int (*fn)(record *r, void *arg), void *arg);
 void records_sweep(int (*fn)(record *r, void *arg), void *arg);
 /* Number of live records (diagnostics and tests). */
 uint64_t records_count(void);
+/* A fork child forgets every record (no lock taken). */
+void records_forget_after_fork(void);
 
 #endif
