@@ -82,6 +82,12 @@ def _release_caches(device: int, tag: int) -> None:
     cupy.get_default_memory_pool().free_all_blocks()
 
 
+def _stream_device(stream: Any) -> int:
+    """The device of a CuPy stream; -1 (an ExternalStream's default) is the current one."""
+    dev = int(stream.device_id)
+    return dev if dev >= 0 else int(cupy.cuda.runtime.getDevice())
+
+
 def _tell_captures() -> None:
     """Let the core see CuPy's stream captures (``Stream.begin_capture`` .. ``end_capture``).
 
@@ -96,7 +102,7 @@ def _tell_captures() -> None:
             continue
 
         def begin_capture(self: Any, mode: Any = None, _begin: Any = begin) -> None:
-            dev = int(self.device_id)
+            dev = _stream_device(self)
             check(core.capture(True, dev), what="starting a CuPy capture", device=dev)
             try:
                 _begin(self, mode)
@@ -108,7 +114,7 @@ def _tell_captures() -> None:
             try:
                 return _end(self)
             finally:
-                core.capture(False, int(self.device_id))
+                core.capture(False, _stream_device(self))
 
         begin_capture._bridge = True  # type: ignore[attr-defined]
         begin_capture.__doc__, end_capture.__doc__ = begin.__doc__, end.__doc__

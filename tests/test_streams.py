@@ -317,3 +317,60 @@ def test_one_reset_forgets_every_module_singleton(standin):
     assert not recovery._installed
     assert unify_mod.current() is None
     assert not _runtime._configured
+
+
+def test_cupy_captures_are_told_to_the_core(standin):
+    """The CuPy adapter wraps Stream.begin_capture / end_capture (on a stand-in cupy
+    module here): the core counts the capture while it runs, an ExternalStream's
+    device -1 is the current device, and a failed begin counts nothing."""
+    r = _child(
+        """
+        import os, sys, types
+        from bridge._runtime import core
+        assert core.init(os.environ["BRIDGE_CUDA_LIBRARY"]) == 0
+        assert core.setup(0, 2**64 - 1) == 0
+        cupy = types.ModuleType("cupy")
+        cuda = types.ModuleType("cupy.cuda")
+        memory = types.ModuleType("cupy.cuda.memory")
+        class OutOfMemoryError(MemoryError):
+            def __init__(self, size, total, limit=0):
+                super().__init__(size, total, limit)
+        memory.OutOfMemoryError = OutOfMemoryError
+        memory.UnownedMemory = memory.MemoryPointer = object
+        class Stream:
+            def __init__(self, device_id=0, fail=False):
+                self.device_id, self.fail = device_id, fail
+            def begin_capture(self, mode=None):
+                if self.fail:
+                    raise RuntimeError("cannot capture")
+            def end_capture(self):
+                return "graph"
+        class ExternalStream(Stream):
+            pass
+        cuda.Stream, cuda.ExternalStream, cuda.memory = Stream, ExternalStream, memory
+        cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0)
+        cupy.cuda = cuda
+        sys.modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.memory": memory})
+        from bridge.adapters import cupy as adapter
+        adapter._tell_captures()
+        adapter._tell_captures()  # twice: wrapped once
+        active = lambda: core.stats(0)[1]["captures_active"]
+        s = Stream()
+        s.begin_capture()
+        assert active() == 1
+        assert s.end_capture() == "graph" and active() == 0
+        e = ExternalStream(device_id=-1)
+        e.begin_capture()
+        assert active() == 1
+        e.end_capture()
+        assert active() == 0
+        try:
+            Stream(fail=True).begin_capture()
+        except RuntimeError:
+            pass
+        assert active() == 0
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
