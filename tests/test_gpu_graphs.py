@@ -230,7 +230,9 @@ torch.cuda.current_stream().wait_stream(s)
 started, done = threading.Event(), threading.Event()
 errors, ooms = [], [0]
 def pressure():
-    started.wait()
+    if not started.wait(60):  # the capture failed before it began: do not hang
+        done.set()
+        return
     held = []
     try:
         for _ in range(8):  # to the budget's edge and past it
