@@ -69,16 +69,13 @@ static void after_fork_in_child(void);
 static void register_atfork(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
 
 /* CUDA cannot be used in a child forked after the driver was initialized,
- * and the child owns none of the parent's blocks.  The child forgets every
- * table without taking a lock (a thread that held one is gone) and refuses
- * every allocation with BRIDGE_E_FORKED; frees of the parent's blocks are
- * ignored. */
+ * and the child owns none of the parent's blocks: the child refuses every
+ * allocation with BRIDGE_E_FORKED, and frees of the parent's blocks are
+ * ignored.  This handler only marks the child; the ledger and the pinned
+ * pool register their own (after this one, so they run after it), which
+ * forget their tables without taking a lock (a thread that held one is
+ * gone). */
 static atomic_int forked;
-
-void ledger_forget_after_fork(void);
-void cache_forget_after_fork(void);
-void records_forget_after_fork(void);
-void pinned_forget_after_fork(void);
 
 static void after_fork_in_child(void)
 {
