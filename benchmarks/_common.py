@@ -30,6 +30,17 @@ GIB = 1 << 30
 #: change what is measured.
 #: What torch's cudaMallocAsync configuration needs in its process's environment.
 ASYNC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+# "bridge-nocache": the bridge with its cache of freed blocks off, as under jax=True
+NOCACHE_ENV = {"BRIDGE_CACHE_LIMIT": "0"}
+
+
+def config_env(framework: str, config: str) -> dict[str, str]:
+    """The environment a configuration's process needs beside the caller's."""
+    if framework == "torch" and config == "async":
+        return dict(ASYNC_ENV)
+    if config == "bridge-nocache":
+        return dict(NOCACHE_ENV)
+    return {}
 
 ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUPY_GPU_MEMORY_LIMIT",
                  "BRIDGE_GPU_MEMORY_LIMIT", "BRIDGE_PINNED_MEMORY_LIMIT")

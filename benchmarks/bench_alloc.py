@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import Skip, parse_sizes, pin_cpu, rotated, run_guarded  # noqa: E402
 
 FRAMEWORKS = ("torch", "cupy")
-CONFIGS = ("native", "async", "rmm", "bridge", "all")
+CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "all")
 
 
 _KEEP: list = []  # objects that must outlive the timed loops (RMM's memory resource)
@@ -63,7 +63,7 @@ def _rmm_resource() -> object:
 
 def setup_torch(config: str, info: dict) -> Callable[[int, int], None]:
     """Install the torch allocator of config; return loop(n, iters)."""
-    if config == "bridge":
+    if config.startswith("bridge"):
         import bridge
 
         bridge.unify(cupy=False, torch=True)
@@ -82,7 +82,7 @@ def setup_torch(config: str, info: dict) -> Callable[[int, int], None]:
         if "cudaMallocAsync" not in conf:
             raise RuntimeError("config async needs PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "
                                f"in the environment (it is {conf!r}); run_all.py sets it")
-    elif config not in ("native", "bridge"):
+    elif config not in ("native", "bridge", "bridge-nocache"):
         raise ValueError(f"torch has no configuration {config!r}")
     torch.empty(1, device="cuda")  # start CUDA and the allocator
     torch.cuda.synchronize()
@@ -137,13 +137,14 @@ def cupy_floor() -> Callable[[int, int], None]:
 def _cupy_allocators(configs: tuple[str, ...], info: dict) -> dict:
     """{config: allocator callable} for CuPy; bridge first (it must see a fresh CuPy)."""
     out: dict = {}
-    if "bridge" in configs:
+    mine = [c for c in configs if c.startswith("bridge")]
+    if mine:
         import bridge
 
         bridge.unify(cupy=True, torch=False)
         import cupy
 
-        out["bridge"] = cupy.cuda.get_allocator()
+        out[mine[0]] = cupy.cuda.get_allocator()
     import cupy
 
     info["cupy"] = cupy.__version__
@@ -162,7 +163,7 @@ def _cupy_allocators(configs: tuple[str, ...], info: dict) -> dict:
                 info.setdefault("skipped", {})["rmm"] = f"{type(exc).__name__}: {exc}"
                 continue
             out[config] = rmm_cupy_allocator
-        elif config != "bridge":
+        elif not config.startswith("bridge"):
             raise ValueError(f"cupy has no configuration {config!r}")
     return out
 

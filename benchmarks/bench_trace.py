@@ -40,10 +40,10 @@ from collections.abc import Iterable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import ASYNC_ENV, run_guarded, write_json  # noqa: E402
+from _common import config_env, run_guarded, write_json  # noqa: E402
 
 ALLOC, FREE = 0, 1
-CONFIGS = ("native", "async", "rmm", "bridge")
+CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache")
 
 
 # ---- traces ----
@@ -199,8 +199,11 @@ RECORDERS = {"gpt2": record_gpt2, "resnet50": record_resnet50, "cupy-fft": recor
 # ---- replay (one allocator per process) ----
 def _setup(config: str) -> Any:
     """Install the configuration's allocator; returns a function giving the held peak."""
-    if config == "bridge":
+    if config.startswith("bridge"):
         import bridge
+
+        if config == "bridge-nocache":
+            os.environ.update(config_env("torch", config))
 
         bridge.unify(cupy=False, torch=True)
     elif config == "rmm":
@@ -288,8 +291,12 @@ def replay(path: str, config: str, passes: int, json_path: str | None) -> int:
     return run_guarded(json_path, base, body)
 
 
-def run(paths: list[str], configs: list[str], rounds: int, passes: int) -> dict:
-    """Every trace under every configuration, one process each, configurations in turns."""
+def run(paths: list[str], configs: list[str], rounds: int, passes: int,
+        out_path: str | None = None) -> dict:
+    """Every trace under every configuration, one process each, configurations in turns.
+
+    With ``out_path`` the results so far are written after each trace (a run cut
+    short keeps what it measured)."""
     out: dict[str, Any] = {}
     for path in paths:
         name = load(path)["name"]
@@ -298,8 +305,7 @@ def run(paths: list[str], configs: list[str], rounds: int, passes: int) -> dict:
             order = configs[r % len(configs) :] + configs[: r % len(configs)]
             for config in order:
                 env = dict(os.environ)
-                if config == "async":
-                    env.update(ASYNC_ENV)
+                env.update(config_env("torch", config))
                 cmd = [sys.executable, __file__, "replay", path, "--config", config,
                        "--passes", str(passes)]  # fmt: skip
                 p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -308,6 +314,8 @@ def run(paths: list[str], configs: list[str], rounds: int, passes: int) -> dict:
                 except json.JSONDecodeError:
                     per[config].append({"status": "error", "error": p.stderr[-2000:]})
         out[name] = {c: _best(v) for c, v in per.items()}
+        if out_path:
+            write_json(out_path, out)
     return out
 
 
@@ -350,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.traces:
             print(json.dumps(summary(load(path))))
         return 0
-    result = run(args.traces, args.configs.split(","), args.rounds, args.passes)
-    write_json(args.out, result)
+    result = run(args.traces, args.configs.split(","), args.rounds, args.passes, args.out)
+    if not args.out:
+        write_json(None, result)
     return 0
 
 

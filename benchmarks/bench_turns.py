@@ -33,7 +33,7 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_alloc  # noqa: E402
 from _common import (  # noqa: E402
-    ASYNC_ENV,
+    config_env,
     end_of_turns,
     parse_sizes,
     pin_cpu,
@@ -66,8 +66,7 @@ def coordinate(args: argparse.Namespace, result: dict) -> None:
     specs = {}
     for c in args.configs:
         env = dict(os.environ)
-        if args.framework == "torch" and c == "async":
-            env.update(ASYNC_ENV)
+        env.update(config_env(args.framework, c))
         argv = [sys.executable, me, "--worker", "--framework", args.framework, "--config", c]
         specs[c] = (argv + (["--cpu", str(args.cpu)] if args.cpu is not None else []), env)
     workers = start_workers(specs, configs)
@@ -143,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return serve(worker_setup(args))
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    bad = [c for c in args.configs if c not in ("native", "async", "rmm", "bridge")]
+    bad = [c for c in args.configs if c not in bench_alloc.CONFIGS[:-1]]
     if bad or len(set(args.configs)) != len(args.configs) or "bridge" not in args.configs:
-        p.error(f"--configs: distinct names from native, async, rmm, bridge, with bridge "
-                f"(got {args.configs})")
+        p.error(f"--configs: distinct names from {', '.join(bench_alloc.CONFIGS[:-1])}, "
+                f"with bridge (got {args.configs})")
     if min(args.iters, args.repeats) < 1 or args.warmup < 0:
         p.error("--iters and --repeats must be >= 1, --warmup >= 0")
     base = {"bench": "alloc_turns", "framework": args.framework, "sizes": args.sizes,
