@@ -156,8 +156,6 @@ def record_resnet50(steps: int = 4) -> dict:
 
 
 def record_cupy_fft(batches: Iterable[int] = (16, 32, 24, 64, 48, 32, 16, 64)) -> dict:
-    import weakref
-
     import cupy as cp
 
     pool = cp.get_default_memory_pool()
@@ -165,14 +163,21 @@ def record_cupy_fft(batches: Iterable[int] = (16, 32, 24, 64, 48, 32, 16, 64)) -
     streams: dict[int, int] = {}
     counter = [0]
 
+    class Logged:  # owns the pool's block; its end is the free
+        def __init__(self, mem: Any, i: int) -> None:
+            self.mem, self.i = mem, i
+
+        def __del__(self) -> None:
+            events.append([FREE, self.i])
+
     def logging_alloc(size: int) -> Any:
         mem = pool.malloc(size)
         i = counter[0]
         counter[0] += 1
         s = streams.setdefault(cp.cuda.get_current_stream().ptr, len(streams))
         events.append([ALLOC, i, int(size), s])
-        weakref.finalize(mem.mem, events.append, [FREE, i])
-        return mem
+        owner = Logged(mem, i)
+        return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(mem.ptr, size, owner), 0)
 
     cp.cuda.set_allocator(logging_alloc)
     try:

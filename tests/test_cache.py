@@ -217,3 +217,43 @@ def test_the_tables_hold_many_aligned_keys(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "64 MiB stride" in r.stdout and "multiples of 1 MiB" in r.stdout
+
+
+def test_before_the_pool_grows_the_oldest_cached_blocks_go_back(cache):
+    """make_room: an allocation the cache cannot serve, with no idle room in the
+    pool, first gives back the oldest cached blocks (enough for the request)."""
+    cache.standin_sync_all(0)
+    assert core.trim(0, 0) == 0  # the pool keeps no idle memory
+    rc, a = core.alloc(0, 8 * MIB, 0, CUPY)
+    rc, b = core.alloc(0, 8 * MIB, 0, CUPY)
+    core.free(a)  # older
+    core.free(b)
+    s = stats()
+    assert s["cached"] == 16 * MIB and s["pool_reserved"] == s["pool_used"]
+    evictions = s["num_cache_evictions"]
+    rc, c = core.alloc(0, 4 * MIB, 0, TORCH)  # a miss: 4 MiB more would grow the pool
+    assert rc == 0
+    s = stats()
+    assert s["num_cache_evictions"] == evictions + 1
+    assert s["cached"] == 8 * MIB  # the oldest block went back, not both
+    rc, again = core.alloc(0, 8 * MIB, 0, TORCH)
+    assert again == b  # the newer block is still cached
+    for p in (c, again):
+        core.free(p)
+
+
+def test_no_block_goes_back_while_the_pool_has_idle_room(cache):
+    core.set_cache(0, 0)
+    rc, big = core.alloc(0, 32 * MIB, 0, CUPY)
+    core.free(big)
+    cache.standin_sync_all(0)  # the pool keeps 32 MiB idle
+    core.set_cache(0, 64 * MIB)
+    rc, a = core.alloc(0, 8 * MIB, 0, CUPY)
+    core.free(a)
+    s = stats()
+    assert s["cached"] == 8 * MIB and s["pool_reserved"] >= 32 * MIB
+    rc, c = core.alloc(0, 4 * MIB, 0, TORCH)
+    s2 = stats()
+    assert s2["num_cache_evictions"] == s["num_cache_evictions"]
+    assert s2["cached"] == 8 * MIB
+    core.free(c)
