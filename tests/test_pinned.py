@@ -293,10 +293,11 @@ def test_dlpack_device_and_capsule_kinds(pp):
     buf = bridge.pinned_buffer(100)
     assert buf.__dlpack_device__() == (3, 0)
     cases = [  # kwargs -> capsule name, device type
-        (dict(max_version=(1, 0)), "dltensor_versioned", 3),
-        (dict(max_version=(1, 2), dl_device=None, copy=None), "dltensor_versioned", 3),
-        (dict(stream=None), "dltensor", 3),
-        (dict(max_version=(0, 8)), "dltensor", 3),
+        (dict(max_version=(1, 0)), "dltensor_versioned", 1),  # torch.from_dlpack's call
+        (dict(max_version=(1, 2), dl_device=None, copy=None), "dltensor_versioned", 1),
+        (dict(stream=None), "dltensor", 3),  # jax.dlpack.from_dlpack's call
+        (dict(stream=None, max_version=(1, 0)), "dltensor_versioned", 3),
+        (dict(max_version=(0, 8)), "dltensor", 1),
         (dict(max_version=(1, 0), dl_device=(1, 0)), "dltensor_versioned", 1),
         (dict(dl_device=(3, 0)), "dltensor", 3),
         ({}, "dltensor", 1),  # a pre-versioning consumer
@@ -311,16 +312,15 @@ def test_dlpack_device_and_capsule_kinds(pp):
             assert (v.major, v.flags) == (1, 0)
 
 
-def test_torch_caller_gets_kdlcpu(pp):
-    # torch.from_dlpack (torch/utils/dlpack.py) calls __dlpack__(max_version=(1, 0)).
+def test_export_depends_on_the_arguments_not_on_the_caller(pp):
+    # torch.from_dlpack (torch/utils/dlpack.py) calls __dlpack__(max_version=(1, 0));
+    # the device type comes from the arguments alone, whoever calls
     buf = bridge.pinned_buffer(100)
-    scope = {"__name__": "torch.utils.dlpack", "buf": buf}
-    exec("cap = buf.__dlpack__(max_version=(1, 0))", scope)
-    name, t, _ = read_capsule(scope["cap"])
-    assert (name, t.device.device_type, t.data) == ("dltensor_versioned", 1, buf.ptr)
-    scope["__name__"] = "torchvision_like"  # a prefix is not torch
-    exec("cap = buf.__dlpack__(max_version=(1, 0))", scope)
-    assert read_capsule(scope["cap"])[1].device.device_type == 3
+    for module in ("torch.utils.dlpack", "jax._src.dlpack", "__main__"):
+        scope = {"__name__": module, "buf": buf}
+        exec("a = buf.__dlpack__(max_version=(1, 0)); b = buf.__dlpack__(stream=None)", scope)
+        assert read_capsule(scope["a"])[1].device.device_type == 1, module
+        assert read_capsule(scope["b"])[1].device.device_type == 3, module
 
 
 def test_unconsumed_capsules_release_the_block(pp, lib):

@@ -151,31 +151,6 @@ static PyBufferProcs PinnedBuffer_as_buffer = {
     .bf_getbuffer = (getbufferproc)PinnedBuffer_getbuffer,
 };
 
-/* Is the Python code calling __dlpack__ in torch (torch.from_dlpack is
- * torch/utils/dlpack.py: it passes only max_version=(1, 0))? */
-static int called_from_torch(void)
-{
-    PyFrameObject *f = PyEval_GetFrame(); /* borrowed: the caller's frame */
-    if (!f)
-        return 0;
-#if PY_VERSION_HEX >= 0x030B0000
-    PyObject *g = PyFrame_GetGlobals(f);
-#else
-    PyObject *g = f->f_globals;
-    Py_XINCREF(g);
-#endif
-    int torch = 0;
-    if (g && PyDict_Check(g)) {
-        PyObject *name = PyDict_GetItemString(g, "__name__"); /* borrowed */
-        const char *s = name && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : NULL;
-        torch = s && strncmp(s, "torch", 5) == 0 && (s[5] == '\0' || s[5] == '.');
-        if (!s)
-            PyErr_Clear();
-    }
-    Py_XDECREF(g);
-    return torch;
-}
-
 /* Parse a (type, id) pair; -1 with an exception when it is not one. */
 static int parse_pair(PyObject *o, const char *what, long *a, long *b)
 {
@@ -193,14 +168,17 @@ static int parse_pair(PyObject *o, const char *what, long *a, long *b)
     return 0;
 }
 
-/* The device type of an export:
- *   dl_device given    what the consumer asks: (1, 0) kDLCPU or (3, 0) kDLCUDAHost;
- *   caller in torch    kDLCPU: torch refuses 3, and pinned memory seen as
- *                      CPU memory is still pinned (tensor.is_pinned() asks
- *                      the driver about the address);
- *   no argument at all kDLCPU: a pre-2023 consumer, which may not know 3;
- *   otherwise          kDLCUDAHost (numpy, JAX: an array in pinned_host memory). */
-static int export_device(PyObject *dl_device, int bare, int *type)
+/* The device type of an export, from the call's own arguments (never from
+ * who the caller is):
+ *   dl_device given   what the consumer asks: (1, 0) kDLCPU or (3, 0) kDLCUDAHost;
+ *   a stream given    kDLCUDAHost: a consumer that synchronizes with streams
+ *                     knows device memory kinds (JAX passes one: an array
+ *                     in pinned_host memory);
+ *   otherwise         kDLCPU: torch.from_dlpack passes only max_version for
+ *                     a non-CUDA device and refuses 3; a pre-2023 consumer
+ *                     passes nothing.  Pinned memory seen as CPU memory is
+ *                     still pinned (tensor.is_pinned() asks the driver). */
+static int export_device(PyObject *dl_device, int stream_given, int *type)
 {
     if (dl_device && dl_device != Py_None) {
         long t, id;
@@ -215,7 +193,7 @@ static int export_device(PyObject *dl_device, int bare, int *type)
         *type = (int)t;
         return 0;
     }
-    *type = (bare || called_from_torch()) ? kDLCPU : kDLCUDAHost;
+    *type = stream_given ? kDLCUDAHost : kDLCPU;
     return 0;
 }
 
@@ -228,9 +206,9 @@ static PyObject *PinnedBuffer_dlpack(PinnedBuffer *self, PyObject *args, PyObjec
         return NULL;
     /* Host memory has no stream to synchronize: writes are the host's own. */
     (void)stream;
-    int bare = PyTuple_GET_SIZE(args) == 0 && (!kw || PyDict_GET_SIZE(kw) == 0);
+    int stream_given = PyTuple_GET_SIZE(args) > 0 || (kw && PyDict_GetItemString(kw, "stream"));
     int type;
-    if (export_device(dl_device, bare, &type) < 0)
+    if (export_device(dl_device, stream_given, &type) < 0)
         return NULL;
     int versioned = 0;
     if (max_version != Py_None) {
