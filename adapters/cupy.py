@@ -11,7 +11,7 @@ raises CuPy's own ``OutOfMemoryError``.
 
 from __future__ import annotations
 
-__all__ = ["install", "installed", "OutOfMemoryError"]
+__all__ = ["install", "installed", "pinned_allocator", "OutOfMemoryError"]
 
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,6 +21,7 @@ from cupy.cuda import memory as _cmem
 
 from bridge import _runtime, recovery
 from bridge._errors import OOM_STATUSES, BridgeError, Status, check, oom_message
+from bridge._pinned_buffer import pinned_buffer
 from bridge._runtime import core
 
 
@@ -121,6 +122,22 @@ def _tell_captures() -> None:
         cls.begin_capture, cls.end_capture = begin_capture, end_capture
 
 
+def pinned_allocator() -> Callable[[int], Any]:
+    """The allocator for ``cupy.cuda.set_pinned_memory_allocator``: size -> PinnedMemoryPointer.
+
+    CuPy stages host-to-device copies (``cupy.asarray(numpy_array)``) and
+    ``cupyx.empty_pinned`` through it; CuPy keeps the pointer (and so the
+    block of the bridge's pinned pool) alive until the copies it recorded
+    have completed.  ``bridge.pinned.cupy_pinned_allocator()`` returns it too.
+    """
+    from cupy.cuda.pinned_memory import PinnedMemoryPointer
+
+    def allocate(size: int) -> Any:
+        return PinnedMemoryPointer(pinned_buffer(size), 0)
+
+    return allocate
+
+
 def install(devices: Iterable[int]) -> None:
     """Point CuPy's device (and pinned) allocators at the shared pool."""
     global _allocator
@@ -137,10 +154,5 @@ def install(devices: Iterable[int]) -> None:
         )
     cupy.cuda.set_allocator(_allocator)
     _tell_captures()
-    try:
-        from bridge import pinned
-    except ImportError:
-        pinned = None  # type: ignore[assignment]
-    if pinned is not None and hasattr(pinned, "cupy_pinned_allocator"):
-        cupy.cuda.set_pinned_memory_allocator(pinned.cupy_pinned_allocator())
+    cupy.cuda.set_pinned_memory_allocator(pinned_allocator())
     recovery.register_releaser("cupy", _release_caches)

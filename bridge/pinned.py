@@ -34,10 +34,16 @@ from ``bridge``:
 - ``bridge._pinned_shapes``: shapes, orders and byte counts;
 - ``bridge._pinned_streams``: streams and addresses, recording copies;
 - ``bridge._pinned_pool``: :class:`PinnedPool`, the figures and the limit;
-- ``bridge._pinned_cupy``: CuPy's pinned allocator.
+
+CuPy's pinned allocator lives with the CuPy adapter
+(``bridge.adapters.cupy.pinned_allocator``); :func:`cupy_pinned_allocator`
+here returns it, for code that set it up by hand.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "PinnedBuffer",
@@ -62,9 +68,24 @@ from bridge._pinned_buffer import (
     pinned_record,
     zeros_pinned,
 )
-from bridge._pinned_cupy import cupy_pinned_allocator
 from bridge._pinned_pool import PinnedPool, pinned_pool
 from bridge._pinned_shapes import ShapeLike
+
+
+def cupy_pinned_allocator() -> Callable[[int], Any]:
+    """CuPy's pinned allocator on the pinned pool (``bridge.adapters.cupy.pinned_allocator``).
+
+    Raises
+    ------
+    ImportError
+        When CuPy is not installed.
+    """
+    import importlib
+
+    # the adapter imports cupy; bridge.adapters is installed from adapters/
+    adapter = importlib.import_module("bridge.adapters.cupy")
+    return adapter.pinned_allocator()
+
 
 # Switch the base of new blocks while none is lent (tests and benchmarks).
 _set_backend = _pinned_backend.set_backend
