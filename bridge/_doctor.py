@@ -26,10 +26,8 @@ __all__ = [
     "cuda_majors",
 ]
 
-import ctypes
 import dataclasses
 import difflib
-import functools
 import importlib
 import os
 import pathlib
@@ -175,64 +173,12 @@ def _driver() -> dict:
     return info
 
 
-# The core offers no GPU name and no compute capability: these come from the
-# driver library the core loaded, looked up with RTLD_NOLOAD (a handle on the
-# library already in the process; nothing is loaded a second time).
-CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
-CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
-
-
-@functools.cache
-def _loaded_driver() -> ctypes.CDLL | None:
-    """The driver library the core loaded, or None (never loads one)."""
-    path = core.loaded_library()
-    if not path:
-        return None
-    try:
-        return ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-    except OSError:
-        return None
-
-
-def _driver_call(name: str, *args: object) -> int | None:
-    """Call an entry point of the core's driver by name; its CUresult, or None."""
-    lib = _loaded_driver()
-    fn = getattr(lib, name, None) if lib is not None else None
-    return None if fn is None else int(fn(*args))
-
-
 def _device_name(index: int) -> tuple[str | None, str | None]:
-    """(name, compute capability) from the loaded driver; None where it cannot tell."""
-    dev = ctypes.c_int()
-    if _driver_call("cuDeviceGet", ctypes.byref(dev), index) != 0:
+    """(name, compute capability) from the driver; None where it cannot tell."""
+    rc, name, major, minor = core.device_info(index)
+    if rc != 0:
         return None, None
-    buf = ctypes.create_string_buffer(256)
-    name = (
-        buf.value.decode(errors="replace")
-        if _driver_call("cuDeviceGetName", buf, 256, dev) == 0
-        else ""
-    )
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    cc = None
-    if (
-        _driver_call(
-            "cuDeviceGetAttribute",
-            ctypes.byref(major),
-            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-            dev,
-        )
-        == 0
-        and _driver_call(
-            "cuDeviceGetAttribute",
-            ctypes.byref(minor),
-            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-            dev,
-        )
-        == 0
-        and major.value > 0
-    ):
-        cc = f"{major.value}.{minor.value}"
-    return name or None, cc
+    return name or None, (f"{major}.{minor}" if major > 0 else None)
 
 
 def _devices(count: int) -> list[dict]:

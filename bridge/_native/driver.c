@@ -152,6 +152,28 @@ int bridge_device_count(int *count)
     return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
 }
 
+int bridge_device_name(int device, char *name, int len, int *cc_major, int *cc_minor)
+{
+    if (len > 0)
+        name[0] = '\0';
+    *cc_major = *cc_minor = 0;
+    if (!atomic_load(&init_done))
+        return BRIDGE_E_NOTINIT;
+    CUdevice dev = 0;
+    CUresult r = bridge_drv.cuDeviceGet(&dev, device);
+    if (r == CUDA_SUCCESS)
+        r = bridge_drv.cuDeviceGetName(name, len, dev);
+    if (r == CUDA_SUCCESS)
+        r = bridge_drv.cuDeviceGetAttribute(cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                            dev);
+    if (r == CUDA_SUCCESS)
+        r = bridge_drv.cuDeviceGetAttribute(cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                            dev);
+    if (r == CUDA_ERROR_INVALID_DEVICE)
+        return BRIDGE_E_DEVICE;
+    return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
+}
+
 int bridge_driver_version(int *version)
 {
     *version = 0;

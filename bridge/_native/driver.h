@@ -29,6 +29,8 @@ typedef unsigned long long CUdeviceptr;
 #define CUDA_ERROR_NOT_SUPPORTED 801
 
 #define CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED 115
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
@@ -72,6 +74,7 @@ typedef struct {
     X(cuGetErrorName, (CUresult error, const char **str))                      \
     X(cuDeviceGetCount, (int *count))                                          \
     X(cuDeviceGet, (CUdevice * dev, int ordinal))                              \
+    X(cuDeviceGetName, (char *name, int len, CUdevice dev))                    \
     X(cuDeviceGetAttribute, (int *pi, int attrib, CUdevice dev))               \
     X(cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev))                     \
     X(cuDeviceCanAccessPeer, (int *can, CUdevice dev, CUdevice peer))          \

@@ -475,6 +475,21 @@ INT_OUT(py_driver_version, bridge_driver_version)
 
 INT_OUT(py_current_device, bridge_current_device)
 
+static PyObject *py_device_info(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    if (!PyArg_ParseTuple(args, "i", &dev))
+        return NULL;
+    char name[256];
+    int major = 0, minor = 0, rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_device_name(dev, name, (int)sizeof name, &major, &minor);
+    Py_END_ALLOW_THREADS
+    name[sizeof name - 1] = '\0';
+    return Py_BuildValue("isii", rc, rc == BRIDGE_OK ? name : "", major, minor);
+}
+
 static PyObject *py_last_driver_error(PyObject *m, PyObject *a)
 {
     (void)m;
@@ -859,6 +874,7 @@ static PyMethodDef methods[] = {
     {"initialized", py_initialized, METH_NOARGS, "Whether the driver is loaded."},
     {"device_count", py_device_count, METH_NOARGS, "-> (status, count)"},
     {"driver_version", py_driver_version, METH_NOARGS, "-> (status, version)"},
+    {"device_info", py_device_info, METH_VARARGS, "device_info(device) -> (status, name, cc_major, cc_minor)"},
     {"current_device", py_current_device, METH_NOARGS, "-> (status, device of the current context)"},
     {"last_driver_error", py_last_driver_error, METH_NOARGS, "-> (code, name)"},
     {"loaded_library", py_loaded_library, METH_NOARGS, "The driver library in use."},

@@ -21,6 +21,7 @@
  */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -349,11 +350,24 @@ CUresult cuDeviceGet(CUdevice *d, int ordinal)
     return OK;
 }
 
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    if (dev < 0 || dev >= ndev)
+        return E_INVALID_DEVICE;
+    if (len > 0)
+        snprintf(name, (size_t)len, "Stand-in GPU %d", dev);
+    return OK;
+}
+
 CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
 {
     if (dev < 0 || dev >= ndev)
         return E_INVALID_DEVICE;
-    *pi = attrib == 115 ? devs[dev].pools_supported : 0;
+    switch (attrib) {
+    case 115: *pi = devs[dev].pools_supported; break;
+    case 75: *pi = 9; break; /* compute capability 9.0 */
+    default: *pi = 0;
+    }
     return OK;
 }
 
