@@ -85,7 +85,10 @@ def test_doctor_reports_driver_gpus_and_pools(standin, clean_env):
     assert "CUDA driver 13.0 (13000)" in out  # the stand-in reports 13000
     assert "GPUs: 2" in out
     for d in (0, 1):
-        assert f"device {d}: Stand-in GPU {d}, compute capability 9.0; 16.00 GiB; memory pools: yes" in out
+        assert (
+            f"device {d}: Stand-in GPU {d}, compute capability 9.0; 16.00 GiB; memory pools: yes"
+            in out
+        )
     for fw in ("cupy", "torch", "jax", "cuda-python"):
         assert fw in out
     assert "Summary: ready" in out
@@ -162,7 +165,9 @@ def test_doctor_flags_a_device_without_pools(standin):
     """)
     r = run_cli(code=code)
     assert r.returncode == 1, r.stderr  # an [error]: a device without pools
-    assert "device 0: Stand-in GPU 0, compute capability 9.0; 16.00 GiB; memory pools: yes" in r.stdout
+    assert (
+        "device 0: Stand-in GPU 0, compute capability 9.0; 16.00 GiB; memory pools: yes" in r.stdout
+    )
     assert "device 1:" in r.stdout and "memory pools: NO" in r.stdout
     assert "Update the NVIDIA driver" in r.stdout
     assert "Summary: 1 thing(s) to look at" in r.stdout
