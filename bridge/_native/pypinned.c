@@ -8,111 +8,15 @@
  *   pinned_*          module functions returning status codes, which
  *                     bridge/pinned.py turns into exceptions.
  *
- * DLPack (https://dmlc.github.io/dlpack/latest/python_spec.html): every
- * export holds its own reference to the block, released by the deleter,
- * which needs no GIL (consumers call it from any thread).  A capsule that is
- * never consumed keeps its name ("dltensor" / "dltensor_versioned") and its
- * destructor calls the deleter; a consumer renames it "used_*" and becomes
- * responsible.  Device type: kDLCUDAHost (3) for numpy, JAX and anyone who
- * does not ask, kDLCPU (1) for torch, which refuses 3 (see export_device).
+ * The DLPack export itself (capsules, deleters, the device type) is
+ * dlpack.c.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "dlpack.h"
+
 #include <structmember.h>
-#if PY_VERSION_HEX < 0x030B0000
-#include <frameobject.h>
-#endif
 
 #include <stdlib.h>
 #include <string.h>
-
-#include "bridge.h"
-
-/* ---- the DLPack ABI (dlpack.h, v1.x; plain C, no toolkit needed) ---- */
-enum { kDLCPU = 1, kDLCUDAHost = 3 };
-enum { kDLUInt = 1 };
-#define DLPACK_FLAG_BITMASK_IS_COPIED (1ull << 1)
-
-typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
-typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
-typedef struct {
-    void *data;
-    DLDevice device;
-    int32_t ndim;
-    DLDataType dtype;
-    int64_t *shape;
-    int64_t *strides;
-    uint64_t byte_offset;
-} DLTensor;
-typedef struct DLManagedTensor {
-    DLTensor dl_tensor;
-    void *manager_ctx;
-    void (*deleter)(struct DLManagedTensor *self);
-} DLManagedTensor;
-typedef struct { uint32_t major; uint32_t minor; } DLPackVersion;
-typedef struct DLManagedTensorVersioned {
-    DLPackVersion version;
-    void *manager_ctx;
-    void (*deleter)(struct DLManagedTensorVersioned *self);
-    uint64_t flags;
-    DLTensor dl_tensor;
-} DLManagedTensorVersioned;
-
-/* One allocation per export: the managed tensor, then shape and strides. */
-typedef struct {
-    DLManagedTensor m;
-    int64_t shape[1], strides[1];
-} legacy_export;
-typedef struct {
-    DLManagedTensorVersioned m;
-    int64_t shape[1], strides[1];
-} versioned_export;
-
-/* The deleters: release the block's reference, free the export. */
-static void legacy_deleter(DLManagedTensor *m)
-{
-    if (!m)
-        return;
-    bridge_pinned_release((bridge_pinned_block *)m->manager_ctx);
-    free(m);
-}
-
-static void versioned_deleter(DLManagedTensorVersioned *m)
-{
-    if (!m)
-        return;
-    bridge_pinned_release((bridge_pinned_block *)m->manager_ctx);
-    free(m);
-}
-
-/* Capsule destructors: only an unconsumed capsule still owns its tensor. */
-static void legacy_capsule_dtor(PyObject *cap)
-{
-    if (PyCapsule_IsValid(cap, "used_dltensor"))
-        return;
-    PyObject *t, *v, *tb;
-    PyErr_Fetch(&t, &v, &tb);
-    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
-    if (m && m->deleter)
-        m->deleter(m);
-    else
-        PyErr_WriteUnraisable(cap);
-    PyErr_Restore(t, v, tb);
-}
-
-static void versioned_capsule_dtor(PyObject *cap)
-{
-    if (PyCapsule_IsValid(cap, "used_dltensor_versioned"))
-        return;
-    PyObject *t, *v, *tb;
-    PyErr_Fetch(&t, &v, &tb);
-    DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
-    if (m && m->deleter)
-        m->deleter(m);
-    else
-        PyErr_WriteUnraisable(cap);
-    PyErr_Restore(t, v, tb);
-}
 
 /* ---- PinnedBufferBase ---- */
 typedef struct {
@@ -151,80 +55,15 @@ static PyBufferProcs PinnedBuffer_as_buffer = {
     .bf_getbuffer = (getbufferproc)PinnedBuffer_getbuffer,
 };
 
-/* Parse a (type, id) pair; -1 with an exception when it is not one. */
-static int parse_pair(PyObject *o, const char *what, long *a, long *b)
-{
-    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2) {
-        PyErr_Format(PyExc_BufferError, "%s must be a tuple of two ints, got %R", what, o);
-        return -1;
-    }
-    *a = PyLong_AsLong(PyTuple_GET_ITEM(o, 0));
-    *b = PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_BufferError, "%s must be a tuple of two ints, got %R", what, o);
-        return -1;
-    }
-    return 0;
-}
-
-/* The device type of an export, from the call's own arguments (never from
- * who the caller is):
- *   dl_device given   what the consumer asks: (1, 0) kDLCPU or (3, 0) kDLCUDAHost;
- *   a stream given    kDLCUDAHost: a consumer that synchronizes with streams
- *                     knows device memory kinds (JAX passes one: an array
- *                     in pinned_host memory);
- *   otherwise         kDLCPU: torch.from_dlpack passes only max_version for
- *                     a non-CUDA device and refuses 3; a pre-2023 consumer
- *                     passes nothing.  Pinned memory seen as CPU memory is
- *                     still pinned (tensor.is_pinned() asks the driver). */
-static int export_device(PyObject *dl_device, int stream_given, int *type)
-{
-    if (dl_device && dl_device != Py_None) {
-        long t, id;
-        if (parse_pair(dl_device, "dl_device", &t, &id) < 0)
-            return -1;
-        if (t != kDLCPU && t != kDLCUDAHost) {
-            PyErr_Format(PyExc_BufferError,
-                         "pinned host memory can be exported as kDLCPU (1) or kDLCUDAHost (3) "
-                         "only, not device type %ld", t);
-            return -1;
-        }
-        *type = (int)t;
-        return 0;
-    }
-    *type = stream_given ? kDLCUDAHost : kDLCPU;
-    return 0;
-}
-
 static PyObject *PinnedBuffer_dlpack(PinnedBuffer *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"stream", "max_version", "dl_device", "copy", NULL};
-    PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOOO:__dlpack__", names, &stream, &max_version,
-                                     &dl_device, &copy))
+    bridge_dlpack_request req;
+    if (bridge_dlpack_parse(args, kw, &req) < 0)
         return NULL;
-    /* Host memory has no stream to synchronize: writes are the host's own. */
-    (void)stream;
-    int stream_given = PyTuple_GET_SIZE(args) > 0 || (kw && PyDict_GetItemString(kw, "stream"));
-    int type;
-    if (export_device(dl_device, stream_given, &type) < 0)
-        return NULL;
-    int versioned = 0;
-    if (max_version != Py_None) {
-        long major, minor;
-        if (parse_pair(max_version, "max_version", &major, &minor) < 0)
-            return NULL;
-        versioned = major >= 1;
-    }
-    int want_copy = 0;
-    if (copy != Py_None && (want_copy = PyObject_IsTrue(copy)) < 0)
-        return NULL;
-
     /* The export's own reference: the same block, or a copy in a new one. */
     bridge_pinned_block *b = self->block;
     void *data = self->ptr;
-    if (want_copy && self->size > 0) {
+    if (req.copy && self->size > 0) {
         int rc;
         Py_BEGIN_ALLOW_THREADS
         rc = bridge_pinned_alloc((size_t)self->size, 1, &b);
@@ -241,56 +80,7 @@ static PyObject *PinnedBuffer_dlpack(PinnedBuffer *self, PyObject *args, PyObjec
     } else {
         bridge_pinned_retain(b);
     }
-
-    DLTensor *t;
-    PyObject *cap;
-    if (versioned) {
-        versioned_export *e = calloc(1, sizeof *e);
-        if (!e) {
-            bridge_pinned_release(b);
-            return PyErr_NoMemory();
-        }
-        e->m.version.major = 1;
-        e->m.version.minor = 0;
-        e->m.manager_ctx = b;
-        e->m.deleter = versioned_deleter;
-        e->m.flags = want_copy ? DLPACK_FLAG_BITMASK_IS_COPIED : 0;
-        e->shape[0] = self->size;
-        e->strides[0] = 1;
-        t = &e->m.dl_tensor;
-        t->shape = e->shape;
-        t->strides = e->strides;
-        cap = PyCapsule_New(&e->m, "dltensor_versioned", versioned_capsule_dtor);
-        if (!cap)
-            versioned_deleter(&e->m);
-    } else {
-        legacy_export *e = calloc(1, sizeof *e);
-        if (!e) {
-            bridge_pinned_release(b);
-            return PyErr_NoMemory();
-        }
-        e->m.manager_ctx = b;
-        e->m.deleter = legacy_deleter;
-        e->shape[0] = self->size;
-        e->strides[0] = 1;
-        t = &e->m.dl_tensor;
-        t->shape = e->shape;
-        t->strides = e->strides;
-        cap = PyCapsule_New(&e->m, "dltensor", legacy_capsule_dtor);
-        if (!cap)
-            legacy_deleter(&e->m);
-    }
-    if (!cap)
-        return NULL;
-    t->data = data;
-    t->device.device_type = type;
-    t->device.device_id = 0;
-    t->ndim = 1;
-    t->dtype.code = kDLUInt;
-    t->dtype.bits = 8;
-    t->dtype.lanes = 1;
-    t->byte_offset = 0;
-    return cap;
+    return bridge_dlpack_capsule(b, data, self->size, &req);
 }
 
 static PyObject *PinnedBuffer_dlpack_device(PinnedBuffer *self, PyObject *a)
