@@ -10,15 +10,16 @@ connected (empty_cache, memory fraction, record_stream, CUDA graph pools), and
 
 from __future__ import annotations
 
-__all__ = ["install", "installed", "memory_stats"]
+__all__ = ["install", "installed", "memory_stats", "install_views", "remove_views"]
 
 import ctypes
+import functools
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from bridge import _runtime, recovery
+from bridge import _runtime, recovery, snapshot, views
 from bridge._errors import BridgeError, check
 from bridge._runtime import core
 
@@ -137,6 +138,103 @@ def register_pool_streams(device: int) -> int:
     return len(seen)
 
 
+_native_mem_get_info: Any = None
+_native_accelerator_info: Any = None
+
+
+def _mem_get_info(device: Any = None) -> tuple[int, int]:
+    """``torch.cuda.mem_get_info`` within the budget (bridge.views); natively without one."""
+    view = views.budget_view(_device_index(device))
+    return view if view is not None else _native_mem_get_info(device)
+
+
+def _accelerator_info(device_index: Any = None) -> tuple[int, int]:
+    """``torch.accelerator.get_memory_info`` on CUDA, within the budget."""
+    index = torch.cuda.current_device() if device_index is None else int(device_index)
+    view = views.budget_view(index) if index >= 0 else None
+    return view if view is not None else _native_accelerator_info(device_index)
+
+
+def install_views() -> None:
+    """Make torch's free-memory queries answer within the budget (bridge.views).
+
+    ``torch.cuda.mem_get_info`` (also ``torch.cuda.memory.mem_get_info``,
+    which accelerate's ``get_max_memory`` and Hugging Face's
+    ``device_map="auto"`` call) and ``torch.accelerator.get_memory_info``.
+    """
+    global _native_mem_get_info, _native_accelerator_info
+    if _native_mem_get_info is None:
+        _native_mem_get_info = torch.cuda.memory.mem_get_info
+        view = functools.wraps(_native_mem_get_info)(_mem_get_info)
+        torch.cuda.memory.mem_get_info = view
+        torch.cuda.mem_get_info = view
+    native = getattr(torch._C, "_accelerator_getMemoryInfo", None)
+    if native is not None and _native_accelerator_info is None:
+        _native_accelerator_info = native
+        torch._C._accelerator_getMemoryInfo = _accelerator_info
+
+
+def remove_views() -> None:
+    """Give torch its own free-memory answers back."""
+    global _native_mem_get_info, _native_accelerator_info
+    if _native_mem_get_info is not None:
+        torch.cuda.memory.mem_get_info = _native_mem_get_info
+        torch.cuda.mem_get_info = _native_mem_get_info
+        _native_mem_get_info = None
+    if _native_accelerator_info is not None:
+        torch._C._accelerator_getMemoryInfo = _native_accelerator_info
+        _native_accelerator_info = None
+
+
+def _record_history(
+    enabled: Any = "all",
+    context: Any = "all",
+    stacks: Any = "all",
+    max_entries: Any = None,
+    clear_history: Any = False,
+    *rest: Any,
+    **kw: Any,
+) -> None:
+    """``torch._C._cuda_record_memory_history`` (what ``_record_memory_history`` calls)."""
+    snapshot.record_memory_history(
+        enabled, context, "python", max_entries or _MAX_ENTRIES, bool(clear_history)
+    )
+
+
+def _record_history_legacy(
+    enabled: Any,
+    record_context: Any = True,
+    trace_alloc_max_entries: Any = 1,
+    trace_alloc_record_context: Any = False,
+    record_context_cpp: Any = False,
+    clear_history: Any = False,
+    *rest: Any,
+    **kw: Any,
+) -> None:
+    """The boolean form (``_record_memory_history(True, ...)``)."""
+    history = "all" if int(trace_alloc_max_entries or 1) > 1 else "state"
+    context = ("all" if trace_alloc_record_context else "state") if record_context else None
+    snapshot.record_memory_history(
+        history if enabled else None,
+        context,
+        "python",
+        max(1, int(trace_alloc_max_entries or 1)),
+        bool(clear_history),
+    )
+
+
+def _memory_snapshot(mempool_id: Any = None, *rest: Any, **kw: Any) -> dict:
+    """``torch._C._cuda_memorySnapshot``: the bridge's snapshot (bridge.snapshot)."""
+    snap = snapshot.memory_snapshot()
+    if mempool_id is not None:
+        pool_id = tuple(int(x) for x in mempool_id)
+        snap["segments"] = [s for s in snap["segments"] if s["segment_pool_id"] == pool_id]
+    return snap
+
+
+_MAX_ENTRIES = (1 << 63) - 1
+
+
 def _graphs_without_trees() -> None:
     """``torch.compile(mode="reduce-overhead")`` with the CUDA graphs a pluggable allocator allows.
 
@@ -205,4 +303,9 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
     torch._C._cuda_memoryStats = memory_stats
     torch._C._cuda_resetPeakMemoryStats = _reset_peak
     torch._C._cuda_resetAccumulatedMemoryStats = _reset_accumulated
+    # torch.cuda.memory._record_memory_history / _snapshot / _dump_snapshot /
+    # memory_snapshot: a pluggable allocator raises; the bridge's snapshot answers.
+    torch._C._cuda_record_memory_history = _record_history
+    torch._C._cuda_record_memory_history_legacy = _record_history_legacy
+    torch._C._cuda_memorySnapshot = _memory_snapshot
     recovery.register_releaser("torch", _release_caches)

@@ -74,6 +74,7 @@ typedef struct {
     X(cuDeviceGet, (CUdevice * dev, int ordinal))                              \
     X(cuDeviceGetAttribute, (int *pi, int attrib, CUdevice dev))               \
     X(cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev))                     \
+    X(cuMemGetInfo_v2, (size_t * free, size_t * total))                        \
     X(cuDeviceCanAccessPeer, (int *can, CUdevice dev, CUdevice peer))          \
     X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))              \
     X(cuCtxGetCurrent, (CUcontext * pctx))                                     \
