@@ -26,9 +26,10 @@ What a snapshot holds (the keys of torch's ``_snapshot()``):
   :func:`record_memory_history` (``alloc``, ``free_requested`` and
   ``free_completed`` together, ``oom`` with ``device_free``).
 - ``frames``: the Python stack of an allocation, innermost frame first, when
-  stacks were asked for and the allocating thread held the GIL (torch's
-  Python threads; not torch's autograd thread, which never takes the GIL for
-  the bridge, nor CuPy, whose allocator drops it).
+  stacks were asked for: the allocating thread's stack, on any thread Python
+  runs on (torch's operators and CuPy's allocator release the GIL around the
+  allocation; while stacks are recorded the allocating thread takes it back,
+  as torch's own recorder does); none for a thread Python never ran on.
 - ``bridge``: each device's figures (:class:`bridge.Stats` as a dict), with
   what the snapshot cannot list block by block: JAX's bytes (XLA allocates
   from the pool without the bridge) and the bridge's cache of freed blocks.

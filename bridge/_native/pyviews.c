@@ -7,10 +7,10 @@
  *   history_events  the events kept, oldest first
  *   set_stack_callback
  *                   the Python callable that names the caller's stack for
- *                   each event while stacks are on; called only on a thread
- *                   that already holds the GIL (torch's Python threads): a
- *                   thread without it (the autograd thread) never takes it
- *                   here, and its events carry no stack
+ *                   each event while stacks are on; called on threads that
+ *                   Python runs on (taking the GIL back where the caller
+ *                   released it, as torch's own recorder does); a thread
+ *                   without a Python thread state gets no stack
  *
  * Functions return status codes (alone or first in a tuple), which
  * bridge/_errors.py turns into exceptions.
@@ -124,32 +124,51 @@ static PyObject *py_history_events(PyObject *m, PyObject *a)
 }
 
 /* ---- the stack hook ---- */
-static PyObject *stack_cb; /* under the GIL */
+static PyObject *stack_cb; /* read and written under the GIL */
+
+static int finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
 
 static uint64_t stack_trampoline(void)
 {
-    /* Only on a thread that holds the GIL already: taking it here could
-     * deadlock a torch thread (autograd) against a Python thread waiting for
-     * a torch lock that thread holds. */
-    if (!Py_IsInitialized() || !PyGILState_Check())
+    /* A thread Python never ran on (a thread state of its own: none) has no
+     * Python stack.  A Python thread that released the GIL around the
+     * allocation (torch's operators do, CuPy's allocator does) takes it back
+     * for the stack, as torch's own recorder does: only while stacks are
+     * recorded, on request. */
+    if (!Py_IsInitialized() || finalizing())
         return 0;
-    PyObject *cb = stack_cb;
-    if (!cb)
+    int held = PyGILState_Check();
+    if (!held && !PyGILState_GetThisThreadState())
         return 0;
-    Py_INCREF(cb);
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb); /* the caller's pending error, if any, survives */
-    PyObject *r = PyObject_CallNoArgs(cb);
+    PyGILState_STATE st = PyGILState_LOCKED;
+    if (!held)
+        st = PyGILState_Ensure();
     uint64_t id = 0;
-    if (r) {
-        id = PyLong_AsUnsignedLongLong(r);
-        if (id == (uint64_t)-1 && PyErr_Occurred())
-            id = 0;
-        Py_DECREF(r);
+    PyObject *cb = stack_cb;
+    if (cb) {
+        Py_INCREF(cb);
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb); /* the caller's pending error, if any, survives */
+        PyObject *r = PyObject_CallNoArgs(cb);
+        if (r) {
+            id = PyLong_AsUnsignedLongLong(r);
+            if (id == (uint64_t)-1 && PyErr_Occurred())
+                id = 0;
+            Py_DECREF(r);
+        }
+        PyErr_Clear(); /* never raise into an allocation */
+        PyErr_Restore(type, value, tb);
+        Py_DECREF(cb);
     }
-    PyErr_Clear(); /* never raise into an allocation */
-    PyErr_Restore(type, value, tb);
-    Py_DECREF(cb);
+    if (!held)
+        PyGILState_Release(st);
     return id;
 }
 
