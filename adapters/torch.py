@@ -186,55 +186,6 @@ def remove_views() -> None:
         _native_accelerator_info = None
 
 
-def _record_history(
-    enabled: Any = "all",
-    context: Any = "all",
-    stacks: Any = "all",
-    max_entries: Any = None,
-    clear_history: Any = False,
-    *rest: Any,
-    **kw: Any,
-) -> None:
-    """``torch._C._cuda_record_memory_history`` (what ``_record_memory_history`` calls)."""
-    snapshot.record_memory_history(
-        enabled, context, "python", max_entries or _MAX_ENTRIES, bool(clear_history)
-    )
-
-
-def _record_history_legacy(
-    enabled: Any,
-    record_context: Any = True,
-    trace_alloc_max_entries: Any = 1,
-    trace_alloc_record_context: Any = False,
-    record_context_cpp: Any = False,
-    clear_history: Any = False,
-    *rest: Any,
-    **kw: Any,
-) -> None:
-    """The boolean form (``_record_memory_history(True, ...)``)."""
-    history = "all" if int(trace_alloc_max_entries or 1) > 1 else "state"
-    context = ("all" if trace_alloc_record_context else "state") if record_context else None
-    snapshot.record_memory_history(
-        history if enabled else None,
-        context,
-        "python",
-        max(1, int(trace_alloc_max_entries or 1)),
-        bool(clear_history),
-    )
-
-
-def _memory_snapshot(mempool_id: Any = None, *rest: Any, **kw: Any) -> dict:
-    """``torch._C._cuda_memorySnapshot``: the bridge's snapshot (bridge.snapshot)."""
-    snap = snapshot.memory_snapshot()
-    if mempool_id is not None:
-        pool_id = tuple(int(x) for x in mempool_id)
-        snap["segments"] = [s for s in snap["segments"] if s["segment_pool_id"] == pool_id]
-    return snap
-
-
-_MAX_ENTRIES = (1 << 63) - 1
-
-
 def _graphs_without_trees() -> None:
     """``torch.compile(mode="reduce-overhead")`` with the CUDA graphs a pluggable allocator allows.
 
@@ -305,7 +256,7 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
     torch._C._cuda_resetAccumulatedMemoryStats = _reset_accumulated
     # torch.cuda.memory._record_memory_history / _snapshot / _dump_snapshot /
     # memory_snapshot: a pluggable allocator raises; the bridge's snapshot answers.
-    torch._C._cuda_record_memory_history = _record_history
-    torch._C._cuda_record_memory_history_legacy = _record_history_legacy
-    torch._C._cuda_memorySnapshot = _memory_snapshot
+    torch._C._cuda_record_memory_history = snapshot.torch_record_history
+    torch._C._cuda_record_memory_history_legacy = snapshot.torch_record_history_legacy
+    torch._C._cuda_memorySnapshot = snapshot.torch_memory_snapshot
     recovery.register_releaser("torch", _release_caches)

@@ -42,6 +42,9 @@ __all__ = [
     "memory_snapshot",
     "dump_snapshot",
     "problems",
+    "torch_record_history",
+    "torch_record_history_legacy",
+    "torch_memory_snapshot",
     "FRAMEWORK_OF_TAG",
 ]
 
@@ -268,6 +271,56 @@ def dump_snapshot(path: str | os.PathLike = "dump_snapshot.pickle") -> None:
     snap = memory_snapshot()
     with open(path, "wb") as f:
         pickle.dump(snap, f)
+
+
+# ---- torch's entry points (the torch adapter points torch._C's at these) ----
+_MAX_ENTRIES = (1 << 63) - 1
+
+
+def torch_record_history(
+    enabled: Any = "all",
+    context: Any = "all",
+    stacks: Any = "all",
+    max_entries: Any = None,
+    clear_history: Any = False,
+    *rest: Any,
+    **kw: Any,
+) -> None:
+    """``torch._C._cuda_record_memory_history`` (what ``_record_memory_history`` calls)."""
+    record_memory_history(
+        enabled, context, "python", max_entries or _MAX_ENTRIES, bool(clear_history)
+    )
+
+
+def torch_record_history_legacy(
+    enabled: Any,
+    record_context: Any = True,
+    trace_alloc_max_entries: Any = 1,
+    trace_alloc_record_context: Any = False,
+    record_context_cpp: Any = False,
+    clear_history: Any = False,
+    *rest: Any,
+    **kw: Any,
+) -> None:
+    """The boolean form (``_record_memory_history(True, ...)``)."""
+    history = "all" if int(trace_alloc_max_entries or 1) > 1 else "state"
+    context = ("all" if trace_alloc_record_context else "state") if record_context else None
+    record_memory_history(
+        history if enabled else None,
+        context,
+        "python",
+        max(1, int(trace_alloc_max_entries or 1)),
+        bool(clear_history),
+    )
+
+
+def torch_memory_snapshot(mempool_id: Any = None, *rest: Any, **kw: Any) -> dict:
+    """``torch._C._cuda_memorySnapshot``: the bridge's snapshot (bridge.snapshot)."""
+    snap = memory_snapshot()
+    if mempool_id is not None:
+        pool_id = tuple(int(x) for x in mempool_id)
+        snap["segments"] = [s for s in snap["segments"] if s["segment_pool_id"] == pool_id]
+    return snap
 
 
 _SEGMENT_KEYS = {

@@ -259,3 +259,27 @@ def test_the_snapshot_loads_with_torchs_memory_viz(rec):
     assert "free completed" in memory_viz.trace(snap)
     assert "snapshot.pickle" in memory_viz.trace_plot(snap)
     rec.free(b)
+
+
+def test_torchs_entry_points_take_torchs_arguments(rec):
+    """What torch.cuda.memory._record_memory_history / _snapshot pass to torch._C
+    (positional, with more arguments than the bridge uses)."""
+    snapshot.torch_record_history("all", "all", "all", 1000, False, False, False, [], False, True)
+    p = _alloc_holding_the_gil(2 * MIB)
+    rec.live.add(p)
+    snap = snapshot.torch_memory_snapshot(None)
+    assert [e["action"] for e in snap["device_traces"][0]] == ["alloc"]
+    assert snap["segments"][0]["frames"][0]["name"] == "_alloc_holding_the_gil"
+    snapshot.torch_record_history(None, "all", "all", 1000, False)  # stop
+    rec.ok(MIB)
+    assert len(core.history_events()) == 1
+    snapshot.torch_record_history_legacy(True, True, 1, False, False, True)  # state only
+    assert snapshot._settings == {"enabled": "state", "context": "state"}
+    assert core.history_events() == []  # clear_history
+    rec.graph(GRAPH_BEGIN, 0, 7, 9)
+    rc, g = core.alloc_graph(0, MIB, TAG_TORCH, 7, 9, S1)
+    assert rc == Status.OK
+    core.graph(GRAPH_END, 0, 7, 9)
+    in_pool = snapshot.torch_memory_snapshot((7, 9))["segments"]
+    assert [s["address"] for s in in_pool] == [g]
+    core.free(g)
