@@ -66,19 +66,22 @@ ENABLED = (None, "state", "all")
 CONTEXTS = (None, "state", "alloc", "all")
 STACKS = ("python", "all")
 
-_lock = threading.Lock()
-_stacks: dict[int, list[dict[str, Any]]] = {}  # stack id -> frames, oldest id first
-_next_id = 1
-_max_stacks = sys.maxsize
+STATE_EVENTS = 1 << 20  # events kept in "state" mode: enough to find live blocks' stacks
+
+# Re-entrant: a stack is taken inside an allocation or a free, and a garbage
+# collection inside a locked region may free a tensor, which takes a stack.
+_lock = threading.RLock()
+_Stack = tuple[tuple[str, int, str], ...]  # (filename, line, name), innermost first
+_stacks: dict[int, _Stack] = {}  # stack id -> frames: each distinct stack once
+_stack_ids: dict[_Stack, int] = {}
 _settings: dict[str, Any] = {"enabled": None, "context": None}
 
 
 @_runtime.on_reset
 def _forget() -> None:
-    global _next_id
     with _lock:
         _stacks.clear()
-        _next_id = 1
+        _stack_ids.clear()
         _settings.update(enabled=None, context=None)
 
 
@@ -88,19 +91,18 @@ def _capture_stack() -> int:
     Called by the core (with the GIL, from inside an allocation or a free)
     for each event while stacks are on; must never raise.
     """
-    global _next_id
     frames = []
     f: FrameType | None = sys._getframe(1)
     while f is not None:
         code = f.f_code
-        frames.append({"filename": code.co_filename, "line": f.f_lineno or 0, "name": code.co_name})
+        frames.append((code.co_filename, f.f_lineno or 0, code.co_name))
         f = f.f_back
+    stack = tuple(frames)
     with _lock:
-        sid = _next_id
-        _next_id += 1
-        _stacks[sid] = frames
-        while len(_stacks) > _max_stacks:  # the core's ring forgets as many events
-            del _stacks[next(iter(_stacks))]
+        sid = _stack_ids.get(stack)
+        if sid is None:  # a stack seen before costs no memory
+            sid = _stack_ids[stack] = len(_stack_ids) + 1
+            _stacks[sid] = stack
     return sid
 
 
@@ -128,7 +130,10 @@ def record_memory_history(
     stacks : {"python", "all"}
         Python frames (the bridge records no C++ frames: ``"all"`` is the same).
     max_entries : int
-        Events kept; older ones are overwritten (and their stacks forgotten).
+        Events kept; older ones are overwritten. Each distinct stack is kept
+        once, whatever the number of events. With ``"state"`` at most
+        ``STATE_EVENTS`` (about a million) events are kept: a block
+        allocated before them has no stack in the snapshot.
     clear_history : bool
         Forget the events recorded so far.
 
@@ -145,14 +150,13 @@ def record_memory_history(
         raise ValueError(f"stacks={stacks!r}: pass 'python' or 'all'")
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
         raise ValueError(f"max_entries={max_entries!r}: pass a positive int")
-    global _max_stacks
     on = enabled is not None
     with_stacks = on and context is not None
-    cap = min(max_entries, (1 << 63) - 1)
+    cap = min(max_entries, (1 << 63) - 1, STATE_EVENTS if enabled == "state" else 1 << 63)
     with _lock:
         if clear_history:
             _stacks.clear()
-        _max_stacks = cap
+            _stack_ids.clear()
         _settings.update(enabled=enabled, context=context if on else _settings["context"])
     core.set_stack_callback(_capture_stack if with_stacks else None)
     check(core.history(on, with_stacks, cap, bool(clear_history)), what="recording history")
@@ -160,7 +164,8 @@ def record_memory_history(
 
 def _frames(sid: int) -> list[dict[str, Any]]:
     with _lock:
-        return [dict(f) for f in _stacks.get(sid, ())]
+        stack = _stacks.get(sid, ())
+    return [{"filename": fn, "line": line, "name": name} for fn, line, name in stack]
 
 
 def _segment(block: tuple, frames: list[dict[str, Any]]) -> dict[str, Any]:

@@ -149,7 +149,7 @@ def test_max_entries_keeps_the_newest_events(rec):
     ptrs = [rec.ok(MIB + i, tag=TAG_OTHER) for i in range(10)]
     trace = bridge.memory_snapshot()["device_traces"][0]
     assert [e["size"] for e in trace] == [MIB + i for i in range(6, 10)]
-    assert len(snapshot._stacks) <= 4  # the stacks of forgotten events go too
+    assert len(snapshot._stacks) == 1  # one line allocated them all: one stack, kept once
     bridge.record_memory_history(max_entries=2)  # shrinking keeps the newest
     trace = bridge.memory_snapshot()["device_traces"][0]
     assert [e["size"] for e in trace] == [MIB + 8, MIB + 9]
@@ -283,3 +283,11 @@ def test_torchs_entry_points_take_torchs_arguments(rec):
     in_pool = snapshot.torch_memory_snapshot((7, 9))["segments"]
     assert [s["address"] for s in in_pool] == [g]
     core.free(g)
+
+
+def test_state_mode_keeps_a_bounded_number_of_events(rec, monkeypatch):
+    monkeypatch.setattr(snapshot, "STATE_EVENTS", 3)
+    bridge.record_memory_history("state")
+    for _ in range(5):
+        rec.ok(MIB)
+    assert len(core.history_events()) == 3
