@@ -62,10 +62,10 @@ static PyObject *py_live_blocks(PyObject *m, PyObject *a)
     PyObject *list = PyList_New((Py_ssize_t)count);
     for (size_t i = 0; list && i < count; i++) {
         bridge_block_info *b = &buf[i];
-        PyObject *t = Py_BuildValue("(KKKiiIKK)", (unsigned long long)b->ptr,
-                                    (unsigned long long)b->size, (unsigned long long)b->stream,
-                                    b->device, b->tag, b->flags, (unsigned long long)b->graph0,
-                                    (unsigned long long)b->graph1);
+        PyObject *t =
+            Py_BuildValue("(KKKiiIKK)", (unsigned long long)b->ptr, (unsigned long long)b->size,
+                          (unsigned long long)b->stream, b->device, b->tag, b->flags,
+                          (unsigned long long)b->graph0, (unsigned long long)b->graph1);
         if (!t) {
             Py_CLEAR(list);
             break;
@@ -110,9 +110,8 @@ static PyObject *py_history_events(PyObject *m, PyObject *a)
         bridge_event *e = &buf[i];
         PyObject *t = Py_BuildValue(
             "(KiiKKKKiK)", (unsigned long long)e->time_us, e->action, e->device,
-            (unsigned long long)e->ptr, (unsigned long long)e->size,
-            (unsigned long long)e->stream, (unsigned long long)e->stack, e->tag,
-            (unsigned long long)e->extra);
+            (unsigned long long)e->ptr, (unsigned long long)e->size, (unsigned long long)e->stream,
+            (unsigned long long)e->stack, e->tag, (unsigned long long)e->extra);
         if (!t) {
             Py_CLEAR(list);
             break;

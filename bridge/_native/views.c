@@ -83,10 +83,14 @@ static int copy_block(record *r, void *arg)
 {
     block_copy *c = arg;
     if (c->count < c->n)
-        c->out[c->count] = (bridge_block_info){
-            .ptr = r->ptr, .size = r->size, .stream = (uint64_t)(uintptr_t)r->stream,
-            .device = r->device, .tag = r->tag, .flags = r->flags,
-            .graph0 = r->graph0, .graph1 = r->graph1};
+        c->out[c->count] = (bridge_block_info){.ptr = r->ptr,
+                                               .size = r->size,
+                                               .stream = (uint64_t)(uintptr_t)r->stream,
+                                               .device = r->device,
+                                               .tag = r->tag,
+                                               .flags = r->flags,
+                                               .graph0 = r->graph0,
+                                               .graph1 = r->graph1};
     c->count++;
     return 0; /* keep the record */
 }
@@ -139,9 +143,13 @@ static int linearize(uint64_t keep)
 
 void history_note(int action, int device, uintptr_t ptr, uint64_t size, CUstream stream, int tag)
 {
-    bridge_event e = {.time_us = now_us(), .ptr = ptr, .size = size,
-                      .stream = (uint64_t)(uintptr_t)stream, .device = device,
-                      .action = action, .tag = tag};
+    bridge_event e = {.time_us = now_us(),
+                      .ptr = ptr,
+                      .size = size,
+                      .stream = (uint64_t)(uintptr_t)stream,
+                      .device = device,
+                      .action = action,
+                      .tag = tag};
     if (action == BRIDGE_EV_OOM) {
         bridge_mem_info mi;
         if (bridge_get_mem_info(device, &mi) == BRIDGE_OK)
@@ -215,7 +223,10 @@ int bridge_history_copy(bridge_event *out, size_t n, size_t *count)
     return BRIDGE_OK;
 }
 
-void bridge_set_stack_hook(bridge_stack_fn fn) { atomic_store(&stack_hook, fn); }
+void bridge_set_stack_hook(bridge_stack_fn fn)
+{
+    atomic_store(&stack_hook, fn);
+}
 
 void history_forget_after_fork(void)
 {
