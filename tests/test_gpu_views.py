@@ -38,7 +38,12 @@ try:  # torch 2.10+; a pluggable allocator may not answer it natively
     accelerator = list(info(0)) if info else None
 except Exception:  # noqa: BLE001
     accelerator = None
+arr = cupy.ones(16, dtype=cupy.float32)
+with cupy.cuda.Device(0):
+    total_sum = float(arr.sum())
 report(
+    cupy_isinstance=isinstance(arr.device, cupy.cuda.Device),
+    cupy_with_device=total_sum,
     torch=list(torch.cuda.mem_get_info()),
     torch_memory=list(torch.cuda.memory.mem_get_info(0)),
     accelerator=accelerator,
@@ -59,6 +64,8 @@ def test_free_memory_queries_answer_within_the_budget(mode):
     pytest.importorskip("cupy")
     pytest.importorskip("accelerate")
     r = run_mode(QUERIES, mode)
+    # CuPy's Device replaced by a subclass: its own devices still pass isinstance
+    assert r["cupy_isinstance"] is True and r["cupy_with_device"] == 16.0
     pairs = {k: r[k] for k in ("torch", "torch_memory", "cupy_runtime", "cupy_device")}
     if r["accelerator"] is not None:
         pairs["accelerator"] = r["accelerator"]
@@ -178,6 +185,10 @@ small = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
 gone = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
 gone_ptr = gone.data_ptr()
 del gone
+# a backward pass while stacks are recorded: the autograd thread allocates too
+w = torch.randn(1024, 1024, device="cuda", requires_grad=True)
+(w @ w).sum().backward()
+grad_ok = bool(torch.isfinite(w.grad).all())
 c = cupy.empty(5 * MIB, dtype=cupy.uint8) if MODE == "bridge" else None
 torch.cuda.synchronize()
 path = tempfile.mktemp(suffix=".pickle")
@@ -200,7 +211,8 @@ blocks = [
 events = [(e["action"], e.get("addr"), e["size"]) for t in snap["device_traces"] for e in t]
 out = dict(big=big.data_ptr(), small=small.data_ptr(), gone=gone_ptr, blocks=blocks,
            events=events, summary_ok="total_allocated" in summary, flame_ok=str(256 * MIB) in flame,
-           html_ok="snapshot.pickle" in html, trace_ok="free completed" in trace)
+           html_ok="snapshot.pickle" in html, trace_ok="free completed" in trace,
+           grad_ok=grad_ok, grad=w.grad.data_ptr())
 if MODE == "bridge":
     from bridge.snapshot import problems
     s = bridge.stats(0)
@@ -222,10 +234,12 @@ def test_torch_memory_snapshot_works_and_matches_the_ledger(mode):
         pytest.importorskip("cupy")
     r = run_mode(SNAPSHOT, mode)
     assert r["summary_ok"] and r["flame_ok"] and r["html_ok"] and r["trace_ok"], r
+    assert r["grad_ok"], r  # recording did not stop a backward pass (or hang it)
     live = {b["addr"]: b for b in r["blocks"] if b["state"] == "active_allocated"}
     assert live[r["big"]]["requested"] == 256 * MIB
     assert "make_big" in live[r["big"]]["names"]
     assert live[r["small"]]["requested"] == 3 * MIB
+    assert r["grad"] in live  # allocated on the autograd thread, listed all the same
     actions = [(a, addr) for a, addr, _ in r["events"]]
     assert ("alloc", r["gone"]) in actions and ("free_completed", r["gone"]) in actions
     if mode == "bridge":
