@@ -11,15 +11,23 @@ raises CuPy's own ``OutOfMemoryError``.
 
 from __future__ import annotations
 
-__all__ = ["install", "installed", "pinned_allocator", "OutOfMemoryError"]
+__all__ = [
+    "install",
+    "installed",
+    "pinned_allocator",
+    "OutOfMemoryError",
+    "install_views",
+    "remove_views",
+]
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import cupy
 from cupy.cuda import memory as _cmem
 
-from bridge import _runtime, recovery
+from bridge import _runtime, recovery, views
 from bridge._errors import OOM_STATUSES, BridgeError, Status, check, oom_message
 from bridge._pinned_buffer import pinned_buffer
 from bridge._runtime import core
@@ -136,6 +144,77 @@ def pinned_allocator() -> Callable[[int], Any]:
         return PinnedMemoryPointer(pinned_buffer(size), 0)
 
     return allocate
+
+
+_native: dict[str, Any] = {}  # what install_views replaced: the originals
+
+
+def _mem_get_info() -> tuple[int, int]:
+    """``cupy.cuda.runtime.memGetInfo()`` within the budget (bridge.views)."""
+    view = views.budget_view(int(cupy.cuda.runtime.getDevice()))
+    return view if view is not None else _native["memGetInfo"]()
+
+
+def _device_class(base: type) -> type:
+    """CuPy's ``Device`` with ``mem_info`` within the budget.
+
+    ``Device`` is a Cython class whose ``mem_info`` calls the runtime's
+    ``memGetInfo`` at the C level (a ``cimport``), past the module attribute,
+    and whose attributes cannot be set: the view is a subclass that takes
+    the name ``cupy.cuda.Device``.  Devices CuPy makes itself (``arr.device``)
+    stay the base class; ``isinstance(arr.device, cupy.cuda.Device)`` still
+    holds (the metaclass answers for the base).
+    """
+
+    class _Meta(type(base)):  # type: ignore[misc]
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, base)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, base)
+
+    class Device(base, metaclass=_Meta):
+        __doc__ = base.__doc__
+
+        @property
+        def mem_info(self) -> tuple[int, int]:
+            """The free and total memory of the device (within the budget)."""
+            view = views.budget_view(int(self.id))
+            return view if view is not None else super().mem_info
+
+    Device.__module__, Device.__qualname__ = base.__module__, base.__qualname__
+    return Device
+
+
+def install_views() -> None:
+    """Make CuPy's free-memory queries answer within the budget (bridge.views):
+    ``cupy.cuda.runtime.memGetInfo()`` and ``cupy.cuda.Device().mem_info``."""
+    runtime = cupy.cuda.runtime
+    if "memGetInfo" not in _native:
+        _native["memGetInfo"] = runtime.memGetInfo
+        runtime.memGetInfo = _mem_get_info
+    if "Device" not in _native:
+        base = cupy.cuda.Device
+        try:
+            view = _device_class(base)
+        except TypeError as exc:  # a CuPy whose Device cannot be subclassed
+            logging.getLogger("bridge").warning(
+                "cupy.cuda.Device().mem_info keeps CuPy's own figures: %s", exc
+            )
+            return
+        _native["Device"] = base
+        cupy.cuda.Device = view
+        cupy.cuda.device.Device = view
+
+
+def remove_views() -> None:
+    """Give CuPy its own free-memory answers back."""
+    if "memGetInfo" in _native:
+        cupy.cuda.runtime.memGetInfo = _native.pop("memGetInfo")
+    if "Device" in _native:
+        base = _native.pop("Device")
+        cupy.cuda.Device = base
+        cupy.cuda.device.Device = base
 
 
 def install(devices: Iterable[int]) -> None:

@@ -10,15 +10,16 @@ connected (empty_cache, memory fraction, record_stream, CUDA graph pools), and
 
 from __future__ import annotations
 
-__all__ = ["install", "installed", "memory_stats"]
+__all__ = ["install", "installed", "memory_stats", "install_views", "remove_views"]
 
 import ctypes
+import functools
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from bridge import _runtime, recovery
+from bridge import _runtime, recovery, snapshot, views
 from bridge._errors import BridgeError, check
 from bridge._runtime import core
 
@@ -137,6 +138,54 @@ def register_pool_streams(device: int) -> int:
     return len(seen)
 
 
+_native_mem_get_info: Any = None
+_native_accelerator_info: Any = None
+
+
+def _mem_get_info(device: Any = None) -> tuple[int, int]:
+    """``torch.cuda.mem_get_info`` within the budget (bridge.views); natively without one."""
+    view = views.budget_view(_device_index(device))
+    return view if view is not None else _native_mem_get_info(device)
+
+
+def _accelerator_info(device_index: Any = None) -> tuple[int, int]:
+    """``torch.accelerator.get_memory_info`` on CUDA, within the budget."""
+    index = torch.cuda.current_device() if device_index is None else int(device_index)
+    view = views.budget_view(index) if index >= 0 else None
+    return view if view is not None else _native_accelerator_info(device_index)
+
+
+def install_views() -> None:
+    """Make torch's free-memory queries answer within the budget (bridge.views).
+
+    ``torch.cuda.mem_get_info`` (also ``torch.cuda.memory.mem_get_info``,
+    which accelerate's ``get_max_memory`` and Hugging Face's
+    ``device_map="auto"`` call) and ``torch.accelerator.get_memory_info``.
+    """
+    global _native_mem_get_info, _native_accelerator_info
+    if _native_mem_get_info is None:
+        _native_mem_get_info = torch.cuda.memory.mem_get_info
+        view = functools.wraps(_native_mem_get_info)(_mem_get_info)
+        torch.cuda.memory.mem_get_info = view
+        torch.cuda.mem_get_info = view
+    native = getattr(torch._C, "_accelerator_getMemoryInfo", None)
+    if native is not None and _native_accelerator_info is None:
+        _native_accelerator_info = native
+        torch._C._accelerator_getMemoryInfo = _accelerator_info
+
+
+def remove_views() -> None:
+    """Give torch its own free-memory answers back."""
+    global _native_mem_get_info, _native_accelerator_info
+    if _native_mem_get_info is not None:
+        torch.cuda.memory.mem_get_info = _native_mem_get_info
+        torch.cuda.mem_get_info = _native_mem_get_info
+        _native_mem_get_info = None
+    if _native_accelerator_info is not None:
+        torch._C._accelerator_getMemoryInfo = _native_accelerator_info
+        _native_accelerator_info = None
+
+
 def _graphs_without_trees() -> None:
     """``torch.compile(mode="reduce-overhead")`` with the CUDA graphs a pluggable allocator allows.
 
@@ -205,4 +254,9 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
     torch._C._cuda_memoryStats = memory_stats
     torch._C._cuda_resetPeakMemoryStats = _reset_peak
     torch._C._cuda_resetAccumulatedMemoryStats = _reset_accumulated
+    # torch.cuda.memory._record_memory_history / _snapshot / _dump_snapshot /
+    # memory_snapshot: a pluggable allocator raises; the bridge's snapshot answers.
+    torch._C._cuda_record_memory_history = snapshot.torch_record_history
+    torch._C._cuda_record_memory_history_legacy = snapshot.torch_record_history_legacy
+    torch._C._cuda_memorySnapshot = snapshot.torch_memory_snapshot
     recovery.register_releaser("torch", _release_caches)

@@ -38,6 +38,10 @@ __all__ = [
     "PinnedBuffer",
     "PinnedPool",
     "record",
+    "mem_get_info",
+    "record_memory_history",
+    "memory_snapshot",
+    "dump_snapshot",
     "__version__",
 ]
 
@@ -60,6 +64,14 @@ def __getattr__(name: str) -> Any:
         from bridge import timeline
 
         return timeline.record
+    if name == "mem_get_info":
+        from bridge import views
+
+        return views.mem_get_info
+    if name in ("record_memory_history", "memory_snapshot", "dump_snapshot"):
+        from bridge import snapshot
+
+        return getattr(snapshot, name)
     if name == "cli":  # bridge.cli.main(["stats"]): the command line inside a program
         import importlib
 

@@ -124,6 +124,29 @@ def reset_accumulated(device: int, tag: int = -1, /) -> int: ...
 def others(device: int, /) -> tuple[int, int]: ...
 def live_records() -> int: ...
 
+# ---- what tools see (bridge/_native/views.c, pyviews.c) ----
+EV_ALLOC: int
+EV_FREE: int
+EV_OOM: int
+
+class MemInfo(TypedDict):
+    """A device's free and total memory under its budget (``bridge_mem_info`` in bridge.h)."""
+
+    free: int
+    total: int
+    driver_free: int
+    driver_total: int
+    pool_idle: int
+    cached: int
+    held: int
+    limit: int
+
+def mem_info(device: int, /) -> tuple[int, MemInfo]: ...
+def live_blocks() -> list[tuple[int, int, int, int, int, int, int, int]]: ...
+def history(on: bool, stacks: bool, max_entries: int, clear: bool, /) -> int: ...
+def history_events() -> list[tuple[int, int, int, int, int, int, int, int, int]]: ...
+def set_stack_callback(callback: Callable[[], int] | None, /) -> None: ...
+
 # ---- CUDA graph capture ----
 def graph(op: int, device: int, id0: int, id1: int, /) -> int: ...
 def alloc_graph(

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Iterable
 from types import ModuleType
 
-from bridge import _runtime, recovery
+from bridge import _runtime, recovery, views
 from bridge._errors import BridgeError, check, format_bytes
 from bridge._runtime import core
 from bridge.budget import DEVICE_MEMORY, SizeLike, parse_size, warn_if_above
@@ -82,6 +82,7 @@ def unify(
     release_threshold: SizeLike = None,
     peer_access: bool = True,
     jax_memory: SizeLike = None,
+    budget_views: bool = True,
 ) -> Bridge:
     """Make the named frameworks allocate from each device's default pool under one budget.
 
@@ -110,6 +111,13 @@ def unify(
         of the device) instead of the shared pool, and the budget reduced by
         it. Default: JAX shares the pool (see bridge.adapters.jax for the
         trade-off).
+    budget_views : bool
+        Under a budget, the frameworks' free-memory queries answer within it
+        (``torch.cuda.mem_get_info``, ``cupy.cuda.runtime.memGetInfo``,
+        ``cupy.cuda.Device().mem_info``; JAX's ``bytes_limit``): free = min(the
+        device's free memory, budget - what the budget's users hold), total =
+        the budget. A device without a budget answers natively. False leaves
+        the frameworks' own answers (see bridge.views).
 
     Returns
     -------
@@ -141,6 +149,7 @@ def unify(
     global _bridge
     flags = {"cupy": _flag("cupy", cupy), "torch": _flag("torch", torch), "jax": _flag("jax", jax)}
     _flag("peer_access", peer_access)
+    _flag("budget_views", budget_views)
     # reject bad input before any change, and before the driver is needed
     for name, value, of in (
         ("budget", budget, DEVICE_MEMORY),
@@ -164,6 +173,7 @@ def unify(
             release_threshold,
             peer_access,
             jax_memory,
+            budget_views,
         )
         if b._args == args:
             return b
@@ -191,6 +201,7 @@ def unify(
             for d in devices:
                 check(core.grant_peer_access(d)[0], what="granting peer access", device=d)
         recovery.install()
+        views.want(budget_views)  # JAX reads it as it starts
         installed = []
         try:
             for name, adapter in adapters:
@@ -210,6 +221,7 @@ def unify(
             raise
         earlier = b.devices if b._args is not None else None
         _record(b, devices, installed)
+        views.apply(b.frameworks, budget_views)
         b._args = args
         _say_what_changed(budget, before, limits, totals, earlier)
         return b

@@ -43,7 +43,7 @@ def _typed_dict_keys(name: str) -> set[str]:
 
 
 # names the stub declares for typing only (TypedDicts of the figures)
-STUB_ONLY = {"RawStats", "TagStats", "PinnedStats"}
+STUB_ONLY = {"RawStats", "TagStats", "PinnedStats", "MemInfo"}
 
 
 def test_every_name_of_the_module_is_in_the_stub() -> None:
@@ -66,3 +66,6 @@ def test_stats_keys_match_the_typed_dicts(standin: object) -> None:
     rc, pinned = core.pinned_stats()
     assert rc == Status.OK
     assert set(pinned) == _typed_dict_keys("PinnedStats")
+    rc, info = core.mem_info(0)
+    assert rc == Status.OK
+    assert set(info) == _typed_dict_keys("MemInfo")

@@ -194,6 +194,64 @@ int bridge_others(int device, uint64_t *out);
 /* Live allocations on every device (records in the table). */
 uint64_t bridge_live_records(void);
 
+/* ---- what tools see (views.c) ---- */
+/* A device's free memory as a framework's free-memory query should report
+ * it.  device_free = the driver's free memory (cuMemGetInfo) + the pool's
+ * idle bytes + the cache of freed blocks: what an allocation through the
+ * bridge could have.  held = what counts against the budget now (the ledger
+ * and every other user of the pool, less the cache).  With a budget:
+ * free = min(device_free, limit - held), total = min(limit, driver_total);
+ * without one: the driver's own free and total. */
+typedef struct bridge_mem_info {
+    uint64_t free, total;                /* the answer */
+    uint64_t driver_free, driver_total;  /* cuMemGetInfo */
+    uint64_t pool_idle;                  /* pool reserved - pool used */
+    uint64_t cached;                     /* the bridge's cache of freed blocks */
+    uint64_t held;                       /* bytes counted against the budget */
+    uint64_t limit;                      /* the budget; 0 = none */
+} bridge_mem_info;
+int bridge_get_mem_info(int device, bridge_mem_info *out);
+
+/* One live allocation of the table (records.c), as bridge_live_blocks
+ * copies it out. */
+typedef struct bridge_block_info {
+    uint64_t ptr, size, stream;
+    int32_t device;
+    int32_t tag;
+    uint32_t flags;          /* 1: a graph's block; 2: a graph block the user freed */
+    uint64_t graph0, graph1; /* the graph pool of a graph block */
+} bridge_block_info;
+/* Copy up to `n` live blocks into `out`; *count gets how many there are
+ * (call again with a larger buffer when *count > n). */
+int bridge_live_blocks(bridge_block_info *out, size_t n, size_t *count);
+
+/* The allocation history. */
+enum bridge_event_action {
+    BRIDGE_EV_ALLOC = 0, /* an allocation was handed out */
+    BRIDGE_EV_FREE = 1,  /* a block was freed (given back, cached or kept for its graph) */
+    BRIDGE_EV_OOM = 2    /* an allocation was refused; `extra` = free bytes then */
+};
+typedef struct bridge_event {
+    uint64_t time_us;    /* CLOCK_REALTIME, microseconds */
+    uint64_t ptr, size, stream;
+    uint64_t stack;      /* id from the stack hook; 0 = none */
+    uint64_t extra;
+    int32_t device;
+    int32_t action;      /* enum bridge_event_action */
+    int32_t tag;
+} bridge_event;
+/* Start (on 1) or stop (on 0) recording; keep at most max_entries events
+ * (the oldest are overwritten; 0 = keep the current cap); clear: forget
+ * the events so far.  stacks: call the stack hook for each event. */
+int bridge_history_set(int on, int stacks, uint64_t max_entries, int clear);
+/* Copy up to `n` events, oldest first; *count gets how many are kept. */
+int bridge_history_copy(bridge_event *out, size_t n, size_t *count);
+/* The stack hook: called (outside every lock of the core) for each event
+ * while stacks are on; returns an id for the caller's stack, 0 for none.
+ * Set by the Python module; it must not block. */
+typedef uint64_t (*bridge_stack_fn)(void);
+void bridge_set_stack_hook(bridge_stack_fn fn);
+
 /* ---- pinned host memory (pinned.c) ---- */
 /* One process-wide pool of page-locked host memory: blocks cut to size
  * classes, kept in free lists, reused once every asynchronous copy recorded

@@ -77,6 +77,7 @@ typedef struct {
     X(cuDeviceGetName, (char *name, int len, CUdevice dev))                    \
     X(cuDeviceGetAttribute, (int *pi, int attrib, CUdevice dev))               \
     X(cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev))                     \
+    X(cuMemGetInfo_v2, (size_t * free, size_t * total))                        \
     X(cuDeviceCanAccessPeer, (int *can, CUdevice dev, CUdevice peer))          \
     X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))              \
     X(cuCtxGetCurrent, (CUcontext * pctx))                                     \

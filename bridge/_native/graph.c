@@ -29,6 +29,7 @@
 
 #include "ledger.h"
 #include "cache.h"
+#include "views.h"
 
 typedef struct gblock {
     uintptr_t ptr;
@@ -278,7 +279,7 @@ static uintptr_t reuse(device_state *d, gpool *p, size_t size, CUstream key, int
     }
 }
 
-int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1,
+static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1,
                        void *stream, void **out)
 {
     *out = NULL;
@@ -362,6 +363,18 @@ int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
     ledger_count_alloc(d, tag, size);
     *out = (void *)ptr;
     return BRIDGE_OK;
+}
+
+int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1,
+                       void *stream, void **out)
+{
+    int rc = alloc_graph(device, size, tag, id0, id1, stream, out);
+    /* off: one relaxed load */
+    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size && (rc == BRIDGE_OK || rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM ||
+                 rc == BRIDGE_E_TAG_LIMIT))
+        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device,
+                      (uintptr_t)*out, size, stream_key((CUstream)stream), tag);
+    return rc;
 }
 
 /* A graph block the user freed: on its pool's free list, for the next

@@ -24,6 +24,7 @@
  */
 #include "ledger.h"
 #include "cache.h"
+#include "views.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -566,6 +567,7 @@ void bridge_free(void *ptr)
         atomic_fetch_add_explicit(&bad_frees, 1, RELAXED);
         return;
     }
+    history_maybe(BRIDGE_EV_FREE, rec.device, rec.ptr, rec.size, rec.stream, rec.tag);
     device_state *d = &bridge_devices[rec.device];
     if (kept == 1) {
         graph_block_freed(d, &rec); /* memory kept for the graph's pool */
@@ -635,7 +637,7 @@ static int try_alloc(device_state *d, int device, size_t size, CUstream stream, 
 
 static int retryable(int rc) { return rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM; }
 
-int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
+static int alloc_block(int device, size_t size, void *stream, int tag, void **out)
 {
     *out = NULL;
     if (size == 0)
@@ -693,6 +695,16 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
         atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
     }
     ctx_exit(&g);
+    return rc;
+}
+
+int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
+{
+    int rc = alloc_block(device, size, stream, tag, out);
+    /* off: one relaxed load */
+    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size && (rc == BRIDGE_OK || retryable(rc) || rc == BRIDGE_E_TAG_LIMIT))
+        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device,
+                      (uintptr_t)*out, size, stream_key((CUstream)stream), tag);
     return rc;
 }
 
@@ -780,6 +792,7 @@ static void forget_after_fork(void)
     }
     cache_forget_after_fork();
     records_forget_after_fork();
+    history_forget_after_fork();
 }
 
 static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_after_fork); }

@@ -919,6 +919,8 @@ static struct PyModuleDef moduledef = {
 
 /* The pinned pool's type and functions (pypinned.c). */
 int bridge_pypinned_add(PyObject *m);
+/* What tools see: free memory under the budget, live blocks, history (pyviews.c). */
+int bridge_pyviews_add(PyObject *m);
 
 PyMODINIT_FUNC PyInit__core(void)
 {
@@ -938,7 +940,7 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
         PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0 ||
-        bridge_pypinned_add(m) < 0) {
+        bridge_pypinned_add(m) < 0 || bridge_pyviews_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -2,7 +2,7 @@
 /* stress.c: threads against the core's ledger, built with a sanitizer.
  *
  * A standalone program (no Python): it links the core's C files (driver.c,
- * records.c, cache.c, ledger.c, pinned.c; not pymod.c, pypinned.c nor
+ * records.c, cache.c, ledger.c, pinned.c, views.c; not pymod.c, pypinned.c, pyviews.c nor
  * torch_abi.cpp) and loads the stand-in driver (tests/standin/standin_cuda.c)
  * through bridge_init(path), so ThreadSanitizer sees every lock and atomic of
  * the core and AddressSanitizer (with LeakSanitizer) every byte it mallocs.
@@ -28,6 +28,11 @@
  *   graph       captures begin and end while threads allocate and free
  *               (deferred frees), graph blocks freed racing their release
  *   huge        sizes that would overflow the ledger's arithmetic
+ *   views       threads allocating and freeing at the budget edge while
+ *               another turns the allocation history on and off (with and
+ *               without a stack hook, changing its cap, clearing it),
+ *               copies its events and the live blocks out, and reads the
+ *               free memory under the budget (views.c)
  *   pinned      the pinned host pool (pinned.c), on either base: threads
  *               lending blocks, writing every byte of them, handing their
  *               references to each other, recording copies against them,
@@ -856,6 +861,60 @@ static void phase_pinned(int backend)
           "pinned: %" PRIu64 " bytes held after a trim with every copy complete", ps.total);
 }
 
+/* ---- phase: views (history, live blocks, free memory under allocators) ---- */
+static atomic_int views_stop;
+static atomic_uint_fast64_t stack_calls;
+
+static uint64_t count_stack(void) { return atomic_fetch_add(&stack_calls, 1) + 1; }
+
+static void *viewer(void *arg)
+{
+    uint64_t s = *(uint64_t *)arg;
+    static const uint64_t caps[] = {0, 16, 1000, 1u << 16};
+    bridge_event ev[64];
+    bridge_block_info blocks[64];
+    while (!atomic_load(&views_stop)) {
+        bridge_set_stack_hook(rnd(&s) % 2 ? count_stack : NULL);
+        CHECK(bridge_history_set((int)(rnd(&s) % 4 != 0), (int)(rnd(&s) % 2), caps[rnd(&s) % 4],
+                                 rnd(&s) % 8 == 0) == BRIDGE_OK, "history_set");
+        size_t n = 0;
+        CHECK(bridge_history_copy(ev, 64, &n) == BRIDGE_OK, "history_copy");
+        for (size_t i = 0; i < n && i < 64; i++)
+            CHECK(ev[i].action >= BRIDGE_EV_ALLOC && ev[i].action <= BRIDGE_EV_OOM &&
+                      ev[i].device == 0 && (ev[i].action == BRIDGE_EV_OOM || ev[i].ptr),
+                  "a torn event: action %d device %d", ev[i].action, ev[i].device);
+        CHECK(bridge_live_blocks(blocks, 64, &n) == BRIDGE_OK, "live_blocks");
+        for (size_t i = 0; i < n && i < 64; i++)
+            CHECK(blocks[i].ptr && blocks[i].size, "a torn block");
+        bridge_mem_info mi;
+        CHECK(bridge_get_mem_info(0, &mi) == BRIDGE_OK, "mem_info");
+        CHECK(mi.total == 2 * MIB && mi.free <= mi.total, "free %" PRIu64 " of %" PRIu64,
+              mi.free, mi.total);
+        sched_yield();
+    }
+    return NULL;
+}
+
+static void phase_views(void)
+{
+    reset();
+    CHECK(bridge_set_limit(0, 2 * MIB) == BRIDGE_OK, "set_limit");
+    atomic_store(&views_stop, 0);
+    uint64_t seed = 0x5EED5ull;
+    pthread_t v;
+    CHECK(pthread_create(&v, NULL, viewer, &seed) == 0, "pthread_create");
+    worker w[6];
+    for (int i = 0; i < 6; i++)
+        w[i] = (worker){.id = i, .dev = 0, .iters = 2000 * scale, .limit = 2 * MIB,
+                        .max_size = 256 * KIB, .seed = 0xF00Dull * (uint64_t)(i + 3), .tags = 3};
+    run_threads(6, edge_thread, w, sizeof w[0]);
+    atomic_store(&views_stop, 1);
+    pthread_join(v, NULL);
+    CHECK(bridge_history_set(0, 0, 0, 1) == BRIDGE_OK, "history off");
+    bridge_set_stack_hook(NULL);
+    check_idle("views");
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -888,6 +947,8 @@ int main(int argc, char **argv)
     phase_graph();
     printf("stress: huge\n");
     phase_huge();
+    printf("stress: views\n");
+    phase_views();
     printf("stress: pinned\n");
     phase_pinned(BRIDGE_PINNED_CACHED);
     phase_pinned(BRIDGE_PINNED_MEMPOOL);

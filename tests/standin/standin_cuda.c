@@ -379,6 +379,25 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     return OK;
 }
 
+/* The device's free memory: its capacity less what the pools hold from it
+ * (their reserved bytes, idle ones included) and what others hold. */
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemGetInfo_v2");
+    int dev = dev_of_ctx(current_ctx);
+    if (dev < 0) {
+        pthread_mutex_unlock(&mu);
+        return E_INVALID_CONTEXT;
+    }
+    device *d = &devs[dev];
+    uint64_t held = d->reserved > d->used ? d->reserved : d->used;
+    *free_bytes = d->capacity > held ? d->capacity - held : 0;
+    *total = d->total;
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
 CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
 {
     *can = dev != peer && dev >= 0 && peer >= 0 && dev < ndev && peer < ndev;
