@@ -269,7 +269,7 @@ def plot(results: Sequence[RunResult], path: str | os.PathLike, *, dpi: int = 12
             "the demo's PNG needs matplotlib, which is not installed: pip install "
             "'bridge[plot]' (or pip install matplotlib)"
         ) from exc
-    fig = Figure(figsize=(10, 3.4 * len(results)))
+    fig = Figure(figsize=(12, 3.4 * len(results)))
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(results), 1, squeeze=False)[:, 0]
     top = max([r.total for r in results] + [1]) / GIB * 1.05
@@ -291,15 +291,19 @@ def plot(results: Sequence[RunResult], path: str | os.PathLike, *, dpi: int = 12
         if r.total:
             ax.axhline(r.total / GIB, color="#c44e52", linestyle="--", linewidth=1.2,
                        label="GPU memory")  # fmt: skip
-        for mt, label in r.marks:
+        for i, (mt, label) in enumerate(r.marks):  # staggered: torch's two marks are close
             ax.axvline(mt, color="black", linewidth=0.7, linestyle=":")
-            ax.annotate(label, (mt, 0.97), xycoords=("data", "axes fraction"), rotation=90,
+            y = 0.97 if i % 2 == 0 else 0.6
+            ax.annotate(label, (mt, y), xycoords=("data", "axes fraction"), rotation=90,
                         va="top", ha="right", fontsize=8)  # fmt: skip
         ax.set_title(title, fontsize=10, loc="left")
         ax.set_ylabel("GiB")
         ax.set_ylim(0, top)
         ax.grid(alpha=0.3)
-        ax.legend(loc="center left", fontsize=8, framealpha=0.85)
+        if r.failed:
+            ax.text(0.5, 0.5, r.error[:120], transform=ax.transAxes, ha="center", fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     axes[-1].set_xlabel("seconds since the run's first sample")
     size = max(r.size for r in results)
     fig.suptitle(f"CuPy holds {_g(size)} and frees it, then torch asks for {_g(size)}")

@@ -144,7 +144,13 @@ def test_default_size_is_60_percent_of_the_gpu_and_native_runs_first(standin, tm
     assert {i for _, _, i in seen} == {0.02}
 
 
-def test_the_report_puts_both_outcomes_side_by_side(standin, tmp_path):
+@pytest.mark.parametrize("matplotlib", ["installed", "missing"])
+def test_the_report_puts_both_outcomes_side_by_side(standin, tmp_path, monkeypatch, matplotlib):
+    if matplotlib == "installed":
+        pytest.importorskip("matplotlib")
+    else:
+        for name in ("matplotlib", "matplotlib.backends.backend_agg", "matplotlib.figure"):
+            monkeypatch.setitem(sys.modules, name, None)  # import raises ImportError
     child = fake_child({"native": False, "bridge": True})
     png = tmp_path / "demo.png"
     rc, out, err = run_main("demo", "--size", "8", "--out", str(png), child=child)
@@ -164,14 +170,13 @@ def test_the_report_puts_both_outcomes_side_by_side(standin, tmp_path):
     assert {r["mode"] for r in rows} == {"native", "bridge"}
     assert len([r for r in rows if r["label"] == ""]) == 8  # 4 samples per run
     assert [r["label"] for r in rows if r["mode"] == "bridge" and r["label"]][1] == "CuPy holds"
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if matplotlib == "missing":
         assert "no PNG: the demo's PNG needs matplotlib" in out and str(table) in out
+        assert "pip install 'bridge[plot]'" in out
         assert not png.exists()
     else:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert f"timelines: {png}" in out
+        assert f"timelines: {png} (samples: {table})" in out
 
 
 def test_exit_status_1_when_the_bridge_run_fails_or_crashes(standin, tmp_path):
