@@ -166,7 +166,8 @@ def test_the_report_puts_both_outcomes_side_by_side(standin, tmp_path, monkeypat
     assert "while CuPy held 8.0 GiB it had freed (CUDA out of memory." in out
     assert "the bridge finishes at 8.5 GiB in use: torch got its 8.0 GiB." in out
     table = png.with_suffix(".csv")
-    rows = list(csv.DictReader(table.open()))
+    with table.open() as fh:
+        rows = list(csv.DictReader(fh))
     assert {r["mode"] for r in rows} == {"native", "bridge"}
     assert len([r for r in rows if r["label"] == ""]) == 8  # 4 samples per run
     assert [r["label"] for r in rows if r["mode"] == "bridge" and r["label"]][1] == "CuPy holds"

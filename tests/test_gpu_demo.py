@@ -53,7 +53,8 @@ def check_png_and_csv(png: pathlib.Path) -> None:
         assert not png.exists()
     else:
         assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
-    rows = list(csv.DictReader(png.with_suffix(".csv").open()))
+    with png.with_suffix(".csv").open() as fh:
+        rows = list(csv.DictReader(fh))
     for mode in ("native", "bridge"):
         samples = [r for r in rows if r["mode"] == mode and not r["label"]]
         assert len(samples) >= 10, mode  # sampled while the run went on, not only at marks
