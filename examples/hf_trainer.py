@@ -70,7 +70,10 @@ def batch_sizes_seen(model: torch.nn.Module) -> list[int]:
 
 
 def train_with_trainer(out_dir: str, start: int = 256, steps: int = 3, callbacks=None):
-    """Trainer(auto_find_batch_size=True) from ``start``; (loss, batch sizes of every forward)."""
+    """Trainer(auto_find_batch_size=True) from ``start``.
+
+    Returns (loss, the batch size of every forward pass, the Trainer's batch size at the end).
+    """
     model = tiny_gpt2()
     seen = batch_sizes_seen(model)
     args = transformers.TrainingArguments(
@@ -90,11 +93,11 @@ def train_with_trainer(out_dir: str, start: int = 256, steps: int = 3, callbacks
         model=model, args=args, train_dataset=RandomTokens(), callbacks=callbacks
     )
     out = trainer.train()
-    loss = float(out.training_loss)
+    loss, found = float(out.training_loss), trainer.state.train_batch_size
     del trainer, model
     gc.collect()
     torch.cuda.empty_cache()
-    return loss, seen
+    return loss, seen, found
 
 
 def train_with_accelerate(start: int = 256, steps: int = 3):
@@ -203,7 +206,7 @@ def main() -> None:
     cache = cupy.ones(GIB, dtype=cupy.uint8)  # CuPy work that stays while training
     with tempfile.TemporaryDirectory() as tmp:
         ooms = bridge.stats().num_ooms
-        loss, seen = train_with_trainer(tmp)
+        loss, seen, _ = train_with_trainer(tmp)
         t = tries(seen)
         refused = bridge.stats().num_ooms - ooms
         print(f"Trainer(auto_find_batch_size=True): tried {t}; trained at {t[-1]} "

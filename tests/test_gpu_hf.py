@@ -74,10 +74,11 @@ class Watch(transformers.TrainerCallback):
         seen_figures.append(figures())
 
 before = refused()
-loss, seen = ex.train_with_trainer(tempfile.mkdtemp(), start={START}, steps=3,
-                                   callbacks=[Watch()])
+loss, seen, found = ex.train_with_trainer(tempfile.mkdtemp(), start={START}, steps=3,
+                                          callbacks=[Watch()])
 tried = ex.tries(seen)
-report(loss=loss, tried=tried, at_found=seen.count(tried[-1]), refused=refused() - before,
+report(loss=loss, tried=tried, found=found, at_found=seen.count(tried[-1]),
+       refused=refused() - before,
        during=seen_figures[-1], after=figures())
 """
     )
@@ -86,6 +87,7 @@ report(loss=loss, tried=tried, at_found=seen.count(tried[-1]), refused=refused()
     for name, r in (("native", native), ("bridge", bridged)):
         check_search(r["tried"], name)
         assert r["at_found"] == 3, (name, r)  # it trained its 3 steps at the batch it found
+        assert r["found"] == r["tried"][-1], (name, r)  # and says so in trainer.state
         assert math.isfinite(r["loss"]), (name, r)
     d = bridged["during"]
     assert d["cupy"] >= CUPY_HOLDS and d["torch"] > 0, d  # both counted, in one budget
