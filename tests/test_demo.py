@@ -13,6 +13,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -220,3 +221,36 @@ def test_the_module_alone_points_at_the_command():
         timeout=60,
     )  # fmt: skip
     assert r.returncode == 1 and "python -m bridge demo" in r.stderr
+
+
+def test_the_sampler_reads_in_a_thread_and_marks_in_order():
+    calls = []
+
+    def read():
+        calls.append(1)
+        return len(calls) * GIB, 1, 2, 3
+
+    with demo._Sampler(read, 0.005) as rec:
+        used = rec.mark("first")
+        time.sleep(0.1)
+        rec.mark("second")
+    assert used >= GIB
+    assert [m[1] for m in rec.marks] == ["first", "second"]
+    times = [s[0] for s in rec.samples]
+    assert times == sorted(times) and len(rec.samples) >= 5  # the thread sampled meanwhile
+    assert all(s[2:] == [1, 2, 3] for s in rec.samples)
+    assert not rec._thread.is_alive()
+    n = len(rec.samples)
+    time.sleep(0.03)
+    assert len(rec.samples) == n  # nothing after the end
+
+
+def test_a_child_with_an_unknown_mode_says_so():
+    r = subprocess.run(
+        [sys.executable, "-m", "bridge.demo", "--child", "fast", "1", "0.02"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1 and "mode 'fast' is not one of" in r.stderr
