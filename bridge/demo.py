@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from bridge._errors import BridgeError
+from bridge.budget import GPU_LIMIT_ENV
 
 GIB = 1 << 30
 DEFAULT_SHARE = 0.6  # of the GPU: native needs 2 x 60% (fails), the bridge 60% (fits)
@@ -348,7 +349,7 @@ Child = Callable[[str, int, float], RunResult]
 def _run_child(mode: str, size: int, interval: float) -> RunResult:
     """Run one mode in a fresh Python process; its report, or why there is none."""
     cmd = [sys.executable, "-m", "bridge.demo", "--child", mode, str(size), repr(interval)]
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != GPU_LIMIT_ENV}  # no budget: see run()
     env.setdefault("PYTHONUNBUFFERED", "1")
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT, env=env)
@@ -411,6 +412,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO, *, child: Child | No
         f"on device 0 ({_g(total)}); first with the native allocators, then on the bridge, "
         "each in a fresh process.\n"
     )
+    if os.environ.get(GPU_LIMIT_ENV):
+        out.write(f"  ({GPU_LIMIT_ENV} is left out of both runs: the demo shows sharing, "
+                  "without a budget)\n")  # fmt: skip
     out.flush()
     results = []
     for mode in MODES:

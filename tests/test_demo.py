@@ -254,3 +254,22 @@ def test_a_child_with_an_unknown_mode_says_so():
         timeout=60,
     )
     assert r.returncode == 1 and "mode 'fast' is not one of" in r.stderr
+
+
+def test_the_runs_have_no_budget_even_with_the_variable_set(standin, tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_GPU_MEMORY_LIMIT", "50%")
+    child = fake_child({"native": False, "bridge": True})
+    rc, out, _ = run_main("demo", "--size", "2", "--out", str(tmp_path / "d.png"), child=child)
+    assert rc == 0
+    assert "BRIDGE_GPU_MEMORY_LIMIT is left out of both runs" in out
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen.update(kw["env"], cmd=cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "boom")
+
+    monkeypatch.setattr(demo.subprocess, "run", fake_run)
+    r = demo._run_child("bridge", GIB, 0.02)
+    assert r.failed and r.error == "exit status 1: boom"
+    assert "BRIDGE_GPU_MEMORY_LIMIT" not in seen
+    assert seen["cmd"][1:] == ["-m", "bridge.demo", "--child", "bridge", str(GIB), "0.02"]
