@@ -143,9 +143,8 @@ def build_encoder(path: str | os.PathLike) -> str:
 
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
-    vocab = {
-        t: i for i, t in enumerate(special + letters + [f"##{c}" for c in letters] + list(WORDS))
-    }
+    tokens = list(dict.fromkeys(special + letters + [f"##{c}" for c in letters] + list(WORDS)))
+    vocab = {t: i for i, t in enumerate(tokens)}  # ids 0..n-1: "a" is a letter and a word
     tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
