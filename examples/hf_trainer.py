@@ -22,13 +22,17 @@ import pathlib
 import sys
 import tempfile
 
-import cupy
-import torch
-import transformers
-from accelerate import Accelerator
-from accelerate.utils import find_executable_batch_size
-
 import bridge
+
+BUDGET = sys.argv[1] if len(sys.argv) > 1 else "3GiB"
+if __name__ == "__main__":  # at program start, before anything can start CUDA in torch
+    bridge.unify(torch=True, cupy=True, budget=BUDGET)
+
+import cupy  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import find_executable_batch_size  # noqa: E402
 
 GIB = 1 << 30
 SEQ, VOCAB = 256, 8192
@@ -200,8 +204,6 @@ def tries(seen: list[int]) -> list[int]:
 
 
 def main() -> None:
-    budget = sys.argv[1] if len(sys.argv) > 1 else "3GiB"
-    bridge.unify(torch=True, cupy=True, budget=budget)  # before the first CUDA tensor
     cache = cupy.ones(GIB, dtype=cupy.uint8)  # CuPy work that stays while training
     with tempfile.TemporaryDirectory() as tmp:
         ooms = bridge.stats().num_ooms

@@ -16,13 +16,17 @@ import sys
 import tempfile
 import warnings
 
-import cupy
-import lightning as L
-import torch
-from lightning.pytorch.tuner import Tuner
-from lightning.pytorch.utilities.memory import is_oom_error
-
 import bridge
+
+BUDGET = sys.argv[1] if len(sys.argv) > 1 else "3GiB"
+if __name__ == "__main__":  # at program start, before anything can start CUDA in torch
+    bridge.unify(torch=True, cupy=True, budget=BUDGET)
+
+import cupy  # noqa: E402
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch.tuner import Tuner  # noqa: E402
+from lightning.pytorch.utilities.memory import is_oom_error  # noqa: E402
 
 N, RAW_LEN, SEQ, CHANNELS, CLASSES = 4096, 512, 128, 32, 10
 GIB = 1 << 30
@@ -171,8 +175,6 @@ def show(what: str) -> None:
 
 
 def main() -> None:
-    budget = sys.argv[1] if len(sys.argv) > 1 else "3GiB"
-    bridge.unify(torch=True, cupy=True, budget=budget)  # before the first CUDA tensor
     torch.set_float32_matmul_precision("high")
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     data, model = SignalData(), Classifier()
