@@ -175,7 +175,7 @@ def _driver() -> dict:
 
 def _device_name(index: int) -> tuple[str | None, str | None]:
     """(name, compute capability) from the driver; None where it cannot tell."""
-    rc, name, major, minor = core.device_info(index)
+    rc, name, major, minor, _total = core.device_info(index)
     if rc != 0:
         return None, None
     return name or None, (f"{major}.{minor}" if major > 0 else None)

@@ -1,16 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The command line: ``bridge doctor`` and ``bridge stats`` (or ``python -m bridge ...``).
+"""The command line: ``bridge doctor``, ``stats`` and ``demo`` (or ``python -m bridge ...``).
 
 ``doctor`` reports the driver, the GPUs, the installed frameworks and the
 settings that conflict with the bridge. ``stats`` prints every device's pool
 figures. Pools belong to a process: run from a shell, ``stats`` shows this
 new process's pools (device memory and budget, nothing allocated yet); call
 ``bridge.cli.main(["stats"])`` or :func:`bridge.stats` inside a program to see
-that program's figures.
+that program's figures. ``demo`` runs the mixed case with the native
+allocators and on the bridge (:mod:`bridge.demo`).
 
 Exit status: 0 when all is well; 1 when ``doctor`` reported an error (an
 ``[error]`` line: no driver, no GPU, a bad variable, an unusable framework),
-when ``stats`` found no usable GPU, or when the reader of the output went away
+when ``stats`` or ``demo`` found no usable GPU, when ``demo``'s bridge run did
+not finish, or when the reader of the output went away
 (``bridge stats --watch | head``); 2 for a usage error.
 """
 
@@ -26,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from bridge import _doctor, _runtime
+from bridge import _doctor, _runtime, demo
 from bridge._errors import BridgeError, format_bytes
 from bridge._version import __version__
 from bridge.pool import FRAMEWORKS, Stats, stats
@@ -36,8 +38,8 @@ EXIT_ERROR = 1  # doctor reported an error; stats found no GPU; the reader went 
 EXIT_USAGE = 2  # argparse's own
 EXIT_STATUS_HELP = (
     "exit status: 0 all is well; 1 doctor reported an [error] (no driver, no GPU, a bad "
-    "variable, an unusable framework), stats found no usable GPU, or the reader of the "
-    "output went away; 2 a usage error"
+    "variable, an unusable framework), stats or demo found no usable GPU, demo's bridge run "
+    "did not finish, or the reader of the output went away; 2 a usage error"
 )
 
 COLUMNS = ("device",) + FRAMEWORKS + ("used", "reserved", "budget", "peak", "total", "ooms")
@@ -214,6 +216,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="print one JSON object per refresh: {time, devices: [stats...]}",
     )
     s.add_argument("--device", type=int, default=None, help="only this device")
+    demo.add_parser(sub)
     return p
 
 
@@ -255,6 +258,8 @@ def main(
             return _doctor_cmd(args, out)
         if args.command == "stats":
             return _stats_cmd(args, out, err)
+        if args.command == "demo":
+            return demo.run(args, out, err)
         parser.print_help(out)
         return EXIT_USAGE
     except BrokenPipeError:

@@ -13,10 +13,19 @@ pytestmark = pytest.mark.gpu
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 
+NEEDS = {  # the optional libraries an example needs beyond CuPy, torch and JAX
+    "lightning_fit": ("cupy", "torch", "lightning"),
+    "hf_trainer": ("cupy", "torch", "transformers", "accelerate", "sentence_transformers"),
+}
+
+
 @pytest.mark.parametrize(
-    "name", ["mixed_pipeline", "jax_torch_cupy", "pinned_staging", "oom_handled"]
+    "name",
+    ["mixed_pipeline", "jax_torch_cupy", "pinned_staging", "oom_handled"] + list(NEEDS),
 )
 def test_example_runs(name, tmp_path):
+    for module in NEEDS.get(name, ()):
+        pytest.importorskip(module)
     args = [sys.executable, str(EXAMPLES / f"{name}.py")]
     if name == "mixed_pipeline":
         args.append(str(tmp_path))
@@ -27,3 +36,9 @@ def test_example_runs(name, tmp_path):
         assert (tmp_path / "mixed_pipeline.csv").stat().st_size > 0
     if name == "oom_handled":
         assert "ok" in r.stdout
+    if name == "lightning_fit":  # both searches: the batch found fits, twice it does not
+        found = [ln for ln in r.stdout.splitlines() if "fits the budget" in ln]
+        assert len(found) == 2 and all(ln.endswith(": False") for ln in found), found
+        assert all("fits the budget: True;" in ln for ln in found), found
+    if name == "hf_trainer":
+        assert "trained at" in r.stdout and "encoded 256 sentences to 128 dims" in r.stdout

@@ -62,8 +62,10 @@ int bridge_init(const char *path);
 int bridge_initialized(void);
 int bridge_device_count(int *count);
 int bridge_driver_version(int *version);
-/* The device's name (NUL-terminated within len) and compute capability. */
-int bridge_device_name(int device, char *name, int len, int *cc_major, int *cc_minor);
+/* The device's name (NUL-terminated within len), compute capability and
+ * memory, from the driver alone (no context is made current or created). */
+int bridge_device_info(int device, char *name, int len, int *cc_major, int *cc_minor,
+                       uint64_t *total);
 /* The device of the calling thread's current context; 0 when it has none. */
 int bridge_current_device(int *device);
 /* Last driver error code and name seen by any bridge call (diagnostics). */

@@ -152,11 +152,13 @@ int bridge_device_count(int *count)
     return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
 }
 
-int bridge_device_name(int device, char *name, int len, int *cc_major, int *cc_minor)
+int bridge_device_info(int device, char *name, int len, int *cc_major, int *cc_minor,
+                       uint64_t *total)
 {
     if (len > 0)
         name[0] = '\0';
     *cc_major = *cc_minor = 0;
+    *total = 0;
     if (!atomic_load(&init_done))
         return BRIDGE_E_NOTINIT;
     CUdevice dev = 0;
@@ -169,6 +171,10 @@ int bridge_device_name(int device, char *name, int len, int *cc_major, int *cc_m
     if (r == CUDA_SUCCESS)
         r = bridge_drv.cuDeviceGetAttribute(cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
                                             dev);
+    size_t bytes = 0;
+    if (r == CUDA_SUCCESS)
+        r = bridge_drv.cuDeviceTotalMem_v2(&bytes, dev);
+    *total = bytes;
     if (r == CUDA_ERROR_INVALID_DEVICE)
         return BRIDGE_E_DEVICE;
     return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);

@@ -483,11 +483,13 @@ static PyObject *py_device_info(PyObject *m, PyObject *args)
         return NULL;
     char name[256];
     int major = 0, minor = 0, rc;
+    uint64_t total = 0;
     Py_BEGIN_ALLOW_THREADS
-    rc = bridge_device_name(dev, name, (int)sizeof name, &major, &minor);
+    rc = bridge_device_info(dev, name, (int)sizeof name, &major, &minor, &total);
     Py_END_ALLOW_THREADS
     name[sizeof name - 1] = '\0';
-    return Py_BuildValue("isii", rc, rc == BRIDGE_OK ? name : "", major, minor);
+    return Py_BuildValue("isiiK", rc, rc == BRIDGE_OK ? name : "", major, minor,
+                         (unsigned long long)total);
 }
 
 static PyObject *py_last_driver_error(PyObject *m, PyObject *a)
@@ -874,7 +876,7 @@ static PyMethodDef methods[] = {
     {"initialized", py_initialized, METH_NOARGS, "Whether the driver is loaded."},
     {"device_count", py_device_count, METH_NOARGS, "-> (status, count)"},
     {"driver_version", py_driver_version, METH_NOARGS, "-> (status, version)"},
-    {"device_info", py_device_info, METH_VARARGS, "device_info(device) -> (status, name, cc_major, cc_minor)"},
+    {"device_info", py_device_info, METH_VARARGS, "device_info(device) -> (status, name, cc_major, cc_minor, total_bytes)"},
     {"current_device", py_current_device, METH_NOARGS, "-> (status, device of the current context)"},
     {"last_driver_error", py_last_driver_error, METH_NOARGS, "-> (code, name)"},
     {"loaded_library", py_loaded_library, METH_NOARGS, "The driver library in use."},
