@@ -47,7 +47,6 @@ class RawStats(TypedDict):
     cached: int
     cache_limit: int
     num_cache_hits: int
-    num_cache_evictions: int
     num_order_fallbacks: int
     num_pool_read_errors: int
     captures_active: int

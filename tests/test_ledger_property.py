@@ -102,9 +102,6 @@ class Dev:
     cache_limit: int = 0  # the conftest fixture turns the cache off
     cache_max_block: int = MAX_BLOCK
     cache: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # LIFO per key
-    ages: dict[int, int] = field(default_factory=dict)  # cached pointer -> when it was put
-    clock: int = 0
-    num_cache_evictions: int = 0
 
     def cached(self) -> int:
         return sum(size * len(ptrs) for (_, size), ptrs in self.cache.items())
@@ -242,7 +239,6 @@ class LedgerMachine(RuleBasedStateMachine):
             for _ in ptrs:
                 self.release(d, size, stream)
         m.cache.clear()
-        m.ages.clear()
 
     def cache_put(self, b: Block) -> bool:
         """Whether bridge_free keeps the block in the cache (and keep it)."""
@@ -257,28 +253,7 @@ class LedgerMachine(RuleBasedStateMachine):
         if len(ptrs) >= CACHE_DEPTH:
             return False
         ptrs.append(b.ptr)
-        m.clock += 1
-        m.ages[b.ptr] = m.clock
         return True
-
-    def evict_like_the_core(self, d: int) -> None:
-        """make_room gave the oldest cached blocks back before the pool grew:
-        the model does the same until its cache holds what the core's does."""
-        m = self.dev[d]
-        s = core.stats(d)[1]
-        if s["num_cache_evictions"] == m.num_cache_evictions:
-            return
-        m.num_cache_evictions = s["num_cache_evictions"]
-        for ptr in sorted(m.ages, key=m.ages.__getitem__):
-            if m.cached() <= s["cached"]:
-                break
-            key = next(k for k, ptrs in m.cache.items() if ptr in ptrs)
-            m.cache[key].remove(ptr)
-            if not m.cache[key]:
-                del m.cache[key]
-            del m.ages[ptr]
-            self.release(d, key[1], key[0])
-        assert m.cached() == s["cached"], "the core did not give back its oldest blocks"
 
     def attempt(self, d: int, size: int, tag: int) -> int:
         """One try_alloc of the core, as the model sees it: the status."""
@@ -329,7 +304,6 @@ class LedgerMachine(RuleBasedStateMachine):
             # on the ledger, unless the framework's cap refuses it (then it
             # goes back to the driver and the request takes the usual path)
             hit = cached.pop()
-            del m.ages[hit]
             if not cached:
                 del m.cache[(stream, size)]
             tcur = self.tag_used(d, tag) + size
@@ -343,8 +317,6 @@ class LedgerMachine(RuleBasedStateMachine):
                 self.live[ptr] = b
                 return b
             self.release(d, size, stream)
-        if rc == Status.OK or rc not in (Status.BUDGET, Status.OOM):
-            self.evict_like_the_core(d)  # (a retry flushed the whole cache)
         want = self.attempt(d, size, tag)
         retried = False
         if want in (Status.BUDGET, Status.OOM):
@@ -560,8 +532,7 @@ class LedgerMachine(RuleBasedStateMachine):
             for d in DEVICES:
                 m = self.dev[d]
                 for key in [k for k in m.cache if k[0] == stream]:
-                    for ptr in m.cache.pop(key):
-                        del m.ages[ptr]
+                    for _ in m.cache.pop(key):
                         self.release(d, key[1], stream)
 
     def _reset_peak(self, d: int, tag: int) -> None:

@@ -181,7 +181,6 @@ typedef struct bridge_stats {
     uint64_t cached;         /* freed blocks kept for reuse (part of `used`) */
     uint64_t cache_limit;    /* cap of `cached`; 0 = no cache */
     uint64_t num_cache_hits; /* allocations served from the cache */
-    uint64_t num_cache_evictions;  /* times cached blocks went back so the pool need not grow */
     uint64_t num_order_fallbacks;  /* frees ordered by a device sync, not events */
     uint64_t num_pool_read_errors; /* budget checks that used the last pool figure */
     uint64_t captures_active;      /* captures the bridge knows are running */

@@ -17,7 +17,6 @@ typedef struct slot {
     uint64_t size;     /* key part 2; 0 = never used */
     uint32_t n;        /* blocks in ptrs[0..n) */
     uintptr_t ptrs[DEPTH];
-    uint64_t ages[DEPTH]; /* when each block was put (the cache's clock) */
 } slot;
 
 typedef struct dcache {
@@ -28,13 +27,12 @@ typedef struct dcache {
     _Atomic uint64_t max_block;/* larger blocks are never cached */
     uint32_t keys;             /* slots with size != 0; <= SLOTS / 2 */
     uint32_t live_keys;        /* slots with n > 0; <= keys */
-    uint64_t clock;            /* puts so far: a block's age stamp */
 } dcache;
 
 #define DEFAULT_LIMIT (1ull << 30)
 static dcache caches[BRIDGE_MAX_DEVICES] = {
     [0 ... BRIDGE_MAX_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, DEFAULT_LIMIT,
-                                      BRIDGE_CACHE_MAX_BLOCK, 0, 0, 0}};
+                                      BRIDGE_CACHE_MAX_BLOCK, 0, 0}};
 
 /* The slot index comes from the TOP bits of a 64-bit multiplicative hash:
  * sizes that are multiples of 1 MiB and aligned stream handles have low
@@ -121,7 +119,6 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr)
         if (sl && sl->n < DEPTH) {
             if (!sl->n)
                 c->live_keys++;
-            sl->ages[sl->n] = ++c->clock;
             sl->ptrs[sl->n++] = ptr;
             atomic_fetch_add_explicit(&c->bytes, size, memory_order_relaxed);
             kept = 1;
@@ -186,71 +183,6 @@ uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn releas
     }
 }
 
-/* One cached block, as the eviction sorts them. */
-typedef struct aged {
-    uint64_t age;
-    uint32_t slot, k;
-} aged;
-
-static int older_first(const void *a, const void *b)
-{
-    uint64_t x = ((const aged *)a)->age, y = ((const aged *)b)->age;
-    return (x > y) - (x < y);
-}
-
-uint64_t cache_evict(int device, uint64_t bytes, cache_release_fn release)
-{
-    dcache *c = &caches[device];
-    if (!bytes || !atomic_load(&c->bytes))
-        return 0;
-    typedef struct out {
-        uintptr_t ptr;
-        uint64_t size;
-        CUstream stream;
-    } out;
-    aged *all = NULL;
-    out *gone = NULL;
-    uint32_t n = 0, ngone = 0;
-    uint64_t taken = 0;
-    pthread_mutex_lock(&c->lock);
-    for (uint32_t i = 0; c->slots && i < SLOTS; i++)
-        n += c->slots[i].n;
-    if (n && (all = malloc(n * sizeof *all)) && (gone = malloc(n * sizeof *gone))) {
-        uint32_t j = 0;
-        for (uint32_t i = 0; i < SLOTS; i++)
-            for (uint32_t k = 0; k < c->slots[i].n; k++)
-                all[j++] = (aged){c->slots[i].ages[k], i, k};
-        qsort(all, n, sizeof *all, older_first);
-        /* the oldest blocks, until `bytes` are out: marked (ptr 0) first... */
-        for (uint32_t j2 = 0; j2 < n && taken < bytes; j2++) {
-            slot *sl = &c->slots[all[j2].slot];
-            gone[ngone++] = (out){sl->ptrs[all[j2].k], sl->size, sl->stream};
-            sl->ptrs[all[j2].k] = 0;
-            taken += sl->size;
-        }
-        /* ...then each slot touched keeps its other blocks, in order */
-        for (uint32_t j2 = 0; j2 < ngone; j2++) {
-            slot *sl = &c->slots[all[j2].slot];
-            uint32_t m = 0;
-            for (uint32_t k = 0; k < sl->n; k++)
-                if (sl->ptrs[k]) {
-                    sl->ages[m] = sl->ages[k];
-                    sl->ptrs[m++] = sl->ptrs[k];
-                }
-            if (sl->n && !m)
-                c->live_keys--;
-            sl->n = m;
-        }
-        atomic_fetch_sub(&c->bytes, taken);
-    }
-    pthread_mutex_unlock(&c->lock);
-    for (uint32_t j2 = 0; j2 < ngone; j2++)
-        release(device, gone[j2].ptr, gone[j2].size, gone[j2].stream);
-    free(all);
-    free(gone);
-    return taken;
-}
-
 uint64_t cache_bytes(int device) { return atomic_load(&caches[device].bytes); }
 
 uint64_t cache_limit(int device) { return atomic_load(&caches[device].limit); }
@@ -269,7 +201,6 @@ void cache_forget_after_fork(void)
         caches[i].lock = fresh;
         caches[i].slots = NULL;
         caches[i].keys = caches[i].live_keys = 0;
-        caches[i].clock = 0;
         atomic_store(&caches[i].bytes, 0);
     }
 }

@@ -6,8 +6,7 @@
  * event, and the allocation costs a lock and a pop instead of two driver
  * calls.  Cached bytes stay counted in the budget (they are the ledger's), are
  * capped per device, and go back to the pool whenever an allocation would
- * fail, on empty_cache / free_all_blocks, and (oldest first, cache_evict)
- * before the pool would have to grow for a block the cache could not serve.
+ * fail, on empty_cache / free_all_blocks, and when the cap is reached.
  */
 #ifndef BRIDGE_CACHE_H
 #define BRIDGE_CACHE_H
@@ -31,9 +30,6 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr);
 uint64_t cache_flush(int device, cache_release_fn release);
 /* Hand the cached blocks of one stream to `release`; returns the bytes. */
 uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn release);
-/* The oldest cached blocks back through `release`, at least `bytes` of them
- * (fewer when the cache holds less); returns the bytes released. */
-uint64_t cache_evict(int device, uint64_t bytes, cache_release_fn release);
 uint64_t cache_bytes(int device);
 /* Cap of cached bytes per device (0 disables) and the largest cached block. */
 void cache_set_limits(int device, uint64_t limit, uint64_t max_block);

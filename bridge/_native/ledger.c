@@ -464,39 +464,6 @@ static void release_cached(int device, uintptr_t ptr, uint64_t size, CUstream ke
  * of a stream being captured wait for its end). */
 static void flush_cache(int device) { cache_flush(device, release_cached); }
 
-/* Before the pool grows for an allocation the cache could not serve: the
- * oldest cached blocks go back to it first, so that cached bytes never make
- * the pool larger than what is in use plus 1/32.  Measured on recorded
- * training traces (benchmarks/bench_trace.py), a cache allowed to grow the
- * pool held 1.46-1.51x the live bytes at the peak; the pool alone, 1.01-1.06x.
- * Costs two attribute reads on a miss while anything is cached; a block goes
- * back only when the pool has no idle room for the request. */
-#define ROOM_SLACK_SHIFT 5 /* 1/32 */
-static void make_room(device_state *d, int device, size_t size)
-{
-    uint64_t cached = cache_bytes(device);
-    if (!cached || atomic_load_explicit(&d->captures_active, RELAXED))
-        return;
-    uint64_t used = 0, reserved = 0;
-    int mode = capture_mode_enter(d);
-    CUresult r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
-    if (r == CUDA_SUCCESS)
-        r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                                             &reserved);
-    capture_mode_exit(mode);
-    if (r != CUDA_SUCCESS)
-        return; /* only a figure for a heuristic: the allocation goes on */
-    /* `used` counts the cached blocks (allocated from the pool, not in use) */
-    uint64_t in_use = (used > cached ? used - cached : 0) + size;
-    uint64_t room = reserved > in_use + (in_use >> ROOM_SLACK_SHIFT)
-                        ? reserved
-                        : in_use + (in_use >> ROOM_SLACK_SHIFT);
-    if (used + size <= room)
-        return;
-    if (cache_evict(device, used + size - room, release_cached))
-        atomic_fetch_add_explicit(&d->num_cache_evictions, 1, RELAXED);
-}
-
 /* An allocation served from the cache: the bytes are already on the ledger
  * (reserved and committed); only the framework's figures move. */
 static int adopt_cached(device_state *d, int device, uintptr_t p, size_t size, CUstream key,
@@ -658,7 +625,6 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
         return BRIDGE_OK;
     ctx_guard g;
     ctx_enter(d, &g);
-    make_room(d, device, size);
     int captured = atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(key);
     /* fast path: two atomic adds (plus one attribute read under a budget),
      * one driver call, one shard lock */
@@ -819,7 +785,6 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->graph_bytes = atomic_load(&d->graph_bytes);
     out->cached = cache_bytes(device);
     out->num_cache_hits = atomic_load(&d->num_cache_hits);
-    out->num_cache_evictions = atomic_load(&d->num_cache_evictions);
     out->num_order_fallbacks = atomic_load(&d->num_order_fallbacks);
     out->num_pool_read_errors = atomic_load(&d->num_pool_read_errors);
     out->captures_active = (uint64_t)atomic_load(&d->captures_active);

@@ -53,7 +53,6 @@ typedef struct device_state {
     _Atomic uint64_t num_allocs, num_frees, num_ooms, num_retries;
     _Atomic uint64_t num_driver_errors;
     _Atomic uint64_t num_cache_hits;  /* allocations served from the cache */
-    _Atomic uint64_t num_cache_evictions; /* times cached blocks went back so the pool need not grow */
     _Atomic uint64_t graph_bytes;     /* graph blocks the user freed, kept for the graph */
     _Atomic uint64_t last_pool_used;  /* last USED_MEM_CURRENT read that succeeded */
     _Atomic uint64_t num_pool_read_errors; /* budget checks that used last_pool_used */

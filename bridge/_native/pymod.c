@@ -767,7 +767,7 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(limit) PUT(used) PUT(peak_used) PUT(pool_used) PUT(pool_reserved) PUT(pool_used_high)
     PUT(release_threshold) PUT(total) PUT(num_allocs) PUT(num_frees) PUT(num_ooms)
     PUT(num_retries) PUT(num_bad_frees) PUT(num_driver_errors) PUT(num_deferred) PUT(graph_bytes)
-    PUT(cached) PUT(cache_limit) PUT(num_cache_hits) PUT(num_cache_evictions) PUT(num_order_fallbacks)
+    PUT(cached) PUT(cache_limit) PUT(num_cache_hits) PUT(num_order_fallbacks)
     PUT(num_pool_read_errors) PUT(captures_active)
 #undef PUT
     {
