@@ -27,7 +27,7 @@ import sys
 import warnings
 from collections.abc import Iterable
 
-from bridge import _runtime, views
+from bridge import _runtime
 from bridge._errors import BridgeError, check
 from bridge._runtime import core
 from bridge.pool import register_attribution
@@ -86,28 +86,6 @@ def jax_bytes(device: int) -> int | None:
     return None
 
 
-def _budget_fraction(devices: list[int]) -> bool:
-    """With budget views on: XLA's memory fraction = the budget's share of the device.
-
-    XLA's ``cuda_async`` allocator enforces no limit, but reports its pool
-    size (the fraction of the device's memory) as ``memory_stats()``'s
-    ``bytes_limit``, which tools read as JAX's memory.  Set only when the
-    user has not set it; True when it was set (and is to be removed once
-    the backend started).
-    """
-    if not views.enabled() or "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ:
-        return False
-    shares = []
-    for d in devices:
-        rc, raw = core.stats(d)
-        if rc == 0 and raw["limit"] and raw["total"]:
-            shares.append(min(1.0, raw["limit"] / raw["total"]))
-    if not shares:
-        return False
-    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(shares):.6f}"
-    return True
-
-
 def install(devices: Iterable[int], *, partition: int | None = None) -> None:
     """Configure XLA for the shared pool (or a hard partition), start JAX, re-assert the pool."""
     global _installed, _partition
@@ -164,18 +142,13 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
                     device=d,
                 )
         os.environ.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
-    fraction_set = partition is None and _budget_fraction(devices)
-    try:
-        import jax
-        import jax.numpy as jnp
+    import jax
+    import jax.numpy as jnp
 
-        # Start the backend and its allocator now, so that what XLA writes into the
-        # pool's attributes at start-up is overwritten below, not later.
-        for dev in jax.devices("gpu"):
-            jnp.zeros((1,), device=dev).block_until_ready()
-    finally:
-        if fraction_set:  # read at start-up only; a child process must not inherit it
-            os.environ.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    # Start the backend and its allocator now, so that what XLA writes into the
+    # pool's attributes at start-up is overwritten below, not later.
+    for dev in jax.devices("gpu"):
+        jnp.zeros((1,), device=dev).block_until_ready()
     for d in devices:
         check(core.reassert(d), what="re-asserting the pool after JAX started", device=d)
     if partition is None:

@@ -114,7 +114,7 @@ def unify(
     budget_views : bool
         Under a budget, the frameworks' free-memory queries answer within it
         (``torch.cuda.mem_get_info``, ``cupy.cuda.runtime.memGetInfo``,
-        ``cupy.cuda.Device().mem_info``; JAX's ``bytes_limit``): free = min(the
+        ``cupy.cuda.Device().mem_info``; not JAX's): free = min(the
         device's free memory, budget - what the budget's users hold), total =
         the budget. A device without a budget answers natively. False leaves
         the frameworks' own answers (see bridge.views).

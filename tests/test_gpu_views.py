@@ -83,49 +83,17 @@ def test_free_memory_queries_answer_within_the_budget(mode):
         assert r["accelerate"] > 100 * GIB
 
 
-JAX_LIMIT = """
-import os
-GIB = 1 << 30
-if MODE == "bridge":
-    import bridge
-    bridge.unify(cupy=False, torch=False, jax=True, budget="10GiB")
-else:
-    os.environ.update(XLA_PYTHON_CLIENT_ALLOCATOR="cuda_async",
-                      XLA_PYTHON_CLIENT_PREALLOCATE="false")
-import jax, jax.numpy as jnp
-x = jnp.ones((4 * GIB,), dtype=jnp.uint8)
-x.block_until_ready()
-ms = jax.local_devices()[0].memory_stats() or {}
-report(limit=ms.get("bytes_limit"), in_use=ms.get("bytes_in_use"),
-       env=os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"))
-"""
-
-
-@pytest.mark.parametrize("mode", ["native", "bridge"])
-def test_jax_bytes_limit_is_the_budget(mode):
-    """JAX's memory_stats()['bytes_limit'] (XLA's pool size) is the budget on the
-    bridge, so bytes_limit - bytes_in_use is about 6 GiB; natively 75% of the card.
-    The fraction the bridge sets is not left for child processes."""
-    pytest.importorskip("jax")
-    r = run_mode(JAX_LIMIT, mode)
-    assert r["limit"] is not None and r["in_use"] is not None, r
-    if mode == "bridge":
-        assert abs(r["limit"] - BUDGET) <= BUDGET // 100, r
-        assert abs((r["limit"] - r["in_use"]) - (BUDGET - HELD)) <= BUDGET // 100, r
-        assert r["env"] is None
-    else:
-        assert r["limit"] > 50 * GIB, r
-
-
 HF = """
 import tempfile, torch
 MIB = 1 << 20
 if MODE.startswith("bridge"):
     import bridge
-    bridge.unify(cupy=False, torch=True, budget="768MiB", budget_views=(MODE == "bridge"))
+    bridge.unify(cupy=False, torch=True, budget="3GiB", budget_views=(MODE == "bridge"))
 from transformers import LlamaConfig, LlamaForCausalLM
-# about 1.1 GB of float32 weights: 12 layers of 67 MB, two 131 MB embeddings
-cfg = LlamaConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=12,
+# about 3.7 GB of float32 weights: 12 layers of 268 MB, two 262 MB embeddings
+# (transformers' allocator warm-up keeps 1.2 GiB of the free memory it sees
+# aside and fails below that: a budget of 3 GiB stays above it)
+cfg = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=12,
                   num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
                   tie_word_embeddings=False)
 d = tempfile.mkdtemp()
@@ -136,7 +104,9 @@ try:
 except Exception as exc:  # noqa: BLE001 - the outcome is the result
     report(loaded=False, error=f"{type(exc).__name__}: {exc}"[:600])
     raise SystemExit(0)
-places = sorted({str(v) for v in m.hf_device_map.values()})
+# transformers 5 sets hf_device_map only when the model is split
+placed = getattr(m, "hf_device_map", None) or {"": next(m.parameters()).device.index}
+places = sorted({str(v) for v in placed.values()})
 forward = None
 try:
     ids = torch.randint(0, 32000, (1, 8))
@@ -150,7 +120,7 @@ report(loaded=True, places=places, peak=torch.cuda.max_memory_allocated(0), forw
 
 @pytest.mark.parametrize("mode", ["native", "bridge", "bridge-noviews"])
 def test_hugging_face_device_map_auto_fits_the_budget(mode):
-    """from_pretrained(device_map="auto") of a 1.1 GB model under a 768 MiB budget:
+    """from_pretrained(device_map="auto") of a 3.7 GB model under a 3 GiB budget:
     with budget views it puts some layers on the GPU and the rest on the CPU and
     loads; with budget_views=False accelerate plans for the whole card and the load
     meets the budget as an out-of-memory error; natively everything goes to the GPU."""
@@ -163,9 +133,8 @@ def test_hugging_face_device_map_auto_fits_the_budget(mode):
     elif mode == "bridge":
         assert r["loaded"], r
         assert "cpu" in r["places"] and "0" in r["places"], r
-        assert r["peak"] <= 768 * MIB, r
-        # the forward pass is reported for the record: accelerate keeps room for one
-        # offloaded layer, which leaves little for cuBLAS's workspace in 768 MiB
+        assert r["peak"] <= 3 * 1024 * MIB, r
+        # the forward pass is reported for the record, not asserted
     else:
         assert not r["loaded"], r
         assert "out of memory" in r["error"].lower(), r

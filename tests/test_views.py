@@ -224,23 +224,3 @@ def test_torch_queries_answer_within_the_budget_and_come_back(standin):
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
-
-
-def test_jax_gets_the_budgets_share_as_its_memory_fraction(led, monkeypatch):
-    """bytes_limit of XLA's cuda_async allocator is the memory fraction times the
-    device's memory: the budget's share, set only for JAX's start."""
-    from bridge.adapters import jax as adapter
-
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
-    monkeypatch.setattr(views, "_wanted", True)
-    assert adapter._budget_fraction([0]) is False  # no budget: XLA's default
-    core.set_limit(0, 4 * GIB)
-    assert adapter._budget_fraction([0]) is True
-    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.250000"
-    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")  # the user's own
-    assert adapter._budget_fraction([0]) is False
-    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")
-    monkeypatch.setattr(views, "_wanted", False)  # budget_views=False
-    assert adapter._budget_fraction([0]) is False
-    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
