@@ -12,6 +12,9 @@ MAX_DEVICES: int
 TAG_OTHER: int
 TAG_CUPY: int
 TAG_TORCH: int
+TAG_NUMBA: int
+TAG_RMM: int
+NTAGS: int
 
 class TagStats(TypedDict):
     """One framework tag's figures (``bridge_tag_stats`` in bridge.h)."""
@@ -78,6 +81,21 @@ class CupyAllocator:
     ) -> CupyAllocator: ...
     def __call__(self, size: int, /) -> Any: ...
     def wrap(self, block: Block, /) -> Any: ...
+
+@final
+class StreamAllocator:
+    """Allocator of one device and tag: call with (nbytes, stream), get an address."""
+
+    def __new__(
+        cls, device: int, tag: int, on_failure: Callable[[int, int, int, int], int]
+    ) -> StreamAllocator: ...
+    def __call__(self, nbytes: int, stream: Any = None, /) -> int: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def tag(self) -> int: ...
+
+def stream_free(address: int, nbytes: int = 0, stream: Any = None, /) -> None: ...
 
 # ---- the driver ----
 def init(path: str | None = None, /) -> int: ...

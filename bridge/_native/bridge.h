@@ -37,7 +37,9 @@ enum bridge_tag {
     BRIDGE_TAG_OTHER = 0,
     BRIDGE_TAG_CUPY = 1,
     BRIDGE_TAG_TORCH = 2,
-    BRIDGE_NTAGS = 3
+    BRIDGE_TAG_NUMBA = 3,  /* Numba's external memory manager (bridge.adapters.numba) */
+    BRIDGE_TAG_RMM = 4,    /* RMM's current device resource (bridge.adapters.rmm) */
+    BRIDGE_NTAGS = 5
 };
 
 /* ---- status codes ---- */

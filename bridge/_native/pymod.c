@@ -903,6 +903,8 @@ static struct PyModuleDef moduledef = {
 
 /* The pinned pool's type and functions (pypinned.c). */
 int bridge_pypinned_add(PyObject *m);
+/* Allocation callables for (size, stream) callbacks: RMM's (pycallback.c). */
+int bridge_pycallback_add(PyObject *m);
 
 PyMODINIT_FUNC PyInit__core(void)
 {
@@ -922,7 +924,10 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
         PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0 ||
-        bridge_pypinned_add(m) < 0) {
+        PyModule_AddIntConstant(m, "TAG_NUMBA", BRIDGE_TAG_NUMBA) < 0 ||
+        PyModule_AddIntConstant(m, "TAG_RMM", BRIDGE_TAG_RMM) < 0 ||
+        PyModule_AddIntConstant(m, "NTAGS", BRIDGE_NTAGS) < 0 ||
+        bridge_pypinned_add(m) < 0 || bridge_pycallback_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }
