@@ -11,7 +11,8 @@ Device memory (``cuda.device_array``, ``to_device``, the copies a kernel
 launch makes of host arrays) comes from the core through one C call
 (``alloc_block``, no GIL held, tag ``numba``). The block is owned by a C
 object kept by Numba's ``AutoFreePointer``: when Numba's finalizer drops the
-pointer (its last array or view is gone), the block is freed in stream order.
+pointer (its last array or view is gone), the block is freed on the legacy
+default stream, after the work of every blocking stream (Numba's) queued so far.
 Inside ``numba.cuda.defer_cleanup()`` frees wait until the block ends. Past
 the budget, :class:`OutOfMemoryError` is raised: Numba's ``CudaAPIError``
 with code ``CUDA_ERROR_OUT_OF_MEMORY`` (what Numba raises for a failed
@@ -57,6 +58,7 @@ except AttributeError as exc:  # pragma: no cover - depends on the numba install
     ) from exc
 PER_THREAD_ENV = "CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM"
 PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD
+LEGACY_STREAM = 1  # CU_STREAM_LEGACY
 
 
 class OutOfMemoryError(_drv.CudaAPIError, MemoryError):
@@ -156,7 +158,14 @@ class BridgeNumbaManager(_drv.GetIpcHandleMixin, _drv.HostOnlyCUDAMemoryManager)
         raise BridgeError(f"numba allocation of {size} bytes failed with status {rc}")
 
     def _release(self, ptr: int) -> None:
-        """Numba's finalizer of a device pointer: drop it (its block is freed with it)."""
+        """Numba's finalizer of a device pointer: drop it (its block is freed with it).
+
+        Numba uses an array on any of its streams, so the block is recorded on
+        the legacy default stream: it is freed there, after every blocking
+        stream's queued work (Numba's streams are blocking), and never kept by
+        the bridge's per-stream cache, whose reuse would skip that wait.
+        """
+        core.record_stream(ptr, LEGACY_STREAM)
         mem = self.allocations.pop(ptr, None)
         if mem is not None and self.deallocations.is_disabled:
             self._held.append(mem)  # inside defer_cleanup(): freed when it ends

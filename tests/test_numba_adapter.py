@@ -305,3 +305,18 @@ def test_pinned_memory_comes_from_the_pinned_pool(numba_adapter):
         # mapped or write-combined host memory stays Numba's own
         assert m.memhostalloc(MIB, mapped=True) == ("numba's own", MIB, True, False)
         assert m.memhostalloc(MIB, wc=True) == ("numba's own", MIB, False, True)
+
+
+def test_a_freed_block_waits_for_the_legacy_stream_and_is_never_cached(numba_adapter):
+    """Numba uses an array on any of its streams: its free is ordered on the legacy
+    stream (which waits for them), and the per-stream cache would skip that."""
+    adapter, _ = numba_adapter
+    core.set_cache(0, 64 * MIB)
+    fallbacks = core.stats(0)[1]["num_order_fallbacks"]
+    m = manager(adapter)
+    p = m.memalloc(MIB)
+    del p
+    gc.collect()
+    s = core.stats(0)[1]
+    assert s["cached"] == 0 and numba_bytes() == 0
+    assert s["num_order_fallbacks"] == fallbacks
