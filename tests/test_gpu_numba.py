@@ -18,7 +18,8 @@ ORACLE = """
 from cuda.bindings import driver as cu
 def pool_used():
     err, pool = cu.cuDeviceGetDefaultMemPool(0)
-    err2, v = cu.cuMemPoolGetAttribute(pool, cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    attr = cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT
+    err2, v = cu.cuMemPoolGetAttribute(pool, attr)
     assert err == err2 == cu.CUresult.CUDA_SUCCESS, (err, err2)
     return int(v)
 """
@@ -45,7 +46,9 @@ def numba_bytes():
     return bridge.stats(0).by_framework["numba"] if MODE == "bridge" else 0
 
 def numba_allocs():
-    return bridge.stats(0).tags[bridge._runtime.core.TAG_NUMBA]["num_allocs"] if MODE == "bridge" else 0
+    if MODE != "bridge":
+        return 0
+    return bridge.stats(0).tags[bridge._runtime.core.TAG_NUMBA]["num_allocs"]
 
 cuda.current_context()
 used0 = pool_used()
