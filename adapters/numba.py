@@ -18,11 +18,11 @@ the budget, :class:`OutOfMemoryError` is raised: Numba's ``CudaAPIError``
 with code ``CUDA_ERROR_OUT_OF_MEMORY`` (what Numba raises for a failed
 ``cuMemAlloc``), and a ``MemoryError`` too.
 
-Numba's EMM interface passes no stream: memory is allocated and freed on
-Numba's default stream (the legacy default stream, or the per-thread one with
-``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1``), which Numba's own streams
-(blocking) are ordered with. An array used on a non-blocking stream (a CuPy
-or torch stream) must be synchronized with before it is dropped.
+Numba's EMM interface passes no stream: memory is allocated and freed on the
+legacy default stream, which Numba's streams (blocking, and the per-thread
+default streams) are ordered with both ways; Numba's freed blocks skip the
+bridge's per-stream cache for that reason. An array used on a non-blocking
+stream (a CuPy or torch stream) must be synchronized with before it is dropped.
 
 Pinned host memory (``cuda.pinned_array``) comes from the bridge's pinned
 pool; mapped and write-combined host memory, managed memory, ``mempin`` and
@@ -35,7 +35,6 @@ __all__ = ["BridgeNumbaManager", "OutOfMemoryError", "install", "installed"]
 
 import contextlib
 import functools
-import os
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -56,9 +55,10 @@ except AttributeError as exc:  # pragma: no cover - depends on the numba install
         f"bridge.adapters.numba needs numba-cuda 0.30 or newer (pip install numba-cuda): {exc}",
         name="numba",
     ) from exc
-PER_THREAD_ENV = "CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM"
-PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD
-LEGACY_STREAM = 1  # CU_STREAM_LEGACY
+# Numba's arrays are allocated and freed on the legacy default stream, which
+# every blocking stream (Numba's own, and the per-thread default streams of
+# CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1) is ordered with, both ways.
+LEGACY_STREAM = 0
 
 
 class OutOfMemoryError(_drv.CudaAPIError, MemoryError):
@@ -81,9 +81,15 @@ def _rebuild(msg: str, device: int, size: int, limit: int) -> OutOfMemoryError:
     return e
 
 
-def _default_stream() -> int:
-    """The stream Numba's default stream is: per-thread when CUDA Python is told so."""
-    return PER_THREAD_STREAM if os.environ.get(PER_THREAD_ENV) == "1" else 0
+def _uncached() -> None:
+    """Numba's freed blocks go back to the pool on the legacy stream, never to the cache.
+
+    The cache hands a block to the next request on the same stream without a
+    driver call; Numba's next array may be used on another of its streams,
+    which only the driver's free on the legacy stream orders after the last
+    user. Set once per process (the environment route sets it too).
+    """
+    check(core.set_tag_cached(core.TAG_NUMBA, False), what="setting up Numba's blocks")
 
 
 def _oom(device: int, size: int, rc: int) -> OutOfMemoryError:
@@ -112,7 +118,7 @@ class BridgeNumbaManager(_drv.GetIpcHandleMixin, _drv.HostOnlyCUDAMemoryManager)
         super().__init__(*args, **kwargs)
         ctx = self.context  # None for the instance set_memory_manager checks
         self._device = int(ctx.device.id) if ctx is not None else 0
-        self._stream = _default_stream()
+        self._stream = LEGACY_STREAM
         self._held: list[Any] = []  # pointers whose free waits for defer_cleanup to end
         self._ready = False
 
@@ -121,6 +127,7 @@ class BridgeNumbaManager(_drv.GetIpcHandleMixin, _drv.HostOnlyCUDAMemoryManager)
         if self._ready:
             return
         _runtime.ensure_device(self._device)
+        _uncached()
         recovery.install()
         if self.deallocations.memory_capacity == _drv._SizeNotSet:
             self.deallocations.memory_capacity = self.get_memory_info().total
@@ -160,12 +167,12 @@ class BridgeNumbaManager(_drv.GetIpcHandleMixin, _drv.HostOnlyCUDAMemoryManager)
     def _release(self, ptr: int) -> None:
         """Numba's finalizer of a device pointer: drop it (its block is freed with it).
 
-        Numba uses an array on any of its streams, so the block is recorded on
-        the legacy default stream: it is freed there, after every blocking
-        stream's queued work (Numba's streams are blocking), and never kept by
-        the bridge's per-stream cache, whose reuse would skip that wait.
+        Numba uses an array on any of its streams, so the block is freed on
+        the legacy default stream, after every blocking stream's queued work
+        (Numba's streams are blocking); Numba's blocks are never kept by the
+        bridge's per-stream cache, whose reuse would skip that wait
+        (``_uncached``).
         """
-        core.record_stream(ptr, LEGACY_STREAM)
         mem = self.allocations.pop(ptr, None)
         if mem is not None and self.deallocations.is_disabled:
             self._held.append(mem)  # inside defer_cleanup(): freed when it ends
@@ -245,6 +252,7 @@ def install(devices: Iterable[int]) -> None:
     for d in devices:
         _runtime.ensure_device(d)
     _check_contexts()
+    _uncached()
     if not installed():
         cuda.set_memory_manager(BridgeNumbaManager)
 

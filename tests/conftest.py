@@ -117,6 +117,7 @@ def standin():
         core.set_cache(d, 0)  # off by default here: tests of the cache turn it on
         for tag in range(core.NTAGS):
             core.set_tag_limit(d, tag, 0)
+            core.set_tag_cached(tag, True)
         core.reset_peak(d, -1)
         core.reset_accumulated(d, -1)
     core.set_pressure_callback(None)

@@ -307,16 +307,24 @@ def test_pinned_memory_comes_from_the_pinned_pool(numba_adapter):
         assert m.memhostalloc(MIB, wc=True) == ("numba's own", MIB, False, True)
 
 
-def test_a_freed_block_waits_for_the_legacy_stream_and_is_never_cached(numba_adapter):
-    """Numba uses an array on any of its streams: its free is ordered on the legacy
+def test_a_freed_block_goes_back_on_the_legacy_stream_and_is_never_cached(numba_adapter):
+    """Numba uses an array on any of its streams: its free is issued on the legacy
     stream (which waits for them), and the per-stream cache would skip that."""
     adapter, _ = numba_adapter
     core.set_cache(0, 64 * MIB)
     fallbacks = core.stats(0)[1]["num_order_fallbacks"]
     m = manager(adapter)
+    m.initialize()  # what Numba calls when the context is pushed
     p = m.memalloc(MIB)
     del p
     gc.collect()
     s = core.stats(0)[1]
     assert s["cached"] == 0 and numba_bytes() == 0
     assert s["num_order_fallbacks"] == fallbacks
+    # unify(numba=True) sets the same rule
+    core.set_tag_cached(core.TAG_NUMBA, True)
+    bridge.unify(cupy=False, torch=False, numba=True)
+    p = manager(adapter).memalloc(MIB)
+    del p
+    gc.collect()
+    assert core.stats(0)[1]["cached"] == 0

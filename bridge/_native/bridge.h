@@ -124,6 +124,12 @@ int bridge_register_stream(void *stream);
  * (blocks already cached stay, and are freed in its order on a flush). */
 int bridge_forget_stream(void *stream);
 
+/* Whether blocks of framework `tag` may be cached (default: yes).  A
+ * framework that uses its blocks on streams other than the one it allocated
+ * on, relying on the legacy default stream's implicit ordering (Numba), must
+ * have its blocks freed on that stream, not kept for the next request. */
+int bridge_set_tag_cached(int tag, int cached);
+
 /* ---- CUDA graph capture (graph.c) ---- */
 /* torch's pool hooks.  begin/release count the pool's users (as torch
  * does); while a capture is active on a device, allocations the caller

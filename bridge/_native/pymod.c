@@ -643,6 +643,15 @@ static PyObject *py_set_tag_limit(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_tag_limit(dev, tag, limit));
 }
 
+static PyObject *py_set_tag_cached(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int tag, cached;
+    if (!PyArg_ParseTuple(args, "ip", &tag, &cached))
+        return NULL;
+    return PyLong_FromLong(bridge_set_tag_cached(tag, cached));
+}
+
 static PyObject *py_alloc(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -879,6 +888,7 @@ static PyMethodDef methods[] = {
     {"stop_relief", py_stop_relief, METH_NOARGS, "Stop the reliever."},
     {"set_relief_timeout", py_set_relief_timeout, METH_O, "Seconds a torch thread waits for the reliever."},
     {"set_tag_limit", py_set_tag_limit, METH_VARARGS, "set_tag_limit(device, tag, bytes) -> status"},
+    {"set_tag_cached", py_set_tag_cached, METH_VARARGS, "set_tag_cached(tag, cached) -> status: may the tag's freed blocks be cached"},
     {"alloc", py_alloc, METH_VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)"},
     {"alloc_block", py_alloc_block, METH_VARARGS, "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
     {"free", py_free, METH_VARARGS, "free(ptr): never raises"},
