@@ -254,12 +254,27 @@ def _size_finding(
     return Finding("ok", f"{name}={raw}", f"valid: {what}.")
 
 
+NUMBA_MANAGER_ENV = "NUMBA_CUDA_MEMORY_MANAGER"
+NUMBA_BRIDGE_MANAGER = "bridge.adapters.numba"
+
+
 def _environment(devices: list[dict]) -> list[Finding]:
     env = os.environ
     found = []
     for name, (level, advice) in CONFLICTING_ENV.items():
         if name in env:
             found.append(Finding(level, f"{name}={env[name]}", advice))
+    manager = env.get(NUMBA_MANAGER_ENV, "").strip()
+    if manager and manager not in ("default", NUMBA_BRIDGE_MANAGER):
+        found.append(
+            Finding(
+                "warn",
+                f"{NUMBA_MANAGER_ENV}={manager}",
+                "Numba allocates through this memory manager, outside the bridge's budget, "
+                f"and bridge.unify(numba=True) replaces it. Set it to {NUMBA_BRIDGE_MANAGER} "
+                "or unset it.",
+            )
+        )
     # the rules of the JAX adapter, which refuses other values
     for name, want in _jax_shared_env().items():
         have = env.get(name)

@@ -188,6 +188,55 @@ def _jax(dists: dict[str, str], driver: dict) -> Framework:
     return fw
 
 
+def _numba(dists: dict[str, str], driver: dict) -> Framework:
+    fw = Framework("numba", "numba-cuda" in dists, dists.get("numba-cuda"))
+    if not fw.installed:
+        if "numba" in dists:  # numba alone: its old CUDA target has no usable EMM plugin API
+            fw.version = dists["numba"]
+            fw.detail = "numba without numba-cuda"
+            fw.add(
+                "info",
+                "numba-cuda is not installed: bridge.unify(numba=True) needs it "
+                "(pip install 'numba-cuda[cu13]', or cu12).",
+            )
+        return fw
+    fw.detail = f"numba {dists['numba']}" if "numba" in dists else ""
+    if "set_memory_manager" not in (_package_file("numba", "cuda/cudadrv/driver.py") or ""):
+        fw.add("error", "numba.cuda.set_memory_manager was not found: upgrade numba-cuda.")
+        return fw
+    fw.usable = True
+    fw.add(
+        "ok",
+        "has the External Memory Management interface; call bridge.unify(numba=True) "
+        "before Numba's first CUDA call, or set "
+        "NUMBA_CUDA_MEMORY_MANAGER=bridge.adapters.numba.",
+    )
+    return fw
+
+
+def _rmm(dists: dict[str, str], driver: dict) -> Framework:
+    names = sorted(n for n in dists if re.fullmatch(r"rmm(-cu\d+)?", n))
+    fw = Framework("rmm", bool(names), dists[names[0]] if names else None, detail=", ".join(names))
+    if not names:
+        return fw
+    if "CallbackMemoryResource" not in (
+        _package_file("rmm", "mr/__init__.py") or ""
+    ) and "CallbackMemoryResource" not in (_package_file("rmm", "mr.py") or ""):
+        fw.add("error", "rmm.mr.CallbackMemoryResource was not found: upgrade RMM.")
+        return fw
+    fw.usable = True
+    fw.add(
+        "ok",
+        "has rmm.mr.CallbackMemoryResource; bridge.unify(rmm=True) makes every device's RMM "
+        "resource allocate from the shared pool (call it after rmm.reinitialize(), which "
+        "would replace it).",
+    )
+    m = re.search(r"cu(\d+)", names[0])
+    if m:
+        _cuda_major_check(fw, int(m.group(1)), driver)
+    return fw
+
+
 def _cuda_python(dists: dict[str, str]) -> Framework:
     names = [n for n in ("cuda-python", "cuda-bindings", "cuda-core") if n in dists]
     fw = Framework("cuda-python", bool(names), ", ".join(f"{n} {dists[n]}" for n in names) or None)
@@ -207,6 +256,7 @@ def _torch_cuda() -> str | None:
 _MAJOR_OF = (  # distribution name -> the CUDA major it was built for
     (re.compile(r"cupy-cuda(\d+)x?"), lambda d: int(d[:2] if len(d) > 2 else d)),
     (re.compile(r"jax-cuda(\d+)-(?:plugin|pjrt)"), int),
+    (re.compile(r"rmm-cu(\d+)"), int),
     (re.compile(r"nvidia-.+-cu(\d+)"), int),
 )
 
@@ -267,4 +317,11 @@ def stack(dists: dict[str, str]) -> list[Finding]:
 
 def frameworks(dists: dict[str, str], driver: dict) -> list[Framework]:
     """What was found of each framework the bridge plugs into, and of cuda-python."""
-    return [_cupy(dists, driver), _torch(dists, driver), _jax(dists, driver), _cuda_python(dists)]
+    return [
+        _cupy(dists, driver),
+        _torch(dists, driver),
+        _jax(dists, driver),
+        _numba(dists, driver),
+        _rmm(dists, driver),
+        _cuda_python(dists),
+    ]

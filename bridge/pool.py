@@ -18,9 +18,15 @@ from bridge.budget import DEVICE_MEMORY, limit_from, warn_if_above
 if TYPE_CHECKING:
     from bridge._core import RawStats
 
-FRAMEWORKS = ("cupy", "torch", "jax", "other")
+FRAMEWORKS = ("cupy", "torch", "jax", "numba", "rmm", "other")
 # the ledger's tags (bridge.h), by index: what each framework's bytes are counted under
-_TAG_NAMES = {core.TAG_OTHER: "other", core.TAG_CUPY: "cupy", core.TAG_TORCH: "torch"}
+_TAG_NAMES = {
+    core.TAG_OTHER: "other",
+    core.TAG_CUPY: "cupy",
+    core.TAG_TORCH: "torch",
+    core.TAG_NUMBA: "numba",
+    core.TAG_RMM: "rmm",
+}
 
 # cuMemPoolGetAttribute's CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (the driver API's enum)
 POOL_ATTR_RELEASE_THRESHOLD = 4
@@ -62,7 +68,8 @@ class Stats:
     num_ooms : int
         Allocations the bridge refused (budget or device full).
     by_framework : dict[str, int]
-        Live bytes per framework: ``cupy`` and ``torch`` from the ledger,
+        Live bytes per framework: ``cupy``, ``torch``, ``numba`` (Numba's
+        memory manager) and ``rmm`` (RMM's device resource) from the ledger,
         ``jax`` from JAX's own figures (or, when JAX shares the pool and has
         none, what the pool holds beyond the ledger), ``other`` the rest.
     ledger : int
@@ -146,6 +153,8 @@ def _snapshot(device: int) -> Stats:
         "cupy": int(tags[core.TAG_CUPY]["current"]),
         "torch": int(tags[core.TAG_TORCH]["current"]),
         "jax": jax,
+        "numba": int(tags[core.TAG_NUMBA]["current"]),
+        "rmm": int(tags[core.TAG_RMM]["current"]),
         "other": int(tags[core.TAG_OTHER]["current"]) + max(0, outside - jax),
     }
     return Stats(

@@ -45,8 +45,9 @@ class Sample:
     device : int
     label : str
         ``""`` for a periodic sample; the text given to :meth:`Recording.mark`.
-    cupy, torch, jax, other : int
-        Live bytes per framework (:attr:`bridge.Stats.by_framework`).
+    cupy, torch, jax, other, numba, rmm : int
+        Live bytes per framework (:attr:`bridge.Stats.by_framework`); numba
+        and rmm come last (0 in files written before they were counted).
     used : int
         Bytes in use in the pool, every framework (:attr:`bridge.Stats.used`).
     reserved : int
@@ -65,10 +66,12 @@ class Sample:
     used: int
     reserved: int
     limit: int
+    numba: int = 0
+    rmm: int = 0
 
     @property
     def by_framework(self) -> dict[str, int]:
-        """``{"cupy": ..., "torch": ..., "jax": ..., "other": ...}``."""
+        """``{"cupy": ..., "torch": ..., "jax": ..., "numba": ..., "rmm": ..., "other": ...}``."""
         return {f: getattr(self, f) for f in FRAMEWORKS}
 
 
@@ -88,6 +91,8 @@ def _sample_of(row: Mapping[str, Any]) -> Sample:
         used=int(row["used"]),
         reserved=int(row["reserved"]),
         limit=int(row["limit"]),
+        numba=int(row.get("numba") or 0),
+        rmm=int(row.get("rmm") or 0),
     )
 
 
@@ -105,6 +110,8 @@ def _read(device: int, t: float, label: str) -> Sample:
         used=s.used,
         reserved=s.reserved,
         limit=s.limit,
+        numba=by["numba"],
+        rmm=by["rmm"],
     )
 
 
@@ -354,7 +361,14 @@ class Recording:
         fig = Figure(figsize=(10, 1.2 + 3.0 * len(devices)))
         FigureCanvasAgg(fig)
         axes = fig.subplots(len(devices), 1, squeeze=False, sharex=True)[:, 0]
-        colors = {"cupy": "#4c72b0", "torch": "#dd8452", "jax": "#55a868", "other": "#8c8c8c"}
+        colors = {
+            "cupy": "#4c72b0",
+            "torch": "#dd8452",
+            "jax": "#55a868",
+            "numba": "#c44e52",
+            "rmm": "#8172b3",
+            "other": "#8c8c8c",
+        }
         for ax, d in zip(axes, devices, strict=True):
             ss = [s for s in samples if s.device == d]
             t = [s.t for s in ss]

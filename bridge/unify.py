@@ -18,7 +18,7 @@ from bridge._runtime import core
 from bridge.budget import DEVICE_MEMORY, SizeLike, parse_size, warn_if_above
 from bridge.pool import Pool, Stats, pool, stats
 
-ORDER = ("jax", "torch", "cupy")  # JAX first: its environment must precede its backend
+ORDER = ("jax", "torch", "cupy", "numba", "rmm")  # JAX first: its env must precede its backend
 
 
 class Bridge:
@@ -27,7 +27,8 @@ class Bridge:
     Attributes
     ----------
     frameworks : frozenset[str]
-        Frameworks allocating from the shared pool (``"cupy"``, ``"torch"``, ``"jax"``).
+        Frameworks allocating from the shared pool (``"cupy"``, ``"torch"``,
+        ``"jax"``, ``"numba"``, ``"rmm"``).
     devices : tuple[int, ...]
         Devices whose pools the bridge set up.
     """
@@ -83,6 +84,8 @@ def unify(
     peer_access: bool = True,
     jax_memory: SizeLike = None,
     budget_views: bool = True,
+    numba: bool = False,
+    rmm: bool = False,
 ) -> Bridge:
     """Make the named frameworks allocate from each device's default pool under one budget.
 
@@ -118,6 +121,13 @@ def unify(
         device's free memory, budget - what the budget's users hold), total =
         the budget. A device without a budget answers natively. False leaves
         the frameworks' own answers (see bridge.views).
+    numba : bool
+        Numba's memory manager on the shared pool (counted as ``numba``);
+        before Numba's first CUDA call (see bridge.adapters.numba).
+    rmm : bool
+        RMM's device resource of every device on the shared pool (counted as
+        ``rmm``): ``rmm.DeviceBuffer`` and what is built on it (see
+        bridge.adapters.rmm).
 
     Returns
     -------
@@ -148,6 +158,7 @@ def unify(
     """
     global _bridge
     flags = {"cupy": _flag("cupy", cupy), "torch": _flag("torch", torch), "jax": _flag("jax", jax)}
+    flags.update(numba=_flag("numba", numba), rmm=_flag("rmm", rmm))
     _flag("peer_access", peer_access)
     _flag("budget_views", budget_views)
     # reject bad input before any change, and before the driver is needed

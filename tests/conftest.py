@@ -115,8 +115,9 @@ def standin():
         STANDIN.standin_sync_all(d)
         core.set_limit(d, 0)
         core.set_cache(d, 0)  # off by default here: tests of the cache turn it on
-        for tag in range(3):
+        for tag in range(core.NTAGS):
             core.set_tag_limit(d, tag, 0)
+            core.set_tag_cached(tag, True)
         core.reset_peak(d, -1)
         core.reset_accumulated(d, -1)
     core.set_pressure_callback(None)
@@ -148,4 +149,4 @@ def led(standin):
         s = ledger_util.stats(dev)
         assert s["used"] == 0, f"device {dev}: {s['used']} bytes still counted"
         assert s["num_deferred"] == 0 and s["graph_bytes"] == 0
-        assert [t["current"] for t in s["tags"]] == [0, 0, 0]
+        assert [t["current"] for t in s["tags"]] == [0] * core.NTAGS

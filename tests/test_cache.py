@@ -217,3 +217,22 @@ def test_the_tables_hold_many_aligned_keys(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert "64 MiB stride" in r.stdout and "multiples of 1 MiB" in r.stdout
+
+
+def test_an_uncached_tag_frees_to_the_pool_and_others_still_cache(cache):
+    """Numba's blocks (used on any stream, ordered by the legacy stream's free) are
+    never kept; the other frameworks' blocks still are."""
+    assert core.set_tag_cached(core.TAG_NUMBA, False) == 0
+    frees = cache.standin_counter(1)
+    rc, p = core.alloc(0, 3 * MIB, 0, core.TAG_NUMBA)
+    core.free(p)
+    assert stats()["cached"] == 0 and cache.standin_counter(1) == frees + 1  # a driver free
+    rc, q = core.alloc(0, 3 * MIB, 0, CUPY)
+    core.free(q)
+    assert stats()["cached"] == 3 * MIB
+    assert core.set_tag_cached(core.TAG_NUMBA, True) == 0
+    rc, p = core.alloc(0, 5 * MIB, 0, core.TAG_NUMBA)
+    core.free(p)
+    assert stats()["cached"] == 8 * MIB
+    assert core.set_tag_cached(core.NTAGS, False) == 7  # INVALID
+    assert core.set_tag_cached(-1, True) == 7

@@ -24,6 +24,7 @@ MIB = 1 << 20
 GIB = 1 << 30
 CONFLICTING = (
     "PYTORCH_CUDA_ALLOC_CONF",
+    "NUMBA_CUDA_MEMORY_MANAGER",
     "XLA_PYTHON_CLIENT_PREALLOCATE",
     "XLA_PYTHON_CLIENT_ALLOCATOR",
     "XLA_PYTHON_CLIENT_MEM_FRACTION",
@@ -182,6 +183,7 @@ def test_doctor_flags_a_device_without_pools(standin):
         ("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", "outside the shared pool"),
         ("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5", "limits nothing"),
         ("CUPY_GPU_MEMORY_LIMIT", "50%", "BRIDGE_GPU_MEMORY_LIMIT"),
+        ("NUMBA_CUDA_MEMORY_MANAGER", "rmm.allocators.numba", "bridge.adapters.numba"),
     ],
 )
 def test_doctor_flags_conflicting_env(standin, clean_env, name, value, words):
@@ -200,6 +202,7 @@ def test_doctor_flags_conflicting_env(standin, clean_env, name, value, words):
         ("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),
         ("XLA_PYTHON_CLIENT_PREALLOCATE", "False"),
         ("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async"),
+        ("NUMBA_CUDA_MEMORY_MANAGER", "bridge.adapters.numba"),
     ],
 )
 def test_doctor_accepts_settings_the_bridge_wants(standin, clean_env, name, value):
@@ -388,6 +391,32 @@ def test_doctor_flags_two_cupy_packages_and_a_cpu_only_jax(fake_site):
     assert "several CuPy packages" in fw.findings[0].text
     fw = _doctor_frameworks._jax({"jax": "0.11.2", "jaxlib": "0.11.2"}, DRIVER_13)
     assert not fw.usable and "no CUDA plugin" in fw.findings[0].text
+
+
+def test_doctor_reads_numba_cuda_and_rmm_without_importing_them(fake_site):
+    tmp_path = fake_site
+    _fake_package(
+        tmp_path,
+        "numba-cuda",
+        "0.30.4",
+        {"numba/cuda/cudadrv/driver.py": "def set_memory_manager(mm_plugin): ...\n"},
+    )
+    fw = _doctor_frameworks._numba({"numba-cuda": "0.30.4", "numba": "0.68.1"}, DRIVER_13)
+    assert (
+        fw.usable and fw.version == "0.30.4" and "bridge.unify(numba=True)" in fw.findings[0].text
+    )
+    fw = _doctor_frameworks._numba({"numba": "0.68.1"}, DRIVER_13)
+    assert not fw.installed and "numba-cuda is not installed" in fw.findings[0].text
+    _fake_package(
+        tmp_path, "rmm-cu13", "26.10.0", {"rmm/mr/__init__.py": "CallbackMemoryResource = 1\n"}
+    )
+    fw = _doctor_frameworks._rmm({"rmm-cu13": "26.10.0"}, DRIVER_13)
+    assert fw.usable and "bridge.unify(rmm=True)" in fw.findings[0].text
+    fw = _doctor_frameworks._rmm({"rmm-cu14": "27.0.0"}, DRIVER_13)
+    assert "built for CUDA 14, but the driver supports CUDA 13.0" in fw.findings[-1].text
+    (tmp_path / "rmm" / "mr" / "__init__.py").write_text("# an old RMM\n")
+    fw = _doctor_frameworks._rmm({"rmm-cu13": "26.10.0"}, DRIVER_13)
+    assert not fw.usable and "upgrade RMM" in fw.findings[0].text
 
 
 # ---- stats ----

@@ -16,6 +16,8 @@ EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 NEEDS = {  # the optional libraries an example needs beyond CuPy, torch and JAX
     "lightning_fit": ("cupy", "torch", "lightning"),
     "hf_trainer": ("cupy", "torch", "transformers", "accelerate", "sentence_transformers"),
+    "numba_kernels": ("numba.cuda",),
+    "rmm_buffers": ("rmm",),
 }
 
 
@@ -34,7 +36,7 @@ def test_example_runs(name, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     if name == "mixed_pipeline":
         assert (tmp_path / "mixed_pipeline.csv").stat().st_size > 0
-    if name == "oom_handled":
+    if name in ("oom_handled", "numba_kernels", "rmm_buffers"):
         assert "ok" in r.stdout
     if name == "lightning_fit":  # both searches: the batch found fits, twice it does not
         found = [ln for ln in r.stdout.splitlines() if "fits the budget" in ln]

@@ -78,7 +78,7 @@ def test_tag_limit_caps_one_framework_only(led):
     c = led.ok(10 * MIB, tag=TAG_CUPY)  # other frameworks are not capped
     s = stats()
     assert s["tags"][TAG_TORCH]["current"] == 3 * MIB and s["used"] == 13 * MIB
-    assert core.set_tag_limit(DEV, 3, MIB) == Status.INVALID
+    assert core.set_tag_limit(DEV, core.NTAGS, MIB) == Status.INVALID
     assert core.set_tag_limit(DEV, -1, MIB) == Status.INVALID
     led.free(t)
     led.free(c)
@@ -195,7 +195,7 @@ def test_eight_threads_at_the_budget_edge(led):
     assert s["peak_used"] >= size
     # figures return to zero, and agree with what happened
     assert s["used"] == 0
-    assert [t["current"] for t in s["tags"]] == [0, 0, 0]
+    assert [t["current"] for t in s["tags"]] == [0] * core.NTAGS
     assert s["num_allocs"] - s0["num_allocs"] == ok
     assert s["num_frees"] - s0["num_frees"] == ok
     assert s["num_ooms"] - s0["num_ooms"] == refused
@@ -215,11 +215,11 @@ def test_threads_without_budget_account_exactly(led):
     def worker(i):
         barrier.wait()
         for _ in range(rounds):
-            rc, p = core.alloc(DEV, 1000 + i, S1 + i, i % 3)
+            rc, p = core.alloc(DEV, 1000 + i, S1 + i, i % core.NTAGS)
             if rc != Status.OK:
                 failures.append(rc)
                 continue
-            if core.lookup(p) != (Status.OK, 1000 + i, DEV, i % 3):
+            if core.lookup(p) != (Status.OK, 1000 + i, DEV, i % core.NTAGS):
                 failures.append("lookup")
             core.free(p)
 
@@ -233,9 +233,9 @@ def test_threads_without_budget_account_exactly(led):
     assert s["used"] == 0
     assert s["num_allocs"] - s0["num_allocs"] == nthreads * rounds
     assert s["num_frees"] - s0["num_frees"] == nthreads * rounds
-    expected = [0, 0, 0]
+    expected = [0] * core.NTAGS
     for i in range(nthreads):
-        expected[i % 3] += rounds * (1000 + i)
+        expected[i % core.NTAGS] += rounds * (1000 + i)
     pairs = zip(s["tags"], s0["tags"], strict=True)
     assert [t["allocated"] - t0["allocated"] for t, t0 in pairs] == expected
 

@@ -260,18 +260,25 @@ def test_release_threshold_is_reasserted(sd):
 # ---- stats ----
 def test_stats_by_framework(sd):
     s = bridge.stats(0)
-    assert set(s.by_framework) == {"cupy", "torch", "jax", "other"}
-    assert s.by_framework == {"cupy": 0, "torch": 0, "jax": 0, "other": 0}
+    assert set(s.by_framework) == {"cupy", "torch", "jax", "numba", "rmm", "other"}
+    assert s.by_framework == {"cupy": 0, "torch": 0, "jax": 0, "numba": 0, "rmm": 0, "other": 0}
     c = sd.alloc(3 * MIB, tag=core.TAG_CUPY)
     t = sd.alloc(5 * MIB, tag=core.TAG_TORCH)
     o = sd.alloc(1 * MIB, tag=core.TAG_OTHER)
     s = bridge.stats(0)
-    assert s.by_framework == {"cupy": 3 * MIB, "torch": 5 * MIB, "jax": 0, "other": MIB}
+    assert s.by_framework == {
+        "cupy": 3 * MIB,
+        "torch": 5 * MIB,
+        "jax": 0,
+        "numba": 0,
+        "rmm": 0,
+        "other": MIB,
+    }
     assert s.used == 9 * MIB and s.ledger == 9 * MIB
     assert s.reserved == 9 * MIB
     assert s.peak_used >= 9 * MIB
     assert s.total == TOTAL
-    assert [t_["name"] for t_ in s.tags] == ["other", "cupy", "torch"]
+    assert [t_["name"] for t_ in s.tags] == ["other", "cupy", "torch", "numba", "rmm"]
     sd.free(t)
     s = bridge.stats(0)
     assert s.by_framework["torch"] == 0
@@ -283,10 +290,24 @@ def test_stats_by_framework(sd):
 def test_stats_bytes_outside_the_ledger(sd, monkeypatch):
     sd.add_foreign(0, 6 * MIB)
     # nobody claims them: "other"
-    assert bridge.stats(0).by_framework == {"cupy": 0, "torch": 0, "jax": 0, "other": 6 * MIB}
+    assert bridge.stats(0).by_framework == {
+        "cupy": 0,
+        "torch": 0,
+        "jax": 0,
+        "numba": 0,
+        "rmm": 0,
+        "other": 6 * MIB,
+    }
     # JAX's adapter says how much is JAX's: the rest stays "other"
     monkeypatch.setitem(pool_mod._attribution, "jax", lambda d: 4 * MIB)
-    assert bridge.stats(0).by_framework == {"cupy": 0, "torch": 0, "jax": 4 * MIB, "other": 2 * MIB}
+    assert bridge.stats(0).by_framework == {
+        "cupy": 0,
+        "torch": 0,
+        "jax": 4 * MIB,
+        "numba": 0,
+        "rmm": 0,
+        "other": 2 * MIB,
+    }
     # JAX cannot tell: everything outside the ledger is counted as JAX's
     monkeypatch.setitem(pool_mod._attribution, "jax", lambda d: None)
     assert bridge.stats(0).by_framework["jax"] == 6 * MIB
@@ -350,7 +371,7 @@ def test_oom_message_carries_the_pools_figures(sd):
         bridge.pool(0).set_limit(0)
     assert msg.startswith("Out of memory allocating 2,147,483,648 bytes (2.00 GiB) for cupy")
     assert "on device 0: the bridge budget is 1.00 GiB" in msg
-    assert "In use: cupy 3.00 MiB, torch 5.00 MiB, jax 0 B, other 0 B" in msg
+    assert "In use: cupy 3.00 MiB, torch 5.00 MiB, jax 0 B, numba 0 B, rmm 0 B, other 0 B" in msg
     assert "of 16.00 GiB" in msg and "raise the budget" in msg
 
 

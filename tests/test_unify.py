@@ -280,7 +280,7 @@ def test_bad_device_raises_valueerror_and_changes_nothing(fresh, device):
     assert unify_mod.current() is None
 
 
-@pytest.mark.parametrize("flag", ["cupy", "torch", "jax", "peer_access"])
+@pytest.mark.parametrize("flag", ["cupy", "torch", "jax", "numba", "rmm", "peer_access"])
 def test_flags_must_be_bool(fresh, flag):
     kwargs = {"cupy": False, "torch": False, flag: "yes"}
     with pytest.raises(ValueError, match=flag):
@@ -295,7 +295,7 @@ def test_peer_access_is_granted_between_devices(fresh):
 
 
 # ---- frameworks ----
-@pytest.mark.parametrize("name", ["jax", "cupy", "torch"])
+@pytest.mark.parametrize("name", ["jax", "cupy", "torch", "numba", "rmm"])
 def test_framework_not_installed_raises_bridgeerror_saying_how_to_fix(fresh, not_installed, name):
     not_installed(name)
     flags = {"cupy": False, "torch": False, "jax": False, name: True}

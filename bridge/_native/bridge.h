@@ -37,7 +37,9 @@ enum bridge_tag {
     BRIDGE_TAG_OTHER = 0,
     BRIDGE_TAG_CUPY = 1,
     BRIDGE_TAG_TORCH = 2,
-    BRIDGE_NTAGS = 3
+    BRIDGE_TAG_NUMBA = 3,  /* Numba's external memory manager (bridge.adapters.numba) */
+    BRIDGE_TAG_RMM = 4,    /* RMM's current device resource (bridge.adapters.rmm) */
+    BRIDGE_NTAGS = 5
 };
 
 /* ---- status codes ---- */
@@ -125,6 +127,12 @@ int bridge_register_stream(void *stream);
 /* The stream will be destroyed: blocks freed on it are no longer cached
  * (blocks already cached stay, and are freed in its order on a flush). */
 int bridge_forget_stream(void *stream);
+
+/* Whether blocks of framework `tag` may be cached (default: yes).  A
+ * framework that uses its blocks on streams other than the one it allocated
+ * on, relying on the legacy default stream's implicit ordering (Numba), must
+ * have its blocks freed on that stream, not kept for the next request. */
+int bridge_set_tag_cached(int tag, int cached);
 
 /* ---- CUDA graph capture (graph.c) ---- */
 /* torch's pool hooks.  begin/release count the pool's users (as torch

@@ -35,6 +35,8 @@ static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
  * read once per use (a second read could see NULL after the first saw a hook). */
 static _Atomic(bridge_pressure_fn) pressure_hook;
 static _Atomic uint64_t bad_frees; /* unknown pointers and double frees, every device */
+/* Bit t set: blocks of tag t are never cached (bridge_set_tag_cached). */
+static _Atomic unsigned uncached_tags;
 /* The release threshold of devices set up lazily (the last one asked for). */
 static _Atomic uint64_t default_threshold = UINT64_MAX;
 
@@ -494,6 +496,17 @@ int bridge_forget_stream(void *stream)
     return rc;
 }
 
+int bridge_set_tag_cached(int tag, int cached)
+{
+    if (tag < 0 || tag >= BRIDGE_NTAGS)
+        return BRIDGE_E_INVALID;
+    if (cached)
+        atomic_fetch_and(&uncached_tags, ~(1u << tag));
+    else
+        atomic_fetch_or(&uncached_tags, 1u << tag);
+    return BRIDGE_OK;
+}
+
 int bridge_set_cache(int device, uint64_t limit, uint64_t max_block)
 {
     if (!device_of(device))
@@ -549,7 +562,8 @@ void bridge_free(void *ptr)
         return;
     }
     /* kept for the next allocation of this size on this stream */
-    if (!rec.nrec && stream_long_lived(rec.stream) &&
+    if (!rec.nrec && !(atomic_load_explicit(&uncached_tags, RELAXED) & (1u << rec.tag)) &&
+        stream_long_lived(rec.stream) &&
         cache_put(rec.device, rec.stream, rec.size, rec.ptr)) {
         if (atomic_load_explicit(&d->num_deferred, RELAXED))
             ledger_flush_deferred(d);

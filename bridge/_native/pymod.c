@@ -660,6 +660,15 @@ static PyObject *py_set_tag_limit(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_tag_limit(dev, tag, limit));
 }
 
+static PyObject *py_set_tag_cached(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int tag, cached;
+    if (!PyArg_ParseTuple(args, "ip", &tag, &cached))
+        return NULL;
+    return PyLong_FromLong(bridge_set_tag_cached(tag, cached));
+}
+
 static PyObject *py_alloc(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -897,6 +906,7 @@ static PyMethodDef methods[] = {
     {"stop_relief", py_stop_relief, METH_NOARGS, "Stop the reliever."},
     {"set_relief_timeout", py_set_relief_timeout, METH_O, "Seconds a torch thread waits for the reliever."},
     {"set_tag_limit", py_set_tag_limit, METH_VARARGS, "set_tag_limit(device, tag, bytes) -> status"},
+    {"set_tag_cached", py_set_tag_cached, METH_VARARGS, "set_tag_cached(tag, cached) -> status: may the tag's freed blocks be cached"},
     {"alloc", py_alloc, METH_VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)"},
     {"alloc_block", py_alloc_block, METH_VARARGS, "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
     {"free", py_free, METH_VARARGS, "free(ptr): never raises"},
@@ -923,6 +933,8 @@ static struct PyModuleDef moduledef = {
 int bridge_pypinned_add(PyObject *m);
 /* What tools see: free memory under the budget, live blocks, history (pyviews.c). */
 int bridge_pyviews_add(PyObject *m);
+/* Allocation callables for (size, stream) callbacks: RMM's (pycallback.c). */
+int bridge_pycallback_add(PyObject *m);
 
 PyMODINIT_FUNC PyInit__core(void)
 {
@@ -942,7 +954,10 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
         PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0 ||
-        bridge_pypinned_add(m) < 0 || bridge_pyviews_add(m) < 0) {
+        PyModule_AddIntConstant(m, "TAG_NUMBA", BRIDGE_TAG_NUMBA) < 0 ||
+        PyModule_AddIntConstant(m, "TAG_RMM", BRIDGE_TAG_RMM) < 0 ||
+        PyModule_AddIntConstant(m, "NTAGS", BRIDGE_NTAGS) < 0 ||
+        bridge_pypinned_add(m) < 0 || bridge_pyviews_add(m) < 0 || bridge_pycallback_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

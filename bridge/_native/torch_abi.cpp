@@ -93,7 +93,9 @@ std::string gib(uint64_t bytes)
         msg += "The device is full (" + gib(s.total) + " in all; bridge budget " +
                (s.limit ? gib(s.limit) : std::string("none")) + "). ";
     msg += "In use: torch " + gib(s.tag[BRIDGE_TAG_TORCH].current) + ", cupy " +
-           gib(s.tag[BRIDGE_TAG_CUPY].current) + ", other bridge users " +
+           gib(s.tag[BRIDGE_TAG_CUPY].current) + ", numba " +
+           gib(s.tag[BRIDGE_TAG_NUMBA].current) + ", rmm " + gib(s.tag[BRIDGE_TAG_RMM].current) +
+           ", other bridge users " +
            gib(s.tag[BRIDGE_TAG_OTHER].current) + ", jax and others outside the bridge " +
            gib(others) + ", pool reserved " + gib(s.pool_reserved) +
            ". Free tensors or arrays you no longer need, lower the batch size, or raise the "
