@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 FRAMEWORKS = ("cupy", "torch", "jax", "numba", "rmm", "other")
 # the ledger's tags (bridge.h), by index: what each framework's bytes are counted under
-_TAG_NAMES = {
+TAG_NAMES = {
     core.TAG_OTHER: "other",
     core.TAG_CUPY: "cupy",
     core.TAG_TORCH: "torch",
@@ -175,7 +175,7 @@ def _snapshot(device: int) -> Stats:
         num_retries=raw["num_retries"],
         num_bad_frees=raw["num_bad_frees"],
         num_driver_errors=raw["num_driver_errors"],
-        tags=tuple(dict(t, name=_TAG_NAMES[i]) for i, t in enumerate(tags)),
+        tags=tuple(dict(t, name=TAG_NAMES[i]) for i, t in enumerate(tags)),
     )
 
 

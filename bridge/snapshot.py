@@ -58,8 +58,9 @@ from typing import Any
 from bridge import _runtime
 from bridge._errors import check
 from bridge._runtime import core
+from bridge.pool import TAG_NAMES
 
-FRAMEWORK_OF_TAG = {core.TAG_OTHER: "other", core.TAG_CUPY: "cupy", core.TAG_TORCH: "torch"}
+FRAMEWORK_OF_TAG = TAG_NAMES  # the core's tags by framework name (bridge.pool)
 REC_GRAPH, REC_USER_FREED = 1, 2  # a record's flags (records.h)
 LARGE = 1 << 20  # torch calls segments of 1 MiB and more "large"
 ENABLED = (None, "state", "all")
