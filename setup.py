@@ -15,7 +15,7 @@ native = "bridge/_native"
 core = Extension(
     "bridge._core",
     sources=[f"{native}/{name}" for name in
-             ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "pinned.c", "pymod.c",
+             ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "wait.c", "pinned.c", "pymod.c",
               "pypinned.c",
               "torch_abi.cpp")],
     include_dirs=[native],

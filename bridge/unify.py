@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Iterable
 from types import ModuleType
 
-from bridge import _runtime, recovery
+from bridge import _runtime, _wait, recovery
 from bridge._errors import BridgeError, check, format_bytes
 from bridge._runtime import core
 from bridge.budget import DEVICE_MEMORY, SizeLike, parse_size, warn_if_above
@@ -82,6 +82,7 @@ def unify(
     release_threshold: SizeLike = None,
     peer_access: bool = True,
     jax_memory: SizeLike = None,
+    wait: float | None = None,
 ) -> Bridge:
     """Make the named frameworks allocate from each device's default pool under one budget.
 
@@ -110,6 +111,11 @@ def unify(
         of the device) instead of the shared pool, and the budget reduced by
         it. Default: JAX shares the pool (see bridge.adapters.jax for the
         trade-off).
+    wait : float or None
+        Seconds an allocation the budget refuses waits for memory that other
+        threads free before it fails (``0``: it fails at once). ``None``:
+        ``BRIDGE_WAIT`` if set, else what an earlier call set (at first 0).
+        ``with bridge.waiting(seconds):`` overrides it for one thread.
 
     Returns
     -------
@@ -148,6 +154,8 @@ def unify(
         ("jax_memory", jax_memory, DEVICE_MEMORY),
     ):
         parse_size(value, total=1 << 40, name=name, of=of)
+    # None: BRIDGE_WAIT if set, else what an earlier call set
+    seconds = _wait.parse_wait(wait) if wait is not None else _wait.wait_from_env()
     if jax_memory is not None and not flags["jax"]:
         raise ValueError(
             f"jax_memory={jax_memory!r} is a partition for JAX: pass jax=True with it, or drop it"
@@ -166,6 +174,8 @@ def unify(
             jax_memory,
         )
         if b._args == args:
+            if seconds is not None:
+                _wait.set_wait(seconds)
             return b
         # every figure from every argument, still without changing anything
         totals = {d: _total(d) for d in devices}
@@ -211,6 +221,8 @@ def unify(
         earlier = b.devices if b._args is not None else None
         _record(b, devices, installed)
         b._args = args
+        if seconds is not None:
+            _wait.set_wait(seconds)
         _say_what_changed(budget, before, limits, totals, earlier)
         return b
 

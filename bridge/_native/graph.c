@@ -29,6 +29,7 @@
 
 #include "ledger.h"
 #include "cache.h"
+#include "wait.h"
 
 typedef struct gblock {
     uintptr_t ptr;
@@ -313,7 +314,8 @@ int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
     uintptr_t cached = cache_take(device, key, size);
     if (cached) {
         record rec = {.ptr = cached, .size = size, .stream = key, .device = device,
-                      .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1};
+                      .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1,
+                  .owner = thread_self()};
         tag_state *t = &d->tag[tag];
         uint64_t cur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
         if (records_insert(&rec) == 0) {
@@ -353,7 +355,8 @@ int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
     }
     atomic_fetch_add_explicit(&d->committed, size, RELAXED);
     record rec = {.ptr = (uintptr_t)ptr, .size = size, .stream = key, .device = device,
-                  .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1};
+                  .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1,
+                  .owner = thread_self()};
     if (records_insert(&rec) != 0) {
         atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
         ledger_release(d, &rec);
