@@ -63,10 +63,11 @@ def _free(p, sd):
 
 
 # ---- producer / consumer at the budget's edge ----
-def _pipeline(led, wait, items=60, block=64 * MIB):
-    """A producer fills a queue of blocks at a budget of two; a consumer frees them."""
+def _pipeline(led, wait, items=60, block=64 * MIB, act=0):
+    """A producer fills a queue of blocks at a budget of two; a consumer frees them
+    (after allocating ``act`` bytes of its own per step, without waiting)."""
     sd = led.sd
-    core.set_limit(DEV, 2 * block)
+    core.set_limit(DEV, 2 * block + act)
     q: queue.Queue = queue.Queue()
     refused = []
 
@@ -86,7 +87,12 @@ def _pipeline(led, wait, items=60, block=64 * MIB):
         got = []
         while (item := q.get(timeout=20)) is not None:
             i, p = item
+            if act:  # the step's activations: the consumer sets no wait of its own
+                rc, a = _alloc(act, S2, TAG_TORCH)
+                assert rc == Status.OK, "the consumer was held back for the waiting producer"
             time.sleep(0.001)  # the training step
+            if act:
+                _free(a, sd)
             _free(p, sd)
             led.live.discard(p)
             got.append(i)
@@ -109,6 +115,16 @@ def test_producer_waits_for_the_consumer_at_two_batches_and_never_fails(led):
     assert s["wait_ns"] > s0["wait_ns"]
     assert s["peak_used"] <= 2 * 64 * MIB  # the budget held throughout
     assert s["waiting"] == 0
+
+
+def test_a_thread_that_does_not_wait_is_not_held_back_for_a_waiter(led):
+    """The consumer's own allocations go ahead of the waiting producer: it is
+    the one that will free (holding it back would leave everyone waiting)."""
+    s0 = stats()
+    got, refused = _pipeline(led, wait=10.0, act=16 * MIB)
+    assert got == list(range(60)) and refused == []
+    s = stats()
+    assert s["num_ooms"] == s0["num_ooms"] and s["num_waits"] > s0["num_waits"]
 
 
 def test_the_same_pipeline_without_waiting_meets_the_budget(led):

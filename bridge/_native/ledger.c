@@ -794,8 +794,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     if (!d)
         return bridge_initialized() ? BRIDGE_E_DEVICE : BRIDGE_E_NOTINIT;
     out->limit = atomic_load(&d->limit);
-    uint64_t reserved = atomic_load(&d->reserved), claim = wait_claimed(device);
-    out->used = reserved > claim ? reserved - claim : 0; /* a waiter's claim is no bytes */
+    out->used = atomic_load(&d->reserved);
     out->peak_used = atomic_load(&d->peak);
     out->release_threshold = atomic_load(&d->release_threshold);
     out->total = d->total;

@@ -11,15 +11,15 @@
  *              counts as used: the budget check reads the pool, so a retry
  *              passes only once the bytes are really free).
  *   queue      per device, the waiters in order of arrival (tickets).
- *   claim      the first waiter of a queue adds its size to the device's
- *              `reserved` while it sleeps: every later request (a waiter
- *              behind it or a thread that does not wait) is checked with those
- *              bytes counted, so a stream of small requests cannot take what
- *              the first one waits for.  It takes the claim back only to
- *              retry, once the claim fits the budget, inside its device's
- *              `turn` (the retries of one device's waiters take turns), and
- *              the retry reserves again through the one budget check of
- *              ledger.c.
+ *   order      only the first waiter of a queue retries freely; a waiter
+ *              behind it retries only when its request fits the budget
+ *              together with the first one's, so a stream of small waiters
+ *              cannot take what a large one waits for (without a budget, the
+ *              driver decides: only the first retries).  A thread that is not
+ *              waiting is not held back for a waiter: it may be the one that
+ *              will free (a trainer whose step frees the batch a producer
+ *              waits for); held back, it would wait too, and every holder
+ *              waiting ends in a refusal (below).
  *   holder     a thread that allocated bytes on the device that are still
  *              live (each record names its allocating thread).  When every
  *              holder of the device is waiting (on any device), nobody will
@@ -34,6 +34,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -52,7 +53,6 @@ typedef struct waiter {
     unsigned long thread;
     int device, priority;
     uint64_t size;
-    int claimed;         /* 1 while `size` is in the device's reserved as the claim */
     int victim;          /* chosen by the all-waiting check: give up now */
 } waiter;
 
@@ -67,12 +67,6 @@ static uint64_t freed_gen[BRIDGE_MAX_DEVICES]; /* frees seen while waiters waite
 static int victim_chosen[BRIDGE_MAX_DEVICES];  /* a victim has not left yet */
 static uint64_t suspect_since[BRIDGE_MAX_DEVICES]; /* all holders seen waiting since; 0 = not */
 static uint64_t suspect_gen[BRIDGE_MAX_DEVICES];   /* freed_gen then */
-static _Atomic uint64_t claimed[BRIDGE_MAX_DEVICES];
-/* One retry at a time per device: the first waiter's claim is taken back only
- * inside its own turn, so no waiter behind it retries in that moment. */
-static pthread_mutex_t turn[BRIDGE_MAX_DEVICES] = {
-    [0 ... BRIDGE_MAX_DEVICES - 1] = PTHREAD_MUTEX_INITIALIZER};
-
 /* figures */
 static _Atomic uint64_t num_waits[BRIDGE_MAX_DEVICES], wait_ns[BRIDGE_MAX_DEVICES],
     num_timeouts[BRIDGE_MAX_DEVICES], num_all_waiting[BRIDGE_MAX_DEVICES],
@@ -266,43 +260,21 @@ static void check_all_waiting(int device)
 }
 
 /* ---- the queue ---- */
-/* Under mu: the first waiter puts its claim in (see the glossary). */
-static void claim_if_first(device_state *d, waiter *w)
-{
-    if (queue[w->device] == w && !w->claimed) {
-        atomic_fetch_add(&d->reserved, w->size);
-        atomic_fetch_add(&claimed[w->device], w->size);
-        w->claimed = 1;
-    }
-}
-
-/* Under mu. */
-static void unclaim(device_state *d, waiter *w)
-{
-    if (w->claimed) {
-        atomic_fetch_sub(&claimed[w->device], w->size);
-        atomic_fetch_sub(&d->reserved, w->size);
-        w->claimed = 0;
-    }
-}
-
-/* Whether the first waiter's claim is within the budget now (its own bytes
- * are in `reserved`): only then is a retry worth taking the claim back for.
- * Without a budget the driver decides: always worth a retry. */
-static int claim_fits(device_state *d, int device)
+/* Whether a waiter behind the first may retry: its request fits the budget
+ * with the first waiter's (`first`) counted as if it were served. */
+static int fits_behind(device_state *d, int device, uint64_t first, uint64_t size)
 {
     uint64_t limit = atomic_load(&d->limit), others = 0;
     if (!limit)
-        return 1;
-    uint64_t r = atomic_load(&d->reserved);
+        return 0;
+    uint64_t r = atomic_load(&d->reserved) + first + size;
     bridge_others(device, &others);
     return r <= limit && others <= limit - r;
 }
 
-static void leave(device_state *d, waiter *w)
+static void leave(waiter *w)
 {
     pthread_mutex_lock(&mu);
-    unclaim(d, w);
     for (waiter **p = &queue[w->device]; *p; p = &(*p)->next)
         if (*p == w) {
             *p = w->next;
@@ -369,27 +341,15 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
         pthread_mutex_lock(&mu);
         int victim = w.victim;
         uint64_t gen = freed_gen[device];
-        claim_if_first(d, &w);
-        int first = w.claimed;
+        uint64_t first = queue[device] == &w ? 0 : queue[device]->size;
         pthread_mutex_unlock(&mu);
         if (victim) {
             outcome = BRIDGE_WAIT_ALL_WAITING;
             break;
         }
         int r = rc;
-        if (!first || claim_fits(d, device)) {
-            pthread_mutex_lock(&turn[device]);
-            pthread_mutex_lock(&mu);
-            unclaim(d, &w); /* the retry reserves again, through the one budget check */
-            pthread_mutex_unlock(&mu);
+        if (!first || fits_behind(d, device, first, size))
             r = retry(ctx, out);
-            if (r != BRIDGE_OK) {
-                pthread_mutex_lock(&mu);
-                claim_if_first(d, &w);
-                pthread_mutex_unlock(&mu);
-            }
-            pthread_mutex_unlock(&turn[device]);
-        }
         if (r == BRIDGE_OK) {
             outcome = BRIDGE_WAIT_OK;
             break;
@@ -418,7 +378,6 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
         struct timespec ts;
         deadline_of(&ts, wake);
         pthread_mutex_lock(&mu);
-        claim_if_first(d, &w);
         int woke = 0;
         while (!w.victim && !(woke = freed_gen[device] != gen) &&
                pthread_cond_timedwait(&cv, &mu, &ts) != ETIMEDOUT)
@@ -427,7 +386,7 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
         pthread_mutex_unlock(&mu);
         poll = woke ? POLL_MIN : (poll * 2 > POLL_MAX ? POLL_MAX : poll * 2);
     }
-    leave(d, &w);
+    leave(&w);
     now = now_ns();
     if (h.reacquire_gil && gil)
         h.reacquire_gil(gil);
@@ -444,8 +403,6 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
 }
 
 /* ---- figures ---- */
-uint64_t wait_claimed(int device) { return atomic_load(&claimed[device]); }
-
 void wait_fill_stats(int device, bridge_stats *out)
 {
     out->num_waits = atomic_load(&num_waits[device]);
@@ -463,10 +420,8 @@ void wait_forget_after_fork(void)
     mu = fresh;
     cv_once = fresh_once; /* the condition variable is made again at the first wait */
     for (int i = 0; i < BRIDGE_MAX_DEVICES; i++) {
-        turn[i] = fresh;
         queue[i] = NULL;
         victim_chosen[i] = 0;
         atomic_store(&wait_count[i], 0);
-        atomic_store(&claimed[i], 0);
     }
 }

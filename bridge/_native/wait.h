@@ -28,9 +28,6 @@ typedef int (*wait_retry_fn)(void *ctx, void **out);
 int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry,
                   void *ctx, void **out);
 
-/* Bytes the first waiter of each queue keeps in `reserved` (its claim, so
- * that nobody behind it takes them): not in Stats.ledger. */
-uint64_t wait_claimed(int device);
 void wait_fill_stats(int device, bridge_stats *out);
 /* A fork child: no waiter, fresh lock (no lock taken). */
 void wait_forget_after_fork(void);
