@@ -309,6 +309,42 @@ def test_a_lone_thread_waiting_on_its_own_memory_is_refused_at_once(led):
     led.free(p)
 
 
+# ---- the GIL ----
+def test_a_wait_made_with_the_gil_held_releases_it(led):
+    """A torch allocation can reach the core with the GIL held: the thread that
+    would free is Python and needs the GIL to run."""
+    import ctypes
+
+    lib = ctypes.PyDLL(core.__file__)  # PyDLL: the call keeps the GIL
+    lib.bridge_alloc.argtypes = [
+        ctypes.c_int,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_void_p),
+    ]
+    core.set_limit(DEV, 64 * MIB)
+    held = threading.Event()
+
+    def other():
+        rc, p = _alloc(64 * MIB, S2, TAG_TORCH)
+        held.set()
+        time.sleep(0.2)  # Python code: runs only if the waiter let the GIL go
+        _free(p, led.sd)
+
+    t, out = _thread(other)
+    held.wait(10)
+    got = ctypes.c_void_p()
+    t0 = time.monotonic()
+    with bridge.waiting(10):
+        rc = lib.bridge_alloc(DEV, 32 * MIB, S1, TAG_TORCH, ctypes.byref(got))
+    took = time.monotonic() - t0
+    _join(t, out)
+    assert rc == Status.OK and got.value
+    assert took < 5.0
+    core.free(got.value)
+
+
 # ---- Ctrl-C ----
 def test_ctrl_c_interrupts_a_wait_on_the_main_thread_and_leaks_nothing(led):
     assert threading.current_thread() is threading.main_thread()
