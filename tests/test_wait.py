@@ -175,6 +175,19 @@ def test_memory_freed_outside_the_bridge_is_seen_without_a_free_to_wake_on(led):
     led.free(p)
 
 
+def test_a_later_refusal_that_does_not_wait_tells_no_earlier_wait(led):
+    core.set_limit(DEV, 64 * MIB)
+    led.add_foreign(DEV, 64 * MIB)
+    with bridge.waiting(0.05):
+        _alloc(MIB)
+    assert core.last_wait()[1] == core.WAIT_TIMEOUT
+    core.set_tag_limit(DEV, TAG_CUPY, MIB)  # a framework cap refuses: no wait helps
+    rc, _ = _alloc(2 * MIB)
+    assert rc == Status.TAG_LIMIT
+    assert core.last_wait() == (0.0, core.WAIT_NONE)
+    assert "Waited" not in oom_message(DEV, 2 * MIB, rc, framework="cupy")
+
+
 def test_a_request_larger_than_the_budget_does_not_wait(led):
     core.set_limit(DEV, 64 * MIB)
     t0 = time.monotonic()

@@ -331,6 +331,7 @@ int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
 
     rc = ledger_reserve(d, tag, size);
     if (rc != BRIDGE_OK) {
+        wait_refused(); /* a graph allocation never waits */
         atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
         atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
         return rc;
@@ -347,6 +348,7 @@ int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
     capture_mode_exit(mode);
     ctx_exit(&g);
     if (r != CUDA_SUCCESS || !ptr) {
+        wait_refused();
         ledger_unreserve(d, tag, size);
         bridge_note_driver_error(r);
         atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);

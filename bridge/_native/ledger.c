@@ -655,6 +655,8 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
     /* fast path: two atomic adds (plus one attribute read under a budget),
      * one driver call, one shard lock */
     rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
+    if (rc != BRIDGE_OK)
+        wait_refused(); /* the OOM message tells this refusal's wait, none before */
     if (retryable(rc)) {
         /* 1. Cached blocks back to the pool, the stream's pending frees land
          *    (not while a capture runs: a synchronization could invalidate

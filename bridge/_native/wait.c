@@ -134,6 +134,12 @@ void bridge_get_thread_wait(int *set, double *seconds, int *priority)
     *priority = tl_priority;
 }
 
+void wait_refused(void)
+{
+    tl_last_waited = 0;
+    tl_last_outcome = BRIDGE_WAIT_NONE;
+}
+
 void bridge_last_wait(double *seconds, int *outcome)
 {
     *seconds = tl_last_waited;
@@ -301,8 +307,7 @@ static void deadline_of(struct timespec *ts, uint64_t at)
 int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry,
                   void *ctx, void **out)
 {
-    tl_last_waited = 0;
-    tl_last_outcome = BRIDGE_WAIT_NONE;
+    wait_refused();
     uint64_t budget_ns = tl_set ? tl_wait_ns : atomic_load_explicit(&default_wait_ns, RELAXED);
     if (!budget_ns || !retryable(rc))
         return rc;

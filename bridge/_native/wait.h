@@ -14,6 +14,10 @@
  * first retry: a free is either seen by the retry or wakes the waiter. */
 extern _Atomic int wait_count[BRIDGE_MAX_DEVICES];
 
+/* A refusal that will not wait (a framework cap, a graph pool): the thread's
+ * last wait is "none", so its OOM message tells no earlier wait. */
+void wait_refused(void);
+
 /* The ledger of `device` went down: wake its waiters. */
 void wait_freed(int device);
 
