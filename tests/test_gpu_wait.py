@@ -199,6 +199,7 @@ err = ""
 with s:
     s.begin_capture()
     try:
+        keep += 1                                # captured work (in place: no allocation)
         cp.empty(32 << 20, dtype=cp.uint8)       # within the budget, not the room left
     except cp.cuda.memory.OutOfMemoryError as e:
         err = str(e)
