@@ -96,6 +96,8 @@ def producer():
             q.put(make_batch(k))
     except cp.cuda.memory.OutOfMemoryError as e:
         ooms.append("cupy: " + str(e)[:300])
+    except Exception as e:
+        ooms.append("producer error: " + repr(e)[:300])
     finally:
         q.put(None)
 
@@ -106,10 +108,9 @@ def consumer():
             del item
             sums.append(s)
             losses.append(float(loss))
-    except RuntimeError as e:
-        if not str(e).startswith("CUDA out of memory."):
-            raise
-        ooms.append("torch: " + str(e)[:300])
+    except Exception as e:  # an OOM, or anything else: recorded, and no thread hangs
+        oom = isinstance(e, RuntimeError) and str(e).startswith("CUDA out of memory.")
+        ooms.append(("torch: " if oom else "consumer error: ") + str(e)[:300])
         stop.set()
         while q.get() is not None:
             pass
