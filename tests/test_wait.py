@@ -385,6 +385,57 @@ def test_ctrl_c_interrupts_a_wait_on_the_main_thread_and_leaks_nothing(led):
     assert s["used"] == 0 and s["waiting"] == 0 and core.live_records() == live0
 
 
+def _cupy_allocator(failures):
+    """CuPy's C allocator of the core, with stand-ins for CuPy's types."""
+
+    class Stream:
+        ptr = S1
+
+    def on_failure(size, device, stream, rc):
+        failures.append(rc)
+        raise MemoryError(f"refused: {rc}")
+
+    return core.CupyAllocator(
+        lambda: DEV,
+        Stream,
+        lambda ptr, size, owner, dev: (ptr, size, owner),
+        lambda mem, offset: mem,
+        on_failure,
+    )
+
+
+def test_ctrl_c_interrupts_a_cupy_allocation_waiting_on_the_main_thread(led):
+    core.set_limit(DEV, 64 * MIB)
+    led.add_foreign(DEV, 64 * MIB)
+    failures: list = []
+    alloc = _cupy_allocator(failures)
+    main = threading.get_ident()
+
+    def press_ctrl_c():
+        _until(lambda: stats()["waiting"] == 1)
+        signal.pthread_kill(main, signal.SIGINT)
+
+    t, out = _thread(press_ctrl_c)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), bridge.waiting(30):
+        alloc(MIB)
+    _join(t, out)
+    assert time.monotonic() - t0 < 5.0
+    assert failures == []  # KeyboardInterrupt, not CuPy's OOM path
+    assert stats()["used"] == 0
+
+
+def test_a_cupy_allocation_that_waits_in_vain_goes_to_the_oom_path(led):
+    core.set_limit(DEV, 64 * MIB)
+    led.add_foreign(DEV, 64 * MIB)
+    failures: list = []
+    alloc = _cupy_allocator(failures)
+    with pytest.raises(MemoryError), bridge.waiting(0.05):
+        alloc(MIB)
+    assert failures == [Status.BUDGET]
+    assert core.last_wait()[1] == core.WAIT_TIMEOUT
+
+
 # ---- captures ----
 def test_no_wait_while_a_capture_runs_on_the_device(led):
     core.set_limit(DEV, 64 * MIB)
