@@ -136,6 +136,31 @@ def test_the_same_pipeline_without_waiting_meets_the_budget(led):
     assert stats()["num_waits"] == s0["num_waits"]
 
 
+def test_a_stream_ordered_free_counts_once_the_stream_reaches_it(led):
+    """A free on the waiter's own stream stays in the pool's used bytes until
+    the stream reaches it: the waiter does not get the bytes early (the budget
+    check reads the pool), and it lets its stream reach the free instead of
+    waiting for someone else to synchronize."""
+    sd = led.sd
+    core.set_limit(DEV, 64 * MIB)
+    p = led.ok(64 * MIB, S1)
+
+    def consumer():
+        time.sleep(0.03)
+        core.free(p)  # queued on S1; nobody synchronizes it here
+        led.live.discard(p)
+
+    t, out = _thread(consumer)
+    with bridge.waiting(10):
+        rc, q = _alloc(64 * MIB, S1)
+    _join(t, out)
+    assert rc == Status.OK and q
+    assert core.last_wait()[1] == core.WAIT_OK and core.last_wait()[0] < 5
+    assert sd.standin_pending_on(DEV, S1) == 0  # the stream did reach the free
+    assert stats()["peak_used"] <= 64 * MIB
+    core.free(q)
+
+
 # ---- time runs out ----
 def test_a_wait_ends_at_its_time_with_the_usual_refusal(led):
     core.set_limit(DEV, 64 * MIB)

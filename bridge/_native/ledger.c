@@ -618,13 +618,15 @@ typedef struct retry_args {
 
 /* One more try of a waiting allocation: what others freed into the cache or
  * deferred goes back to the pool first. */
-static int retry_alloc(void *ctx, void **out)
+static int retry_alloc(void *ctx, int freed, void **out)
 {
     retry_args *a = ctx;
     flush_cache(a->device);
     ledger_flush_deferred(a->d);
     ctx_guard g;
     ctx_enter(a->d, &g);
+    if (freed && !atomic_load_explicit(&a->d->captures_active, RELAXED))
+        bridge_drv.cuStreamSynchronize(a->stream); /* its frees reach the pool */
     int rc = try_alloc(a->d, a->device, a->size, a->stream, a->key, a->tag, a->captured, out);
     ctx_exit(&g);
     return rc;

@@ -340,7 +340,7 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
     if (deadline < t0)
         deadline = UINT64_MAX;
     uint64_t poll = POLL_MIN, next_check = t0 + CHECK_EVERY;
-    int outcome = BRIDGE_WAIT_TIMEOUT;
+    int outcome = BRIDGE_WAIT_TIMEOUT, freed = 0;
     check_all_waiting(device);
     for (;;) {
         pthread_mutex_lock(&mu);
@@ -354,7 +354,7 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
         }
         int r = rc;
         if (!first || fits_behind(d, device, first, size))
-            r = retry(ctx, out);
+            r = retry(ctx, freed, out);
         if (r == BRIDGE_OK) {
             outcome = BRIDGE_WAIT_OK;
             break;
@@ -388,6 +388,7 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
                pthread_cond_timedwait(&cv, &mu, &ts) != ETIMEDOUT)
             ;
         woke = woke || freed_gen[device] != gen;
+        freed = woke;
         pthread_mutex_unlock(&mu);
         poll = woke ? POLL_MIN : (poll * 2 > POLL_MAX ? POLL_MAX : poll * 2);
     }

@@ -22,8 +22,11 @@ void wait_refused(void);
 void wait_freed(int device);
 
 /* One more try of the refused allocation (ledger.c: cache and deferred frees
- * back to the pool, then reserve and allocate); a bridge_status. */
-typedef int (*wait_retry_fn)(void *ctx, void **out);
+ * back to the pool, then reserve and allocate); a bridge_status.  `freed`:
+ * a free settled since the last try: the waiter's own stream is synchronized
+ * first (not during a capture), so that frees issued on it (the stream a
+ * producer and its consumer share) are really back in the pool. */
+typedef int (*wait_retry_fn)(void *ctx, int freed, void **out);
 
 /* The refusal path of bridge_alloc: `rc` is the refusal after the recovery
  * chain.  Waits for room as the calling thread's setting says, retrying with
