@@ -40,33 +40,34 @@
 
 #include "cache.h"
 
-#define MS 1000000ull
-#define POLL_MIN (1 * MS)        /* first re-read after a refusal */
-#define POLL_MAX (16 * MS)       /* the interval doubles up to this while nothing is freed */
-#define CHECK_EVERY (50 * MS)    /* all-waiting check and Ctrl-C check */
-#define CONFIRM (100 * MS)       /* all waiting, and no free on the device, for this long */
-#define MAX_HOLDERS 256          /* distinct threads counted; beyond: "not all waiting" */
+#define MS          1000000ull
+#define POLL_MIN    (1 * MS)   /* first re-read after a refusal */
+#define POLL_MAX    (16 * MS)  /* the interval doubles up to this while nothing is freed */
+#define CHECK_EVERY (50 * MS)  /* all-waiting check and Ctrl-C check */
+#define CONFIRM     (100 * MS) /* all waiting, and no free on the device, for this long */
+#define MAX_HOLDERS 256        /* distinct threads counted; beyond: "not all waiting" */
 
 typedef struct waiter {
     struct waiter *next;
-    uint64_t ticket;     /* order of arrival, every device */
+    uint64_t ticket; /* order of arrival, every device */
     unsigned long thread;
     int device, priority;
     uint64_t size;
-    int victim;          /* chosen by the all-waiting check: give up now */
+    int victim; /* chosen by the all-waiting check: give up now */
 } waiter;
 
 _Atomic int wait_count[BRIDGE_MAX_DEVICES];
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv;          /* CLOCK_MONOTONIC; broadcast on every change */
+static pthread_cond_t cv; /* CLOCK_MONOTONIC; broadcast on every change */
 static pthread_once_t cv_once = PTHREAD_ONCE_INIT;
-static waiter *queue[BRIDGE_MAX_DEVICES];  /* first waiter; FIFO */
+static waiter *queue[BRIDGE_MAX_DEVICES]; /* first waiter; FIFO */
 static uint64_t next_ticket;
-static uint64_t freed_gen[BRIDGE_MAX_DEVICES]; /* frees seen while waiters waited */
-static int victim_chosen[BRIDGE_MAX_DEVICES];  /* a victim has not left yet */
+static uint64_t freed_gen[BRIDGE_MAX_DEVICES];     /* frees seen while waiters waited */
+static int victim_chosen[BRIDGE_MAX_DEVICES];      /* a victim has not left yet */
 static uint64_t suspect_since[BRIDGE_MAX_DEVICES]; /* all holders seen waiting since; 0 = not */
 static uint64_t suspect_gen[BRIDGE_MAX_DEVICES];   /* freed_gen then */
+
 /* figures */
 static _Atomic uint64_t num_waits[BRIDGE_MAX_DEVICES], wait_ns[BRIDGE_MAX_DEVICES],
     num_timeouts[BRIDGE_MAX_DEVICES], num_all_waiting[BRIDGE_MAX_DEVICES],
@@ -115,7 +116,10 @@ int bridge_set_wait(double seconds)
     return BRIDGE_OK;
 }
 
-double bridge_get_wait(void) { return (double)atomic_load(&default_wait_ns) / 1e9; }
+double bridge_get_wait(void)
+{
+    return (double)atomic_load(&default_wait_ns) / 1e9;
+}
 
 int bridge_set_thread_wait(int set, double seconds, int priority)
 {
@@ -296,7 +300,10 @@ static void leave(waiter *w)
     cache_hold(w->device, 0);
 }
 
-static int retryable(int rc) { return rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM; }
+static int retryable(int rc)
+{
+    return rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM;
+}
 
 static void deadline_of(struct timespec *ts, uint64_t at)
 {
@@ -304,8 +311,8 @@ static void deadline_of(struct timespec *ts, uint64_t at)
     ts->tv_nsec = (long)(at % 1000000000ull);
 }
 
-int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry,
-                  void *ctx, void **out)
+int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry, void *ctx,
+                  void **out)
 {
     wait_refused();
     uint64_t budget_ns = tl_set ? tl_wait_ns : atomic_load_explicit(&default_wait_ns, RELAXED);
@@ -324,8 +331,11 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
     pthread_once(&cv_once, init_cv);
     pthread_mutex_lock(&mu);
     bridge_wait_hooks h = hooks;
-    waiter w = {.thread = thread_self(), .device = device, .priority = tl_priority,
-                .size = size, .ticket = ++next_ticket};
+    waiter w = {.thread = thread_self(),
+                .device = device,
+                .priority = tl_priority,
+                .size = size,
+                .ticket = ++next_ticket};
     waiter **p = &queue[device];
     while (*p)
         p = &(*p)->next;

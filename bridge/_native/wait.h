@@ -32,8 +32,8 @@ typedef int (*wait_retry_fn)(void *ctx, int freed, void **out);
  * chain.  Waits for room as the calling thread's setting says, retrying with
  * `retry`; BRIDGE_OK with *out set, else the last refusal.  Needs no context
  * and no lock held; never called during a capture on the device. */
-int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry,
-                  void *ctx, void **out);
+int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry, void *ctx,
+                  void **out);
 
 void wait_fill_stats(int device, bridge_stats *out);
 /* A fork child: no waiter, fresh lock (no lock taken). */
