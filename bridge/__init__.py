@@ -13,6 +13,7 @@ from typing import Any
 
 from bridge._errors import BridgeError, OutOfMemoryError
 from bridge._version import __version__
+from bridge._wait import waiting
 from bridge.budget import parse_size
 from bridge.pool import Pool, Stats, pool, stats
 from bridge.recovery import on_pressure, remove_pressure_callback
@@ -30,6 +31,7 @@ __all__ = [
     "parse_size",
     "on_pressure",
     "remove_pressure_callback",
+    "waiting",
     "empty_pinned",
     "zeros_pinned",
     "pinned_buffer",

@@ -15,6 +15,13 @@ TAG_TORCH: int
 TAG_NUMBA: int
 TAG_RMM: int
 NTAGS: int
+WAIT_NONE: int
+WAIT_OK: int
+WAIT_TIMEOUT: int
+WAIT_ALL_WAITING: int
+WAIT_INTERRUPTED: int
+WAIT_CAPTURE: int
+WAIT_HOPELESS: int
 
 class TagStats(TypedDict):
     """One framework tag's figures (``bridge_tag_stats`` in bridge.h)."""
@@ -53,6 +60,12 @@ class RawStats(TypedDict):
     num_order_fallbacks: int
     num_pool_read_errors: int
     captures_active: int
+    num_waits: int
+    wait_ns: int
+    num_wait_timeouts: int
+    num_wait_all_waiting: int
+    num_wait_interrupts: int
+    waiting: int
     tags: list[TagStats]
 
 @final
@@ -178,6 +191,15 @@ def set_pressure_callback(callback: Callable[[int, int, int], object] | None, /)
 def relief_loop() -> bool: ...
 def stop_relief() -> None: ...
 def set_relief_timeout(seconds: float, /) -> None: ...
+
+# ---- waiting for memory (bridge/_native/wait.c) ----
+def set_main_thread(ident: int, /) -> None: ...
+def set_wait(seconds: float, /) -> int: ...
+def get_wait() -> float: ...
+def set_thread_wait(set: bool, seconds: float, priority: int, /) -> int: ...
+def thread_wait() -> tuple[bool, float, int]: ...
+def last_wait() -> tuple[float, int]: ...
+def wait_holders(device: int, /) -> tuple[int, list[tuple[int, int, bool]]]: ...
 
 # ---- pinned host memory (bridge/_native/pinned.c, pypinned.c) ----
 PINNED_CACHED: int

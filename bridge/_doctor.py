@@ -47,6 +47,7 @@ from bridge._errors import BridgeError, format_bytes
 from bridge._pinned_backend import BACKEND_ENV, BACKENDS, host_memory_total
 from bridge._runtime import CACHE_LIMIT_ENV, DRIVER_LIBRARY_ENV, core
 from bridge._version import __version__
+from bridge._wait import WAIT_ENV
 from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, HOST_MEMORY, PINNED_LIMIT_ENV, parse_size
 
 LEVELS = ("ok", "info", "warn", "error")
@@ -58,6 +59,7 @@ BRIDGE_ENV = (
     PINNED_LIMIT_ENV,
     BACKEND_ENV,
     DRIVER_LIBRARY_ENV,
+    WAIT_ENV,
 )
 
 # Variables whose mere presence deserves a sentence: name -> (level, advice).

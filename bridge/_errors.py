@@ -11,6 +11,7 @@ __all__ = [
     "format_bytes",
     "oom_message",
     "set_figures",
+    "set_wait_note",
 ]
 
 import enum
@@ -141,6 +142,17 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
 _figures: Callable[[int], Any] | None = None
 
 
+# What the calling thread's last refused allocation did about waiting
+# (bridge._wait hands it in, as bridge.pool hands in the figures).
+_wait_note: Callable[[int], str] | None = None
+
+
+def set_wait_note(fn: Callable[[int], str] | None) -> None:
+    """Where :func:`oom_message` reads what a wait did: ``fn(device)`` -> a sentence or ``""``."""
+    global _wait_note
+    _wait_note = fn
+
+
 def set_figures(fn: Callable[[int], Any] | None) -> None:
     """Where :func:`oom_message` reads a device's figures: ``fn(device)`` -> ``bridge.Stats``."""
     global _figures
@@ -168,9 +180,14 @@ def oom_message(device: int, size: int, rc: int, *, framework: str) -> str:
         why = f"the bridge budget is {budget}"
     else:
         why = f"the device is full (bridge budget {budget})"
+    try:
+        waited = _wait_note(device) if _wait_note is not None else ""
+    except Exception:  # noqa: BLE001 - the message must not fail
+        waited = ""
+    waited = f" {waited}" if waited else ""
     return (
         f"Out of memory allocating {size:,} bytes ({format_bytes(size)}) for {framework} on "
-        f"device {device}: {why}. In use: {held}; {tail}. Free arrays or tensors you no "
-        "longer need, lower the batch size, or raise the budget "
+        f"device {device}: {why}. In use: {held}; {tail}.{waited} Free arrays or tensors you "
+        "no longer need, lower the batch size, or raise the budget "
         "(bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT)."
     )

@@ -53,6 +53,10 @@ except ImportError as exc:  # pragma: no cover - a broken install
 
 DeviceArg = int | Iterable[int] | None
 
+# the thread that receives Ctrl-C: an allocation waiting for memory on it looks
+# for SIGINT (bridge/_native/pymod.c); this also installs the core's wait hooks
+core.set_main_thread(threading.main_thread().ident or 0)
+
 
 def ensure_driver() -> None:
     """Load the CUDA driver (once). Raises BridgeError when there is none."""

@@ -84,6 +84,18 @@ class Stats:
     num_frees, num_retries, num_bad_frees, num_driver_errors : int
         Frees; allocations that succeeded after recovery; frees of unknown
         pointers or double frees (ignored); driver errors seen on free paths.
+    num_waits : int
+        Allocations that waited for memory others free (``wait=``,
+        :func:`bridge.waiting`), however the wait ended.
+    wait_seconds : float
+        Time those allocations waited, in all.
+    num_wait_timeouts : int
+        Waits that ran out of time (the allocation then failed).
+    num_wait_all_waiting : int
+        Waits refused at once because every thread holding bridge memory on
+        the device was waiting too.
+    waiting : int
+        Threads waiting for memory on the device now.
     """
 
     device: int
@@ -103,6 +115,11 @@ class Stats:
     num_retries: int = 0
     num_bad_frees: int = 0
     num_driver_errors: int = 0
+    num_waits: int = 0
+    wait_seconds: float = 0.0
+    num_wait_timeouts: int = 0
+    num_wait_all_waiting: int = 0
+    waiting: int = 0
     tags: tuple = ()
 
     def as_dict(self) -> dict:
@@ -175,6 +192,11 @@ def _snapshot(device: int) -> Stats:
         num_retries=raw["num_retries"],
         num_bad_frees=raw["num_bad_frees"],
         num_driver_errors=raw["num_driver_errors"],
+        num_waits=raw["num_waits"],
+        wait_seconds=raw["wait_ns"] / 1e9,
+        num_wait_timeouts=raw["num_wait_timeouts"],
+        num_wait_all_waiting=raw["num_wait_all_waiting"],
+        waiting=raw["waiting"],
         tags=tuple(dict(t, name=TAG_NAMES[i]) for i, t in enumerate(tags)),
     )
 

@@ -54,6 +54,12 @@ class Sample:
         Bytes the pool holds from the driver (:attr:`bridge.Stats.reserved`).
     limit : int
         The budget in bytes; 0 = no limit.
+    waiting : int
+        Threads waiting for memory others free at that instant
+        (:attr:`bridge.Stats.waiting`).
+    num_waits : int
+        Allocations that waited so far (:attr:`bridge.Stats.num_waits`); the
+        plot marks where it grew.
     """
 
     t: float
@@ -68,6 +74,8 @@ class Sample:
     limit: int
     numba: int = 0
     rmm: int = 0
+    waiting: int = 0
+    num_waits: int = 0
 
     @property
     def by_framework(self) -> dict[str, int]:
@@ -93,6 +101,8 @@ def _sample_of(row: Mapping[str, Any]) -> Sample:
         limit=int(row["limit"]),
         numba=int(row.get("numba") or 0),
         rmm=int(row.get("rmm") or 0),
+        waiting=int(row.get("waiting") or 0),  # files written before waiting existed
+        num_waits=int(row.get("num_waits") or 0),
     )
 
 
@@ -112,6 +122,8 @@ def _read(device: int, t: float, label: str) -> Sample:
         limit=s.limit,
         numba=by["numba"],
         rmm=by["rmm"],
+        waiting=s.waiting,
+        num_waits=s.num_waits,
     )
 
 
@@ -390,6 +402,17 @@ class Recording:
                     linewidth=1.5,
                     label="budget",
                 )
+            # where allocations waited for memory: a band along the bottom
+            waited = [
+                (a.t, b.t)
+                for a, b in zip(ss, ss[1:], strict=False)
+                if b.waiting or b.num_waits > a.num_waits
+            ]
+            for i, (t0, t1) in enumerate(waited):
+                ax.axvspan(
+                    t0, t1, ymin=0.0, ymax=0.03, color="#c44e52", alpha=0.9,
+                    label="waiting for memory" if i == 0 else None,
+                )  # fmt: skip
             for s in ss:
                 if s.label:
                     ax.axvline(s.t, color="black", linewidth=0.8, linestyle=":")

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Iterable
 from types import ModuleType
 
-from bridge import _runtime, recovery, views
+from bridge import _runtime, _wait, recovery, views
 from bridge._errors import BridgeError, check, format_bytes
 from bridge._runtime import core
 from bridge.budget import DEVICE_MEMORY, SizeLike, parse_size, warn_if_above
@@ -86,6 +86,7 @@ def unify(
     budget_views: bool = True,
     numba: bool = False,
     rmm: bool = False,
+    wait: float | None = None,
 ) -> Bridge:
     """Make the named frameworks allocate from each device's default pool under one budget.
 
@@ -128,6 +129,11 @@ def unify(
         RMM's device resource of every device on the shared pool (counted as
         ``rmm``): ``rmm.DeviceBuffer`` and what is built on it (see
         bridge.adapters.rmm).
+    wait : float or None
+        Seconds an allocation the budget refuses waits for memory that other
+        threads free before it fails (``0``: it fails at once). ``None``:
+        ``BRIDGE_WAIT`` if set, else what an earlier call set (at first 0).
+        ``with bridge.waiting(seconds):`` overrides it for one thread.
 
     Returns
     -------
@@ -168,6 +174,8 @@ def unify(
         ("jax_memory", jax_memory, DEVICE_MEMORY),
     ):
         parse_size(value, total=1 << 40, name=name, of=of)
+    # None: BRIDGE_WAIT if set, else what an earlier call set
+    seconds = _wait.parse_wait(wait) if wait is not None else _wait.wait_from_env()
     if jax_memory is not None and not flags["jax"]:
         raise ValueError(
             f"jax_memory={jax_memory!r} is a partition for JAX: pass jax=True with it, or drop it"
@@ -187,6 +195,8 @@ def unify(
             budget_views,
         )
         if b._args == args:
+            if seconds is not None:
+                _wait.set_wait(seconds)
             return b
         # every figure from every argument, still without changing anything
         totals = {d: _total(d) for d in devices}
@@ -234,6 +244,8 @@ def unify(
         _record(b, devices, installed)
         views.apply(b.frameworks, budget_views)
         b._args = args
+        if seconds is not None:
+            _wait.set_wait(seconds)
         _say_what_changed(budget, before, limits, totals, earlier)
         return b
 

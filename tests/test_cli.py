@@ -259,7 +259,7 @@ def test_doctor_suspects_a_misspelt_variable(standin, clean_env):
 
 
 def test_doctor_reads_what_the_library_reads():
-    from bridge import _pinned_backend, _runtime, budget
+    from bridge import _pinned_backend, _runtime, _wait, budget
 
     assert set(_doctor.BRIDGE_ENV) == {
         budget.GPU_LIMIT_ENV,
@@ -267,6 +267,7 @@ def test_doctor_reads_what_the_library_reads():
         _runtime.CACHE_LIMIT_ENV,
         _pinned_backend.BACKEND_ENV,
         _runtime.DRIVER_LIBRARY_ENV,
+        _wait.WAIT_ENV,
     }
     # every variable named in the library's code: NAME_ENV = "BRIDGE_..." or getenv("BRIDGE_...")
     py = "".join(p.read_text() for p in (REPO / "bridge").glob("*.py"))

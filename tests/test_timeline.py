@@ -207,6 +207,49 @@ def test_plot_writes_a_png(standin, tmp_path):
     assert loaded.plot(tmp_path / "again.png").stat().st_size > 1000
 
 
+def test_a_wait_for_memory_shows_on_the_timeline_and_in_the_plot(standin, tmp_path):
+    """A sample taken while a thread waits counts it; the plot draws the band."""
+    import threading
+
+    core.set_limit(0, 64 * MIB)
+    standin.standin_add_foreign(0, 64 * MIB)  # held outside the bridge: the wait times out
+    try:
+        with bridge.record(interval=0.01, device=0) as rec:
+
+            def waiter():
+                with bridge.waiting(0.3):
+                    return core.alloc(0, MIB, 0, core.TAG_CUPY)
+
+            t = threading.Thread(target=waiter)
+            t.start()
+            wait_for(lambda: bridge.stats(0).waiting == 1)
+            rec.mark("waiting")
+            t.join(10)
+            rec.mark("done")
+    finally:
+        standin.standin_add_foreign(0, -64 * MIB)
+        core.set_limit(0, 0)
+    assert marked(rec, "waiting").waiting == 1
+    done = marked(rec, "done")
+    assert done.waiting == 0 and done.num_waits >= marked(rec, "waiting").num_waits >= 1
+    loaded = timeline.load(rec.to_csv(tmp_path / "w.csv"))
+    assert loaded.samples == rec.samples
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return  # the figures above are the point; the plot needs matplotlib
+    assert rec.plot(tmp_path / "w.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_older_csv_without_wait_columns_loads(standin, tmp_path):
+    path = tmp_path / "old.csv"
+    path.write_text(
+        "t,device,label,cupy,torch,jax,other,used,reserved,limit\n0.5,0,,1,2,3,4,10,20,0\n"
+    )
+    (s,) = timeline.load(path).samples
+    assert (s.cupy, s.limit, s.waiting, s.num_waits) == (1, 0, 0, 0)
+
+
 def test_plot_without_matplotlib_says_what_to_install(standin, tmp_path, monkeypatch):
     rec = _recording(standin)
     for name in (

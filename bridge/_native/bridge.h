@@ -157,6 +157,51 @@ int bridge_captures_active(int device);
 typedef int (*bridge_pressure_fn)(int device, size_t size, int tag);
 void bridge_set_pressure_hook(bridge_pressure_fn fn);
 
+/* ---- waiting for memory others free (wait.c) ---- */
+/* An allocation the budget (or a full device) refuses, after the recovery
+ * chain, waits up to the calling thread's time for frees to make room:
+ * without spinning, in order of arrival, never during a capture on the
+ * device, and not at all when every thread holding bridge memory on the
+ * device is waiting too (one of them, the lowest priority then the newest,
+ * is refused at once).  Seconds <= 0: refuse at once (the default). */
+int bridge_set_wait(double seconds);     /* the process default */
+double bridge_get_wait(void);
+/* The calling thread's own time and priority (set 0: the process default,
+ * priority 0).  Lower priorities are refused first when all wait. */
+int bridge_set_thread_wait(int set, double seconds, int priority);
+void bridge_get_thread_wait(int *set, double *seconds, int *priority);
+enum bridge_wait_outcome {
+    BRIDGE_WAIT_NONE = 0,        /* the thread did not wait (no time set, or not refused) */
+    BRIDGE_WAIT_OK = 1,          /* it waited and got the memory */
+    BRIDGE_WAIT_TIMEOUT = 2,     /* it waited its whole time */
+    BRIDGE_WAIT_ALL_WAITING = 3, /* refused at once: every holder was waiting */
+    BRIDGE_WAIT_INTERRUPTED = 4, /* gave up for Ctrl-C (the signal is left pending) */
+    BRIDGE_WAIT_CAPTURE = 5,     /* did not wait: a capture runs on the device */
+    BRIDGE_WAIT_HOPELESS = 6     /* did not wait: larger than the budget or the device */
+};
+/* How the calling thread's last refused allocation ended, and how long it
+ * waited (for the OOM message). */
+void bridge_last_wait(double *seconds, int *outcome);
+/* Called on the waiting thread by the waiting loop (pymod.c sets them):
+ * release_gil before blocking (returns a token, NULL when nothing was
+ * released), reacquire_gil with it after; interrupted about every 50 ms:
+ * nonzero gives the wait up. */
+typedef struct bridge_wait_hooks {
+    void *(*release_gil)(void);
+    void (*reacquire_gil)(void *token);
+    int (*interrupted)(void);
+} bridge_wait_hooks;
+void bridge_set_wait_hooks(const bridge_wait_hooks *hooks);
+/* The threads holding bridge memory on a device (bytes they allocated and
+ * have not freed), with whether each is waiting; *n gets how many were
+ * written (at most max). */
+typedef struct bridge_holder {
+    unsigned long thread; /* pthread_self of the allocating thread (threading.get_ident) */
+    uint64_t bytes;
+    int waiting;
+} bridge_holder;
+int bridge_wait_holders(int device, bridge_holder *out, int max, int *n);
+
 /* ---- figures ---- */
 typedef struct bridge_tag_stats {
     uint64_t current;    /* live bytes of this tag */
@@ -192,6 +237,12 @@ typedef struct bridge_stats {
     uint64_t num_order_fallbacks;  /* frees ordered by a device sync, not events */
     uint64_t num_pool_read_errors; /* budget checks that used the last pool figure */
     uint64_t captures_active;      /* captures the bridge knows are running */
+    uint64_t num_waits;            /* allocations that waited for memory (wait.c) */
+    uint64_t wait_ns;              /* time they waited, cumulative */
+    uint64_t num_wait_timeouts;    /* waits that ran out of time */
+    uint64_t num_wait_all_waiting; /* waits failed at once: every holder was waiting */
+    uint64_t num_wait_interrupts;  /* waits given up for Ctrl-C */
+    uint64_t waiting;              /* threads waiting now */
     bridge_tag_stats tag[BRIDGE_NTAGS];
 } bridge_stats;
 

@@ -27,12 +27,14 @@ typedef struct dcache {
     _Atomic uint64_t max_block;/* larger blocks are never cached */
     uint32_t keys;             /* slots with size != 0; <= SLOTS / 2 */
     uint32_t live_keys;        /* slots with n > 0; <= keys */
+    int held;                  /* threads waiting for memory (wait.c): while > 0
+                                  nothing is cached, freed bytes go to the pool */
 } dcache;
 
 #define DEFAULT_LIMIT (1ull << 30)
 static dcache caches[BRIDGE_MAX_DEVICES] = {
     [0 ... BRIDGE_MAX_DEVICES - 1] = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, DEFAULT_LIMIT,
-                                      BRIDGE_CACHE_MAX_BLOCK, 0, 0}};
+                                      BRIDGE_CACHE_MAX_BLOCK, 0, 0, 0}};
 
 /* The slot index comes from the TOP bits of a 64-bit multiplicative hash:
  * sizes that are multiples of 1 MiB and aligned stream handles have low
@@ -112,7 +114,8 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr)
     pthread_mutex_lock(&c->lock);
     if (!c->slots)
         c->slots = calloc(SLOTS, sizeof(slot));
-    if (c->slots && atomic_load_explicit(&c->bytes, memory_order_relaxed) + size <= limit) {
+    /* c->held: read under the lock already taken (no cost when nobody waits) */
+    if (c->slots && !c->held && atomic_load_explicit(&c->bytes, memory_order_relaxed) + size <= limit) {
         slot *sl = find(c, stream, size, 1);
         if (!sl && compact(c))
             sl = find(c, stream, size, 1);
@@ -183,6 +186,14 @@ uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn releas
     }
 }
 
+void cache_hold(int device, int on)
+{
+    dcache *c = &caches[device];
+    pthread_mutex_lock(&c->lock);
+    c->held += on ? 1 : -1;
+    pthread_mutex_unlock(&c->lock);
+}
+
 uint64_t cache_bytes(int device) { return atomic_load(&caches[device].bytes); }
 
 uint64_t cache_limit(int device) { return atomic_load(&caches[device].limit); }
@@ -201,6 +212,7 @@ void cache_forget_after_fork(void)
         caches[i].lock = fresh;
         caches[i].slots = NULL;
         caches[i].keys = caches[i].live_keys = 0;
+        caches[i].held = 0;
         atomic_store(&caches[i].bytes, 0);
     }
 }

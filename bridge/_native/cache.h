@@ -31,6 +31,9 @@ uint64_t cache_flush(int device, cache_release_fn release);
 /* Hand the cached blocks of one stream to `release`; returns the bytes. */
 uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn release);
 uint64_t cache_bytes(int device);
+/* A thread starts (on 1) or stops (0) waiting for memory on `device`: while
+ * any waits, cache_put keeps nothing, so what is freed goes to the pool. */
+void cache_hold(int device, int on);
 /* Cap of cached bytes per device (0 disables) and the largest cached block. */
 void cache_set_limits(int device, uint64_t limit, uint64_t max_block);
 uint64_t cache_limit(int device);

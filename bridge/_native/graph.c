@@ -30,6 +30,7 @@
 #include "ledger.h"
 #include "cache.h"
 #include "views.h"
+#include "wait.h"
 
 typedef struct gblock {
     uintptr_t ptr;
@@ -314,7 +315,8 @@ static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
     uintptr_t cached = cache_take(device, key, size);
     if (cached) {
         record rec = {.ptr = cached, .size = size, .stream = key, .device = device,
-                      .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1};
+                      .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1,
+                  .owner = thread_self()};
         tag_state *t = &d->tag[tag];
         uint64_t cur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
         if (records_insert(&rec) == 0) {
@@ -330,6 +332,7 @@ static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
 
     rc = ledger_reserve(d, tag, size);
     if (rc != BRIDGE_OK) {
+        wait_refused(); /* a graph allocation never waits */
         atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
         atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
         return rc;
@@ -346,6 +349,7 @@ static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
     capture_mode_exit(mode);
     ctx_exit(&g);
     if (r != CUDA_SUCCESS || !ptr) {
+        wait_refused();
         ledger_unreserve(d, tag, size);
         bridge_note_driver_error(r);
         atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
@@ -354,7 +358,8 @@ static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
     }
     atomic_fetch_add_explicit(&d->committed, size, RELAXED);
     record rec = {.ptr = (uintptr_t)ptr, .size = size, .stream = key, .device = device,
-                  .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1};
+                  .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1,
+                  .owner = thread_self()};
     if (records_insert(&rec) != 0) {
         atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
         ledger_release(d, &rec);

@@ -25,6 +25,7 @@
 #include "ledger.h"
 #include "cache.h"
 #include "views.h"
+#include "wait.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -342,7 +343,11 @@ static void settle(device_state *d, const record *rec)
 {
     free(rec->recs);
     atomic_fetch_sub_explicit(&d->committed, rec->size, RELAXED);
-    atomic_fetch_sub_explicit(&d->reserved, rec->size, memory_order_acq_rel);
+    /* seq_cst, then the waiter count: a waiter either sees the lower
+     * `reserved` in its retry or is woken here (wait.h) */
+    atomic_fetch_sub_explicit(&d->reserved, rec->size, memory_order_seq_cst);
+    if (atomic_load(&wait_count[rec->device]))
+        wait_freed(rec->device);
 }
 
 void ledger_release(device_state *d, const record *rec)
@@ -474,7 +479,8 @@ static int adopt_cached(device_state *d, int device, uintptr_t p, size_t size, C
     tag_state *t = &d->tag[tag];
     uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
     uint64_t tcur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
-    record rec = {.ptr = p, .size = size, .stream = key, .device = device, .tag = (uint8_t)tag};
+    record rec = {.ptr = p, .size = size, .stream = key, .device = device, .tag = (uint8_t)tag,
+                  .owner = thread_self()};
     if ((tlimit && tcur > tlimit) || records_insert(&rec) != 0) {
         atomic_fetch_sub_explicit(&t->current, size, RELAXED);
         ledger_release(d, &rec);
@@ -604,7 +610,7 @@ static int try_alloc(device_state *d, int device, size_t size, CUstream stream, 
     }
     atomic_fetch_add_explicit(&d->committed, size, RELAXED);
     record rec = {.ptr = (uintptr_t)p, .size = size, .stream = key,
-                  .device = device, .tag = (uint8_t)tag};
+                  .device = device, .tag = (uint8_t)tag, .owner = thread_self()};
     if (records_insert(&rec) != 0) {
         /* no host memory for the record: give the block back */
         atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
@@ -617,6 +623,30 @@ static int try_alloc(device_state *d, int device, size_t size, CUstream stream, 
 }
 
 static int retryable(int rc) { return rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM; }
+
+/* ---- the refusal path: waiting for memory others free (wait.c) ---- */
+typedef struct retry_args {
+    device_state *d;
+    int device, tag, captured;
+    size_t size;
+    CUstream stream, key;
+} retry_args;
+
+/* One more try of a waiting allocation: what others freed into the cache or
+ * deferred goes back to the pool first. */
+static int retry_alloc(void *ctx, int freed, void **out)
+{
+    retry_args *a = ctx;
+    flush_cache(a->device);
+    ledger_flush_deferred(a->d);
+    ctx_guard g;
+    ctx_enter(a->d, &g);
+    if (freed && !atomic_load_explicit(&a->d->captures_active, RELAXED))
+        bridge_drv.cuStreamSynchronize(a->stream); /* its frees reach the pool */
+    int rc = try_alloc(a->d, a->device, a->size, a->stream, a->key, a->tag, a->captured, out);
+    ctx_exit(&g);
+    return rc;
+}
 
 static int alloc_block(int device, size_t size, void *stream, int tag, void **out)
 {
@@ -643,6 +673,8 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
     /* fast path: two atomic adds (plus one attribute read under a budget),
      * one driver call, one shard lock */
     rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
+    if (rc != BRIDGE_OK)
+        wait_refused(); /* the OOM message tells this refusal's wait, none before */
     if (retryable(rc)) {
         /* 1. Cached blocks back to the pool, the stream's pending frees land
          *    (not while a capture runs: a synchronization could invalidate
@@ -669,6 +701,13 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
         }
         if (rc == BRIDGE_OK)
             atomic_fetch_add_explicit(&d->num_retries, 1, RELAXED);
+        /* 3. Still refused: wait for others to free, if this thread may. */
+        if (retryable(rc)) {
+            ctx_exit(&g); /* the wait may be long; each retry enters again */
+            retry_args a = {d, device, tag, captured, size, (CUstream)stream, key};
+            rc = wait_for_room(d, device, size, rc, retry_alloc, &a, out);
+            ctx_enter(d, &g);
+        }
     }
     if (retryable(rc) || rc == BRIDGE_E_TAG_LIMIT) { /* refusals, not driver errors */
         atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
@@ -773,6 +812,7 @@ static void forget_after_fork(void)
     cache_forget_after_fork();
     records_forget_after_fork();
     history_forget_after_fork();
+    wait_forget_after_fork();
 }
 
 static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_after_fork); }
@@ -803,6 +843,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->num_pool_read_errors = atomic_load(&d->num_pool_read_errors);
     out->captures_active = (uint64_t)atomic_load(&d->captures_active);
     out->cache_limit = cache_limit(device);
+    wait_fill_stats(device, out);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];
         out->tag[i] = (bridge_tag_stats){

@@ -19,6 +19,7 @@
 #include "bridge.h"
 
 static PyObject *str_ptr; /* interned "ptr" */
+static int raise_if_interrupted(void);
 
 /* ---- Block ---- */
 typedef struct {
@@ -194,6 +195,8 @@ static PyObject *CupyAllocator_vectorcall(PyObject *callable, PyObject *const *a
     Py_END_ALLOW_THREADS
     if (rc != BRIDGE_OK) {
         Py_DECREF(stream_obj);
+        if (raise_if_interrupted() < 0)
+            return NULL; /* Ctrl-C while waiting: KeyboardInterrupt, nothing allocated */
         return PyObject_CallFunction(self->on_failure, "nlni", (Py_ssize_t)size, dev,
                                      (Py_ssize_t)(intptr_t)stream, rc);
     }
@@ -435,6 +438,131 @@ static PyObject *py_set_pressure_callback(PyObject *m, PyObject *cb)
         bridge_set_pressure_hook(pressure_trampoline);
     }
     Py_RETURN_NONE;
+}
+
+/* ---- waiting for memory (wait.c): the GIL and Ctrl-C ---- */
+/* A waiting thread must not hold the GIL (the threads that would free run
+ * Python): it is released for the wait when this thread holds it (a torch
+ * allocation made with the GIL held; CuPy's allocator has released it
+ * already).  Only the main thread receives Ctrl-C: a waiter on it takes the
+ * GIL about every 50 ms to look (torch's autograd threads, which may hold
+ * torch locks, never do), gives up, and leaves SIGINT pending so that
+ * Python's handler raises KeyboardInterrupt where Python next checks. */
+static unsigned long main_thread; /* threading.main_thread().ident; 0 = unknown */
+
+static void *wait_release_gil(void)
+{
+    if (!Py_IsInitialized() || !PyGILState_Check())
+        return NULL;
+    return PyEval_SaveThread();
+}
+
+static void wait_reacquire_gil(void *token) { PyEval_RestoreThread((PyThreadState *)token); }
+
+static int wait_interrupted(void)
+{
+    if (!main_thread || (unsigned long)pthread_self() != main_thread || !Py_IsInitialized())
+        return 0;
+    PyGILState_STATE st = PyGILState_Ensure();
+    int hit = PyOS_InterruptOccurred(); /* takes the SIGINT mark... */
+    if (hit)
+        PyErr_SetInterrupt(); /* ...and leaves it for Python's handler */
+    PyGILState_Release(st);
+    return hit;
+}
+
+/* After a refused allocation: when its wait gave up for Ctrl-C, run the
+ * signal handlers now (KeyboardInterrupt).  -1 with the exception set. */
+static int raise_if_interrupted(void)
+{
+    double waited;
+    int outcome;
+    bridge_last_wait(&waited, &outcome);
+    return outcome == BRIDGE_WAIT_INTERRUPTED ? PyErr_CheckSignals() : 0;
+}
+
+static PyObject *py_set_main_thread(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    unsigned long id = PyLong_AsUnsignedLong(arg);
+    if (id == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    main_thread = id;
+    static const bridge_wait_hooks h = {wait_release_gil, wait_reacquire_gil, wait_interrupted};
+    bridge_set_wait_hooks(&h);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_set_wait(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    double t = PyFloat_AsDouble(arg);
+    if (t == -1.0 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLong(bridge_set_wait(t));
+}
+
+static PyObject *py_get_wait(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    return PyFloat_FromDouble(bridge_get_wait());
+}
+
+static PyObject *py_set_thread_wait(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int set, priority;
+    double seconds;
+    if (!PyArg_ParseTuple(args, "pdi", &set, &seconds, &priority))
+        return NULL;
+    return PyLong_FromLong(bridge_set_thread_wait(set, seconds, priority));
+}
+
+static PyObject *py_thread_wait(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    int set, priority;
+    double seconds;
+    bridge_get_thread_wait(&set, &seconds, &priority);
+    return Py_BuildValue("Ndi", PyBool_FromLong(set), seconds, priority);
+}
+
+static PyObject *py_last_wait(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    double seconds;
+    int outcome;
+    bridge_last_wait(&seconds, &outcome);
+    return Py_BuildValue("di", seconds, outcome);
+}
+
+static PyObject *py_wait_holders(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, n = 0;
+    if (!PyArg_ParseTuple(args, "i", &dev))
+        return NULL;
+    bridge_holder h[64];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_wait_holders(dev, h, 64, &n);
+    Py_END_ALLOW_THREADS
+    PyObject *list = PyList_New(n);
+    if (!list)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *t = Py_BuildValue("kKN", h[i].thread, (unsigned long long)h[i].bytes,
+                                    PyBool_FromLong(h[i].waiting));
+        if (!t) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    return Py_BuildValue("iN", rc, list);
 }
 
 /* ---- module functions ---- */
@@ -686,6 +814,8 @@ static PyObject *py_alloc(PyObject *m, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     rc = bridge_alloc(dev, (size_t)size, (void *)(uintptr_t)stream, tag, &p);
     Py_END_ALLOW_THREADS
+    if (rc != BRIDGE_OK && raise_if_interrupted() < 0)
+        return NULL;
     return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
 }
 
@@ -707,6 +837,8 @@ static PyObject *py_alloc_block(PyObject *m, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     rc = bridge_alloc(dev, (size_t)size, (void *)(uintptr_t)stream, tag, &p);
     Py_END_ALLOW_THREADS
+    if (rc != BRIDGE_OK && raise_if_interrupted() < 0)
+        return NULL;
     if (rc != BRIDGE_OK)
         return Py_BuildValue("iO", rc, Py_None);
     PyObject *b = block_new(p, (size_t)size, dev, stream_obj == Py_None ? NULL : stream_obj);
@@ -777,7 +909,8 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(release_threshold) PUT(total) PUT(num_allocs) PUT(num_frees) PUT(num_ooms)
     PUT(num_retries) PUT(num_bad_frees) PUT(num_driver_errors) PUT(num_deferred) PUT(graph_bytes)
     PUT(cached) PUT(cache_limit) PUT(num_cache_hits) PUT(num_order_fallbacks)
-    PUT(num_pool_read_errors) PUT(captures_active)
+    PUT(num_pool_read_errors) PUT(captures_active) PUT(num_waits) PUT(wait_ns)
+    PUT(num_wait_timeouts) PUT(num_wait_all_waiting) PUT(num_wait_interrupts) PUT(waiting)
 #undef PUT
     {
         PyObject *tags = PyList_New(BRIDGE_NTAGS);
@@ -920,6 +1053,13 @@ static PyMethodDef methods[] = {
     {"graph", py_graph, METH_VARARGS, "graph(op, device, id0, id1) -> status"},
     {"alloc_graph", py_alloc_graph, METH_VARARGS, "alloc_graph(device, size, tag, id0, id1, stream=0) -> (status, ptr)"},
     {"set_pressure_callback", py_set_pressure_callback, METH_O, "Set the recovery hook (or None)."},
+    {"set_main_thread", py_set_main_thread, METH_O, "set_main_thread(ident): the thread that receives Ctrl-C; installs the wait hooks."},
+    {"set_wait", py_set_wait, METH_O, "set_wait(seconds) -> status: the process's wait for memory (0: none)."},
+    {"get_wait", py_get_wait, METH_NOARGS, "The process's wait for memory, seconds."},
+    {"set_thread_wait", py_set_thread_wait, METH_VARARGS, "set_thread_wait(set, seconds, priority) -> status: this thread's own."},
+    {"thread_wait", py_thread_wait, METH_NOARGS, "-> (set, seconds, priority) of this thread."},
+    {"last_wait", py_last_wait, METH_NOARGS, "-> (seconds, outcome) of this thread's last refused allocation."},
+    {"wait_holders", py_wait_holders, METH_VARARGS, "wait_holders(device) -> (status, [(thread, bytes, waiting)])"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -954,6 +1094,13 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
         PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0 ||
+        PyModule_AddIntConstant(m, "WAIT_NONE", BRIDGE_WAIT_NONE) < 0 ||
+        PyModule_AddIntConstant(m, "WAIT_OK", BRIDGE_WAIT_OK) < 0 ||
+        PyModule_AddIntConstant(m, "WAIT_TIMEOUT", BRIDGE_WAIT_TIMEOUT) < 0 ||
+        PyModule_AddIntConstant(m, "WAIT_ALL_WAITING", BRIDGE_WAIT_ALL_WAITING) < 0 ||
+        PyModule_AddIntConstant(m, "WAIT_INTERRUPTED", BRIDGE_WAIT_INTERRUPTED) < 0 ||
+        PyModule_AddIntConstant(m, "WAIT_CAPTURE", BRIDGE_WAIT_CAPTURE) < 0 ||
+        PyModule_AddIntConstant(m, "WAIT_HOPELESS", BRIDGE_WAIT_HOPELESS) < 0 ||
         PyModule_AddIntConstant(m, "TAG_NUMBA", BRIDGE_TAG_NUMBA) < 0 ||
         PyModule_AddIntConstant(m, "TAG_RMM", BRIDGE_TAG_RMM) < 0 ||
         PyModule_AddIntConstant(m, "NTAGS", BRIDGE_NTAGS) < 0 ||

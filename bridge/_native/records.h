@@ -27,6 +27,8 @@ typedef struct record {
     uint16_t nrec;      /* streams recorded against the block (recs[]) */
     CUstream *recs;     /* malloc'd, nrec entries; NULL when nrec == 0 */
     uint64_t graph0, graph1; /* graph pool id when REC_GRAPH */
+    unsigned long owner; /* the allocating thread (pthread_self), for wait.c's
+                            check that every thread holding memory is waiting */
 } record;
 
 /* Insert a record (ptr must not be present).  0 on success, -1 when the host

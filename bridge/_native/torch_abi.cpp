@@ -54,6 +54,41 @@ std::string gib(uint64_t bytes)
     return buf;
 }
 
+// What the refused allocation did about waiting (bridge.waiting / unify(wait=)).
+std::string wait_note(int device)
+{
+    double waited = 0;
+    int outcome = BRIDGE_WAIT_NONE;
+    bridge_last_wait(&waited, &outcome);
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.2f s", waited);
+    std::string note;
+    if (outcome == BRIDGE_WAIT_TIMEOUT)
+        note = std::string("Waited ") + secs + " for other threads to free memory; none freed enough. ";
+    else if (outcome == BRIDGE_WAIT_ALL_WAITING)
+        note = std::string("Stopped waiting after ") + secs +
+               ": every thread holding bridge memory on this device was waiting for memory too, "
+               "so none would free any (this one was refused to end it). ";
+    else if (outcome == BRIDGE_WAIT_INTERRUPTED)
+        note = std::string("Gave up waiting after ") + secs + " (interrupted). ";
+    else if (outcome == BRIDGE_WAIT_CAPTURE)
+        note = "Did not wait: a CUDA graph capture runs on this device. ";
+    else if (outcome == BRIDGE_WAIT_HOPELESS)
+        note = "Did not wait: the request is larger than the budget or the device. ";
+    if (outcome == BRIDGE_WAIT_TIMEOUT || outcome == BRIDGE_WAIT_ALL_WAITING) {
+        bridge_holder h[8];
+        int n = 0;
+        if (bridge_wait_holders(device, h, 8, &n) == BRIDGE_OK && n > 0) {
+            note += "Threads holding bridge memory:";
+            for (int i = 0; i < n; i++)
+                note += std::string(i ? "," : "") + " thread " + std::to_string(h[i].thread) + " " +
+                        gib(h[i].bytes) + (h[i].waiting ? " (waiting)" : "");
+            note += ". ";
+        }
+    }
+    return note;
+}
+
 [[noreturn]] void throw_failure(int rc, size_t size, int device)
 {
     bridge_stats s;
@@ -98,7 +133,8 @@ std::string gib(uint64_t bytes)
            ", other bridge users " +
            gib(s.tag[BRIDGE_TAG_OTHER].current) + ", jax and others outside the bridge " +
            gib(others) + ", pool reserved " + gib(s.pool_reserved) +
-           ". Free tensors or arrays you no longer need, lower the batch size, or raise the "
+           ". " + wait_note(device) +
+           "Free tensors or arrays you no longer need, lower the batch size, or raise the "
            "budget (bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT).";
     throw std::runtime_error(msg);
 }

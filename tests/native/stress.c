@@ -2,7 +2,7 @@
 /* stress.c: threads against the core's ledger, built with a sanitizer.
  *
  * A standalone program (no Python): it links the core's C files (driver.c,
- * records.c, cache.c, ledger.c, pinned.c, views.c; not pymod.c, pypinned.c, pyviews.c nor
+ * records.c, cache.c, ledger.c, wait.c, pinned.c, views.c; not pymod.c, pypinned.c, pyviews.c nor
  * torch_abi.cpp) and loads the stand-in driver (tests/standin/standin_cuda.c)
  * through bridge_init(path), so ThreadSanitizer sees every lock and atomic of
  * the core and AddressSanitizer (with LeakSanitizer) every byte it mallocs.
@@ -232,6 +232,7 @@ typedef struct worker {
                              * must be the same after every call */
     int default_streams;    /* allocate on the default streams (NULL, 1, 2)
                              * and a few sizes only: the cache serves them */
+    double wait_s;          /* the thread's wait for memory (wait.c); 0: none */
     uint64_t refusals, ok;
 } worker;
 
@@ -244,6 +245,8 @@ static void *edge_thread(void *arg)
     size_t sizes[HOLD] = {0};
     uint64_t s = w->seed;
     void *ctx = NULL, *now_ctx = NULL;
+    if (w->wait_s > 0)
+        CHECK(bridge_set_thread_wait(1, w->wait_s, w->id % 3) == BRIDGE_OK, "set_thread_wait");
     if (w->check_ctx) {
         /* the caller works on the other device: its context is current */
         CHECK(standin.ctx_retain(&ctx, 1 - w->dev) == 0 && ctx != NULL, "no context");
@@ -320,6 +323,33 @@ static void phase_edge(void)
     printf("  edge: %" PRIu64 " allocations, %" PRIu64 " refused at the budget, peak %" PRIu64
            " of %" PRIu64 "\n", ok, refusals, s0.peak_used, limit);
     check_idle("edge");
+}
+
+/* ---- phase: wait (the edge, every thread waiting a little when refused) ---- */
+static void phase_wait(void)
+{
+    reset();
+    const uint64_t limit = 1 * MIB;
+    CHECK(bridge_set_limit(0, limit) == BRIDGE_OK, "set_limit");
+    bridge_stats b = stats_of(0);
+    worker w[8];
+    for (int i = 0; i < 8; i++)
+        w[i] = (worker){.id = i, .dev = 0, .iters = 600 * scale, .limit = limit,
+                        .max_size = 128 * KIB, .seed = 0xD1B54A32D192ED03ull * (uint64_t)(i + 1),
+                        .tags = BRIDGE_NTAGS, .wait_s = 0.002};
+    run_threads(8, edge_thread, w, sizeof w[0]);
+    uint64_t ok = 0;
+    for (int i = 0; i < 8; i++)
+        ok += w[i].ok;
+    bridge_stats s = stats_of(0);
+    CHECK(s.peak_used <= limit, "peak %" PRIu64 " > budget", s.peak_used);
+    CHECK(s.num_waits > b.num_waits, "nobody waited: not at the edge");
+    CHECK(s.waiting == 0, "%" PRIu64 " threads still counted as waiting", s.waiting);
+    printf("  wait: %" PRIu64 " allocations, %" PRIu64 " waits (%" PRIu64 " timed out, %" PRIu64
+           " ended as all waiting)\n", ok, s.num_waits - b.num_waits,
+           s.num_wait_timeouts - b.num_wait_timeouts,
+           s.num_wait_all_waiting - b.num_wait_all_waiting);
+    check_idle("wait");
 }
 
 /* ---- phase: cross (allocated here, freed there) ---- */
@@ -933,6 +963,8 @@ int main(int argc, char **argv)
         standin.set_capacity(d, 64 * MIB);
     printf("stress: edge\n");
     phase_edge();
+    printf("stress: wait\n");
+    phase_wait();
     printf("stress: cross\n");
     phase_cross();
     printf("stress: limits\n");
