@@ -15,8 +15,8 @@ native = "bridge/_native"
 core = Extension(
     "bridge._core",
     sources=[f"{native}/{name}" for name in
-             ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "pinned.c", "pymod.c",
-              "pypinned.c",
+             ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "share.c", "pinned.c", "pymod.c",
+              "pypinned.c", "pyshare.c",
               "torch_abi.cpp")],
     include_dirs=[native],
     extra_compile_args=flags,

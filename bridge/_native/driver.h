@@ -74,6 +74,7 @@ typedef struct {
     X(cuDeviceGet, (CUdevice * dev, int ordinal))                              \
     X(cuDeviceGetAttribute, (int *pi, int attrib, CUdevice dev))               \
     X(cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev))                     \
+    X(cuDeviceGetUuid_v2, (unsigned char *uuid16, CUdevice dev))               \
     X(cuDeviceCanAccessPeer, (int *can, CUdevice dev, CUdevice peer))          \
     X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))              \
     X(cuCtxGetCurrent, (CUcontext * pctx))                                     \

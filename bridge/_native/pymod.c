@@ -901,8 +901,9 @@ static struct PyModuleDef moduledef = {
     NULL, NULL, NULL, NULL,
 };
 
-/* The pinned pool's type and functions (pypinned.c). */
+/* The pinned pool's type and functions (pypinned.c); the share's (pyshare.c). */
 int bridge_pypinned_add(PyObject *m);
+int bridge_pyshare_add(PyObject *m);
 
 PyMODINIT_FUNC PyInit__core(void)
 {
@@ -922,7 +923,7 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
         PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0 ||
-        bridge_pypinned_add(m) < 0) {
+        bridge_pypinned_add(m) < 0 || bridge_pyshare_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }
