@@ -21,7 +21,16 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _native import ROOT, compare, compile_c, sources  # noqa: E402
 
-CORE_C = ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "pinned.c")
+CORE_C = (
+    "driver.c",
+    "records.c",
+    "cache.c",
+    "streams.c",
+    "ledger.c",
+    "graph.c",
+    "share.c",
+    "pinned.c",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

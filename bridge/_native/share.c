@@ -48,6 +48,7 @@
 #include "cache.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
@@ -79,7 +80,7 @@
 #define W_PID_MASK ((1ull << W_PID_BITS) - 1)
 
 typedef struct share_header {
-    uint64_t magic;            /* SHARE_MAGIC once the header is complete */
+    _Atomic uint64_t magic;    /* SHARE_MAGIC once the header is complete (stored last) */
     uint32_t version;          /* SHARE_VERSION */
     uint32_t header_size;      /* sizeof(share_header) */
     uint32_t slot_size;        /* sizeof(share_slot) */
@@ -142,6 +143,7 @@ struct share_member {
         num_lost;
     char name[SHARE_NAME_MAX + 1];
     char path[512];
+    char real[PATH_MAX];         /* the path with links resolved, as /proc/<pid>/maps names it */
 };
 
 static char share_error_text[768];
@@ -204,9 +206,32 @@ static uint64_t proc_start(uint32_t pid, char *state)
     return p ? strtoull(p, NULL, 10) : 0;
 }
 
+/* Whether process `pid` maps the file `real` (its /proc/<pid>/maps names
+ * it); 1 when that cannot be read. */
+static int maps_file(uint32_t pid, const char *real)
+{
+    char path[64], line[4096];
+    snprintf(path, sizeof path, "/proc/%u/maps", pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return errno == ENOENT ? 0 : 1;
+    size_t n = strlen(real);
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        size_t len = strlen(line);
+        while (len && (line[len - 1] == '\n' || line[len - 1] == ' '))
+            line[--len] = 0;
+        found = len >= n && strcmp(line + len - n, real) == 0;
+    }
+    fclose(f);
+    return found;
+}
+
 /* 0 only when the slot's owner is surely gone: no such pid, a zombie, or
- * the pid now names a process that started at another time. */
-static int owner_alive(uint32_t pid, uint64_t start)
+ * the pid now names a process that started at another time.  A slot whose
+ * start time is 0 is being set up, or was written by someone else: its pid
+ * must map the file (`real`) to count as a member. */
+static int owner_alive(uint32_t pid, uint64_t start, const char *real)
 {
     if (pid == 0)
         return 0;
@@ -218,7 +243,9 @@ static int owner_alive(uint32_t pid, uint64_t start)
         return 1; /* cannot tell (no /proc): alive */
     if (state == 'Z' || state == 'X')
         return 0;
-    return start == 0 || st == start;
+    if (start == 0)
+        return !real || maps_file(pid, real);
+    return st == start;
 }
 
 /* ---- claims ---- */
@@ -311,7 +338,7 @@ static int reclaim_dead(share_member *m)
         uint64_t start = atomic_load(&s->start);
         if (atomic_load(&s->word) != o)
             continue; /* changing: look again next time */
-        if (w_pid(o) != 0 && owner_alive(w_pid(o), start))
+        if (w_pid(o) != 0 && owner_alive(w_pid(o), start, m->real))
             continue;
         /* gone (or a claim without an owner, from a corrupt write): free the
          * slot with the next generation, so that a slow reclaimer that saw
@@ -482,7 +509,7 @@ static int header_matches(const share_header *h, const uint8_t uuid[16], const c
                           const char *path)
 {
     const char *why = NULL;
-    if (h->magic != SHARE_MAGIC)
+    if (atomic_load(&h->magic) != SHARE_MAGIC)
         why = "its magic number is not bridge's";
     else if (h->version != SHARE_VERSION)
         why = "it is of another layout version (another bridge version is using it)";
@@ -509,7 +536,7 @@ static int live_members(share_member *tmp)
     int n = 0;
     for (uint32_t i = 0; i < SHARE_SLOTS; i++) {
         uint64_t w = atomic_load(&tmp->slots[i].word);
-        if (w_pid(w) && owner_alive(w_pid(w), atomic_load(&tmp->slots[i].start)))
+        if (w_pid(w) && owner_alive(w_pid(w), atomic_load(&tmp->slots[i].start), NULL))
             n++;
     }
     return n;
@@ -561,7 +588,7 @@ static int open_file(const char *path, const uint8_t uuid[16], const char *name,
         m->slots = (share_slot *)((char *)map + sizeof(share_header));
         /* A complete file of zeros: its creator died before writing the
          * header (no member can exist without it). */
-        if (fresh || h->magic == 0) {
+        if (fresh || atomic_load(&h->magic) == 0) {
             if (!budget) {
                 rc = fail("the share '%s' does not exist yet on this GPU%s: the first process "
                           "of a share must give its budget (bridge.unify(budget=..., share=...) "
@@ -577,8 +604,7 @@ static int open_file(const char *path, const uint8_t uuid[16], const char *name,
                 h->uid = (uint32_t)geteuid();
                 memcpy(h->uuid, uuid, 16);
                 snprintf(h->name, sizeof h->name, "%s", name);
-                atomic_thread_fence(memory_order_seq_cst);
-                h->magic = SHARE_MAGIC;
+                atomic_store(&h->magic, SHARE_MAGIC);
             }
         } else if ((rc = header_matches(h, uuid, name, path)) == BRIDGE_OK && budget &&
                    atomic_load(&h->budget) != budget) {
@@ -661,6 +687,8 @@ int bridge_share_join(int device, const char *name, const char *dir, uint64_t bu
         pthread_mutex_unlock(&join_lock);
         return rc;
     }
+    if (!realpath(m->path, m->real))
+        snprintf(m->real, sizeof m->real, "%s", m->path);
     m->budget_units = atomic_load(&m->hdr->budget) / SHARE_UNIT;
     /* a free slot: pid 0 -> ours, keeping its generation */
     for (int round = 0; round < 2 && !m->me; round++) {
