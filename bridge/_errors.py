@@ -73,6 +73,7 @@ class Status(enum.IntEnum):
     TAG_LIMIT = 8
     NOTINIT = 9
     FORKED = 10
+    SHARE = 11
 
 
 OOM_STATUSES = frozenset({Status.BUDGET, Status.OOM, Status.TAG_LIMIT})
@@ -126,6 +127,10 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
             "(multiprocessing.set_start_method('spawn'), or DataLoader(multiprocessing_context="
             "'spawn')), or allocate GPU and pinned memory in the parent."
         )
+    if rc == Status.SHARE:
+        from bridge import _core
+
+        raise BridgeError(f"{what}{where}: {_core.share_error()}")
     if rc == Status.NOTINIT:
         raise BridgeError(f"{what}: the CUDA driver is not loaded yet; call bridge.unify() first.")
     if rc == Status.INVALID:
