@@ -162,12 +162,20 @@ def oom_message(device: int, size: int, rc: int, *, framework: str) -> str:
         budget = format_bytes(s.limit) if s.limit else "none"
         tail = f"pool reserved {format_bytes(s.reserved)} of {format_bytes(s.total)}"
         cap = next((t["limit"] for t in s.tags if t.get("name") == framework), 0)
+        share = s.share
     except Exception:  # noqa: BLE001 - the message must not fail
-        held, budget, tail, cap = "unknown", "unknown", "", 0
+        held, budget, tail, cap, share = "unknown", "unknown", "", 0, None
     if rc == Status.TAG_LIMIT:
         why = (
             f"{framework}'s share is capped at {format_bytes(cap)} "
             "(torch.cuda.set_per_process_memory_fraction)"
+        )
+    elif rc == Status.BUDGET and share:
+        why = (
+            f"the share {share['name']!r} ({share['members']} processes on this GPU) has a "
+            f"budget of {format_bytes(share['budget'])}, of which the others claim "
+            f"{format_bytes(max(0, share['group'] - share['claim']))} and this process "
+            f"{format_bytes(share['claim'])} (`python -m bridge stats` lists them)"
         )
     elif rc == Status.BUDGET:
         why = f"the bridge budget is {budget}"

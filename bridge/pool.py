@@ -77,6 +77,13 @@ class Stats:
     num_frees, num_retries, num_bad_frees, num_driver_errors : int
         Frees; allocations that succeeded after recovery; frees of unknown
         pointers or double frees (ignored); driver errors seen on free paths.
+    share : dict or None
+        This process's membership of a share (``unify(share=...)``), None
+        when the device is in none: ``name``, ``budget`` (the share's),
+        ``claim`` (what this process may hold: its pool, cached blocks
+        included), ``group`` (every member's claim), ``members``, and counters
+        (``num_refused``, ``num_asks``, ``num_trims_served``,
+        ``num_reclaimed``, ``num_overshoots``, ``num_lost``).
     """
 
     device: int
@@ -97,6 +104,7 @@ class Stats:
     num_bad_frees: int = 0
     num_driver_errors: int = 0
     tags: tuple = ()
+    share: dict | None = None
 
     def as_dict(self) -> dict:
         """The snapshot as plain data (for JSON)."""
@@ -167,7 +175,14 @@ def _snapshot(device: int) -> Stats:
         num_bad_frees=raw["num_bad_frees"],
         num_driver_errors=raw["num_driver_errors"],
         tags=tuple(dict(t, name=_TAG_NAMES[i]) for i, t in enumerate(tags)),
+        share=_share_of(device),
     )
+
+
+def _share_of(device: int) -> dict | None:
+    rc, info = core.share_stats(device)
+    check(rc, what="reading the share", device=device)
+    return dict(info) if info is not None else None
 
 
 def stats(device: int | None = None) -> Stats:

@@ -534,3 +534,29 @@ def test_the_stats_keys_match_the_stub(workers, share_dir):
     w = workers()
     w.call("join", name=_name(), budget=8 * MIB)
     assert set(w.call("stats")["share"]) == _typed_dict_keys("ShareStats")
+
+
+def test_the_share_benchmark_runs_on_the_standin(tmp_path):
+    out = tmp_path / "r.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(HERE.parent / "benchmarks" / "bench_share.py"),
+            "--framework=core",
+            "--iters=200",
+            "--repeats=2",
+            "--warmup=20",
+            f"--json={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, BRIDGE_SHARE_DIR=tempfile.mkdtemp()),
+    )
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert res["status"] == "ok", res
+    assert set(res["configs"]) == {"own", "share", "own-pool", "share-pool"}
+    assert res["configs"]["share"]["info"]["share"]["members"] == 1
+    assert res["configs"]["own"]["info"]["share"] is None
+    assert set(res["ratios"]) == {"share/own", "share-pool/own-pool"}
