@@ -172,7 +172,8 @@ def oom_message(device: int, size: int, rc: int, *, framework: str) -> str:
         )
     elif rc == Status.BUDGET and share:
         why = (
-            f"the share {share['name']!r} ({share['members']} processes on this GPU) has a "
+            f"the share {share['name']!r} ({share['members']} "
+            f"process{'' if share['members'] == 1 else 'es'} on this GPU) has a "
             f"budget of {format_bytes(share['budget'])}, of which the others claim "
             f"{format_bytes(max(0, share['group'] - share['claim']))} and this process "
             f"{format_bytes(share['claim'])} (`python -m bridge stats` lists them)"

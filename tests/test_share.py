@@ -507,6 +507,11 @@ def test_unify_with_a_share_joins_it(share_dir):
         "from bridge import share\n"
         "m = share.membership(0)\n"
         "assert m['name'] == 'u1' and m['budget'] == 64 << 20, m\n"
+        "s = bridge.stats(0)\n"
+        "assert s.share['name'] == 'u1' and s.share['members'] == 1, s.share\n"
+        "from bridge._errors import Status, oom_message\n"
+        "msg = oom_message(0, 1 << 30, Status.BUDGET, framework='cupy')\n"
+        "assert \"the share 'u1' (1 process on this GPU)\" in msg, msg\n"
         "print('ok')\n"
     )
     env = dict(os.environ, BRIDGE_SHARE_DIR=str(share_dir))

@@ -21,8 +21,10 @@
  * both admitted (each one's sum includes the other's raise: the operations
  * are sequentially consistent).  A member's claim covers its pool because
  * the pool grows only by allocations, each by at most its size rounded up to
- * SHARE_UNIT (checked after each one; a larger growth is counted in
- * `overshoots` and claimed at once).
+ * SHARE_UNIT (checked after each allocation that raised the claim and by the
+ * service thread every round; a larger growth is counted in `overshoots` and
+ * claimed at once).  An allocation the claim already covers costs one pool
+ * attribute read and two atomic adds of this process's own counters.
  *
  * Giving memory back.  A member's pool keeps what its frameworks free (the
  * bridge's release threshold): the claim stays until the member trims.  A
@@ -126,6 +128,15 @@ static uint64_t w_make(uint32_t gen, uint32_t pid, uint64_t units)
 }
 static uint64_t units_of(uint64_t bytes) { return bytes / SHARE_UNIT + (bytes % SHARE_UNIT != 0); }
 static uint64_t round_unit(uint64_t bytes) { return units_of(bytes) * SHARE_UNIT; }
+
+/* a -= v, never below 0 (an allocation that began before the process joined
+ * settles after it without having been added) */
+static void sub_floor(_Atomic uint64_t *a, uint64_t v)
+{
+    uint64_t cur = atomic_load(a);
+    while (!atomic_compare_exchange_weak(a, &cur, cur > v ? cur - v : 0))
+        ;
+}
 
 /* ---- this process in a group ---- */
 struct share_member {
@@ -395,12 +406,16 @@ static void ask_others(share_member *m)
 }
 
 /* ---- the ledger's calls ---- */
+/* 1 between a share_reserve that raised the claim and its share_settle (the
+ * same thread: an allocation reserves and settles on one thread). */
+static __thread int claim_raised;
+
 int share_reserve(struct device_state *d, share_member *m, uint64_t size)
 {
     uint64_t g = round_unit(size);
     atomic_fetch_add(&m->inflight, g);
     /* fast path: the claim already covers the pool plus what is in flight
-     * (one attribute read, one atomic add; no shared cache line written) */
+     * (one pool attribute read, one atomic add; nothing shared is written) */
     if (need_units(d, m) <= atomic_load(&m->claim))
         return BRIDGE_OK;
     int rc = BRIDGE_E_BUDGET;
@@ -423,31 +438,45 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
         pthread_mutex_unlock(&m->lock);
     }
     if (rc != BRIDGE_OK) {
-        atomic_fetch_sub(&m->inflight, g);
+        sub_floor(&m->inflight, g);
         atomic_fetch_add(&m->num_refused, 1);
+        return rc;
     }
-    return rc;
+    claim_raised = 1;
+    return BRIDGE_OK;
+}
+
+/* The pool against the claim: a pool above it grew by more than the
+ * allocations rounded to a unit (counted, and claimed at once: the memory is
+ * taken); a claim above the pool and what is in flight by more than
+ * SHARE_SLACK is lowered.  The pool alone is compared for the first: the
+ * growth of allocations in flight is in both it and `inflight`. */
+static void check_pool(struct device_state *d, share_member *m)
+{
+    uint64_t r = pool_reserved(d);
+    if (r == UINT64_MAX)
+        return;
+    uint64_t have = atomic_load(&m->claim);
+    if (units_of(r) > have) {
+        pthread_mutex_lock(&m->lock);
+        claim_raise(m, units_of(r), 1);
+        pthread_mutex_unlock(&m->lock);
+        atomic_fetch_add(&m->num_overshoots, 1);
+        atomic_fetch_add(&m->me->overshoots, 1);
+    } else if (have > units_of(r + atomic_load(&m->inflight)) + SHARE_SLACK / SHARE_UNIT) {
+        claim_fit(d, m); /* served from memory the pool held: give the rest back */
+    }
 }
 
 void share_settle(struct device_state *d, share_member *m, uint64_t size, int granted)
 {
-    atomic_fetch_sub(&m->inflight, round_unit(size));
-    if (!granted)
-        return;
-    uint64_t need = need_units(d, m), have = atomic_load(&m->claim);
-    if (need == UINT64_MAX)
-        return;
-    if (need > have) {
-        /* the pool grew by more than the allocation rounded to a unit: the
-         * growth happened, so the claim must show it (counted) */
-        pthread_mutex_lock(&m->lock);
-        claim_raise(m, need_units(d, m), 1);
-        pthread_mutex_unlock(&m->lock);
-        atomic_fetch_add(&m->num_overshoots, 1);
-        atomic_fetch_add(&m->me->overshoots, 1);
-    } else if ((have - need) * SHARE_UNIT > SHARE_SLACK) {
-        claim_fit(d, m); /* served from memory the pool held: give the rest back */
-    }
+    sub_floor(&m->inflight, round_unit(size));
+    int raised = claim_raised;
+    claim_raised = 0;
+    /* after a fast-path reservation nothing more: the service thread checks
+     * the pool against the claim every round */
+    if (granted && raised)
+        check_pool(d, m);
 }
 
 /* ---- the service thread ---- */
@@ -494,6 +523,7 @@ static void *serve(void *arg)
             futex_wake(&m->hdr->answers);
         }
         publish(m);
+        check_pool(&bridge_devices[m->device], m);
         uint64_t now = now_ns();
         if (now - last_scan >= SHARE_SCAN_NS) {
             reclaim_dead(m);
