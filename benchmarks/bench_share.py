@@ -9,8 +9,9 @@ bench_turns.py does (one loop of ``--iters`` alloc+free pairs per size, the
 order rotating every round; best loop against best loop):
 
   own           ``unify(budget=BUDGET)``: this process's own budget
-  share         ``unify(budget=BUDGET, share=NAME)``: the same budget, shared (the
-                share has this one member: what is timed is the check, not waiting)
+  share         ``unify(budget=BUDGET, share=NAME)``: the same budget, shared (each
+                share configuration has a share of its own, with this one member: what
+                is timed is the check, not waiting for others)
   own-pool      ``own`` with the cache off (``BRIDGE_CACHE_LIMIT=0``): every
                 allocation reaches the pool, so every one passes the budget check
   share-pool    ``share`` with the cache off: every allocation passes the share's check
@@ -120,7 +121,7 @@ def coordinate(args: argparse.Namespace, result: dict) -> None:
         else:
             env.pop("BRIDGE_CACHE_LIMIT", None)
         argv = [sys.executable, me, "--worker", "--framework", args.framework, "--config", c,
-                "--budget", args.budget, "--share", share]  # fmt: skip
+                "--budget", args.budget, "--share", f"{share}-{c}"]  # fmt: skip
         specs[c] = (argv + (["--cpu", str(args.cpu)] if args.cpu is not None else []), env)
     workers = start_workers(specs, configs)
     samples: dict = {c: {str(n): [] for n in args.sizes} for c in workers}

@@ -169,7 +169,9 @@ class Share:
     path : str
     budget : int
     claimed : int
-        The sum of the members' claims (never above ``budget``).
+        The sum of the members' claims. A raise is visible while it is
+        checked against the budget, so this may show above ``budget`` for a
+        moment; what the members are admitted to hold never is.
     members : tuple[Member, ...]
     error : str or None
         Why the file could not be read (then the other figures are empty).

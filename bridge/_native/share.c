@@ -148,6 +148,10 @@ struct share_member {
     uint64_t budget_units;       /* the budget at join, in units (rounded down) */
     pthread_mutex_t lock;        /* changes of this process's claim */
     _Atomic uint64_t claim;      /* units; == w_units(me->word) */
+    _Atomic uint64_t cap;        /* units; while a change of the claim is being decided
+                                    (under `lock`), the fast path admits no more than this:
+                                    the claim before a raise that may be taken back, the
+                                    target of a lowering.  UINT64_MAX: none */
     _Atomic uint64_t inflight;   /* bytes (unit-rounded) between share_reserve and settle */
     pthread_t thread;
     _Atomic uint64_t num_refused, num_asks, num_trims_served, num_reclaimed, num_overshoots,
@@ -295,13 +299,31 @@ static int claim_raise(share_member *m, uint64_t want, int force)
     uint64_t have = atomic_load(&m->claim);
     if (want <= have)
         return BRIDGE_OK;
-    if (want > W_UNIT_MASK || !claim_set(m, want))
+    if (want > W_UNIT_MASK)
         return BRIDGE_E_BUDGET;
-    /* the raise is visible before the sum is read: see the banner */
-    if (force || group_units(m) <= m->budget_units)
-        return BRIDGE_OK;
-    claim_set(m, have);
-    return BRIDGE_E_BUDGET;
+    if (force)
+        return claim_set(m, want) ? BRIDGE_OK : BRIDGE_E_BUDGET;
+    /* A raise may be taken back: until that is decided, this process's
+     * other threads admit no more than the claim before it. */
+    atomic_store(&m->cap, have);
+    int rc = BRIDGE_E_BUDGET;
+    if (claim_set(m, want)) {
+        /* the raise is visible before the sum is read: see the banner */
+        if (group_units(m) <= m->budget_units)
+            rc = BRIDGE_OK;
+        else
+            claim_set(m, have);
+    }
+    atomic_store(&m->cap, UINT64_MAX);
+    return rc;
+}
+
+/* Whether the claim covers `need` units for the fast path (see `cap`). */
+static int covered(share_member *m, uint64_t need)
+{
+    uint64_t cap = atomic_load(&m->cap); /* the cap first: see claim_fit */
+    uint64_t claim = atomic_load(&m->claim);
+    return need <= (cap < claim ? cap : claim);
 }
 
 /* The pool's reserved bytes; a failed read gives UINT64_MAX (refuse) when
@@ -317,8 +339,10 @@ static uint64_t pool_reserved(struct device_state *d)
 
 static uint64_t need_units(struct device_state *d, share_member *m)
 {
-    uint64_t r = pool_reserved(d);
+    /* in flight first, the pool second: an allocation that settles between
+     * the two reads has grown the pool by then */
     uint64_t in = atomic_load(&m->inflight);
+    uint64_t r = pool_reserved(d);
     if (r == UINT64_MAX || r + in < r)
         return UINT64_MAX;
     return units_of(r + in);
@@ -328,9 +352,21 @@ static uint64_t need_units(struct device_state *d, share_member *m)
 static void claim_fit(struct device_state *d, share_member *m)
 {
     pthread_mutex_lock(&m->lock);
-    uint64_t need = need_units(d, m);
-    if (need < atomic_load(&m->claim))
-        claim_set(m, need);
+    uint64_t have = atomic_load(&m->claim);
+    uint64_t target = need_units(d, m);
+    if (target < have) {
+        /* A thread of this process may have passed the fast path against
+         * the old claim after `target` was read.  Cap the fast path at the
+         * target first, then read again: such a thread's growth is in flight
+         * or in the pool by now (it read the cap before the claim). */
+        atomic_store(&m->cap, target);
+        uint64_t again = need_units(d, m);
+        if (again > target)
+            target = again;
+        if (target < have)
+            claim_set(m, target);
+        atomic_store(&m->cap, UINT64_MAX);
+    }
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -416,7 +452,7 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
     atomic_fetch_add(&m->inflight, g);
     /* fast path: the claim already covers the pool plus what is in flight
      * (one pool attribute read, one atomic add; nothing shared is written) */
-    if (need_units(d, m) <= atomic_load(&m->claim))
+    if (covered(m, need_units(d, m)))
         return BRIDGE_OK;
     int rc = BRIDGE_E_BUDGET;
     for (int step = 0; step < 4 && rc != BRIDGE_OK; step++) {
@@ -710,6 +746,7 @@ int bridge_share_join(int device, const char *name, const char *dir, uint64_t bu
     snprintf(m->name, sizeof m->name, "%s", name);
     m->device = device;
     m->pid = (uint32_t)getpid();
+    atomic_store(&m->cap, UINT64_MAX);
     pthread_mutex_init(&m->lock, NULL);
     rc = open_file(m->path, uuid, name, budget, m);
     if (rc != BRIDGE_OK) {
@@ -720,6 +757,7 @@ int bridge_share_join(int device, const char *name, const char *dir, uint64_t bu
     if (!realpath(m->path, m->real))
         snprintf(m->real, sizeof m->real, "%s", m->path);
     m->budget_units = atomic_load(&m->hdr->budget) / SHARE_UNIT;
+    reclaim_dead(m); /* members that ended since anyone last looked */
     /* a free slot: pid 0 -> ours, keeping its generation */
     for (int round = 0; round < 2 && !m->me; round++) {
         for (uint32_t i = 0; i < SHARE_SLOTS && !m->me; i++) {
