@@ -84,7 +84,7 @@ class Worker:
 
 
 @pytest.fixture
-def workers():
+def workers(standin):
     made: list[Worker] = []
 
     def make(**env: str) -> Worker:
@@ -98,7 +98,7 @@ def workers():
 
 
 @pytest.fixture
-def share_dir(monkeypatch):
+def share_dir(standin, monkeypatch):
     d = tempfile.mkdtemp(prefix="bridge-share-test-")
     monkeypatch.setenv("BRIDGE_SHARE_DIR", d)
     return pathlib.Path(d)
@@ -541,7 +541,7 @@ def test_the_stats_keys_match_the_stub(workers, share_dir):
     assert set(w.call("stats")["share"]) == _typed_dict_keys("ShareStats")
 
 
-def test_the_share_benchmark_runs_on_the_standin(tmp_path):
+def test_the_share_benchmark_runs_on_the_standin(standin, tmp_path):
     out = tmp_path / "r.json"
     r = subprocess.run(
         [
