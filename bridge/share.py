@@ -237,6 +237,14 @@ def _alive(pid: int, start: int, path: str) -> bool:
     return _maps(pid, os.path.realpath(path)) is not False
 
 
+def _start_of(buf: bytes, o: int, word: int) -> int:
+    """The slot's start time, or 0 while it is a former owner's (the new one is setting up)."""
+    gen = word >> (int(_LAYOUT["unit_bits"]) + int(_LAYOUT["pid_bits"]))
+    if _u32(buf, o + _LAYOUT["off_fields_gen"]) != gen & 0xFFFFFFFF:
+        return 0
+    return _u64(buf, o + _LAYOUT["off_start"])
+
+
 def _read_share(path: str, uid: int) -> Share:
     """One file, read without trusting it: every figure checked, never an exception."""
     base = os.path.basename(path)
@@ -303,7 +311,7 @@ def _read_share(path: str, uid: int) -> Share:
             Member(
                 pid=pid,
                 device=struct.unpack_from("<i", buf, o + lay["off_device"])[0],
-                alive=_alive(pid, _u64(buf, o + lay["off_start"]), path),
+                alive=_alive(pid, _start_of(buf, o, word), path),
                 claim=claim,
                 by_framework=by,
                 cached=_u64(buf, o + lay["off_cached"]),

@@ -565,3 +565,32 @@ def test_the_share_benchmark_runs_on_the_standin(standin, tmp_path):
     assert res["configs"]["share"]["info"]["share"]["members"] == 1
     assert res["configs"]["own"]["info"]["share"] is None
     assert set(res["ratios"]) == {"share/own", "share-pool/own-pool"}
+
+
+def test_a_new_owners_slot_is_not_judged_by_its_former_owners_start_time(workers, share_dir):
+    a = workers()
+    name = _name()
+    a.call("join", name=name, budget=64 * MIB)
+    f = _only_file(share_dir)
+    o = LAYOUT["header_size"] + 7 * LAYOUT["slot_size"]
+    gen_shift = LAYOUT["unit_bits"] + LAYOUT["pid_bits"]
+    word = (3 << gen_shift) | (a.pid << LAYOUT["unit_bits"]) | 1
+    with open(f, "r+b") as fh:  # as a member of generation 3 looks while it sets up:
+        fh.seek(o + LAYOUT["off_start"])  # the start time and its generation are the
+        fh.write(struct.pack("<Q", 12345))  # former owner's (generation 2)
+        fh.seek(o + LAYOUT["off_fields_gen"])
+        fh.write(struct.pack("<I", 2))
+        fh.seek(o + LAYOUT["off_word"])
+        fh.write(struct.pack("<Q", word))
+    time.sleep(1.5)  # a's service thread looks every second
+    (sh,) = share.list_shares(str(share_dir))
+    assert [m.alive for m in sh.members if m.pid == a.pid] == [True, True]
+    assert a.call("stats")["share"]["num_reclaimed"] == 0
+    with open(f, "r+b") as fh:  # now the start time is the owner's own: a wrong one
+        fh.seek(o + LAYOUT["off_fields_gen"])
+        fh.write(struct.pack("<I", 3))
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and a.call("stats")["share"]["num_reclaimed"] < 1:
+        time.sleep(0.1)
+    (sh,) = share.list_shares(str(share_dir))
+    assert [m.pid for m in sh.members] == [a.pid]

@@ -229,7 +229,7 @@ typedef struct bridge_share_layout_info {
     uint64_t off_budget, off_uid, off_uuid, off_name;
     uint64_t off_word, off_start, off_trim_req, off_trim_done, off_asked_at, off_heartbeat;
     uint64_t off_tag_bytes, off_outside, off_cached, off_pool_reserved, off_device,
-        off_overshoots;
+        off_overshoots, off_fields_gen;
 } bridge_share_layout_info;
 int bridge_share_layout(bridge_share_layout_info *out);
 

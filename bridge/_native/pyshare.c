@@ -92,6 +92,7 @@ static PyObject *py_share_layout(PyObject *m, PyObject *a)
     PUT(off_pool_reserved);
     PUT(off_device);
     PUT(off_overshoots);
+    PUT(off_fields_gen);
 #undef PUT
     return d;
 }

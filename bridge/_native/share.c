@@ -110,7 +110,9 @@ typedef struct share_slot {
     _Atomic uint64_t pool_reserved; /* RESERVED_MEM_CURRENT (published) */
     _Atomic int32_t device;      /* the owner's ordinal of this GPU */
     _Atomic uint32_t overshoots; /* growths its claim did not cover in advance */
-    uint8_t pad[32];
+    _Atomic uint32_t fields_gen; /* the generation whose owner wrote `start`: until it
+                                    equals the word's, `start` is a former owner's */
+    uint8_t pad[28];
 } share_slot;
 
 _Static_assert(sizeof(share_header) == 256, "share header layout");
@@ -383,6 +385,8 @@ static int reclaim_dead(share_member *m)
         if (o == 0 || (w_pid(o) == 0 && w_units(o) == 0))
             continue;
         uint64_t start = atomic_load(&s->start);
+        if (atomic_load(&s->fields_gen) != (w_gen(o) & 0xffffffffu))
+            start = 0; /* a former owner's: the new one is still setting up */
         if (atomic_load(&s->word) != o)
             continue; /* changing: look again next time */
         if (w_pid(o) != 0 && owner_alive(w_pid(o), start, m->real))
@@ -602,7 +606,10 @@ static int live_members(share_member *tmp)
     int n = 0;
     for (uint32_t i = 0; i < SHARE_SLOTS; i++) {
         uint64_t w = atomic_load(&tmp->slots[i].word);
-        if (w_pid(w) && owner_alive(w_pid(w), atomic_load(&tmp->slots[i].start), NULL))
+        uint64_t start = atomic_load(&tmp->slots[i].fields_gen) == w_gen(w)
+                             ? atomic_load(&tmp->slots[i].start)
+                             : 0;
+        if (w_pid(w) && owner_alive(w_pid(w), start, NULL))
             n++;
     }
     return n;
@@ -786,6 +793,7 @@ int bridge_share_join(int device, const char *name, const char *dir, uint64_t bu
     atomic_store(&s->asked_at, 0);
     atomic_store(&s->trim_done, atomic_load(&s->trim_req)); /* requests to the last owner */
     atomic_store(&s->start, proc_start(m->pid, &state));
+    atomic_store(&s->fields_gen, m->gen); /* `start` is ours from now on */
     publish(m);
     /* what the pool holds already (the bridge used before joining) is claimed
      * as it is, within the budget or not */
@@ -862,5 +870,6 @@ int bridge_share_layout(bridge_share_layout_info *out)
     out->off_pool_reserved = offsetof(share_slot, pool_reserved);
     out->off_device = offsetof(share_slot, device);
     out->off_overshoots = offsetof(share_slot, overshoots);
+    out->off_fields_gen = offsetof(share_slot, fields_gen);
     return BRIDGE_OK;
 }
