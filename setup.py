@@ -16,7 +16,8 @@ core = Extension(
     "bridge._core",
     sources=[f"{native}/{name}" for name in
              ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "wait.c",
-              "pinned.c", "views.c", "pymod.c", "pypinned.c", "dlpack.c", "pyviews.c", "pycallback.c",
+              "share.c", "pinned.c", "views.c", "pymod.c", "pypinned.c", "dlpack.c", "pyviews.c",
+              "pycallback.c", "pyshare.c",
               "torch_abi.cpp")],
     include_dirs=[native],
     extra_compile_args=flags,

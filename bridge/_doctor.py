@@ -49,6 +49,7 @@ from bridge._runtime import CACHE_LIMIT_ENV, DRIVER_LIBRARY_ENV, core
 from bridge._version import __version__
 from bridge._wait import WAIT_ENV
 from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, HOST_MEMORY, PINNED_LIMIT_ENV, parse_size
+from bridge.share import SHARE_DIR_ENV, SHARE_ENV, share_name
 
 LEVELS = ("ok", "info", "warn", "error")
 
@@ -60,6 +61,8 @@ BRIDGE_ENV = (
     BACKEND_ENV,
     DRIVER_LIBRARY_ENV,
     WAIT_ENV,
+    SHARE_ENV,
+    SHARE_DIR_ENV,
 )
 
 # Variables whose mere presence deserves a sentence: name -> (level, advice).
@@ -307,6 +310,29 @@ def _environment(devices: list[dict]) -> list[Finding]:
                     "pinned-memory functions raise ValueError on it: fix or unset it.",
                 )
             )
+    share = env.get(SHARE_ENV)
+    if share:
+        try:
+            share_name(None)
+            found.append(
+                Finding(
+                    "ok",
+                    f"{SHARE_ENV}={share}",
+                    "valid: bridge.unify() joins this share (one budget for every process "
+                    "that uses it on a GPU).",
+                )
+            )
+        except ValueError as exc:
+            found.append(Finding("error", f"{SHARE_ENV}={share}", f"{exc}: bridge.unify() raises."))
+    share_dir = env.get(SHARE_DIR_ENV)
+    if share_dir and not os.path.isdir(share_dir):
+        found.append(
+            Finding(
+                "error",
+                f"{SHARE_DIR_ENV}={share_dir}",
+                "not a directory: a share cannot be joined. Create it or unset the variable.",
+            )
+        )
     for name in sorted(env):
         if name.startswith("BRIDGE_") and name not in BRIDGE_ENV:
             close = difflib.get_close_matches(name, BRIDGE_ENV, n=1, cutoff=0.85)

@@ -74,6 +74,7 @@ class Status(enum.IntEnum):
     TAG_LIMIT = 8
     NOTINIT = 9
     FORKED = 10
+    SHARE = 11
 
 
 OOM_STATUSES = frozenset({Status.BUDGET, Status.OOM, Status.TAG_LIMIT})
@@ -127,6 +128,10 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
             "(multiprocessing.set_start_method('spawn'), or DataLoader(multiprocessing_context="
             "'spawn')), or allocate GPU and pinned memory in the parent."
         )
+    if rc == Status.SHARE:
+        from bridge import _core
+
+        raise BridgeError(f"{what}{where}: {_core.share_error()}")
     if rc == Status.NOTINIT:
         raise BridgeError(f"{what}: the CUDA driver is not loaded yet; call bridge.unify() first.")
     if rc == Status.INVALID:
@@ -169,12 +174,21 @@ def oom_message(device: int, size: int, rc: int, *, framework: str) -> str:
         budget = format_bytes(s.limit) if s.limit else "none"
         tail = f"pool reserved {format_bytes(s.reserved)} of {format_bytes(s.total)}"
         cap = next((t["limit"] for t in s.tags if t.get("name") == framework), 0)
+        share = s.share
     except Exception:  # noqa: BLE001 - the message must not fail
-        held, budget, tail, cap = "unknown", "unknown", "", 0
+        held, budget, tail, cap, share = "unknown", "unknown", "", 0, None
     if rc == Status.TAG_LIMIT:
         why = (
             f"{framework}'s share is capped at {format_bytes(cap)} "
             "(torch.cuda.set_per_process_memory_fraction)"
+        )
+    elif rc == Status.BUDGET and share:
+        why = (
+            f"the share {share['name']!r} ({share['members']} "
+            f"process{'' if share['members'] == 1 else 'es'} on this GPU) has a "
+            f"budget of {format_bytes(share['budget'])}, of which the others claim "
+            f"{format_bytes(max(0, share['group'] - share['claim']))} and this process "
+            f"{format_bytes(share['claim'])} (`python -m bridge stats` lists them)"
         )
     elif rc == Status.BUDGET:
         why = f"the bridge budget is {budget}"

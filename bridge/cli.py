@@ -8,6 +8,9 @@ new process's pools (device memory and budget, nothing allocated yet); call
 ``bridge.cli.main(["stats"])`` or :func:`bridge.stats` inside a program to see
 that program's figures. ``demo`` runs the mixed case with the native
 allocators and on the bridge (:mod:`bridge.demo`).
+that program's figures. Below them it lists every share of this user
+(``unify(share=...)``): each member process with its device, claim and bytes
+per framework, read from the share files.
 
 Exit status: 0 when all is well; 1 when ``doctor`` reported an error (an
 ``[error]`` line: no driver, no GPU, a bad variable, an unusable framework),
@@ -18,7 +21,7 @@ not finish, or when the reader of the output went away
 
 from __future__ import annotations
 
-__all__ = ["main", "format_table", "snapshot"]
+__all__ = ["main", "format_table", "format_shares", "snapshot"]
 
 import argparse
 import json
@@ -29,6 +32,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from bridge import _doctor, _runtime, demo
+from bridge import share as _share
 from bridge._errors import BridgeError, format_bytes
 from bridge._version import __version__
 from bridge.pool import FRAMEWORKS, Stats, stats
@@ -81,6 +85,56 @@ def format_table(snapshots: Sequence[Stats]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+SHARE_COLUMNS = ("pid", "device", "claim", "cupy", "torch", "other", "cached", "state")
+
+
+def _member_state(m: _share.Member) -> str:
+    if not m.alive:
+        return "gone"
+    return "unresponsive" if m.unresponsive else "ok"
+
+
+def format_shares(shares: Sequence[_share.Share]) -> str:
+    """Shares as text: a line per share, then a table of its member processes.
+
+    Parameters
+    ----------
+    shares : sequence of bridge.share.Share
+
+    Returns
+    -------
+    str
+        Per share: its name, GPU, budget and what its members claim together;
+        then one row per member: ``pid``, ``device`` (the GPU's ordinal in that
+        process), ``claim``, bytes per framework (``cupy``, ``torch``,
+        ``other``), ``cached`` and ``state`` (``ok``, ``unresponsive``: a trim
+        request unanswered for a second, ``gone``: the process has ended and
+        its claim is taken back at the next look).
+    """
+    out = []
+    for sh in shares:
+        if sh.error is not None:
+            out.append(f"share file {sh.path}: {sh.error}")
+            continue
+        out.append(
+            f"share {sh.name!r} on {sh.uuid}: budget {format_bytes(sh.budget)}, claimed "
+            f"{format_bytes(sh.claimed)} by {len(sh.members)} process"
+            f"{'' if len(sh.members) == 1 else 'es'}"
+        )
+        rows = [list(SHARE_COLUMNS)] + [
+            [str(m.pid), str(m.device), format_bytes(m.claim)]
+            + [format_bytes(m.by_framework.get(f, 0)) for f in ("cupy", "torch", "other")]
+            + [format_bytes(m.cached), _member_state(m)]
+            for m in sh.members
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(SHARE_COLUMNS))]
+        out += [
+            "  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows
+        ]
+    return "\n".join(out)
+
+
 def snapshot(devices: Sequence[int] | None = None) -> list[Stats]:
     """Stats of the given devices, every visible device when None.
 
@@ -105,19 +159,19 @@ def _doctor_cmd(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _print_stats(snaps: list[Stats], args: argparse.Namespace, out: TextIO, tty: bool) -> None:
+    shares = _share.list_shares()
     if args.json:
-        out.write(
-            json.dumps(
-                {"time": time.time(), "devices": [s.as_dict() for s in snaps]},
-                separators=(",", ":"),
-            )
-            + "\n"
-        )
+        doc: dict = {"time": time.time(), "devices": [s.as_dict() for s in snaps]}
+        if shares:
+            doc["shares"] = [sh.as_dict() for sh in shares]
+        out.write(json.dumps(doc, separators=(",", ":")) + "\n")
     else:
         if tty:
             out.write("\x1b[H\x1b[2J")  # clear the terminal between refreshes
         out.write(time.strftime("%Y-%m-%d %H:%M:%S") + "  bridge pool figures (this process)\n")
         out.write(format_table(snaps) + "\n")
+        if shares:
+            out.write("\n" + format_shares(shares) + "\n")
         if args.watching:
             out.write("\n")
     out.flush()
@@ -191,8 +245,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "stats",
         help="print every device's pool figures",
         description="Print every device's pool figures: bytes per framework, "
-        "used, reserved, budget, peak. Exits 1 without a usable GPU, and when the "
-        "reader of the output goes away (stats --watch | head).",
+        "used, reserved, budget, peak; then every share of this user (unify(share=...)) "
+        "with its member processes: pid, device, claim, bytes per framework. Exits 1 "
+        "without a usable GPU, and when the reader of the output goes away "
+        "(stats --watch | head).",
     )
     s.add_argument(
         "--watch",
@@ -213,7 +269,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     s.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object per refresh: {time, devices: [stats...]}",
+        help="print one JSON object per refresh: {time, devices: [stats...], shares: [...]}",
     )
     s.add_argument("--device", type=int, default=None, help="only this device")
     demo.add_parser(sub)

@@ -96,6 +96,13 @@ class Stats:
         the device was waiting too.
     waiting : int
         Threads waiting for memory on the device now.
+    share : dict or None
+        This process's membership of a share (``unify(share=...)``), None
+        when the device is in none: ``name``, ``budget`` (the share's),
+        ``claim`` (what this process may hold: its pool, cached blocks
+        included), ``group`` (every member's claim), ``members``, and counters
+        (``num_refused``, ``num_asks``, ``num_trims_served``,
+        ``num_reclaimed``, ``num_overshoots``, ``num_lost``).
     """
 
     device: int
@@ -121,6 +128,7 @@ class Stats:
     num_wait_all_waiting: int = 0
     waiting: int = 0
     tags: tuple = ()
+    share: dict | None = None
 
     def as_dict(self) -> dict:
         """The snapshot as plain data (for JSON)."""
@@ -198,7 +206,14 @@ def _snapshot(device: int) -> Stats:
         num_wait_all_waiting=raw["num_wait_all_waiting"],
         waiting=raw["waiting"],
         tags=tuple(dict(t, name=TAG_NAMES[i]) for i, t in enumerate(tags)),
+        share=_share_of(device),
     )
+
+
+def _share_of(device: int) -> dict | None:
+    rc, info = core.share_stats(device)
+    check(rc, what="reading the share", device=device)
+    return dict(info) if info is not None else None
 
 
 def stats(device: int | None = None) -> Stats:

@@ -13,9 +13,17 @@ from collections.abc import Iterable
 from types import ModuleType
 
 from bridge import _runtime, _wait, recovery, views
+from bridge import share as _share
 from bridge._errors import BridgeError, check, format_bytes
 from bridge._runtime import core
-from bridge.budget import DEVICE_MEMORY, SizeLike, parse_size, warn_if_above
+from bridge.budget import (
+    DEVICE_MEMORY,
+    GPU_LIMIT_ENV,
+    SizeLike,
+    parse_size,
+    size_from_env,
+    warn_if_above,
+)
 from bridge.pool import Pool, Stats, pool, stats
 
 ORDER = ("jax", "torch", "cupy", "numba", "rmm")  # JAX first: its env must precede its backend
@@ -87,6 +95,7 @@ def unify(
     numba: bool = False,
     rmm: bool = False,
     wait: float | None = None,
+    share: bool | str | None = None,
 ) -> Bridge:
     """Make the named frameworks allocate from each device's default pool under one budget.
 
@@ -134,6 +143,16 @@ def unify(
         threads free before it fails (``0``: it fails at once). ``None``:
         ``BRIDGE_WAIT`` if set, else what an earlier call set (at first 0).
         ``with bridge.waiting(seconds):`` overrides it for one thread.
+    share : str, bool or None
+        A name: one budget for every bridge process of this user on the same
+        physical GPU that uses this name (found by the GPU's UUID, whatever
+        ``CUDA_VISIBLE_DEVICES`` says); ``True``: the share named
+        ``"default"``; ``None``: ``BRIDGE_SHARE`` if set, else this process's
+        own budget. ``budget`` (or ``BRIDGE_GPU_MEMORY_LIMIT``) is then the
+        share's budget: the first process gives it, later ones give the same
+        or none. What the members hold together (their pools, cached blocks
+        included) never passes it; a member that needs memory another keeps
+        idle asks it to trim before its allocation fails.
 
     Returns
     -------
@@ -158,7 +177,9 @@ def unify(
     BridgeError
         When frameworks are not installed (all of them named at once), a
         framework has already started its own allocator (torch's CUDA
-        allocator, JAX's GPU backend), or there is no CUDA driver or device.
+        allocator, JAX's GPU backend), there is no CUDA driver or device, or
+        the share cannot be joined (its file is another user's, corrupt or
+        open to others; its budget differs; the first process gave none).
         A framework that refuses leaves the budget and the bridge as they were
         before the call; frameworks installed before it stay installed.
     """
@@ -176,6 +197,7 @@ def unify(
         parse_size(value, total=1 << 40, name=name, of=of)
     # None: BRIDGE_WAIT if set, else what an earlier call set
     seconds = _wait.parse_wait(wait) if wait is not None else _wait.wait_from_env()
+    share_name = _share.share_name(share)
     if jax_memory is not None and not flags["jax"]:
         raise ValueError(
             f"jax_memory={jax_memory!r} is a partition for JAX: pass jax=True with it, or drop it"
@@ -193,6 +215,7 @@ def unify(
             peer_access,
             jax_memory,
             budget_views,
+            share_name,
         )
         if b._args == args:
             if seconds is not None:
@@ -210,6 +233,11 @@ def unify(
         if jax_memory is not None:
             partition = _partition(jax_memory, totals)
         adapters = _adapters([n for n in ORDER if flags[n] and n not in b.frameworks])
+        share_budgets = {}
+        if share_name is not None:
+            for d, t in totals.items():
+                given = limits[d] if budget is not None else size_from_env(GPU_LIMIT_ENV, total=t)
+                share_budgets[d] = given or 0
 
         # now change things; a framework that refuses puts back what this call changed
         before = {d: _limit(d) for d in limits}
@@ -225,6 +253,9 @@ def unify(
         views.want(budget_views)  # JAX reads it as it starts
         installed = []
         try:
+            if share_name is not None:
+                for d, share_budget in share_budgets.items():
+                    _share.join(d, share_name, share_budget)
             for name, adapter in adapters:
                 if name == "jax" and partition is not None:
                     adapter.install(sorted(set(b.devices) | set(devices)), partition=partition)

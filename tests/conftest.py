@@ -15,6 +15,7 @@ import pathlib
 import subprocess
 import sys
 import sysconfig
+import tempfile
 
 import pytest
 
@@ -46,6 +47,11 @@ def build_standin(out_dir: pathlib.Path) -> pathlib.Path:
         os.replace(str(lib) + ".tmp", lib)
     return lib
 
+
+# Share files (bridge.unify(share=...)) of the tests go to a directory of this
+# run, never to the user's /dev/shm; a BRIDGE_SHARE of the caller's is ignored.
+os.environ["BRIDGE_SHARE_DIR"] = tempfile.mkdtemp(prefix="bridge-test-shares-")
+os.environ.pop("BRIDGE_SHARE", None)
 
 STANDIN: ctypes.CDLL | None = None
 if not GPU_MODE:

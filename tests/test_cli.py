@@ -259,9 +259,11 @@ def test_doctor_suspects_a_misspelt_variable(standin, clean_env):
 
 
 def test_doctor_reads_what_the_library_reads():
-    from bridge import _pinned_backend, _runtime, _wait, budget
+    from bridge import _pinned_backend, _runtime, _wait, budget, share
 
     assert set(_doctor.BRIDGE_ENV) == {
+        share.SHARE_ENV,
+        share.SHARE_DIR_ENV,
         budget.GPU_LIMIT_ENV,
         budget.PINNED_LIMIT_ENV,
         _runtime.CACHE_LIMIT_ENV,

@@ -43,7 +43,7 @@ def _typed_dict_keys(name: str) -> set[str]:
 
 
 # names the stub declares for typing only (TypedDicts of the figures)
-STUB_ONLY = {"RawStats", "TagStats", "PinnedStats", "MemInfo"}
+STUB_ONLY = {"RawStats", "TagStats", "PinnedStats", "MemInfo", "ShareStats"}
 
 
 def test_every_name_of_the_module_is_in_the_stub() -> None:

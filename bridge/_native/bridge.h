@@ -54,7 +54,8 @@ typedef enum bridge_status {
     BRIDGE_E_INVALID = 7,    /* bad argument */
     BRIDGE_E_TAG_LIMIT = 8,  /* the request would pass the framework's own cap */
     BRIDGE_E_NOTINIT = 9,    /* bridge_init was not called */
-    BRIDGE_E_FORKED = 10     /* this process is a fork child of one that used CUDA */
+    BRIDGE_E_FORKED = 10,    /* this process is a fork child of one that used CUDA */
+    BRIDGE_E_SHARE = 11      /* a share's file cannot be used (bridge_share_error says why) */
 } bridge_status;
 
 /* ---- driver loading (driver.c) ---- */
@@ -311,6 +312,46 @@ int bridge_history_copy(bridge_event *out, size_t n, size_t *count);
  * Set by the Python module; it must not block. */
 typedef uint64_t (*bridge_stack_fn)(void);
 void bridge_set_stack_hook(bridge_stack_fn fn);
+/* ---- one budget for the processes of a GPU (share.c) ---- */
+/* Join the share `name` of the physical GPU of `device` (by UUID) for this
+ * process: the file <dir>/bridge-<uid>-<uuid>-<hash of name> is created
+ * (mode 0600) or checked field by field, a member slot is taken and a
+ * service thread started.  budget: bytes; 0 adopts the share's (the first
+ * process must give one; later ones must give the same or 0).  Joining the
+ * same share again is a no-op.  BRIDGE_E_SHARE: bridge_share_error() says
+ * why, in words. */
+int bridge_share_join(int device, const char *name, const char *dir, uint64_t budget);
+const char *bridge_share_error(void);
+
+typedef struct bridge_share_stats {
+    int joined;               /* 0: the device is in no share */
+    uint32_t slot;            /* this process's slot */
+    char name[64];
+    char path[512];
+    uint64_t budget;          /* the share's budget, rounded down to the claim unit */
+    uint64_t claim;           /* this process's claim */
+    uint64_t group;           /* every member's claim */
+    uint64_t members;         /* slots with an owner */
+    uint64_t inflight;        /* growth of allocations in flight (rounded) */
+    uint64_t num_refused;     /* reservations the group refused */
+    uint64_t num_asks;        /* times this process asked the others to trim */
+    uint64_t num_trims_served;/* trims it did when asked */
+    uint64_t num_reclaimed;   /* claims of dead members it took back */
+    uint64_t num_overshoots;  /* pool growths its claim did not cover in advance */
+    uint64_t num_lost;        /* claim changes refused: the slot was no longer its own */
+} bridge_share_stats;
+int bridge_share_get(int device, bridge_share_stats *out);
+
+/* The file's layout, for readers in other languages (the stats command). */
+typedef struct bridge_share_layout_info {
+    uint64_t magic, version, file_size, header_size, slot_size, nslots, unit;
+    uint64_t unit_bits, pid_bits;
+    uint64_t off_budget, off_uid, off_uuid, off_name;
+    uint64_t off_word, off_start, off_trim_req, off_trim_done, off_asked_at, off_heartbeat;
+    uint64_t off_tag_bytes, off_outside, off_cached, off_pool_reserved, off_device,
+        off_overshoots, off_fields_gen;
+} bridge_share_layout_info;
+int bridge_share_layout(bridge_share_layout_info *out);
 
 /* ---- pinned host memory (pinned.c) ---- */
 /* One process-wide pool of page-locked host memory: blocks cut to size

@@ -78,6 +78,7 @@ typedef struct {
     X(cuDeviceGetAttribute, (int *pi, int attrib, CUdevice dev))               \
     X(cuDeviceTotalMem_v2, (size_t * bytes, CUdevice dev))                     \
     X(cuMemGetInfo_v2, (size_t * free, size_t * total))                        \
+    X(cuDeviceGetUuid_v2, (unsigned char *uuid16, CUdevice dev))               \
     X(cuDeviceCanAccessPeer, (int *can, CUdevice dev, CUdevice peer))          \
     X(cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))              \
     X(cuCtxGetCurrent, (CUcontext * pctx))                                     \

@@ -356,7 +356,7 @@ static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
         atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
         return r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_SUCCESS ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
     }
-    atomic_fetch_add_explicit(&d->committed, size, RELAXED);
+    ledger_commit(d, size);
     record rec = {.ptr = (uintptr_t)ptr, .size = size, .stream = key, .device = device,
                   .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1,
                   .owner = thread_self()};

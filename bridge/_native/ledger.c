@@ -253,6 +253,14 @@ int ledger_reserve(device_state *d, int tag, uint64_t size)
             return BRIDGE_E_BUDGET;
         }
     }
+    /* the budget of the processes sharing this GPU (share.c): one load when
+     * there is none */
+    share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
+    if (sm && share_reserve(d, sm, size) != BRIDGE_OK) {
+        atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
+        atomic_fetch_sub_explicit(&t->current, size, RELAXED);
+        return BRIDGE_E_BUDGET;
+    }
     atomic_max(&d->peak, r);
     atomic_max(&t->peak, tcur);
     return BRIDGE_OK;
@@ -260,8 +268,19 @@ int ledger_reserve(device_state *d, int tag, uint64_t size)
 
 void ledger_unreserve(device_state *d, int tag, uint64_t size)
 {
+    share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
+    if (sm)
+        share_settle(d, sm, size, 0);
     atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
     atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
+}
+
+void ledger_commit(device_state *d, uint64_t size)
+{
+    atomic_fetch_add_explicit(&d->committed, size, RELAXED);
+    share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
+    if (sm)
+        share_settle(d, sm, size, 1);
 }
 
 void ledger_count_alloc(device_state *d, int tag, uint64_t size)
@@ -608,7 +627,7 @@ static int try_alloc(device_state *d, int device, size_t size, CUstream stream, 
         bridge_note_driver_error(r);
         return r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_SUCCESS ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
     }
-    atomic_fetch_add_explicit(&d->committed, size, RELAXED);
+    ledger_commit(d, size);
     record rec = {.ptr = (uintptr_t)p, .size = size, .stream = key,
                   .device = device, .tag = (uint8_t)tag, .owner = thread_self()};
     if (records_insert(&rec) != 0) {
@@ -790,6 +809,9 @@ int bridge_trim(int device, uint64_t keep)
         bridge_drv.cuCtxSynchronize(); /* pending frees return to the pool */
     CUresult r = bridge_drv.cuMemPoolTrimTo(d->pool, keep);
     ctx_exit(&g);
+    share_member *sm = atomic_load(&d->share);
+    if (sm)
+        share_trimmed(d, sm); /* the claim follows the pool down */
     return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
 }
 
@@ -808,6 +830,7 @@ static void forget_after_fork(void)
         d->ndeferred = d->cap_deferred = 0;
         atomic_store(&d->num_deferred, 0);
         d->graphs = NULL; /* the parent's graph pools; never freed here */
+        atomic_store(&d->share, NULL); /* the parent's membership (its mapping stays) */
     }
     cache_forget_after_fork();
     records_forget_after_fork();

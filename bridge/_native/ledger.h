@@ -17,6 +17,7 @@
 #include "bridge.h"
 #include "driver.h"
 #include "records.h"
+#include "share.h"
 
 #define RELAXED memory_order_relaxed
 
@@ -77,6 +78,9 @@ typedef struct device_state {
     _Atomic uint64_t num_deferred; /* == ndeferred, readable without the lock */
     atomic_int deferred_sync;    /* a deferred block waits for a device synchronization
                                     (a graph released while another capture ran) */
+
+    /* ---- the share (share.c): set once by bridge_share_join ---- */
+    _Atomic(share_member *) share; /* NULL: this process's own budget only */
 } device_state;
 
 extern device_state bridge_devices[BRIDGE_MAX_DEVICES];
@@ -104,6 +108,8 @@ device_state *device_use(int device, int *rc);
  * limit that refused). */
 int ledger_reserve(device_state *d, int tag, uint64_t size);
 void ledger_unreserve(device_state *d, int tag, uint64_t size);
+/* The driver granted a reserved block: count it as committed. */
+void ledger_commit(device_state *d, uint64_t size);
 /* Count a free on the framework's figures (the memory itself may live on). */
 void ledger_count_free(device_state *d, const record *rec);
 /* Count an allocation on the framework's figures (after the record exists). */

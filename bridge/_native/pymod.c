@@ -1069,12 +1069,13 @@ static struct PyModuleDef moduledef = {
     NULL, NULL, NULL, NULL,
 };
 
-/* The pinned pool's type and functions (pypinned.c). */
+/* The pinned pool's type and functions (pypinned.c); the share's (pyshare.c). */
 int bridge_pypinned_add(PyObject *m);
 /* What tools see: free memory under the budget, live blocks, history (pyviews.c). */
 int bridge_pyviews_add(PyObject *m);
 /* Allocation callables for (size, stream) callbacks: RMM's (pycallback.c). */
 int bridge_pycallback_add(PyObject *m);
+int bridge_pyshare_add(PyObject *m);
 
 PyMODINIT_FUNC PyInit__core(void)
 {
@@ -1104,7 +1105,8 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "TAG_NUMBA", BRIDGE_TAG_NUMBA) < 0 ||
         PyModule_AddIntConstant(m, "TAG_RMM", BRIDGE_TAG_RMM) < 0 ||
         PyModule_AddIntConstant(m, "NTAGS", BRIDGE_NTAGS) < 0 ||
-        bridge_pypinned_add(m) < 0 || bridge_pyviews_add(m) < 0 || bridge_pycallback_add(m) < 0) {
+        bridge_pypinned_add(m) < 0 || bridge_pyviews_add(m) < 0 || bridge_pycallback_add(m) < 0 ||
+        bridge_pyshare_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -2,7 +2,8 @@
 /* stress.c: threads against the core's ledger, built with a sanitizer.
  *
  * A standalone program (no Python): it links the core's C files (driver.c,
- * records.c, cache.c, ledger.c, wait.c, pinned.c, views.c; not pymod.c, pypinned.c, pyviews.c nor
+ * records.c, cache.c, ledger.c, wait.c, share.c, pinned.c, views.c; not pymod.c, pypinned.c,
+ * pyviews.c, pyshare.c nor
  * torch_abi.cpp) and loads the stand-in driver (tests/standin/standin_cuda.c)
  * through bridge_init(path), so ThreadSanitizer sees every lock and atomic of
  * the core and AddressSanitizer (with LeakSanitizer) every byte it mallocs.
@@ -38,6 +39,10 @@
  *               references to each other, recording copies against them,
  *               while the limit changes, the pool is trimmed and events
  *               complete late
+ *   share       (last: joining is for the life of the process) threads at the
+ *               edge of a share's budget (share.c) while another trims the pool
+ *               over and over: the pool never holds more than the budget, no
+ *               growth escapes the claim
  */
 #include "bridge.h"
 
@@ -48,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define KIB (1024ull)
 #define MIB (1024ull * 1024ull)
@@ -945,6 +951,59 @@ static void phase_views(void)
     check_idle("views");
 }
 
+/* ---- phase: share (last: a process joins for good) ---- */
+static atomic_int share_stop;
+
+static void *share_trimmer(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&share_stop)) {
+        CHECK(bridge_trim(0, 0) == BRIDGE_OK, "trim under a share");
+        /* the pool (what the process takes from the GPU) never passes the
+         * budget; the claims' sum may, for a moment, while a raise is
+         * checked (it is visible to the sum before it is admitted) */
+        bridge_stats s = stats_of(0);
+        CHECK(s.pool_reserved <= 16 * MIB, "the pool holds %" PRIu64 " of a 16 MiB share",
+              s.pool_reserved);
+        usleep(200);
+    }
+    return NULL;
+}
+
+static void phase_share(void)
+{
+    reset();
+    char dir[] = "/tmp/bridge-stress-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    const uint64_t budget = 16 * MIB;
+    CHECK(bridge_share_join(0, "stress", dir, budget) == BRIDGE_OK, "join: %s",
+          bridge_share_error());
+    pthread_t trimmer;
+    atomic_store(&share_stop, 0);
+    CHECK(pthread_create(&trimmer, NULL, share_trimmer, NULL) == 0, "trimmer thread");
+    worker w[8];
+    for (int i = 0; i < 8; i++)
+        w[i] = (worker){.id = i, .dev = 0, .iters = 2000 * scale, .limit = budget,
+                        .max_size = 2 * MIB, .seed = 0x2545F4914F6CDD1Dull * (uint64_t)(i + 1),
+                        .tags = BRIDGE_NTAGS, .default_streams = i % 2};
+    run_threads(8, edge_thread, w, sizeof w[0]);
+    atomic_store(&share_stop, 1);
+    pthread_join(trimmer, NULL);
+    uint64_t refusals = 0, ok = 0;
+    for (int i = 0; i < 8; i++)
+        refusals += w[i].refusals, ok += w[i].ok;
+    bridge_share_stats st;
+    CHECK(bridge_share_get(0, &st) == BRIDGE_OK, "share figures");
+    CHECK(refusals > 0, "the share never refused anything: not at the edge");
+    CHECK(st.num_overshoots == 0 && st.num_lost == 0, "overshoots %" PRIu64 ", lost %" PRIu64,
+          st.num_overshoots, st.num_lost);
+    printf("  share: %" PRIu64 " allocations, %" PRIu64 " refused, group %" PRIu64 " of %" PRIu64
+           "\n", ok, refusals, st.group, st.budget);
+    check_idle("share");
+    unlink(st.path); /* the mapping stays */
+    rmdir(dir);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -984,6 +1043,8 @@ int main(int argc, char **argv)
     printf("stress: pinned\n");
     phase_pinned(BRIDGE_PINNED_CACHED);
     phase_pinned(BRIDGE_PINNED_MEMPOOL);
+    printf("stress: share\n");
+    phase_share();
     printf("stress: all phases passed\n");
     return 0;
 }

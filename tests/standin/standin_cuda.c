@@ -398,6 +398,26 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     return OK;
 }
 
+/* A UUID per physical device: ordinal + BRIDGE_STANDIN_UUID_BASE (a process
+ * given another base sees the same devices numbered differently, as with
+ * CUDA_VISIBLE_DEVICES). */
+CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice dev)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuDeviceGetUuid_v2");
+    pthread_mutex_unlock(&mu);
+    if (dev < 0 || dev >= ndev)
+        return E_INVALID_DEVICE;
+    const char *b = getenv("BRIDGE_STANDIN_UUID_BASE");
+    int physical = dev + (b ? atoi(b) : 0);
+    memcpy(uuid, "standin-gpu-", 12);
+    uuid[12] = (unsigned char)(physical >> 24);
+    uuid[13] = (unsigned char)(physical >> 16);
+    uuid[14] = (unsigned char)(physical >> 8);
+    uuid[15] = (unsigned char)physical;
+    return OK;
+}
+
 CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
 {
     *can = dev != peer && dev >= 0 && peer >= 0 && dev < ndev && peer < ndev;

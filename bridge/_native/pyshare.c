@@ -1,0 +1,110 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* pyshare.c: the Python face of share.c (functions of bridge._core). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "bridge.h"
+
+static PyObject *py_share_join(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    const char *name, *dir;
+    unsigned long long budget;
+    if (!PyArg_ParseTuple(args, "issK", &dev, &name, &dir, &budget))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_share_join(dev, name, dir, budget);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_share_error(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    return PyUnicode_FromString(bridge_share_error());
+}
+
+static PyObject *py_share_stats(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    if (!PyArg_ParseTuple(args, "i", &dev))
+        return NULL;
+    bridge_share_stats s;
+    int rc = bridge_share_get(dev, &s);
+    if (rc != BRIDGE_OK || !s.joined)
+        return Py_BuildValue("iO", rc, Py_None);
+    return Py_BuildValue(
+        "i{sssssKsKsKsKsIsKsKsKsKsKsKsK}", rc, "name", s.name, "path", s.path, "budget",
+        (unsigned long long)s.budget, "claim", (unsigned long long)s.claim, "group",
+        (unsigned long long)s.group, "members", (unsigned long long)s.members, "slot", s.slot,
+        "inflight", (unsigned long long)s.inflight, "num_refused",
+        (unsigned long long)s.num_refused, "num_asks", (unsigned long long)s.num_asks,
+        "num_trims_served", (unsigned long long)s.num_trims_served, "num_reclaimed",
+        (unsigned long long)s.num_reclaimed, "num_overshoots",
+        (unsigned long long)s.num_overshoots, "num_lost", (unsigned long long)s.num_lost);
+}
+
+static PyObject *py_share_layout(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    bridge_share_layout_info l;
+    bridge_share_layout(&l);
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+#define PUT(k)                                                                                     \
+    do {                                                                                           \
+        PyObject *v_ = PyLong_FromUnsignedLongLong(l.k);                                           \
+        if (!v_ || PyDict_SetItemString(d, #k, v_) < 0) {                                          \
+            Py_XDECREF(v_);                                                                        \
+            Py_DECREF(d);                                                                          \
+            return NULL;                                                                           \
+        }                                                                                          \
+        Py_DECREF(v_);                                                                             \
+    } while (0)
+    PUT(magic);
+    PUT(version);
+    PUT(file_size);
+    PUT(header_size);
+    PUT(slot_size);
+    PUT(nslots);
+    PUT(unit);
+    PUT(unit_bits);
+    PUT(pid_bits);
+    PUT(off_budget);
+    PUT(off_uid);
+    PUT(off_uuid);
+    PUT(off_name);
+    PUT(off_word);
+    PUT(off_start);
+    PUT(off_trim_req);
+    PUT(off_trim_done);
+    PUT(off_asked_at);
+    PUT(off_heartbeat);
+    PUT(off_tag_bytes);
+    PUT(off_outside);
+    PUT(off_cached);
+    PUT(off_pool_reserved);
+    PUT(off_device);
+    PUT(off_overshoots);
+    PUT(off_fields_gen);
+#undef PUT
+    return d;
+}
+
+static PyMethodDef share_methods[] = {
+    {"share_join", py_share_join, METH_VARARGS,
+     "share_join(device, name, dir, budget) -> status: join the share of the device's GPU"},
+    {"share_error", py_share_error, METH_NOARGS, "Why the last share_join failed."},
+    {"share_stats", py_share_stats, METH_VARARGS,
+     "share_stats(device) -> (status, dict | None): this process's membership"},
+    {"share_layout", py_share_layout, METH_NOARGS, "The share file's layout (offsets, sizes)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int bridge_pyshare_add(PyObject *m) { return PyModule_AddFunctions(m, share_methods); }

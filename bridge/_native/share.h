@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* share.h: one budget for every bridge process on a GPU (internal).
+ *
+ * The ledger calls in here only where this process's pool may grow (an
+ * allocation that is not a cache hit): share_reserve before the driver is
+ * asked, share_settle after it answered.  bridge_trim calls share_trimmed.
+ * The public entry points (bridge_share_*) are in bridge.h; the design is in
+ * share.c's banner.
+ */
+#ifndef BRIDGE_SHARE_H
+#define BRIDGE_SHARE_H
+
+#include <stdint.h>
+
+typedef struct share_member share_member; /* this process in one group */
+struct device_state;
+
+/* Before the driver is asked for `size` bytes: make this process's claim
+ * cover its pool's growth.  BRIDGE_OK, or BRIDGE_E_BUDGET when the group's
+ * budget cannot make room (after taking back the shares of dead members and
+ * asking the others to trim).  Every BRIDGE_OK is followed by one
+ * share_settle with the same size. */
+int share_reserve(struct device_state *d, share_member *m, uint64_t size);
+/* After the driver answered (granted: 1 when it gave the block). */
+void share_settle(struct device_state *d, share_member *m, uint64_t size, int granted);
+/* The pool was trimmed: lower the claim to what it holds now. */
+void share_trimmed(struct device_state *d, share_member *m);
+
+#endif /* BRIDGE_SHARE_H */
