@@ -2,12 +2,9 @@
 /* pymod.c: the Python face of the core, module bridge._core.
  *
  * Thin wrappers that return status codes (bridge/_errors.py turns them into
- * exceptions), plus two types for CuPy's hot path:
- *   Block          the C-level owner of one allocation; its dealloc frees it
- *                  (no Python __del__ involved).
- *   CupyAllocator  the callable handed to cupy.cuda.set_allocator: asks CuPy
- *                  for the device and stream, allocates without the GIL and
- *                  wraps the block in cupy's UnownedMemory + MemoryPointer.
+ * exceptions), and Block: the C-level owner of one allocation, whose dealloc
+ * frees it (no Python __del__ involved).  CuPy's allocator type is
+ * cupy_alloc.c, the pinned pool's objects pypinned.c.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -17,20 +14,11 @@
 #include <time.h>
 
 #include "bridge.h"
+#include "pymod.h"
 
-static PyObject *str_ptr; /* interned "ptr" */
-static int raise_if_interrupted(void);
 
-/* ---- Block ---- */
-typedef struct {
-    PyObject_HEAD
-    void *ptr;
-    size_t size;
-    int device;
-    PyObject *stream; /* the framework's stream object, kept alive until the
-                         free is queued on it (a destroyed stream must never
-                         be handed to the driver); may be NULL */
-} Block;
+/* ---- Block (pymod.h) ---- */
+typedef bridge_Block Block;
 
 static void Block_dealloc(Block *self)
 {
@@ -68,7 +56,7 @@ static PyGetSetDef Block_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject BlockType = {
+PyTypeObject BlockType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.Block",
     .tp_basicsize = sizeof(Block),
     .tp_dealloc = (destructor)Block_dealloc,
@@ -79,7 +67,7 @@ static PyTypeObject BlockType = {
     .tp_getset = Block_getset,
 };
 
-static PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
+PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
 {
     Block *b = PyObject_New(Block, &BlockType);
     if (!b) {
@@ -95,178 +83,6 @@ static PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
     b->stream = stream;
     return (PyObject *)b;
 }
-
-/* ---- CupyAllocator ---- */
-typedef struct {
-    PyObject_HEAD
-    PyObject *get_device;     /* () -> int: CuPy's current device */
-    PyObject *get_stream;     /* () -> CuPy's current Stream (its .ptr is the handle) */
-    PyObject *unowned;        /* cupy.cuda.memory.UnownedMemory */
-    PyObject *pointer;        /* cupy.cuda.memory.MemoryPointer */
-    PyObject *on_failure;     /* (size, device, stream, status) -> MemoryPointer or raise */
-    int tag;
-    vectorcallfunc vectorcall;
-} CupyAllocator;
-
-static int CupyAllocator_traverse(CupyAllocator *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->get_device);
-    Py_VISIT(self->get_stream);
-    Py_VISIT(self->unowned);
-    Py_VISIT(self->pointer);
-    Py_VISIT(self->on_failure);
-    return 0;
-}
-
-static int CupyAllocator_clear(CupyAllocator *self)
-{
-    Py_CLEAR(self->get_device);
-    Py_CLEAR(self->get_stream);
-    Py_CLEAR(self->unowned);
-    Py_CLEAR(self->pointer);
-    Py_CLEAR(self->on_failure);
-    return 0;
-}
-
-static void CupyAllocator_dealloc(CupyAllocator *self)
-{
-    PyObject_GC_UnTrack(self);
-    CupyAllocator_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-/* Wrap a block as cupy's MemoryPointer(UnownedMemory(ptr, size, block, dev), 0). */
-static PyObject *wrap_block(CupyAllocator *self, PyObject *block, void *ptr, size_t size, int dev)
-{
-    PyObject *args[5] = {NULL};
-    PyObject *mem = NULL, *out = NULL;
-    args[1] = PyLong_FromVoidPtr(ptr);
-    args[2] = PyLong_FromSize_t(size);
-    args[3] = block;
-    args[4] = PyLong_FromLong(dev);
-    if (args[1] && args[2] && args[4])
-        mem = PyObject_Vectorcall(self->unowned, args + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    Py_XDECREF(args[1]);
-    Py_XDECREF(args[2]);
-    Py_XDECREF(args[4]);
-    if (mem) {
-        PyObject *pargs[3] = {NULL, mem, NULL};
-        pargs[2] = PyLong_FromLong(0);
-        if (pargs[2])
-            out = PyObject_Vectorcall(self->pointer, pargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-        Py_XDECREF(pargs[2]);
-        Py_DECREF(mem);
-    }
-    return out;
-}
-
-static PyObject *CupyAllocator_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
-                                          PyObject *kwnames)
-{
-    CupyAllocator *self = (CupyAllocator *)callable;
-    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames) {
-        PyErr_SetString(PyExc_TypeError, "the allocator takes one argument: the size in bytes");
-        return NULL;
-    }
-    size_t size = PyLong_AsSize_t(args[0]);
-    if (size == (size_t)-1 && PyErr_Occurred())
-        return NULL;
-    PyObject *o = PyObject_CallNoArgs(self->get_device);
-    if (!o)
-        return NULL;
-    long dev = PyLong_AsLong(o);
-    Py_DECREF(o);
-    if (dev == -1 && PyErr_Occurred())
-        return NULL;
-    PyObject *stream_obj = PyObject_CallNoArgs(self->get_stream);
-    if (!stream_obj)
-        return NULL;
-    o = PyObject_GetAttr(stream_obj, str_ptr);
-    void *stream = o ? PyLong_AsVoidPtr(o) : NULL;
-    Py_XDECREF(o);
-    if (!o || (!stream && PyErr_Occurred())) {
-        Py_DECREF(stream_obj);
-        return NULL;
-    }
-    void *ptr = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_alloc((int)dev, size, stream, self->tag, &ptr);
-    Py_END_ALLOW_THREADS
-    if (rc != BRIDGE_OK) {
-        Py_DECREF(stream_obj);
-        if (raise_if_interrupted() < 0)
-            return NULL; /* Ctrl-C while waiting: KeyboardInterrupt, nothing allocated */
-        return PyObject_CallFunction(self->on_failure, "nlni", (Py_ssize_t)size, dev,
-                                     (Py_ssize_t)(intptr_t)stream, rc);
-    }
-    PyObject *block = block_new(ptr, size, (int)dev, stream_obj);
-    Py_DECREF(stream_obj);
-    if (!block)
-        return NULL;
-    PyObject *out = wrap_block(self, block, ptr, size, (int)dev);
-    Py_DECREF(block);
-    return out;
-}
-
-static PyObject *CupyAllocator_new(PyTypeObject *type, PyObject *args, PyObject *kw)
-{
-    static char *names[] = {"get_device", "get_stream", "unowned_memory", "memory_pointer",
-                            "on_failure", "tag", NULL};
-    PyObject *gd, *gs, *um, *mp, *of;
-    int tag = BRIDGE_TAG_CUPY;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|i", names, &gd, &gs, &um, &mp, &of, &tag))
-        return NULL;
-    if (tag < 0 || tag >= BRIDGE_NTAGS) {
-        PyErr_Format(PyExc_ValueError, "tag must be in [0, %d), got %d", BRIDGE_NTAGS, tag);
-        return NULL;
-    }
-    CupyAllocator *self = (CupyAllocator *)type->tp_alloc(type, 0);
-    if (!self)
-        return NULL;
-    Py_INCREF(gd);
-    Py_INCREF(gs);
-    Py_INCREF(um);
-    Py_INCREF(mp);
-    Py_INCREF(of);
-    self->get_device = gd;
-    self->get_stream = gs;
-    self->unowned = um;
-    self->pointer = mp;
-    self->on_failure = of;
-    self->tag = tag;
-    self->vectorcall = CupyAllocator_vectorcall;
-    return (PyObject *)self;
-}
-
-static PyObject *CupyAllocator_wrap(CupyAllocator *self, PyObject *args)
-{
-    /* wrap(ptr, size, device): used by the recovery path after a retry */
-    PyObject *blockobj;
-    if (!PyArg_ParseTuple(args, "O!", &BlockType, &blockobj))
-        return NULL;
-    Block *b = (Block *)blockobj;
-    return wrap_block(self, blockobj, b->ptr, b->size, b->device);
-}
-
-static PyMethodDef CupyAllocator_methods[] = {
-    {"wrap", (PyCFunction)CupyAllocator_wrap, METH_VARARGS, "Wrap a Block as a MemoryPointer."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyTypeObject CupyAllocatorType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.CupyAllocator",
-    .tp_basicsize = sizeof(CupyAllocator),
-    .tp_dealloc = (destructor)CupyAllocator_dealloc,
-    .tp_vectorcall_offset = offsetof(CupyAllocator, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "CuPy allocator on the shared pool: call with a size, get a MemoryPointer.",
-    .tp_traverse = (traverseproc)CupyAllocator_traverse,
-    .tp_clear = (inquiry)CupyAllocator_clear,
-    .tp_methods = CupyAllocator_methods,
-    .tp_new = CupyAllocator_new,
-};
 
 /* ---- the pressure hook: Python's recovery chain, reached from C ---- */
 /* The chain (framework caches, gc.collect, user callbacks) runs Python.  A
@@ -473,7 +289,7 @@ static int wait_interrupted(void)
 
 /* After a refused allocation: when its wait gave up for Ctrl-C, run the
  * signal handlers now (KeyboardInterrupt).  -1 with the exception set. */
-static int raise_if_interrupted(void)
+int raise_if_interrupted(void)
 {
     double waited;
     int outcome;
@@ -1079,18 +895,13 @@ int bridge_pyshare_add(PyObject *m);
 
 PyMODINIT_FUNC PyInit__core(void)
 {
-    str_ptr = PyUnicode_InternFromString("ptr");
-    if (!str_ptr)
-        return NULL;
-    if (PyType_Ready(&BlockType) < 0 || PyType_Ready(&CupyAllocatorType) < 0)
+    if (PyType_Ready(&BlockType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
         return NULL;
     Py_INCREF(&BlockType);
-    Py_INCREF(&CupyAllocatorType);
-    if (PyModule_AddObject(m, "Block", (PyObject *)&BlockType) < 0 ||
-        PyModule_AddObject(m, "CupyAllocator", (PyObject *)&CupyAllocatorType) < 0 ||
+    if (PyModule_AddObject(m, "Block", (PyObject *)&BlockType) < 0 || bridge_pycupy_add(m) < 0 ||
         PyModule_AddIntConstant(m, "MAX_DEVICES", BRIDGE_MAX_DEVICES) < 0 ||
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||

@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* cupy_alloc.c: CuPy's allocator on the shared pool (bridge._core.CupyAllocator).
+ *
+ * The callable handed to cupy.cuda.set_allocator by the CuPy adapter
+ * (adapters/cupy.py): it asks CuPy for the device and stream, allocates
+ * without the GIL, and wraps the block (a Block, pymod.h) in CuPy's
+ * UnownedMemory + MemoryPointer.  CuPy's classes and functions come from the
+ * adapter: this file imports nothing of CuPy's.
+ */
+#include "pymod.h"
+
+#include <structmember.h>
+
+#include "bridge.h"
+
+static PyObject *str_ptr; /* interned "ptr" */
+
+typedef bridge_Block Block;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *get_device;     /* () -> int: CuPy's current device */
+    PyObject *get_stream;     /* () -> CuPy's current Stream (its .ptr is the handle) */
+    PyObject *unowned;        /* cupy.cuda.memory.UnownedMemory */
+    PyObject *pointer;        /* cupy.cuda.memory.MemoryPointer */
+    PyObject *on_failure;     /* (size, device, stream, status) -> MemoryPointer or raise */
+    int tag;
+    vectorcallfunc vectorcall;
+} CupyAllocator;
+
+static int CupyAllocator_traverse(CupyAllocator *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->get_device);
+    Py_VISIT(self->get_stream);
+    Py_VISIT(self->unowned);
+    Py_VISIT(self->pointer);
+    Py_VISIT(self->on_failure);
+    return 0;
+}
+
+static int CupyAllocator_clear(CupyAllocator *self)
+{
+    Py_CLEAR(self->get_device);
+    Py_CLEAR(self->get_stream);
+    Py_CLEAR(self->unowned);
+    Py_CLEAR(self->pointer);
+    Py_CLEAR(self->on_failure);
+    return 0;
+}
+
+static void CupyAllocator_dealloc(CupyAllocator *self)
+{
+    PyObject_GC_UnTrack(self);
+    CupyAllocator_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Wrap a block as cupy's MemoryPointer(UnownedMemory(ptr, size, block, dev), 0). */
+static PyObject *wrap_block(CupyAllocator *self, PyObject *block, void *ptr, size_t size, int dev)
+{
+    PyObject *args[5] = {NULL};
+    PyObject *mem = NULL, *out = NULL;
+    args[1] = PyLong_FromVoidPtr(ptr);
+    args[2] = PyLong_FromSize_t(size);
+    args[3] = block;
+    args[4] = PyLong_FromLong(dev);
+    if (args[1] && args[2] && args[4])
+        mem = PyObject_Vectorcall(self->unowned, args + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_XDECREF(args[1]);
+    Py_XDECREF(args[2]);
+    Py_XDECREF(args[4]);
+    if (mem) {
+        PyObject *pargs[3] = {NULL, mem, NULL};
+        pargs[2] = PyLong_FromLong(0);
+        if (pargs[2])
+            out = PyObject_Vectorcall(self->pointer, pargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_XDECREF(pargs[2]);
+        Py_DECREF(mem);
+    }
+    return out;
+}
+
+static PyObject *CupyAllocator_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                          PyObject *kwnames)
+{
+    CupyAllocator *self = (CupyAllocator *)callable;
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames) {
+        PyErr_SetString(PyExc_TypeError, "the allocator takes one argument: the size in bytes");
+        return NULL;
+    }
+    size_t size = PyLong_AsSize_t(args[0]);
+    if (size == (size_t)-1 && PyErr_Occurred())
+        return NULL;
+    PyObject *o = PyObject_CallNoArgs(self->get_device);
+    if (!o)
+        return NULL;
+    long dev = PyLong_AsLong(o);
+    Py_DECREF(o);
+    if (dev == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *stream_obj = PyObject_CallNoArgs(self->get_stream);
+    if (!stream_obj)
+        return NULL;
+    o = PyObject_GetAttr(stream_obj, str_ptr);
+    void *stream = o ? PyLong_AsVoidPtr(o) : NULL;
+    Py_XDECREF(o);
+    if (!o || (!stream && PyErr_Occurred())) {
+        Py_DECREF(stream_obj);
+        return NULL;
+    }
+    void *ptr = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_alloc((int)dev, size, stream, self->tag, &ptr);
+    Py_END_ALLOW_THREADS
+    if (rc != BRIDGE_OK) {
+        Py_DECREF(stream_obj);
+        if (raise_if_interrupted() < 0)
+            return NULL; /* Ctrl-C while waiting: KeyboardInterrupt, nothing allocated */
+        return PyObject_CallFunction(self->on_failure, "nlni", (Py_ssize_t)size, dev,
+                                     (Py_ssize_t)(intptr_t)stream, rc);
+    }
+    PyObject *block = block_new(ptr, size, (int)dev, stream_obj);
+    Py_DECREF(stream_obj);
+    if (!block)
+        return NULL;
+    PyObject *out = wrap_block(self, block, ptr, size, (int)dev);
+    Py_DECREF(block);
+    return out;
+}
+
+static PyObject *CupyAllocator_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"get_device", "get_stream", "unowned_memory", "memory_pointer",
+                            "on_failure", "tag", NULL};
+    PyObject *gd, *gs, *um, *mp, *of;
+    int tag = BRIDGE_TAG_CUPY;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|i", names, &gd, &gs, &um, &mp, &of, &tag))
+        return NULL;
+    if (tag < 0 || tag >= BRIDGE_NTAGS) {
+        PyErr_Format(PyExc_ValueError, "tag must be in [0, %d), got %d", BRIDGE_NTAGS, tag);
+        return NULL;
+    }
+    CupyAllocator *self = (CupyAllocator *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    Py_INCREF(gd);
+    Py_INCREF(gs);
+    Py_INCREF(um);
+    Py_INCREF(mp);
+    Py_INCREF(of);
+    self->get_device = gd;
+    self->get_stream = gs;
+    self->unowned = um;
+    self->pointer = mp;
+    self->on_failure = of;
+    self->tag = tag;
+    self->vectorcall = CupyAllocator_vectorcall;
+    return (PyObject *)self;
+}
+
+static PyObject *CupyAllocator_wrap(CupyAllocator *self, PyObject *args)
+{
+    /* wrap(ptr, size, device): used by the recovery path after a retry */
+    PyObject *blockobj;
+    if (!PyArg_ParseTuple(args, "O!", &BlockType, &blockobj))
+        return NULL;
+    Block *b = (Block *)blockobj;
+    return wrap_block(self, blockobj, b->ptr, b->size, b->device);
+}
+
+static PyMethodDef CupyAllocator_methods[] = {
+    {"wrap", (PyCFunction)CupyAllocator_wrap, METH_VARARGS, "Wrap a Block as a MemoryPointer."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CupyAllocatorType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.CupyAllocator",
+    .tp_basicsize = sizeof(CupyAllocator),
+    .tp_dealloc = (destructor)CupyAllocator_dealloc,
+    .tp_vectorcall_offset = offsetof(CupyAllocator, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "CuPy allocator on the shared pool: call with a size, get a MemoryPointer.",
+    .tp_traverse = (traverseproc)CupyAllocator_traverse,
+    .tp_clear = (inquiry)CupyAllocator_clear,
+    .tp_methods = CupyAllocator_methods,
+    .tp_new = CupyAllocator_new,
+};
+
+int bridge_pycupy_add(PyObject *m)
+{
+    if (!str_ptr && !(str_ptr = PyUnicode_InternFromString("ptr")))
+        return -1;
+    if (PyType_Ready(&CupyAllocatorType) < 0)
+        return -1;
+    Py_INCREF(&CupyAllocatorType);
+    if (PyModule_AddObject(m, "CupyAllocator", (PyObject *)&CupyAllocatorType) < 0) {
+        Py_DECREF(&CupyAllocatorType);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* pymod.h: what the Python module's files share (pymod.c, cupy_alloc.c). */
+#ifndef BRIDGE_PYMOD_H
+#define BRIDGE_PYMOD_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* The C-level owner of one allocation (bridge._core.Block): its dealloc
+ * frees the block, with no Python __del__ involved. */
+typedef struct {
+    PyObject_HEAD
+    void *ptr;
+    size_t size;
+    int device;
+    PyObject *stream; /* the framework's stream object, kept alive until the
+                         free is queued on it (a destroyed stream must never
+                         be handed to the driver); may be NULL */
+} bridge_Block;
+extern PyTypeObject BlockType;
+/* A new Block owning `ptr` (freed at once if the object cannot be made). */
+PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream);
+/* After a refused allocation: when its wait gave up for Ctrl-C, run the
+ * signal handlers now (KeyboardInterrupt).  -1 with the exception set. */
+int raise_if_interrupted(void);
+/* CuPy's allocator type (cupy_alloc.c), added to the module. */
+int bridge_pycupy_add(PyObject *m);
+
+#endif /* BRIDGE_PYMOD_H */
