@@ -12,6 +12,19 @@ RESERVED = "CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT"
 THRESHOLD = "CU_MEMPOOL_ATTR_RELEASE_THRESHOLD"
 
 
+# For scenarios run by run_mode: pool_used(), device 0's default pool's used
+# bytes, read with cuda.bindings (an oracle independent of bridge).
+POOL_USED_SNIPPET = """
+from cuda.bindings import driver as cu
+def pool_used():
+    err, pool = cu.cuDeviceGetDefaultMemPool(0)
+    attr = cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT
+    err2, v = cu.cuMemPoolGetAttribute(pool, attr)
+    assert err == err2 == cu.CUresult.CUDA_SUCCESS, (err, err2)
+    return int(v)
+"""
+
+
 def _cu():
     from cuda.bindings import driver as cu
 

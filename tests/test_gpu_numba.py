@@ -9,20 +9,12 @@ the bridge. The pool's figures are read with cuda.bindings, the oracle.
 from __future__ import annotations
 
 import pytest
-from gpu_util import run_mode
+from gpu_util import POOL_USED_SNIPPET, run_mode
 
 pytestmark = pytest.mark.gpu
 MODES = ("native", "bridge")
 
-ORACLE = """
-from cuda.bindings import driver as cu
-def pool_used():
-    err, pool = cu.cuDeviceGetDefaultMemPool(0)
-    attr = cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT
-    err2, v = cu.cuMemPoolGetAttribute(pool, attr)
-    assert err == err2 == cu.CUresult.CUDA_SUCCESS, (err, err2)
-    return int(v)
-"""
+ORACLE = POOL_USED_SNIPPET  # pool_used(): the driver's figure, in the scenario
 
 ARRAYS = (
     ORACLE
