@@ -3,11 +3,11 @@
  *
  * The callable handed to cupy.cuda.set_allocator by the CuPy adapter
  * (adapters/cupy.py): it asks CuPy for the device and stream, allocates
- * without the GIL, and wraps the block (a Block, pymod.h) in CuPy's
+ * without the GIL, and wraps the block (a Block, pyblock.h) in CuPy's
  * UnownedMemory + MemoryPointer.  CuPy's classes and functions come from the
  * adapter: this file imports nothing of CuPy's.
  */
-#include "pymod.h"
+#include "pyblock.h"
 
 #include <structmember.h>
 
@@ -188,6 +188,7 @@ static PyTypeObject CupyAllocatorType = {
     .tp_new = CupyAllocator_new,
 };
 
+int bridge_pycupy_add(PyObject *m);
 int bridge_pycupy_add(PyObject *m)
 {
     if (!str_ptr && !(str_ptr = PyUnicode_InternFromString("ptr")))

@@ -2,9 +2,8 @@
 /* pymod.c: the Python face of the core, module bridge._core.
  *
  * Thin wrappers that return status codes (bridge/_errors.py turns them into
- * exceptions), and Block: the C-level owner of one allocation, whose dealloc
- * frees it (no Python __del__ involved).  CuPy's allocator type is
- * cupy_alloc.c, the pinned pool's objects pypinned.c.
+ * exceptions).  Block, the C-level owner of one allocation, is pyblock.c;
+ * CuPy's allocator type cupy_alloc.c; the pinned pool's objects pypinned.c.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -14,75 +13,7 @@
 #include <time.h>
 
 #include "bridge.h"
-#include "pymod.h"
-
-
-/* ---- Block (pymod.h) ---- */
-typedef bridge_Block Block;
-
-static void Block_dealloc(Block *self)
-{
-    void *p = self->ptr;
-    self->ptr = NULL;
-    if (p) {
-        Py_BEGIN_ALLOW_THREADS
-        bridge_free(p); /* never fails: counts what went wrong */
-        Py_END_ALLOW_THREADS
-    }
-    Py_CLEAR(self->stream);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *Block_get_ptr(Block *self, void *c)
-{
-    (void)c;
-    return PyLong_FromVoidPtr(self->ptr);
-}
-
-static PyObject *Block_repr(Block *self)
-{
-    return PyUnicode_FromFormat("<bridge block 0x%zx, %zu bytes, device %d>",
-                                (size_t)self->ptr, self->size, self->device);
-}
-
-static PyMemberDef Block_members[] = {
-    {"size", T_PYSSIZET, offsetof(Block, size), READONLY, "bytes"},
-    {"device", T_INT, offsetof(Block, device), READONLY, "device ordinal"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyGetSetDef Block_getset[] = {
-    {"ptr", (getter)Block_get_ptr, NULL, "device address", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-PyTypeObject BlockType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.Block",
-    .tp_basicsize = sizeof(Block),
-    .tp_dealloc = (destructor)Block_dealloc,
-    .tp_repr = (reprfunc)Block_repr,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One allocation from the shared pool, freed when this object dies.",
-    .tp_members = Block_members,
-    .tp_getset = Block_getset,
-};
-
-PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
-{
-    Block *b = PyObject_New(Block, &BlockType);
-    if (!b) {
-        Py_BEGIN_ALLOW_THREADS
-        bridge_free(ptr);
-        Py_END_ALLOW_THREADS
-        return NULL;
-    }
-    b->ptr = ptr;
-    b->size = size;
-    b->device = device;
-    Py_XINCREF(stream);
-    b->stream = stream;
-    return (PyObject *)b;
-}
+#include "pyblock.h"
 
 /* ---- the pressure hook: Python's recovery chain, reached from C ---- */
 /* The chain (framework caches, gc.collect, user callbacks) runs Python.  A
@@ -287,15 +218,6 @@ static int wait_interrupted(void)
     return hit;
 }
 
-/* After a refused allocation: when its wait gave up for Ctrl-C, run the
- * signal handlers now (KeyboardInterrupt).  -1 with the exception set. */
-int raise_if_interrupted(void)
-{
-    double waited;
-    int outcome;
-    bridge_last_wait(&waited, &outcome);
-    return outcome == BRIDGE_WAIT_INTERRUPTED ? PyErr_CheckSignals() : 0;
-}
 
 static PyObject *py_set_main_thread(PyObject *m, PyObject *arg)
 {
@@ -892,16 +814,15 @@ int bridge_pyviews_add(PyObject *m);
 /* Allocation callables for (size, stream) callbacks: RMM's (pycallback.c). */
 int bridge_pycallback_add(PyObject *m);
 int bridge_pyshare_add(PyObject *m);
+/* CuPy's allocator type (cupy_alloc.c). */
+int bridge_pycupy_add(PyObject *m);
 
 PyMODINIT_FUNC PyInit__core(void)
 {
-    if (PyType_Ready(&BlockType) < 0)
-        return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
         return NULL;
-    Py_INCREF(&BlockType);
-    if (PyModule_AddObject(m, "Block", (PyObject *)&BlockType) < 0 || bridge_pycupy_add(m) < 0 ||
+    if (bridge_pyblock_add(m) < 0 || bridge_pycupy_add(m) < 0 ||
         PyModule_AddIntConstant(m, "MAX_DEVICES", BRIDGE_MAX_DEVICES) < 0 ||
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||

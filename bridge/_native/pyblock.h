@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* pymod.h: what the Python module's files share (pymod.c, cupy_alloc.c). */
-#ifndef BRIDGE_PYMOD_H
-#define BRIDGE_PYMOD_H
+/* pyblock.h: Block, the owner of one allocation (pyblock.c), for pymod.c and cupy_alloc.c. */
+#ifndef BRIDGE_PYBLOCK_H
+#define BRIDGE_PYBLOCK_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,7 +23,7 @@ PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream);
 /* After a refused allocation: when its wait gave up for Ctrl-C, run the
  * signal handlers now (KeyboardInterrupt).  -1 with the exception set. */
 int raise_if_interrupted(void);
-/* CuPy's allocator type (cupy_alloc.c), added to the module. */
-int bridge_pycupy_add(PyObject *m);
+/* Add the Block type to the module. */
+int bridge_pyblock_add(PyObject *m);
 
-#endif /* BRIDGE_PYMOD_H */
+#endif /* BRIDGE_PYBLOCK_H */

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* pyblock.c: Block, the C-level owner of one allocation (bridge._core.Block),
+ * for the module's functions (pymod.c) and CuPy's allocator (cupy_alloc.c):
+ * its dealloc frees the block, with no Python __del__ involved. */
+#include "pyblock.h"
+
+#include <structmember.h>
+
+#include "bridge.h"
+
+typedef bridge_Block Block;
+
+static void Block_dealloc(Block *self)
+{
+    void *p = self->ptr;
+    self->ptr = NULL;
+    if (p) {
+        Py_BEGIN_ALLOW_THREADS
+        bridge_free(p); /* never fails: counts what went wrong */
+        Py_END_ALLOW_THREADS
+    }
+    Py_CLEAR(self->stream);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Block_get_ptr(Block *self, void *c)
+{
+    (void)c;
+    return PyLong_FromVoidPtr(self->ptr);
+}
+
+static PyObject *Block_repr(Block *self)
+{
+    return PyUnicode_FromFormat("<bridge block 0x%zx, %zu bytes, device %d>",
+                                (size_t)self->ptr, self->size, self->device);
+}
+
+static PyMemberDef Block_members[] = {
+    {"size", T_PYSSIZET, offsetof(Block, size), READONLY, "bytes"},
+    {"device", T_INT, offsetof(Block, device), READONLY, "device ordinal"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef Block_getset[] = {
+    {"ptr", (getter)Block_get_ptr, NULL, "device address", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject BlockType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.Block",
+    .tp_basicsize = sizeof(Block),
+    .tp_dealloc = (destructor)Block_dealloc,
+    .tp_repr = (reprfunc)Block_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One allocation from the shared pool, freed when this object dies.",
+    .tp_members = Block_members,
+    .tp_getset = Block_getset,
+};
+
+PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
+{
+    Block *b = PyObject_New(Block, &BlockType);
+    if (!b) {
+        Py_BEGIN_ALLOW_THREADS
+        bridge_free(ptr);
+        Py_END_ALLOW_THREADS
+        return NULL;
+    }
+    b->ptr = ptr;
+    b->size = size;
+    b->device = device;
+    Py_XINCREF(stream);
+    b->stream = stream;
+    return (PyObject *)b;
+}
+
+/* After a refused allocation: when its wait gave up for Ctrl-C, run the
+ * signal handlers now (KeyboardInterrupt).  -1 with the exception set. */
+int raise_if_interrupted(void)
+{
+    double waited;
+    int outcome;
+    bridge_last_wait(&waited, &outcome);
+    return outcome == BRIDGE_WAIT_INTERRUPTED ? PyErr_CheckSignals() : 0;
+}
+
+int bridge_pyblock_add(PyObject *m)
+{
+    if (PyType_Ready(&BlockType) < 0)
+        return -1;
+    Py_INCREF(&BlockType);
+    if (PyModule_AddObject(m, "Block", (PyObject *)&BlockType) < 0) {
+        Py_DECREF(&BlockType);
+        return -1;
+    }
+    return 0;
+}
