@@ -156,3 +156,13 @@ def led(standin):
         assert s["used"] == 0, f"device {dev}: {s['used']} bytes still counted"
         assert s["num_deferred"] == 0 and s["graph_bytes"] == 0
         assert [t["current"] for t in s["tags"]] == [0] * core.NTAGS
+
+
+def pytest_runtest_logreport(report):
+    """On the GPU machine, a failure is written out at once: scripts/gpu-test
+    limits each file's time, and a run stopped there never reaches pytest's
+    summary, which would have said why the earlier tests failed."""
+    if GPU_MODE and report.failed:
+        out = sys.__stderr__
+        out.write(f"\n===== FAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n")
+        out.flush()
