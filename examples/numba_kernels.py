@@ -17,6 +17,10 @@ bridge.unify(cupy=True, torch=False, numba=True, budget="4GiB")
 
 import cupy  # noqa: E402
 import numpy as np  # noqa: E402
+
+if not hasattr(np, "row_stack"):  # numba-cuda 0.30 with numpy 2.5: see docs/numba.md
+    np.row_stack = np.vstack
+
 from numba import cuda  # noqa: E402
 from numba.cuda.cudadrv.driver import CudaAPIError  # noqa: E402
 

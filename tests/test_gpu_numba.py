@@ -14,7 +14,15 @@ from gpu_util import POOL_USED_SNIPPET, run_mode
 pytestmark = pytest.mark.gpu
 MODES = ("native", "bridge")
 
-ORACLE = POOL_USED_SNIPPET  # pool_used(): the driver's figure, in the scenario
+# numba-cuda 0.30.4 registers an overload for np.row_stack when it compiles its
+# first kernel; numpy 2.5 removed that alias (docs/numba.md), so kernels did not
+# compile on the GPU machine, natively either
+NUMPY_SHIM = """
+import numpy as _np
+if not hasattr(_np, "row_stack"):
+    _np.row_stack = _np.vstack
+"""
+ORACLE = NUMPY_SHIM + POOL_USED_SNIPPET  # pool_used(): the driver's figure, in the scenario
 
 ARRAYS = (
     ORACLE
@@ -163,7 +171,9 @@ def test_the_environment_variable_puts_numba_on_the_pool(mode):
     assert r["refused"]
 
 
-STREAMS = """
+STREAMS = (
+    NUMPY_SHIM
+    + """
 import threading
 import numpy as np
 if MODE == "bridge":
@@ -209,6 +219,7 @@ pinned_ok = bool((d.copy_to_host() == 5).all())
 pool = bridge.pinned_pool().used_bytes() if MODE == "bridge" else 0
 report(corrupted=int((host != 3.0).sum()), pinned_ok=pinned_ok, pinned_pool=pool)
 """
+)
 
 
 @pytest.mark.parametrize("mode", MODES)
