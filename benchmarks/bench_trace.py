@@ -177,7 +177,9 @@ def record_cupy_fft(batches: Iterable[int] = (16, 32, 24, 64, 48, 32, 16, 64)) -
         s = streams.setdefault(cp.cuda.get_current_stream().ptr, len(streams))
         events.append([ALLOC, i, int(size), s])
         owner = Logged(mem, i)
-        return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(mem.ptr, size, owner), 0)
+        # the device named: CuPy refuses a null pointer (a 0-byte block) without it
+        mem_view = cp.cuda.UnownedMemory(mem.ptr, size, owner, cp.cuda.Device().id)
+        return cp.cuda.MemoryPointer(mem_view, 0)
 
     cp.cuda.set_allocator(logging_alloc)
     try:
