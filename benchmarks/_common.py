@@ -24,10 +24,6 @@ KIB = 1 << 10
 MIB = 1 << 20
 GIB = 1 << 30
 
-#: Environment variables that change an allocator's behaviour. run_all.py
-#: removes them from every child's environment (and sets the one a
-#: configuration needs), so that the shell the benchmarks start from does not
-#: change what is measured.
 #: What torch's cudaMallocAsync configuration needs in its process's environment.
 ASYNC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
 # "bridge-nocache": the bridge with its cache of freed blocks off, as under jax=True
@@ -42,6 +38,11 @@ def config_env(framework: str, config: str) -> dict[str, str]:
         return dict(NOCACHE_ENV)
     return {}
 
+
+#: Environment variables that change an allocator's behaviour. run_all.py
+#: removes them from every child's environment (and sets the one a
+#: configuration needs), so that the shell the benchmarks start from does not
+#: change what is measured.
 ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUPY_GPU_MEMORY_LIMIT",
                  "BRIDGE_GPU_MEMORY_LIMIT", "BRIDGE_PINNED_MEMORY_LIMIT")
 
