@@ -1,7 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where does torch's alloc+free time go under the bridge? (GPU diagnostic)
 
-    python scripts/torch_alloc_probe.py native|bridge|bridge-nocache
+    python scripts/torch_alloc_probe.py native|native-inductor|bridge|bridge-nocache
+
+``native-inductor`` is native torch after importing inductor's config, as
+``unify(torch=True)`` does (to turn CUDA graph trees off): whether that import
+alone changes torch's per-op cost (the bridge / native ratio of the allocation
+benchmark went from 0.88 to 1.05-1.16 between 2026-11-29 and 2026-11-30 while
+the core's own cache-hit pair moved by 5 ns).
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ def main() -> None:
             core.set_cache(0, 0)
     import torch
 
+    if mode == "native-inductor":
+        from torch._inductor import config as inductor_config
+
+        inductor_config.triton.cudagraph_trees = False
     out = {"mode": mode}
     for nbytes in (512, 1 << 20, 64 << 20):
         for _ in range(2000):
