@@ -48,13 +48,15 @@ static double pairs(void *stream, size_t size, int n, int loops)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || bridge_init(argv[1]) != BRIDGE_OK || bridge_device_setup(0, ~0ull) != BRIDGE_OK) {
+    if (argc < 2 || bridge_init(argv[1]) != BRIDGE_OK ||
+        bridge_device_setup(0, ~0ull) != BRIDGE_OK) {
         fprintf(stderr, "usage: bench_hotpath STANDIN_LIBRARY\n");
         return 2;
     }
     bridge_set_cache(0, 1ull << 30, 256ull << 20);
     int n = 200000, loops = 15;
-    printf("{\"path\": \"cache hit, legacy stream\", \"pair_ns\": %.1f}\n", pairs(NULL, 1 << 20, n, loops));
+    printf("{\"path\": \"cache hit, legacy stream\", \"pair_ns\": %.1f}\n",
+           pairs(NULL, 1 << 20, n, loops));
     printf("{\"path\": \"cache hit, per-thread stream\", \"pair_ns\": %.1f}\n",
            pairs((void *)(uintptr_t)2, 1 << 20, n, loops));
 #ifdef HAVE_REGISTER

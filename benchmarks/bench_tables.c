@@ -76,8 +76,7 @@ static void bench_cache(const char *name, uint64_t k, uint64_t unit, uint64_t od
         double dt = (now_ns() - t0) / (double)k;
         best = dt < best ? dt : best;
     }
-    printf("{\"table\": \"cache\", \"case\": \"%s\", \"sizes\": %" PRIu64
-           ", \"pair_ns\": %.1f}\n",
+    printf("{\"table\": \"cache\", \"case\": \"%s\", \"sizes\": %" PRIu64 ", \"pair_ns\": %.1f}\n",
            name, k, best);
 }
 

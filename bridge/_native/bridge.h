@@ -37,25 +37,25 @@ enum bridge_tag {
     BRIDGE_TAG_OTHER = 0,
     BRIDGE_TAG_CUPY = 1,
     BRIDGE_TAG_TORCH = 2,
-    BRIDGE_TAG_NUMBA = 3,  /* Numba's external memory manager (bridge.adapters.numba) */
-    BRIDGE_TAG_RMM = 4,    /* RMM's current device resource (bridge.adapters.rmm) */
+    BRIDGE_TAG_NUMBA = 3, /* Numba's external memory manager (bridge.adapters.numba) */
+    BRIDGE_TAG_RMM = 4,   /* RMM's current device resource (bridge.adapters.rmm) */
     BRIDGE_NTAGS = 5
 };
 
 /* ---- status codes ---- */
 typedef enum bridge_status {
     BRIDGE_OK = 0,
-    BRIDGE_E_BUDGET = 1,     /* the request would pass the device budget */
-    BRIDGE_E_OOM = 2,        /* the driver is out of memory */
-    BRIDGE_E_DRIVER = 3,     /* another driver error (see bridge_last_driver_error) */
-    BRIDGE_E_NODRIVER = 4,   /* libcuda could not be loaded or cuInit failed */
-    BRIDGE_E_NOPOOLS = 5,    /* the device has no stream-ordered memory pools */
-    BRIDGE_E_DEVICE = 6,     /* no such device, or the device is not set up */
-    BRIDGE_E_INVALID = 7,    /* bad argument */
-    BRIDGE_E_TAG_LIMIT = 8,  /* the request would pass the framework's own cap */
-    BRIDGE_E_NOTINIT = 9,    /* bridge_init was not called */
-    BRIDGE_E_FORKED = 10,    /* this process is a fork child of one that used CUDA */
-    BRIDGE_E_SHARE = 11      /* a share's file cannot be used (bridge_share_error says why) */
+    BRIDGE_E_BUDGET = 1,    /* the request would pass the device budget */
+    BRIDGE_E_OOM = 2,       /* the driver is out of memory */
+    BRIDGE_E_DRIVER = 3,    /* another driver error (see bridge_last_driver_error) */
+    BRIDGE_E_NODRIVER = 4,  /* libcuda could not be loaded or cuInit failed */
+    BRIDGE_E_NOPOOLS = 5,   /* the device has no stream-ordered memory pools */
+    BRIDGE_E_DEVICE = 6,    /* no such device, or the device is not set up */
+    BRIDGE_E_INVALID = 7,   /* bad argument */
+    BRIDGE_E_TAG_LIMIT = 8, /* the request would pass the framework's own cap */
+    BRIDGE_E_NOTINIT = 9,   /* bridge_init was not called */
+    BRIDGE_E_FORKED = 10,   /* this process is a fork child of one that used CUDA */
+    BRIDGE_E_SHARE = 11     /* a share's file cannot be used (bridge_share_error says why) */
 } bridge_status;
 
 /* ---- driver loading (driver.c) ---- */
@@ -98,7 +98,7 @@ int bridge_trim(int device, uint64_t keep);
 int bridge_grant_peer_access(int device, int *granted);
 
 /* ---- budget ---- */
-int bridge_set_limit(int device, uint64_t limit);      /* 0 = none */
+int bridge_set_limit(int device, uint64_t limit); /* 0 = none */
 int bridge_set_tag_limit(int device, int tag, uint64_t limit);
 
 /* ---- allocation (the hot path) ---- */
@@ -145,8 +145,8 @@ int bridge_set_tag_cached(int tag, int cached);
 int bridge_graph_begin(int device, uint64_t id0, uint64_t id1);
 int bridge_graph_end(int device, uint64_t id0, uint64_t id1);
 int bridge_graph_release(int device, uint64_t id0, uint64_t id1);
-int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0,
-                       uint64_t id1, void *stream, void **out);
+int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
+                       void **out);
 /* A capture the bridge would not otherwise see (CuPy's Stream.begin_capture):
  * nothing is freed, synchronized or allocated on a capturing stream. */
 int bridge_capture_begin(int device);
@@ -165,7 +165,7 @@ void bridge_set_pressure_hook(bridge_pressure_fn fn);
  * device, and not at all when every thread holding bridge memory on the
  * device is waiting too (one of them, the lowest priority then the newest,
  * is refused at once).  Seconds <= 0: refuse at once (the default). */
-int bridge_set_wait(double seconds);     /* the process default */
+int bridge_set_wait(double seconds); /* the process default */
 double bridge_get_wait(void);
 /* The calling thread's own time and priority (set 0: the process default,
  * priority 0).  Lower priorities are refused first when all wait. */
@@ -223,18 +223,18 @@ typedef struct bridge_stats {
     uint64_t pool_reserved;  /* driver: RESERVED_MEM_CURRENT */
     uint64_t pool_used_high; /* driver: USED_MEM_HIGH */
     uint64_t release_threshold;
-    uint64_t total;          /* device memory */
+    uint64_t total; /* device memory */
     uint64_t num_allocs;
     uint64_t num_frees;
     uint64_t num_ooms;
-    uint64_t num_retries;    /* allocations that succeeded on retry */
-    uint64_t num_bad_frees;  /* unknown pointers and double frees */
+    uint64_t num_retries;   /* allocations that succeeded on retry */
+    uint64_t num_bad_frees; /* unknown pointers and double frees */
     uint64_t num_driver_errors;
-    uint64_t num_deferred;   /* frees waiting for a capture to end */
-    uint64_t graph_bytes;    /* bytes held by captured graphs */
-    uint64_t cached;         /* freed blocks kept for reuse (part of `used`) */
-    uint64_t cache_limit;    /* cap of `cached`; 0 = no cache */
-    uint64_t num_cache_hits; /* allocations served from the cache */
+    uint64_t num_deferred;         /* frees waiting for a capture to end */
+    uint64_t graph_bytes;          /* bytes held by captured graphs */
+    uint64_t cached;               /* freed blocks kept for reuse (part of `used`) */
+    uint64_t cache_limit;          /* cap of `cached`; 0 = no cache */
+    uint64_t num_cache_hits;       /* allocations served from the cache */
     uint64_t num_order_fallbacks;  /* frees ordered by a device sync, not events */
     uint64_t num_pool_read_errors; /* budget checks that used the last pool figure */
     uint64_t captures_active;      /* captures the bridge knows are running */
@@ -264,12 +264,12 @@ uint64_t bridge_live_records(void);
  * free = min(device_free, limit - held), total = min(limit, driver_total);
  * without one: the driver's own free and total. */
 typedef struct bridge_mem_info {
-    uint64_t free, total;                /* the answer */
-    uint64_t driver_free, driver_total;  /* cuMemGetInfo */
-    uint64_t pool_idle;                  /* pool reserved - pool used */
-    uint64_t cached;                     /* the bridge's cache of freed blocks */
-    uint64_t held;                       /* bytes counted against the budget */
-    uint64_t limit;                      /* the budget; 0 = none */
+    uint64_t free, total;               /* the answer */
+    uint64_t driver_free, driver_total; /* cuMemGetInfo */
+    uint64_t pool_idle;                 /* pool reserved - pool used */
+    uint64_t cached;                    /* the bridge's cache of freed blocks */
+    uint64_t held;                      /* bytes counted against the budget */
+    uint64_t limit;                     /* the budget; 0 = none */
 } bridge_mem_info;
 int bridge_get_mem_info(int device, bridge_mem_info *out);
 
@@ -293,12 +293,12 @@ enum bridge_event_action {
     BRIDGE_EV_OOM = 2    /* an allocation was refused; `extra` = free bytes then */
 };
 typedef struct bridge_event {
-    uint64_t time_us;    /* CLOCK_REALTIME, microseconds */
+    uint64_t time_us; /* CLOCK_REALTIME, microseconds */
     uint64_t ptr, size, stream;
-    uint64_t stack;      /* id from the stack hook; 0 = none */
+    uint64_t stack; /* id from the stack hook; 0 = none */
     uint64_t extra;
     int32_t device;
-    int32_t action;      /* enum bridge_event_action */
+    int32_t action; /* enum bridge_event_action */
     int32_t tag;
 } bridge_event;
 /* Start (on 1) or stop (on 0) recording; keep at most max_entries events
@@ -324,21 +324,21 @@ int bridge_share_join(int device, const char *name, const char *dir, uint64_t bu
 const char *bridge_share_error(void);
 
 typedef struct bridge_share_stats {
-    int joined;               /* 0: the device is in no share */
-    uint32_t slot;            /* this process's slot */
+    int joined;    /* 0: the device is in no share */
+    uint32_t slot; /* this process's slot */
     char name[64];
     char path[512];
-    uint64_t budget;          /* the share's budget, rounded down to the claim unit */
-    uint64_t claim;           /* this process's claim */
-    uint64_t group;           /* every member's claim */
-    uint64_t members;         /* slots with an owner */
-    uint64_t inflight;        /* growth of allocations in flight (rounded) */
-    uint64_t num_refused;     /* reservations the group refused */
-    uint64_t num_asks;        /* times this process asked the others to trim */
-    uint64_t num_trims_served;/* trims it did when asked */
-    uint64_t num_reclaimed;   /* claims of dead members it took back */
-    uint64_t num_overshoots;  /* pool growths its claim did not cover in advance */
-    uint64_t num_lost;        /* claim changes refused: the slot was no longer its own */
+    uint64_t budget;           /* the share's budget, rounded down to the claim unit */
+    uint64_t claim;            /* this process's claim */
+    uint64_t group;            /* every member's claim */
+    uint64_t members;          /* slots with an owner */
+    uint64_t inflight;         /* growth of allocations in flight (rounded) */
+    uint64_t num_refused;      /* reservations the group refused */
+    uint64_t num_asks;         /* times this process asked the others to trim */
+    uint64_t num_trims_served; /* trims it did when asked */
+    uint64_t num_reclaimed;    /* claims of dead members it took back */
+    uint64_t num_overshoots;   /* pool growths its claim did not cover in advance */
+    uint64_t num_lost;         /* claim changes refused: the slot was no longer its own */
 } bridge_share_stats;
 int bridge_share_get(int device, bridge_share_stats *out);
 
@@ -348,8 +348,8 @@ typedef struct bridge_share_layout_info {
     uint64_t unit_bits, pid_bits;
     uint64_t off_budget, off_uid, off_uuid, off_name;
     uint64_t off_word, off_start, off_trim_req, off_trim_done, off_asked_at, off_heartbeat;
-    uint64_t off_tag_bytes, off_outside, off_cached, off_pool_reserved, off_device,
-        off_overshoots, off_fields_gen;
+    uint64_t off_tag_bytes, off_outside, off_cached, off_pool_reserved, off_device, off_overshoots,
+        off_fields_gen;
 } bridge_share_layout_info;
 int bridge_share_layout(bridge_share_layout_info *out);
 
@@ -394,23 +394,23 @@ int bridge_pinned_trim(void);
 int bridge_pinned_reset_peak(void);
 
 typedef struct bridge_pinned_stats {
-    int backend;                /* enum bridge_pinned_backend; -1 before setup */
-    int mempool_available;      /* 1 when a host-located pool was created */
-    uint64_t limit;             /* 0 = none; `total` never passes it */
-    uint64_t used;              /* bytes of lent blocks (class sizes) */
-    uint64_t free;              /* bytes of free blocks, pending ones included */
-    uint64_t total;             /* bytes held from the driver: used + free */
+    int backend;           /* enum bridge_pinned_backend; -1 before setup */
+    int mempool_available; /* 1 when a host-located pool was created */
+    uint64_t limit;        /* 0 = none; `total` never passes it */
+    uint64_t used;         /* bytes of lent blocks (class sizes) */
+    uint64_t free;         /* bytes of free blocks, pending ones included */
+    uint64_t total;        /* bytes held from the driver: used + free */
     uint64_t peak_used;
-    uint64_t n_free_blocks;     /* free blocks, pending ones included */
-    uint64_t n_pending_blocks;  /* free blocks awaiting a recorded copy */
-    uint64_t n_live_blocks;     /* lent blocks */
-    uint64_t num_allocs;        /* blocks lent, cumulative */
-    uint64_t num_reuses;        /* of which came from the free lists */
-    uint64_t num_base_allocs;   /* driver allocations */
-    uint64_t num_base_frees;    /* driver frees */
-    uint64_t num_ooms;          /* refused requests */
+    uint64_t n_free_blocks;    /* free blocks, pending ones included */
+    uint64_t n_pending_blocks; /* free blocks awaiting a recorded copy */
+    uint64_t n_live_blocks;    /* lent blocks */
+    uint64_t num_allocs;       /* blocks lent, cumulative */
+    uint64_t num_reuses;       /* of which came from the free lists */
+    uint64_t num_base_allocs;  /* driver allocations */
+    uint64_t num_base_frees;   /* driver frees */
+    uint64_t num_ooms;         /* refused requests */
     uint64_t num_driver_errors;
-    uint64_t num_records;       /* bridge_pinned_record calls */
+    uint64_t num_records; /* bridge_pinned_record calls */
 } bridge_pinned_stats;
 
 int bridge_pinned_get_stats(bridge_pinned_stats *out);

@@ -9,25 +9,25 @@
 #include "bridge.h"
 
 #define SLOT_BITS 12
-#define SLOTS (1u << SLOT_BITS) /* (stream, size) keys per device */
-#define DEPTH 16    /* blocks kept per key */
+#define SLOTS     (1u << SLOT_BITS) /* (stream, size) keys per device */
+#define DEPTH     16                /* blocks kept per key */
 
 typedef struct slot {
-    CUstream stream;   /* key part 1 */
-    uint64_t size;     /* key part 2; 0 = never used */
-    uint32_t n;        /* blocks in ptrs[0..n) */
+    CUstream stream; /* key part 1 */
+    uint64_t size;   /* key part 2; 0 = never used */
+    uint32_t n;      /* blocks in ptrs[0..n) */
     uintptr_t ptrs[DEPTH];
 } slot;
 
 typedef struct dcache {
     pthread_mutex_t lock;
-    slot *slots;               /* SLOTS entries, allocated on first put */
-    _Atomic uint64_t bytes;    /* cached bytes; <= limit after every put */
-    _Atomic uint64_t limit;    /* cap; 0 = caching off */
-    _Atomic uint64_t max_block;/* larger blocks are never cached */
-    uint32_t keys;             /* slots with size != 0; <= SLOTS / 2 */
-    uint32_t live_keys;        /* slots with n > 0; <= keys */
-    int held;                  /* threads waiting for memory (wait.c): while > 0
+    slot *slots;                /* SLOTS entries, allocated on first put */
+    _Atomic uint64_t bytes;     /* cached bytes; <= limit after every put */
+    _Atomic uint64_t limit;     /* cap; 0 = caching off */
+    _Atomic uint64_t max_block; /* larger blocks are never cached */
+    uint32_t keys;              /* slots with size != 0; <= SLOTS / 2 */
+    uint32_t live_keys;         /* slots with n > 0; <= keys */
+    int held;                   /* threads waiting for memory (wait.c): while > 0
                                   nothing is cached, freed bytes go to the pool */
 } dcache;
 
@@ -115,7 +115,8 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr)
     if (!c->slots)
         c->slots = calloc(SLOTS, sizeof(slot));
     /* c->held: read under the lock already taken (no cost when nobody waits) */
-    if (c->slots && !c->held && atomic_load_explicit(&c->bytes, memory_order_relaxed) + size <= limit) {
+    if (c->slots && !c->held &&
+        atomic_load_explicit(&c->bytes, memory_order_relaxed) + size <= limit) {
         slot *sl = find(c, stream, size, 1);
         if (!sl && compact(c))
             sl = find(c, stream, size, 1);
@@ -194,9 +195,15 @@ void cache_hold(int device, int on)
     pthread_mutex_unlock(&c->lock);
 }
 
-uint64_t cache_bytes(int device) { return atomic_load(&caches[device].bytes); }
+uint64_t cache_bytes(int device)
+{
+    return atomic_load(&caches[device].bytes);
+}
 
-uint64_t cache_limit(int device) { return atomic_load(&caches[device].limit); }
+uint64_t cache_limit(int device)
+{
+    return atomic_load(&caches[device].limit);
+}
 
 void cache_set_limits(int device, uint64_t limit, uint64_t max_block)
 {

@@ -19,11 +19,11 @@ typedef bridge_Block Block;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *get_device;     /* () -> int: CuPy's current device */
-    PyObject *get_stream;     /* () -> CuPy's current Stream (its .ptr is the handle) */
-    PyObject *unowned;        /* cupy.cuda.memory.UnownedMemory */
-    PyObject *pointer;        /* cupy.cuda.memory.MemoryPointer */
-    PyObject *on_failure;     /* (size, device, stream, status) -> MemoryPointer or raise */
+    PyObject *get_device; /* () -> int: CuPy's current device */
+    PyObject *get_stream; /* () -> CuPy's current Stream (its .ptr is the handle) */
+    PyObject *unowned;    /* cupy.cuda.memory.UnownedMemory */
+    PyObject *pointer;    /* cupy.cuda.memory.MemoryPointer */
+    PyObject *on_failure; /* (size, device, stream, status) -> MemoryPointer or raise */
     int tag;
     vectorcallfunc vectorcall;
 } CupyAllocator;
@@ -65,7 +65,8 @@ static PyObject *wrap_block(CupyAllocator *self, PyObject *block, void *ptr, siz
     args[3] = block;
     args[4] = PyLong_FromLong(dev);
     if (args[1] && args[2] && args[4])
-        mem = PyObject_Vectorcall(self->unowned, args + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        mem =
+            PyObject_Vectorcall(self->unowned, args + 1, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     Py_XDECREF(args[1]);
     Py_XDECREF(args[2]);
     Py_XDECREF(args[4]);
@@ -73,7 +74,8 @@ static PyObject *wrap_block(CupyAllocator *self, PyObject *block, void *ptr, siz
         PyObject *pargs[3] = {NULL, mem, NULL};
         pargs[2] = PyLong_FromLong(0);
         if (pargs[2])
-            out = PyObject_Vectorcall(self->pointer, pargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            out = PyObject_Vectorcall(self->pointer, pargs + 1, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                      NULL);
         Py_XDECREF(pargs[2]);
         Py_DECREF(mem);
     }
@@ -131,8 +133,8 @@ static PyObject *CupyAllocator_vectorcall(PyObject *callable, PyObject *const *a
 
 static PyObject *CupyAllocator_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"get_device", "get_stream", "unowned_memory", "memory_pointer",
-                            "on_failure", "tag", NULL};
+    static char *names[] = {
+        "get_device", "get_stream", "unowned_memory", "memory_pointer", "on_failure", "tag", NULL};
     PyObject *gd, *gs, *um, *mp, *of;
     int tag = BRIDGE_TAG_CUPY;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|i", names, &gd, &gs, &um, &mp, &of, &tag))

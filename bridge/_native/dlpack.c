@@ -18,8 +18,15 @@
 enum { kDLUInt = 1 };
 #define DLPACK_FLAG_BITMASK_IS_COPIED (1ull << 1)
 
-typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
-typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
+typedef struct {
+    int32_t device_type;
+    int32_t device_id;
+} DLDevice;
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} DLDataType;
 typedef struct {
     void *data;
     DLDevice device;
@@ -34,7 +41,10 @@ typedef struct DLManagedTensor {
     void *manager_ctx;
     void (*deleter)(struct DLManagedTensor *self);
 } DLManagedTensor;
-typedef struct { uint32_t major; uint32_t minor; } DLPackVersion;
+typedef struct {
+    uint32_t major;
+    uint32_t minor;
+} DLPackVersion;
 typedef struct DLManagedTensorVersioned {
     DLPackVersion version;
     void *manager_ctx;
@@ -135,7 +145,8 @@ static int export_device(PyObject *dl_device, int stream_given, int *type)
         if (t != kDLCPU && t != kDLCUDAHost) {
             PyErr_Format(PyExc_BufferError,
                          "pinned host memory can be exported as kDLCPU (1) or kDLCUDAHost (3) "
-                         "only, not device type %ld", t);
+                         "only, not device type %ld",
+                         t);
             return -1;
         }
         *type = (int)t;

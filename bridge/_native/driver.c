@@ -18,11 +18,11 @@ bridge_driver bridge_drv;
 
 /* ---- state ---- */
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_int init_done;         /* 1 once bridge_drv is complete */
+static atomic_int init_done;               /* 1 once bridge_drv is complete */
 static int init_status = BRIDGE_E_NOTINIT; /* result of the first full init */
-static char loaded_path[512];        /* the library that was loaded */
-static atomic_int last_error;        /* last failing CUresult seen */
-static char load_error[512];         /* why the last bridge_init failed */
+static char loaded_path[512];              /* the library that was loaded */
+static atomic_int last_error;              /* last failing CUresult seen */
+static char load_error[512];               /* why the last bridge_init failed */
 
 CUresult bridge_note_driver_error(CUresult r)
 {
@@ -45,7 +45,10 @@ const char *bridge_driver_error_name(int code)
     return "CUDA_ERROR_UNKNOWN";
 }
 
-const char *bridge_load_error(void) { return load_error; }
+const char *bridge_load_error(void)
+{
+    return load_error;
+}
 
 const char *bridge_loaded_library(void)
 {
@@ -55,9 +58,9 @@ const char *bridge_loaded_library(void)
 /* ---- loading ---- */
 static int load_entries(void *lib)
 {
-#define BRIDGE_LOAD_ENTRY(name, args)                                          \
-    *(void **)(&bridge_drv.name) = dlsym(lib, #name);                          \
-    if (!bridge_drv.name)                                                      \
+#define BRIDGE_LOAD_ENTRY(name, args)                 \
+    *(void **)(&bridge_drv.name) = dlsym(lib, #name); \
+    if (!bridge_drv.name)                             \
         return BRIDGE_E_NODRIVER;
     BRIDGE_DRIVER_ENTRIES(BRIDGE_LOAD_ENTRY)
 #undef BRIDGE_LOAD_ENTRY
@@ -66,7 +69,10 @@ static int load_entries(void *lib)
 
 /* ---- fork ---- */
 static void after_fork_in_child(void);
-static void register_atfork(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
+static void register_atfork(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+}
 
 /* CUDA cannot be used in a child forked after the driver was initialized,
  * and the child owns none of the parent's blocks: the child refuses every
@@ -91,7 +97,10 @@ static void after_fork_in_child(void)
              "forked child");
 }
 
-int bridge_forked(void) { return atomic_load_explicit(&forked, memory_order_relaxed); }
+int bridge_forked(void)
+{
+    return atomic_load_explicit(&forked, memory_order_relaxed);
+}
 
 int bridge_init(const char *path)
 {
@@ -108,7 +117,8 @@ int bridge_init(const char *path)
             const char *e = dlerror();
             snprintf(load_error, sizeof load_error, "%s", e ? e : "dlopen failed");
         } else if ((rc = load_entries(lib)) != BRIDGE_OK) {
-            snprintf(load_error, sizeof load_error, "%s lacks a driver entry point the bridge needs (driver too old?)", name);
+            snprintf(load_error, sizeof load_error,
+                     "%s lacks a driver entry point the bridge needs (driver too old?)", name);
         } else {
             CUresult r = bridge_drv.cuInit(0);
             if (r != CUDA_SUCCESS) {
@@ -137,7 +147,10 @@ int bridge_init(const char *path)
     return rc;
 }
 
-int bridge_initialized(void) { return atomic_load(&init_done); }
+int bridge_initialized(void)
+{
+    return atomic_load(&init_done);
+}
 
 int bridge_device_count(int *count)
 {

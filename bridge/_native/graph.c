@@ -40,9 +40,9 @@ typedef struct gblock {
 
 typedef struct gpool {
     uint64_t id0, id1;
-    int uses;       /* see the glossary */
-    int capturing;  /* begins minus ends */
-    gblock *free;   /* the free list */
+    int uses;      /* see the glossary */
+    int capturing; /* begins minus ends */
+    gblock *free;  /* the free list */
     size_t nfree, capfree;
 } gpool;
 
@@ -165,9 +165,9 @@ int bridge_graph_end(int device, uint64_t id0, uint64_t id1)
 typedef struct sweep {
     uint64_t id0, id1;
     int device;
-    record *out;      /* user-freed blocks taken out of the table */
+    record *out; /* user-freed blocks taken out of the table */
     size_t n, cap;
-    int oom;          /* no room to collect one: it stays in the table */
+    int oom; /* no room to collect one: it stays in the table */
 } sweep;
 
 static int sweep_pool(record *r, void *arg)
@@ -255,8 +255,7 @@ static int adopt_block(record *r, void *arg)
 }
 
 /* A block of the pool's free list for `size` on `key`, best fit; 0 if none. */
-static uintptr_t reuse(device_state *d, gpool *p, size_t size, CUstream key, int tag,
-                       uint64_t *got)
+static uintptr_t reuse(device_state *d, gpool *p, size_t size, CUstream key, int tag, uint64_t *got)
 {
     for (;;) {
         size_t best = (size_t)-1;
@@ -280,8 +279,8 @@ static uintptr_t reuse(device_state *d, gpool *p, size_t size, CUstream key, int
     }
 }
 
-static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1,
-                       void *stream, void **out)
+static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
+                       void **out)
 {
     *out = NULL;
     if (size == 0)
@@ -314,9 +313,15 @@ static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
      * order (torch's private pools take such blocks too) */
     uintptr_t cached = cache_take(device, key, size);
     if (cached) {
-        record rec = {.ptr = cached, .size = size, .stream = key, .device = device,
-                      .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1,
-                  .owner = thread_self()};
+        record rec = {.ptr = cached,
+                      .size = size,
+                      .stream = key,
+                      .device = device,
+                      .tag = (uint8_t)tag,
+                      .flags = REC_GRAPH,
+                      .graph0 = id0,
+                      .graph1 = id1,
+                      .owner = thread_self()};
         tag_state *t = &d->tag[tag];
         uint64_t cur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
         if (records_insert(&rec) == 0) {
@@ -357,8 +362,14 @@ static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
         return r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_SUCCESS ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
     }
     ledger_commit(d, size);
-    record rec = {.ptr = (uintptr_t)ptr, .size = size, .stream = key, .device = device,
-                  .tag = (uint8_t)tag, .flags = REC_GRAPH, .graph0 = id0, .graph1 = id1,
+    record rec = {.ptr = (uintptr_t)ptr,
+                  .size = size,
+                  .stream = key,
+                  .device = device,
+                  .tag = (uint8_t)tag,
+                  .flags = REC_GRAPH,
+                  .graph0 = id0,
+                  .graph1 = id1,
                   .owner = thread_self()};
     if (records_insert(&rec) != 0) {
         atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
@@ -370,15 +381,16 @@ static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
     return BRIDGE_OK;
 }
 
-int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1,
-                       void *stream, void **out)
+int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
+                       void **out)
 {
     int rc = alloc_graph(device, size, tag, id0, id1, stream, out);
     /* off: one relaxed load */
-    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size && (rc == BRIDGE_OK || rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM ||
-                 rc == BRIDGE_E_TAG_LIMIT))
-        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device,
-                      (uintptr_t)*out, size, stream_key((CUstream)stream), tag);
+    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size &&
+        (rc == BRIDGE_OK || rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM ||
+         rc == BRIDGE_E_TAG_LIMIT))
+        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device, (uintptr_t)*out,
+                     size, stream_key((CUstream)stream), tag);
     return rc;
 }
 

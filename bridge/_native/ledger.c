@@ -95,8 +95,8 @@ int bridge_device_setup(int device, uint64_t release_threshold)
         int pools = 0;
         size_t total = 0;
         if ((r = bridge_drv.cuDeviceGet(&d->dev, device)) != CUDA_SUCCESS ||
-            (r = bridge_drv.cuDeviceGetAttribute(
-                 &pools, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, d->dev)) != CUDA_SUCCESS) {
+            (r = bridge_drv.cuDeviceGetAttribute(&pools, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+                                                 d->dev)) != CUDA_SUCCESS) {
             rc = BRIDGE_E_DRIVER;
         } else if (!pools) {
             rc = BRIDGE_E_NOPOOLS;
@@ -151,7 +151,10 @@ device_state *device_use(int device, int *rc)
     return device_of(device);
 }
 
-int bridge_device_ready(int device) { return device_of(device) != NULL; }
+int bridge_device_ready(int device)
+{
+    return device_of(device) != NULL;
+}
 
 int bridge_reassert(int device)
 {
@@ -182,7 +185,8 @@ int bridge_grant_peer_access(int device, int *granted)
         return BRIDGE_E_DEVICE;
     for (int p = 0; p < count; p++) {
         int can = 0;
-        if (p == device || bridge_drv.cuDeviceCanAccessPeer(&can, p, d->dev) != CUDA_SUCCESS || !can)
+        if (p == device || bridge_drv.cuDeviceCanAccessPeer(&can, p, d->dev) != CUDA_SUCCESS ||
+            !can)
             continue;
         bridge_CUmemAccessDesc desc = {{CU_MEM_LOCATION_TYPE_DEVICE, p},
                                        CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
@@ -320,7 +324,10 @@ int bridge_set_tag_limit(int device, int tag, uint64_t limit)
     return BRIDGE_OK;
 }
 
-void bridge_set_pressure_hook(bridge_pressure_fn fn) { atomic_store(&pressure_hook, fn); }
+void bridge_set_pressure_hook(bridge_pressure_fn fn)
+{
+    atomic_store(&pressure_hook, fn);
+}
 
 /* ---- freeing ---- */
 /* Issue the driver free of a block (its record out of the table), ordered
@@ -488,7 +495,10 @@ static void release_cached(int device, uintptr_t ptr, uint64_t size, CUstream ke
 
 /* Every cached block of a device back to the pool (in stream order; blocks
  * of a stream being captured wait for its end). */
-static void flush_cache(int device) { cache_flush(device, release_cached); }
+static void flush_cache(int device)
+{
+    cache_flush(device, release_cached);
+}
 
 /* An allocation served from the cache: the bytes are already on the ledger
  * (reserved and committed); only the framework's figures move. */
@@ -498,7 +508,11 @@ static int adopt_cached(device_state *d, int device, uintptr_t p, size_t size, C
     tag_state *t = &d->tag[tag];
     uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
     uint64_t tcur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
-    record rec = {.ptr = p, .size = size, .stream = key, .device = device, .tag = (uint8_t)tag,
+    record rec = {.ptr = p,
+                  .size = size,
+                  .stream = key,
+                  .device = device,
+                  .tag = (uint8_t)tag,
                   .owner = thread_self()};
     if ((tlimit && tcur > tlimit) || records_insert(&rec) != 0) {
         atomic_fetch_sub_explicit(&t->current, size, RELAXED);
@@ -588,8 +602,7 @@ void bridge_free(void *ptr)
     }
     /* kept for the next allocation of this size on this stream */
     if (!rec.nrec && !(atomic_load_explicit(&uncached_tags, RELAXED) & (1u << rec.tag)) &&
-        stream_long_lived(rec.stream) &&
-        cache_put(rec.device, rec.stream, rec.size, rec.ptr)) {
+        stream_long_lived(rec.stream) && cache_put(rec.device, rec.stream, rec.size, rec.ptr)) {
         if (atomic_load_explicit(&d->num_deferred, RELAXED))
             ledger_flush_deferred(d);
         return;
@@ -628,8 +641,12 @@ static int try_alloc(device_state *d, int device, size_t size, CUstream stream, 
         return r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_SUCCESS ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
     }
     ledger_commit(d, size);
-    record rec = {.ptr = (uintptr_t)p, .size = size, .stream = key,
-                  .device = device, .tag = (uint8_t)tag, .owner = thread_self()};
+    record rec = {.ptr = (uintptr_t)p,
+                  .size = size,
+                  .stream = key,
+                  .device = device,
+                  .tag = (uint8_t)tag,
+                  .owner = thread_self()};
     if (records_insert(&rec) != 0) {
         /* no host memory for the record: give the block back */
         atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
@@ -641,7 +658,10 @@ static int try_alloc(device_state *d, int device, size_t size, CUstream stream, 
     return BRIDGE_OK;
 }
 
-static int retryable(int rc) { return rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM; }
+static int retryable(int rc)
+{
+    return rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM;
+}
 
 /* ---- the refusal path: waiting for memory others free (wait.c) ---- */
 typedef struct retry_args {
@@ -740,9 +760,10 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
 {
     int rc = alloc_block(device, size, stream, tag, out);
     /* off: one relaxed load */
-    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size && (rc == BRIDGE_OK || retryable(rc) || rc == BRIDGE_E_TAG_LIMIT))
-        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device,
-                      (uintptr_t)*out, size, stream_key((CUstream)stream), tag);
+    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size &&
+        (rc == BRIDGE_OK || retryable(rc) || rc == BRIDGE_E_TAG_LIMIT))
+        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device, (uintptr_t)*out,
+                     size, stream_key((CUstream)stream), tag);
     return rc;
 }
 
@@ -829,7 +850,7 @@ static void forget_after_fork(void)
         d->deferred = NULL;
         d->ndeferred = d->cap_deferred = 0;
         atomic_store(&d->num_deferred, 0);
-        d->graphs = NULL; /* the parent's graph pools; never freed here */
+        d->graphs = NULL;              /* the parent's graph pools; never freed here */
         atomic_store(&d->share, NULL); /* the parent's membership (its mapping stays) */
     }
     cache_forget_after_fork();
@@ -838,7 +859,10 @@ static void forget_after_fork(void)
     wait_forget_after_fork();
 }
 
-static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_after_fork); }
+static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, forget_after_fork);
+}
 
 /* ---- figures ---- */
 int bridge_get_stats(int device, bridge_stats *out)
@@ -869,10 +893,10 @@ int bridge_get_stats(int device, bridge_stats *out)
     wait_fill_stats(device, out);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];
-        out->tag[i] = (bridge_tag_stats){
-            atomic_load(&t->current), atomic_load(&t->peak),      atomic_load(&t->allocated),
-            atomic_load(&t->freed),   atomic_load(&t->num_allocs), atomic_load(&t->num_frees),
-            atomic_load(&t->num_ooms), atomic_load(&t->limit)};
+        out->tag[i] = (bridge_tag_stats){atomic_load(&t->current),    atomic_load(&t->peak),
+                                         atomic_load(&t->allocated),  atomic_load(&t->freed),
+                                         atomic_load(&t->num_allocs), atomic_load(&t->num_frees),
+                                         atomic_load(&t->num_ooms),   atomic_load(&t->limit)};
     }
     CUresult r;
     if ((r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
@@ -920,4 +944,7 @@ int bridge_reset_accumulated(int device, int tag)
     return BRIDGE_OK;
 }
 
-uint64_t bridge_live_records(void) { return records_count(); }
+uint64_t bridge_live_records(void)
+{
+    return records_count();
+}

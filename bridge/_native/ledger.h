@@ -23,14 +23,14 @@
 
 /* ---- per-framework figures ---- */
 typedef struct tag_state {
-    _Atomic uint64_t current;    /* live bytes; what the framework sees */
-    _Atomic uint64_t peak;       /* max of current since reset */
-    _Atomic uint64_t allocated;  /* cumulative bytes */
-    _Atomic uint64_t freed;      /* cumulative bytes */
+    _Atomic uint64_t current;   /* live bytes; what the framework sees */
+    _Atomic uint64_t peak;      /* max of current since reset */
+    _Atomic uint64_t allocated; /* cumulative bytes */
+    _Atomic uint64_t freed;     /* cumulative bytes */
     _Atomic uint64_t num_allocs;
     _Atomic uint64_t num_frees;
     _Atomic uint64_t num_ooms;
-    _Atomic uint64_t limit;      /* the framework's own cap; 0 = none */
+    _Atomic uint64_t limit; /* the framework's own cap; 0 = none */
 } tag_state;
 
 /* A free that cannot be issued yet (a capture is running), or whose stream
@@ -46,37 +46,37 @@ typedef struct graph_pools graph_pools; /* graph.c */
 
 typedef struct device_state {
     /* ---- the ledger (see ledger.c's banner) ---- */
-    _Atomic uint64_t reserved;   /* <= limit - others when checked */
-    _Atomic uint64_t committed;  /* driver-granted, not yet freed */
-    _Atomic uint64_t limit;      /* budget; 0 = none */
-    _Atomic uint64_t peak;       /* max of reserved after a passed check */
+    _Atomic uint64_t reserved;  /* <= limit - others when checked */
+    _Atomic uint64_t committed; /* driver-granted, not yet freed */
+    _Atomic uint64_t limit;     /* budget; 0 = none */
+    _Atomic uint64_t peak;      /* max of reserved after a passed check */
     tag_state tag[BRIDGE_NTAGS];
     _Atomic uint64_t num_allocs, num_frees, num_ooms, num_retries;
     _Atomic uint64_t num_driver_errors;
-    _Atomic uint64_t num_cache_hits;  /* allocations served from the cache */
-    _Atomic uint64_t graph_bytes;     /* graph blocks the user freed, kept for the graph */
-    _Atomic uint64_t last_pool_used;  /* last USED_MEM_CURRENT read that succeeded */
+    _Atomic uint64_t num_cache_hits;       /* allocations served from the cache */
+    _Atomic uint64_t graph_bytes;          /* graph blocks the user freed, kept for the graph */
+    _Atomic uint64_t last_pool_used;       /* last USED_MEM_CURRENT read that succeeded */
     _Atomic uint64_t num_pool_read_errors; /* budget checks that used last_pool_used */
     _Atomic uint64_t num_order_fallbacks;  /* frees ordered by a synchronization,
                                               not by events (a recorded stream failed) */
 
     /* ---- the pool (set once by setup, under setup_lock) ---- */
-    atomic_int ready;            /* 1 once the fields below are valid */
+    atomic_int ready; /* 1 once the fields below are valid */
     CUdevice dev;
-    CUcontext ctx;               /* the primary context, retained */
-    CUmemoryPool pool;           /* the default pool */
-    CUstream side;               /* non-blocking stream: graph blocks, deferred frees */
-    uint64_t total;              /* device memory, bytes */
+    CUcontext ctx;     /* the primary context, retained */
+    CUmemoryPool pool; /* the default pool */
+    CUstream side;     /* non-blocking stream: graph blocks, deferred frees */
+    uint64_t total;    /* device memory, bytes */
     _Atomic uint64_t release_threshold;
 
     /* ---- captures (under capture_lock) ---- */
     pthread_mutex_t capture_lock;
-    atomic_int captures_active;  /* captures between begin and end: torch's and CuPy's */
-    graph_pools *graphs;         /* graph.c; allocated at the first capture */
-    deferred_free *deferred;     /* frees waiting for the captures to end */
+    atomic_int captures_active; /* captures between begin and end: torch's and CuPy's */
+    graph_pools *graphs;        /* graph.c; allocated at the first capture */
+    deferred_free *deferred;    /* frees waiting for the captures to end */
     size_t ndeferred, cap_deferred;
     _Atomic uint64_t num_deferred; /* == ndeferred, readable without the lock */
-    atomic_int deferred_sync;    /* a deferred block waits for a device synchronization
+    atomic_int deferred_sync;      /* a deferred block waits for a device synchronization
                                     (a graph released while another capture ran) */
 
     /* ---- the share (share.c): set once by bridge_share_join ---- */

@@ -47,24 +47,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CUDA_ERROR_NOT_READY 600
-#define CU_MEMHOSTALLOC_PORTABLE 1
-#define CU_MEM_ALLOCATION_TYPE_PINNED 1
-#define CU_MEM_LOCATION_TYPE_HOST 2
+#define CUDA_ERROR_NOT_READY           600
+#define CU_MEMHOSTALLOC_PORTABLE       1
+#define CU_MEM_ALLOCATION_TYPE_PINNED  1
+#define CU_MEM_LOCATION_TYPE_HOST      2
 #define CU_MEM_LOCATION_TYPE_HOST_NUMA 3
 
-#define PIN_MIN_SHIFT 12                 /* 4 KiB: the page the driver pins anyway */
-#define PIN_STEPS_SHIFT 3                /* 8 classes per doubling */
-#define PIN_NCLASS (1 + (63 - PIN_MIN_SHIFT) * (1 << PIN_STEPS_SHIFT))
-#define PIN_MAX_SIZE (1ull << 47)        /* larger requests cannot be host memory */
-#define PIN_PENDING_PROBES 4             /* pending blocks checked per allocation */
-#define PIN_EVENT_CACHE 256              /* idle events kept for reuse */
+#define PIN_MIN_SHIFT      12 /* 4 KiB: the page the driver pins anyway */
+#define PIN_STEPS_SHIFT    3  /* 8 classes per doubling */
+#define PIN_NCLASS         (1 + (63 - PIN_MIN_SHIFT) * (1 << PIN_STEPS_SHIFT))
+#define PIN_MAX_SIZE       (1ull << 47) /* larger requests cannot be host memory */
+#define PIN_PENDING_PROBES 4            /* pending blocks checked per allocation */
+#define PIN_EVENT_CACHE    256          /* idle events kept for reuse */
 
 /* ---- blocks ---- */
 typedef struct pin_event {
-    CUcontext ctx;     /* the context of `stream`, where `event` was created */
-    CUstream stream;   /* the stream recorded against the block */
-    CUevent event;     /* recorded on `stream` after the copy was enqueued */
+    CUcontext ctx;   /* the context of `stream`, where `event` was created */
+    CUstream stream; /* the stream recorded against the block */
+    CUevent event;   /* recorded on `stream` after the copy was enqueued */
 } pin_event;
 
 struct bridge_pinned_block {
@@ -82,31 +82,31 @@ struct bridge_pinned_block {
 /* ---- the pool ---- */
 static struct pin_pool {
     pthread_mutex_t lock;
-    int ready;                 /* 1 once setup succeeded */
-    int backend;               /* base of new blocks */
-    CUcontext ctx;             /* primary context of device 0, retained: the
+    int ready;          /* 1 once setup succeeded */
+    int backend;        /* base of new blocks */
+    CUcontext ctx;      /* primary context of device 0, retained: the
                                   context host allocations are made in */
-    CUmemoryPool mpool;        /* MEMPOOL: the host-located pool (never destroyed) */
-    CUstream stream;           /* MEMPOOL: private stream of allocations and frees */
-    int mpool_tried;           /* 1 once creating mpool was attempted */
+    CUmemoryPool mpool; /* MEMPOOL: the host-located pool (never destroyed) */
+    CUstream stream;    /* MEMPOOL: private stream of allocations and frees */
+    int mpool_tried;    /* 1 once creating mpool was attempted */
 
-    uint64_t limit;            /* 0 = none; `total` never passes it */
-    uint64_t total;            /* bytes held from the base: used + free + reserved */
-    uint64_t used;             /* capacity of blocks with owners */
-    uint64_t free;             /* capacity of blocks in the free lists */
-    uint64_t peak_used;        /* highest `used` */
+    uint64_t limit;     /* 0 = none; `total` never passes it */
+    uint64_t total;     /* bytes held from the base: used + free + reserved */
+    uint64_t used;      /* capacity of blocks with owners */
+    uint64_t free;      /* capacity of blocks in the free lists */
+    uint64_t peak_used; /* highest `used` */
     uint64_t n_ready, n_pending;
     uint64_t num_allocs, num_reuses, num_base_allocs, num_base_frees;
     uint64_t num_ooms, num_driver_errors, num_records;
 
-    bridge_pinned_block *ready_list[PIN_NCLASS];  /* LIFO: the warmest first */
-    bridge_pinned_block *pend_head[PIN_NCLASS];   /* FIFO: oldest copies first */
+    bridge_pinned_block *ready_list[PIN_NCLASS]; /* LIFO: the warmest first */
+    bridge_pinned_block *pend_head[PIN_NCLASS];  /* FIFO: oldest copies first */
     bridge_pinned_block *pend_tail[PIN_NCLASS];
 
     bridge_pinned_block **live; /* blocks with owners, sorted by address */
     size_t nlive, caplive;
 
-    pin_event *evcache;        /* idle events, any context */
+    pin_event *evcache; /* idle events, any context */
     size_t nevcache;
 } P = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -114,7 +114,7 @@ static struct pin_pool {
 typedef struct pin_guard {
     CUcontext prev;
     int changed;
-    int mode;                  /* previous capture mode */
+    int mode; /* previous capture mode */
 } pin_guard;
 
 /* Make `ctx` current and this thread's capture mode relaxed, so that a host
@@ -433,7 +433,8 @@ static int create_mpool(void)
         r = bridge_drv.cuMemPoolCreate(&pool, &props);
     }
     CUstream s = NULL;
-    if (r == CUDA_SUCCESS && (r = bridge_drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS &&
+        (r = bridge_drv.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS)
         bridge_drv.cuMemPoolDestroy(pool);
     guard_exit(&g);
     if (r != CUDA_SUCCESS) {
@@ -606,9 +607,15 @@ lend:
     return BRIDGE_OK;
 }
 
-void *bridge_pinned_ptr(const bridge_pinned_block *b) { return b ? b->ptr : NULL; }
+void *bridge_pinned_ptr(const bridge_pinned_block *b)
+{
+    return b ? b->ptr : NULL;
+}
 
-size_t bridge_pinned_size(const bridge_pinned_block *b) { return b ? b->size : 0; }
+size_t bridge_pinned_size(const bridge_pinned_block *b)
+{
+    return b ? b->size : 0;
+}
 
 void bridge_pinned_retain(bridge_pinned_block *b)
 {
@@ -619,8 +626,7 @@ void bridge_pinned_retain(bridge_pinned_block *b)
 /* fast path: one atomic decrement; the last owner takes the lock once */
 void bridge_pinned_release(bridge_pinned_block *b)
 {
-    if (!b || atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1 ||
-        bridge_forked())
+    if (!b || atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1 || bridge_forked())
         return;
     pthread_mutex_lock(&P.lock);
     live_remove(b);
@@ -807,4 +813,7 @@ static void forget_after_fork(void)
     P.lock = fresh;
 }
 
-static void register_fork_handler(void) { pthread_atfork(NULL, NULL, forget_after_fork); }
+static void register_fork_handler(void)
+{
+    pthread_atfork(NULL, NULL, forget_after_fork);
+}

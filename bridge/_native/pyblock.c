@@ -31,8 +31,8 @@ static PyObject *Block_get_ptr(Block *self, void *c)
 
 static PyObject *Block_repr(Block *self)
 {
-    return PyUnicode_FromFormat("<bridge block 0x%zx, %zu bytes, device %d>",
-                                (size_t)self->ptr, self->size, self->device);
+    return PyUnicode_FromFormat("<bridge block 0x%zx, %zu bytes, device %d>", (size_t)self->ptr,
+                                self->size, self->device);
 }
 
 static PyMemberDef Block_members[] = {

@@ -83,8 +83,9 @@ static PyObject *StreamAllocator_vectorcall(PyObject *callable, PyObject *const 
     StreamAllocator *self = (StreamAllocator *)callable;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (n < 1 || n > 2 || kwnames) {
-        PyErr_SetString(PyExc_TypeError,
-                        "the allocator takes (nbytes, stream=None): the size in bytes and a stream");
+        PyErr_SetString(
+            PyExc_TypeError,
+            "the allocator takes (nbytes, stream=None): the size in bytes and a stream");
         return NULL;
     }
     size_t size = PyLong_AsSize_t(args[0]);

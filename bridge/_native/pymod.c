@@ -31,9 +31,9 @@ static pthread_cond_t relief_cv = PTHREAD_COND_INITIALIZER;
 static uint64_t relief_asked, relief_done; /* request generations (relief_mu) */
 static int relief_args[2];                 /* device, tag of the request */
 static size_t relief_size;
-static int relief_freed;                   /* result of generation relief_done */
-static int reliever_running;               /* a reliever waits for requests */
-static double relief_timeout = 5.0;        /* seconds */
+static int relief_freed;            /* result of generation relief_done */
+static int reliever_running;        /* a reliever waits for requests */
+static double relief_timeout = 5.0; /* seconds */
 
 static int run_callback(int device, size_t size, int tag)
 {
@@ -160,7 +160,8 @@ static PyObject *py_set_relief_timeout(PyObject *m, PyObject *arg)
     if (t == -1.0 && PyErr_Occurred())
         return NULL;
     if (!(t >= 0.0 && t <= 3600.0)) {
-        PyErr_Format(PyExc_ValueError, "the relief timeout must be in [0, 3600] seconds, got %R", arg);
+        PyErr_Format(PyExc_ValueError, "the relief timeout must be in [0, 3600] seconds, got %R",
+                     arg);
         return NULL;
     }
     pthread_mutex_lock(&relief_mu);
@@ -204,7 +205,10 @@ static void *wait_release_gil(void)
     return PyEval_SaveThread();
 }
 
-static void wait_reacquire_gil(void *token) { PyEval_RestoreThread((PyThreadState *)token); }
+static void wait_reacquire_gil(void *token)
+{
+    PyEval_RestoreThread((PyThreadState *)token);
+}
 
 static int wait_interrupted(void)
 {
@@ -217,7 +221,6 @@ static int wait_interrupted(void)
     PyGILState_Release(st);
     return hit;
 }
-
 
 static PyObject *py_set_main_thread(PyObject *m, PyObject *arg)
 {
@@ -325,14 +328,14 @@ static PyObject *py_initialized(PyObject *m, PyObject *a)
 }
 
 /* f(int *out) -> (status, out) */
-#define INT_OUT(pyname, fn)                                                                        \
-    static PyObject *pyname(PyObject *m, PyObject *a)                                              \
-    {                                                                                              \
-        (void)m;                                                                                   \
-        (void)a;                                                                                   \
-        int out = 0;                                                                               \
-        int rc = fn(&out);                                                                         \
-        return Py_BuildValue("ii", rc, out);                                                       \
+#define INT_OUT(pyname, fn)                           \
+    static PyObject *pyname(PyObject *m, PyObject *a) \
+    {                                                 \
+        (void)m;                                      \
+        (void)a;                                      \
+        int out = 0;                                  \
+        int rc = fn(&out);                            \
+        return Py_BuildValue("ii", rc, out);          \
     }
 
 INT_OUT(py_device_count, bridge_device_count)
@@ -404,16 +407,18 @@ static PyObject *py_ready(PyObject *m, PyObject *args)
 }
 
 /* f(int) -> status, GIL released */
-#define DEV_CALL(pyname, expr)                                                                     \
-    static PyObject *pyname(PyObject *m, PyObject *args)                                           \
-    {                                                                                              \
-        (void)m;                                                                                   \
-        int dev;                                                                                   \
-        if (!PyArg_ParseTuple(args, "i", &dev))                                                    \
-            return NULL;                                                                           \
-        int rc;                                                                                    \
-        Py_BEGIN_ALLOW_THREADS rc = (expr);                                                        \
-        Py_END_ALLOW_THREADS return PyLong_FromLong(rc);                                           \
+#define DEV_CALL(pyname, expr)                           \
+    static PyObject *pyname(PyObject *m, PyObject *args) \
+    {                                                    \
+        (void)m;                                         \
+        int dev;                                         \
+        if (!PyArg_ParseTuple(args, "i", &dev))          \
+            return NULL;                                 \
+        int rc;                                          \
+        Py_BEGIN_ALLOW_THREADS                           \
+        rc = (expr);                                     \
+        Py_END_ALLOW_THREADS                             \
+        return PyLong_FromLong(rc);                      \
     }
 
 DEV_CALL(py_reassert, bridge_reassert(dev))
@@ -642,13 +647,17 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-#define PUT(k) if (put(d, #k, s.k) < 0) goto fail;
-    PUT(limit) PUT(used) PUT(peak_used) PUT(pool_used) PUT(pool_reserved) PUT(pool_used_high)
-    PUT(release_threshold) PUT(total) PUT(num_allocs) PUT(num_frees) PUT(num_ooms)
-    PUT(num_retries) PUT(num_bad_frees) PUT(num_driver_errors) PUT(num_deferred) PUT(graph_bytes)
-    PUT(cached) PUT(cache_limit) PUT(num_cache_hits) PUT(num_order_fallbacks)
-    PUT(num_pool_read_errors) PUT(captures_active) PUT(num_waits) PUT(wait_ns)
-    PUT(num_wait_timeouts) PUT(num_wait_all_waiting) PUT(num_wait_interrupts) PUT(waiting)
+#define PUT(k)               \
+    if (put(d, #k, s.k) < 0) \
+        goto fail;
+    PUT(limit)
+    PUT(used) PUT(peak_used) PUT(pool_used) PUT(pool_reserved) PUT(pool_used_high)
+        PUT(release_threshold) PUT(total) PUT(num_allocs) PUT(num_frees) PUT(num_ooms)
+            PUT(num_retries) PUT(num_bad_frees) PUT(num_driver_errors) PUT(num_deferred)
+                PUT(graph_bytes) PUT(cached) PUT(cache_limit) PUT(num_cache_hits)
+                    PUT(num_order_fallbacks) PUT(num_pool_read_errors) PUT(captures_active)
+                        PUT(num_waits) PUT(wait_ns) PUT(num_wait_timeouts) PUT(num_wait_all_waiting)
+                            PUT(num_wait_interrupts) PUT(waiting)
 #undef PUT
     {
         PyObject *tags = PyList_New(BRIDGE_NTAGS);
@@ -656,10 +665,10 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
             goto fail;
         for (int i = 0; i < BRIDGE_NTAGS; i++) {
             bridge_tag_stats *t = &s.tag[i];
-            PyObject *td = Py_BuildValue(
-                "{sKsKsKsKsKsKsKsK}", "current", t->current, "peak", t->peak, "allocated",
-                t->allocated, "freed", t->freed, "num_allocs", t->num_allocs, "num_frees",
-                t->num_frees, "num_ooms", t->num_ooms, "limit", t->limit);
+            PyObject *td = Py_BuildValue("{sKsKsKsKsKsKsKsK}", "current", t->current, "peak",
+                                         t->peak, "allocated", t->allocated, "freed", t->freed,
+                                         "num_allocs", t->num_allocs, "num_frees", t->num_frees,
+                                         "num_ooms", t->num_ooms, "limit", t->limit);
             if (!td) {
                 Py_DECREF(tags);
                 goto fail;
@@ -724,7 +733,7 @@ static PyObject *py_graph(PyObject *m, PyObject *args)
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = op == 0 ? bridge_graph_begin(dev, a, b)
+    rc = op == 0   ? bridge_graph_begin(dev, a, b)
          : op == 1 ? bridge_graph_end(dev, a, b)
                    : bridge_graph_release(dev, a, b);
     Py_END_ALLOW_THREADS
@@ -756,55 +765,80 @@ static PyMethodDef methods[] = {
     {"initialized", py_initialized, METH_NOARGS, "Whether the driver is loaded."},
     {"device_count", py_device_count, METH_NOARGS, "-> (status, count)"},
     {"driver_version", py_driver_version, METH_NOARGS, "-> (status, version)"},
-    {"device_info", py_device_info, METH_VARARGS, "device_info(device) -> (status, name, cc_major, cc_minor, total_bytes)"},
-    {"current_device", py_current_device, METH_NOARGS, "-> (status, device of the current context)"},
+    {"device_info", py_device_info, METH_VARARGS,
+     "device_info(device) -> (status, name, cc_major, cc_minor, total_bytes)"},
+    {"current_device", py_current_device, METH_NOARGS,
+     "-> (status, device of the current context)"},
     {"last_driver_error", py_last_driver_error, METH_NOARGS, "-> (code, name)"},
     {"loaded_library", py_loaded_library, METH_NOARGS, "The driver library in use."},
     {"load_error", py_load_error, METH_NOARGS, "Why loading the driver failed."},
     {"setup", py_setup, METH_VARARGS, "setup(device, release_threshold) -> status"},
     {"ready", py_ready, METH_VARARGS, "ready(device) -> bool"},
     {"reassert", py_reassert, METH_VARARGS, "reassert(device) -> status"},
-    {"pool_attribute", py_pool_attribute, METH_VARARGS, "pool_attribute(device, attr) -> (status, value)"},
+    {"pool_attribute", py_pool_attribute, METH_VARARGS,
+     "pool_attribute(device, attr) -> (status, value)"},
     {"trim", py_trim, METH_VARARGS, "trim(device, keep=0) -> status"},
     {"grant_peer_access", py_grant_peer_access, METH_VARARGS, "-> (status, peers granted)"},
     {"set_limit", py_set_limit, METH_VARARGS, "set_limit(device, bytes) -> status"},
-    {"set_cache", py_set_cache, METH_VARARGS, "set_cache(device, limit, max_block=256MiB) -> status"},
-    {"register_stream", py_register_stream, METH_VARARGS, "register_stream(handle) -> status: blocks freed on it may be cached"},
-    {"forget_stream", py_forget_stream, METH_VARARGS, "forget_stream(handle) -> status: no longer cache blocks freed on it"},
-    {"capture", py_capture, METH_VARARGS, "capture(begin, device) -> status: a stream capture starts or ends"},
+    {"set_cache", py_set_cache, METH_VARARGS,
+     "set_cache(device, limit, max_block=256MiB) -> status"},
+    {"register_stream", py_register_stream, METH_VARARGS,
+     "register_stream(handle) -> status: blocks freed on it may be cached"},
+    {"forget_stream", py_forget_stream, METH_VARARGS,
+     "forget_stream(handle) -> status: no longer cache blocks freed on it"},
+    {"capture", py_capture, METH_VARARGS,
+     "capture(begin, device) -> status: a stream capture starts or ends"},
     {"forked", py_forked, METH_NOARGS, "Whether this is a fork child of a process that used CUDA."},
-    {"relief_loop", py_relief_loop, METH_NOARGS, "Serve pressure requests of non-Python threads (run in a daemon thread)."},
+    {"relief_loop", py_relief_loop, METH_NOARGS,
+     "Serve pressure requests of non-Python threads (run in a daemon thread)."},
     {"stop_relief", py_stop_relief, METH_NOARGS, "Stop the reliever."},
-    {"set_relief_timeout", py_set_relief_timeout, METH_O, "Seconds a torch thread waits for the reliever."},
-    {"set_tag_limit", py_set_tag_limit, METH_VARARGS, "set_tag_limit(device, tag, bytes) -> status"},
-    {"set_tag_cached", py_set_tag_cached, METH_VARARGS, "set_tag_cached(tag, cached) -> status: may the tag's freed blocks be cached"},
+    {"set_relief_timeout", py_set_relief_timeout, METH_O,
+     "Seconds a torch thread waits for the reliever."},
+    {"set_tag_limit", py_set_tag_limit, METH_VARARGS,
+     "set_tag_limit(device, tag, bytes) -> status"},
+    {"set_tag_cached", py_set_tag_cached, METH_VARARGS,
+     "set_tag_cached(tag, cached) -> status: may the tag's freed blocks be cached"},
     {"alloc", py_alloc, METH_VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)"},
-    {"alloc_block", py_alloc_block, METH_VARARGS, "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
+    {"alloc_block", py_alloc_block, METH_VARARGS,
+     "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
     {"free", py_free, METH_VARARGS, "free(ptr): never raises"},
     {"record_stream", py_record_stream, METH_VARARGS, "record_stream(ptr, stream) -> status"},
     {"lookup", py_lookup, METH_VARARGS, "lookup(ptr) -> (status, size, device, tag)"},
     {"stats", py_stats, METH_VARARGS, "stats(device) -> (status, dict)"},
     {"reset_peak", py_reset_peak, METH_VARARGS, "reset_peak(device, tag=-1) -> status"},
-    {"reset_accumulated", py_reset_accumulated, METH_VARARGS, "reset_accumulated(device, tag=-1) -> status"},
+    {"reset_accumulated", py_reset_accumulated, METH_VARARGS,
+     "reset_accumulated(device, tag=-1) -> status"},
     {"others", py_others, METH_VARARGS, "others(device) -> (status, bytes)"},
     {"live_records", py_live_records, METH_NOARGS, "Live allocations, every device."},
     {"graph", py_graph, METH_VARARGS, "graph(op, device, id0, id1) -> status"},
-    {"alloc_graph", py_alloc_graph, METH_VARARGS, "alloc_graph(device, size, tag, id0, id1, stream=0) -> (status, ptr)"},
+    {"alloc_graph", py_alloc_graph, METH_VARARGS,
+     "alloc_graph(device, size, tag, id0, id1, stream=0) -> (status, ptr)"},
     {"set_pressure_callback", py_set_pressure_callback, METH_O, "Set the recovery hook (or None)."},
-    {"set_main_thread", py_set_main_thread, METH_O, "set_main_thread(ident): the thread that receives Ctrl-C; installs the wait hooks."},
-    {"set_wait", py_set_wait, METH_O, "set_wait(seconds) -> status: the process's wait for memory (0: none)."},
+    {"set_main_thread", py_set_main_thread, METH_O,
+     "set_main_thread(ident): the thread that receives Ctrl-C; installs the wait hooks."},
+    {"set_wait", py_set_wait, METH_O,
+     "set_wait(seconds) -> status: the process's wait for memory (0: none)."},
     {"get_wait", py_get_wait, METH_NOARGS, "The process's wait for memory, seconds."},
-    {"set_thread_wait", py_set_thread_wait, METH_VARARGS, "set_thread_wait(set, seconds, priority) -> status: this thread's own."},
+    {"set_thread_wait", py_set_thread_wait, METH_VARARGS,
+     "set_thread_wait(set, seconds, priority) -> status: this thread's own."},
     {"thread_wait", py_thread_wait, METH_NOARGS, "-> (set, seconds, priority) of this thread."},
-    {"last_wait", py_last_wait, METH_NOARGS, "-> (seconds, outcome) of this thread's last refused allocation."},
-    {"wait_holders", py_wait_holders, METH_VARARGS, "wait_holders(device) -> (status, [(thread, bytes, waiting)])"},
+    {"last_wait", py_last_wait, METH_NOARGS,
+     "-> (seconds, outcome) of this thread's last refused allocation."},
+    {"wait_holders", py_wait_holders, METH_VARARGS,
+     "wait_holders(device) -> (status, [(thread, bytes, waiting)])"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "bridge._core",
-    "The compiled core of bridge: driver, ledger, allocation.", -1, methods,
-    NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    "bridge._core",
+    "The compiled core of bridge: driver, ledger, allocation.",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 /* The pinned pool's type and functions (pypinned.c); the share's (pyshare.c). */
@@ -836,9 +870,8 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "WAIT_HOPELESS", BRIDGE_WAIT_HOPELESS) < 0 ||
         PyModule_AddIntConstant(m, "TAG_NUMBA", BRIDGE_TAG_NUMBA) < 0 ||
         PyModule_AddIntConstant(m, "TAG_RMM", BRIDGE_TAG_RMM) < 0 ||
-        PyModule_AddIntConstant(m, "NTAGS", BRIDGE_NTAGS) < 0 ||
-        bridge_pypinned_add(m) < 0 || bridge_pyviews_add(m) < 0 || bridge_pycallback_add(m) < 0 ||
-        bridge_pyshare_add(m) < 0) {
+        PyModule_AddIntConstant(m, "NTAGS", BRIDGE_NTAGS) < 0 || bridge_pypinned_add(m) < 0 ||
+        bridge_pyviews_add(m) < 0 || bridge_pycallback_add(m) < 0 || bridge_pyshare_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

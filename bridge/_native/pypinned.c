@@ -73,7 +73,8 @@ static PyObject *PinnedBuffer_dlpack(PinnedBuffer *self, PyObject *args, PyObjec
         if (rc != BRIDGE_OK) {
             PyErr_Format(PyExc_BufferError,
                          "copy=True: no pinned memory for a copy of %zd bytes (status %d); "
-                         "export without a copy, or free pinned memory first", self->size, rc);
+                         "export without a copy, or free pinned memory first",
+                         self->size, rc);
             return NULL;
         }
         data = bridge_pinned_ptr(b);
@@ -265,7 +266,8 @@ static PyMethodDef pinned_methods[] = {
     {"pinned_alloc", (PyCFunction)(void (*)(void))py_pinned_alloc, METH_FASTCALL,
      "pinned_alloc(cls, size) -> (status, buffer or None)"},
     {"pinned_record", py_pinned_record, METH_VARARGS, "pinned_record(addr, stream) -> status"},
-    {"pinned_lookup", py_pinned_lookup, METH_VARARGS, "pinned_lookup(addr) -> (status, base, size)"},
+    {"pinned_lookup", py_pinned_lookup, METH_VARARGS,
+     "pinned_lookup(addr) -> (status, base, size)"},
     {"pinned_set_limit", py_pinned_set_limit, METH_VARARGS, "pinned_set_limit(bytes) -> status"},
     {"pinned_trim", py_pinned_trim, METH_NOARGS, "pinned_trim() -> status"},
     {"pinned_reset_peak", py_pinned_reset_peak, METH_NOARGS, "pinned_reset_peak() -> status"},

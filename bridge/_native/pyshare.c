@@ -44,8 +44,8 @@ static PyObject *py_share_stats(PyObject *m, PyObject *args)
         "inflight", (unsigned long long)s.inflight, "num_refused",
         (unsigned long long)s.num_refused, "num_asks", (unsigned long long)s.num_asks,
         "num_trims_served", (unsigned long long)s.num_trims_served, "num_reclaimed",
-        (unsigned long long)s.num_reclaimed, "num_overshoots",
-        (unsigned long long)s.num_overshoots, "num_lost", (unsigned long long)s.num_lost);
+        (unsigned long long)s.num_reclaimed, "num_overshoots", (unsigned long long)s.num_overshoots,
+        "num_lost", (unsigned long long)s.num_lost);
 }
 
 static PyObject *py_share_layout(PyObject *m, PyObject *a)
@@ -57,15 +57,15 @@ static PyObject *py_share_layout(PyObject *m, PyObject *a)
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-#define PUT(k)                                                                                     \
-    do {                                                                                           \
-        PyObject *v_ = PyLong_FromUnsignedLongLong(l.k);                                           \
-        if (!v_ || PyDict_SetItemString(d, #k, v_) < 0) {                                          \
-            Py_XDECREF(v_);                                                                        \
-            Py_DECREF(d);                                                                          \
-            return NULL;                                                                           \
-        }                                                                                          \
-        Py_DECREF(v_);                                                                             \
+#define PUT(k)                                            \
+    do {                                                  \
+        PyObject *v_ = PyLong_FromUnsignedLongLong(l.k);  \
+        if (!v_ || PyDict_SetItemString(d, #k, v_) < 0) { \
+            Py_XDECREF(v_);                               \
+            Py_DECREF(d);                                 \
+            return NULL;                                  \
+        }                                                 \
+        Py_DECREF(v_);                                    \
     } while (0)
     PUT(magic);
     PUT(version);
@@ -107,4 +107,7 @@ static PyMethodDef share_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int bridge_pyshare_add(PyObject *m) { return PyModule_AddFunctions(m, share_methods); }
+int bridge_pyshare_add(PyObject *m)
+{
+    return PyModule_AddFunctions(m, share_methods);
+}

@@ -7,20 +7,23 @@
 #include <string.h>
 
 #define NSHARDS 64 /* power of two */
-#define EMPTY ((uintptr_t)0)
-#define TOMB ((uintptr_t)1)
+#define EMPTY   ((uintptr_t)0)
+#define TOMB    ((uintptr_t)1)
 
 typedef struct shard {
     pthread_mutex_t lock;
-    record *slots;  /* cap entries; NULL until the first insert */
-    size_t cap;     /* power of two, or 0 */
-    size_t count;   /* live records */
-    size_t tombs;   /* tombstones; count + tombs <= cap / 2 after an insert */
+    record *slots; /* cap entries; NULL until the first insert */
+    size_t cap;    /* power of two, or 0 */
+    size_t count;  /* live records */
+    size_t tombs;  /* tombstones; count + tombs <= cap / 2 after an insert */
 } shard;
 
 static shard shards[NSHARDS] = {
-#define S1 {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0}
-#define S4 S1, S1, S1, S1
+#define S1                                       \
+    {                                            \
+        PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0 \
+    }
+#define S4  S1, S1, S1, S1
 #define S16 S4, S4, S4, S4
     S16, S16, S16, S16
 #undef S16
@@ -32,11 +35,20 @@ static shard shards[NSHARDS] = {
  * multiplicative hash spreads them only in its HIGH bits.  The shard comes
  * from the top 6 bits, the slot from the next ones (a slot index from the
  * low bits piled 64 MiB-strided pointers onto a few slots). */
-static inline uint64_t mix(uintptr_t p) { return (uint64_t)p * 0x9E3779B97F4A7C15ull; }
+static inline uint64_t mix(uintptr_t p)
+{
+    return (uint64_t)p * 0x9E3779B97F4A7C15ull;
+}
 
-static inline shard *shard_of(uint64_t h) { return &shards[h >> 58]; }
+static inline shard *shard_of(uint64_t h)
+{
+    return &shards[h >> 58];
+}
 
-static inline size_t slot_index(uint64_t h, size_t mask) { return (size_t)(h >> 6 >> 20) & mask; }
+static inline size_t slot_index(uint64_t h, size_t mask)
+{
+    return (size_t)(h >> 6 >> 20) & mask;
+}
 
 /* Slot of ptr in s, or of the first free slot on its probe path (insert). */
 static record *probe(shard *s, uintptr_t ptr, uint64_t h, int for_insert)

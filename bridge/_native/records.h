@@ -14,20 +14,20 @@
 #include "driver.h"
 
 /* record flags */
-#define REC_GRAPH 1u        /* owned by a captured graph until it is released */
-#define REC_USER_FREED 2u   /* graph block the user has freed (memory kept) */
+#define REC_GRAPH      1u /* owned by a captured graph until it is released */
+#define REC_USER_FREED 2u /* graph block the user has freed (memory kept) */
 
 typedef struct record {
-    uintptr_t ptr;      /* key; 0 = empty slot, 1 = tombstone */
-    uint64_t size;      /* bytes, as requested */
-    CUstream stream;    /* the allocating stream; frees are ordered on it */
+    uintptr_t ptr;   /* key; 0 = empty slot, 1 = tombstone */
+    uint64_t size;   /* bytes, as requested */
+    CUstream stream; /* the allocating stream; frees are ordered on it */
     int32_t device;
-    uint8_t tag;        /* enum bridge_tag */
-    uint8_t flags;      /* REC_* */
-    uint16_t nrec;      /* streams recorded against the block (recs[]) */
-    CUstream *recs;     /* malloc'd, nrec entries; NULL when nrec == 0 */
+    uint8_t tag;             /* enum bridge_tag */
+    uint8_t flags;           /* REC_* */
+    uint16_t nrec;           /* streams recorded against the block (recs[]) */
+    CUstream *recs;          /* malloc'd, nrec entries; NULL when nrec == 0 */
     uint64_t graph0, graph1; /* graph pool id when REC_GRAPH */
-    unsigned long owner; /* the allocating thread (pthread_self), for wait.c's
+    unsigned long owner;     /* the allocating thread (pthread_self), for wait.c's
                             check that every thread holding memory is waiting */
 } record;
 

@@ -65,53 +65,54 @@
 #include <unistd.h>
 
 /* ---- the file's layout (version 1) ---- */
-#define SHARE_MAGIC 0x3152485347445242ull /* "BRDGSHR1" */
-#define SHARE_VERSION 2u /* 2: room for 8 framework tags per slot */
-#define SHARE_TAGS 8      /* framework tags a slot has room for (BRIDGE_NTAGS used) */
-#define SHARE_SLOTS 64u
+#define SHARE_MAGIC    0x3152485347445242ull /* "BRDGSHR1" */
+#define SHARE_VERSION  2u                    /* 2: room for 8 framework tags per slot */
+#define SHARE_TAGS     8 /* framework tags a slot has room for (BRIDGE_NTAGS used) */
+#define SHARE_SLOTS    64u
 #define SHARE_NAME_MAX 63
-#define SHARE_UNIT (2ull << 20) /* claim granule; the pool's growth is rounded to it */
-#define SHARE_SLACK (64ull << 20) /* a claim above the pool by more is lowered after an allocation */
-#define SHARE_ANSWER_WAIT_NS 500000000ull   /* how long a refused member waits for trims */
+#define SHARE_UNIT     (2ull << 20) /* claim granule; the pool's growth is rounded to it */
+#define SHARE_SLACK \
+    (64ull << 20) /* a claim above the pool by more is lowered after an allocation */
+#define SHARE_ANSWER_WAIT_NS  500000000ull  /* how long a refused member waits for trims */
 #define SHARE_UNRESPONSIVE_NS 1000000000ull /* a request older than this: unresponsive */
-#define SHARE_TICK_NS 250000000ull          /* the service thread's round */
-#define SHARE_SCAN_NS 1000000000ull         /* its scan for dead members */
+#define SHARE_TICK_NS         250000000ull  /* the service thread's round */
+#define SHARE_SCAN_NS         1000000000ull /* its scan for dead members */
 
 #define W_UNIT_BITS 28
-#define W_PID_BITS 22
+#define W_PID_BITS  22
 #define W_UNIT_MASK ((1ull << W_UNIT_BITS) - 1)
-#define W_PID_MASK ((1ull << W_PID_BITS) - 1)
+#define W_PID_MASK  ((1ull << W_PID_BITS) - 1)
 
 typedef struct share_header {
-    _Atomic uint64_t magic;    /* SHARE_MAGIC once the header is complete (stored last) */
-    uint32_t version;          /* SHARE_VERSION */
-    uint32_t header_size;      /* sizeof(share_header) */
-    uint32_t slot_size;        /* sizeof(share_slot) */
-    uint32_t nslots;           /* SHARE_SLOTS */
-    uint64_t unit;             /* SHARE_UNIT */
-    _Atomic uint64_t budget;   /* bytes; the claims never sum above it */
-    uint32_t uid;              /* the owner (also checked with fstat) */
-    _Atomic uint32_t answers;  /* futex: +1 after every trim a member served */
-    uint8_t uuid[16];          /* the GPU */
+    _Atomic uint64_t magic;        /* SHARE_MAGIC once the header is complete (stored last) */
+    uint32_t version;              /* SHARE_VERSION */
+    uint32_t header_size;          /* sizeof(share_header) */
+    uint32_t slot_size;            /* sizeof(share_slot) */
+    uint32_t nslots;               /* SHARE_SLOTS */
+    uint64_t unit;                 /* SHARE_UNIT */
+    _Atomic uint64_t budget;       /* bytes; the claims never sum above it */
+    uint32_t uid;                  /* the owner (also checked with fstat) */
+    _Atomic uint32_t answers;      /* futex: +1 after every trim a member served */
+    uint8_t uuid[16];              /* the GPU */
     char name[SHARE_NAME_MAX + 1]; /* the share's name, NUL-terminated */
     uint8_t pad[128];
 } share_header;
 
 typedef struct share_slot {
-    _Atomic uint64_t word;       /* gen:14 | pid:22 | claim units:28; pid 0 = free */
-    _Atomic uint64_t start;      /* the owner's start time (/proc/<pid>/stat field 22);
+    _Atomic uint64_t word;      /* gen:14 | pid:22 | claim units:28; pid 0 = free */
+    _Atomic uint64_t start;     /* the owner's start time (/proc/<pid>/stat field 22);
                                     0 while the slot is being set up */
-    _Atomic uint32_t trim_req;   /* futex: trims asked of the owner */
-    _Atomic uint32_t trim_done;  /* trims it served; == trim_req when none waits */
-    _Atomic uint64_t asked_at;   /* CLOCK_MONOTONIC ns of the oldest unanswered request; 0: none */
-    _Atomic uint64_t heartbeat;  /* CLOCK_MONOTONIC ns of the service thread's last round */
+    _Atomic uint32_t trim_req;  /* futex: trims asked of the owner */
+    _Atomic uint32_t trim_done; /* trims it served; == trim_req when none waits */
+    _Atomic uint64_t asked_at;  /* CLOCK_MONOTONIC ns of the oldest unanswered request; 0: none */
+    _Atomic uint64_t heartbeat; /* CLOCK_MONOTONIC ns of the service thread's last round */
     _Atomic uint64_t tag_bytes[SHARE_TAGS]; /* live bytes per framework tag (published) */
-    _Atomic uint64_t outside;    /* pool bytes outside the ledger: JAX's, others' (published) */
-    _Atomic uint64_t cached;     /* the bridge's cached blocks (published) */
+    _Atomic uint64_t outside;       /* pool bytes outside the ledger: JAX's, others' (published) */
+    _Atomic uint64_t cached;        /* the bridge's cached blocks (published) */
     _Atomic uint64_t pool_reserved; /* RESERVED_MEM_CURRENT (published) */
-    _Atomic int32_t device;      /* the owner's ordinal of this GPU */
-    _Atomic uint32_t overshoots; /* growths its claim did not cover in advance */
-    _Atomic uint32_t fields_gen; /* the generation whose owner wrote `start`: until it
+    _Atomic int32_t device;         /* the owner's ordinal of this GPU */
+    _Atomic uint32_t overshoots;    /* growths its claim did not cover in advance */
+    _Atomic uint32_t fields_gen;    /* the generation whose owner wrote `start`: until it
                                     equals the word's, `start` is a former owner's */
     uint8_t pad[52];
 } share_slot;
@@ -122,16 +123,31 @@ _Static_assert(BRIDGE_NTAGS <= SHARE_TAGS, "a share slot has room for every fram
 
 #define SHARE_FILE_SIZE (sizeof(share_header) + SHARE_SLOTS * sizeof(share_slot))
 
-static uint64_t w_units(uint64_t w) { return w & W_UNIT_MASK; }
-static uint32_t w_pid(uint64_t w) { return (uint32_t)((w >> W_UNIT_BITS) & W_PID_MASK); }
-static uint32_t w_gen(uint64_t w) { return (uint32_t)(w >> (W_UNIT_BITS + W_PID_BITS)); }
+static uint64_t w_units(uint64_t w)
+{
+    return w & W_UNIT_MASK;
+}
+static uint32_t w_pid(uint64_t w)
+{
+    return (uint32_t)((w >> W_UNIT_BITS) & W_PID_MASK);
+}
+static uint32_t w_gen(uint64_t w)
+{
+    return (uint32_t)(w >> (W_UNIT_BITS + W_PID_BITS));
+}
 static uint64_t w_make(uint32_t gen, uint32_t pid, uint64_t units)
 {
     return ((uint64_t)gen << (W_UNIT_BITS + W_PID_BITS)) |
            (((uint64_t)pid & W_PID_MASK) << W_UNIT_BITS) | (units & W_UNIT_MASK);
 }
-static uint64_t units_of(uint64_t bytes) { return bytes / SHARE_UNIT + (bytes % SHARE_UNIT != 0); }
-static uint64_t round_unit(uint64_t bytes) { return units_of(bytes) * SHARE_UNIT; }
+static uint64_t units_of(uint64_t bytes)
+{
+    return bytes / SHARE_UNIT + (bytes % SHARE_UNIT != 0);
+}
+static uint64_t round_unit(uint64_t bytes)
+{
+    return units_of(bytes) * SHARE_UNIT;
+}
 
 /* a -= v, never below 0 (an allocation that began before the process joined
  * settles after it without having been added) */
@@ -145,30 +161,33 @@ static void sub_floor(_Atomic uint64_t *a, uint64_t v)
 /* ---- this process in a group ---- */
 struct share_member {
     share_header *hdr;
-    share_slot *slots;           /* SHARE_SLOTS of them */
+    share_slot *slots; /* SHARE_SLOTS of them */
     share_slot *me;
     int device;
-    uint32_t pid, gen;           /* the owner word's pid and generation */
-    uint64_t budget_units;       /* the budget at join, in units (rounded down) */
-    pthread_mutex_t lock;        /* changes of this process's claim */
-    _Atomic uint64_t claim;      /* units; == w_units(me->word) */
-    _Atomic uint64_t cap;        /* units; while a change of the claim is being decided
+    uint32_t pid, gen;         /* the owner word's pid and generation */
+    uint64_t budget_units;     /* the budget at join, in units (rounded down) */
+    pthread_mutex_t lock;      /* changes of this process's claim */
+    _Atomic uint64_t claim;    /* units; == w_units(me->word) */
+    _Atomic uint64_t cap;      /* units; while a change of the claim is being decided
                                     (under `lock`), the fast path admits no more than this:
                                     the claim before a raise that may be taken back, the
                                     target of a lowering.  UINT64_MAX: none */
-    _Atomic uint64_t inflight;   /* bytes (unit-rounded) between share_reserve and settle */
+    _Atomic uint64_t inflight; /* bytes (unit-rounded) between share_reserve and settle */
     pthread_t thread;
     _Atomic uint64_t num_refused, num_asks, num_trims_served, num_reclaimed, num_overshoots,
         num_lost;
     char name[SHARE_NAME_MAX + 1];
     char path[512];
-    char real[PATH_MAX];         /* the path with links resolved, as /proc/<pid>/maps names it */
+    char real[PATH_MAX]; /* the path with links resolved, as /proc/<pid>/maps names it */
 };
 
 static char share_error_text[768];
 static pthread_mutex_t join_lock = PTHREAD_MUTEX_INITIALIZER;
 
-const char *bridge_share_error(void) { return share_error_text; }
+const char *bridge_share_error(void)
+{
+    return share_error_text;
+}
 
 static int fail(const char *fmt, const char *a, const char *b)
 {
@@ -336,7 +355,8 @@ static uint64_t pool_reserved(struct device_state *d)
 {
     uint64_t v = 0;
     int mode = capture_mode_enter(d);
-    CUresult r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v);
+    CUresult r =
+        bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v);
     capture_mode_exit(mode);
     return r == CUDA_SUCCESS ? v : UINT64_MAX;
 }
@@ -619,8 +639,8 @@ static int live_members(share_member *tmp)
 
 /* Open, create or check the group's file and map it; under flock while the
  * header is written or checked (released by the kernel if we die). */
-static int open_file(const char *path, const uint8_t uuid[16], const char *name,
-                     uint64_t budget, share_member *m)
+static int open_file(const char *path, const uint8_t uuid[16], const char *name, uint64_t budget,
+                     share_member *m)
 {
     int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
@@ -630,9 +650,11 @@ static int open_file(const char *path, const uint8_t uuid[16], const char *name,
         if (e == EACCES || e == EPERM)
             return fail("cannot open the share file %s (%s): it belongs to another user or its "
                         "directory is not writable. Remove it, or set BRIDGE_SHARE_DIR to a "
-                        "directory of your own.", path, strerror(e));
+                        "directory of your own.",
+                        path, strerror(e));
         return fail("cannot open the share file %s (%s). Set BRIDGE_SHARE_DIR to a writable "
-                    "directory.", path, strerror(e));
+                    "directory.",
+                    path, strerror(e));
     }
     flock(fd, LOCK_EX);
     struct stat st;
@@ -641,13 +663,15 @@ static int open_file(const char *path, const uint8_t uuid[16], const char *name,
         rc = fail("the share file %s is not a regular file%s; remove it.", path, "");
     else if (st.st_uid != geteuid())
         rc = fail("the share file %s belongs to another user%s: a share is per user. Remove it "
-                  "(as its owner), or set BRIDGE_SHARE_DIR to a directory of your own.", path, "");
+                  "(as its owner), or set BRIDGE_SHARE_DIR to a directory of your own.",
+                  path, "");
     else if (st.st_size != 0 && (st.st_mode & 077))
-        rc = fail("the share file %s can be read or written by other users%s; remove it.", path,
-                  "");
+        rc =
+            fail("the share file %s can be read or written by other users%s; remove it.", path, "");
     else if (st.st_size != 0 && st.st_size != (off_t)SHARE_FILE_SIZE)
         rc = fail("the share file %s has the wrong size%s: it is corrupt or not bridge's. Stop "
-                  "the processes that use the share and remove it.", path, "");
+                  "the processes that use the share and remove it.",
+                  path, "");
     int fresh = rc == BRIDGE_OK && st.st_size == 0;
     if (fresh && (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)SHARE_FILE_SIZE) != 0))
         rc = fail("cannot size the share file %s (%s).", path, strerror(errno));
@@ -667,7 +691,8 @@ static int open_file(const char *path, const uint8_t uuid[16], const char *name,
             if (!budget) {
                 rc = fail("the share '%s' does not exist yet on this GPU%s: the first process "
                           "of a share must give its budget (bridge.unify(budget=..., share=...) "
-                          "or BRIDGE_GPU_MEMORY_LIMIT).", name, "");
+                          "or BRIDGE_GPU_MEMORY_LIMIT).",
+                          name, "");
             } else {
                 memset(map, 0, SHARE_FILE_SIZE);
                 h->version = SHARE_VERSION;
@@ -690,7 +715,8 @@ static int open_file(const char *path, const uint8_t uuid[16], const char *name,
                 snprintf(share_error_text, sizeof share_error_text,
                          "the share '%s' on this GPU has a budget of %s bytes and this process "
                          "asked for %s: every process of a share must give the same budget, or "
-                         "none (budget=None adopts the share's).", name, a, b);
+                         "none (budget=None adopts the share's).",
+                         name, a, b);
                 rc = BRIDGE_E_SHARE;
             } else {
                 atomic_store(&h->budget, budget); /* nobody uses it: the new budget applies */

@@ -21,7 +21,7 @@
 
 #include "ledger.h"
 
-#define LEGACY ((CUstream)(uintptr_t)1)
+#define LEGACY     ((CUstream)(uintptr_t)1)
 #define PER_THREAD ((CUstream)(uintptr_t)2)
 
 /* ---- per-thread keys ---- */
@@ -46,7 +46,10 @@ static uintptr_t thread_key(void)
     return my_key;
 }
 
-CUstream stream_key(CUstream s) { return s == PER_THREAD ? (CUstream)thread_key() : s; }
+CUstream stream_key(CUstream s)
+{
+    return s == PER_THREAD ? (CUstream)thread_key() : s;
+}
 
 CUstream stream_handle(CUstream key)
 {
@@ -59,7 +62,7 @@ CUstream stream_handle(CUstream key)
 /* An open-addressing set; lookups take no lock.  A forgotten handle leaves a
  * tombstone (the legacy handle, never a member). */
 #define LONG_LIVED_SLOTS 4096 /* power of two; at most half used, tombstones included */
-#define TOMBSTONE ((uintptr_t)1)
+#define TOMBSTONE        ((uintptr_t)1)
 static _Atomic uintptr_t long_lived[LONG_LIVED_SLOTS];
 static unsigned long_lived_count; /* under long_lived_lock */
 static pthread_mutex_t long_lived_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -23,7 +23,8 @@ struct CUstream_st; // cudaStream_t is CUstream_st*
 using MempoolId = std::pair<unsigned long long, unsigned long long>;
 using StreamFilter = std::function<bool(CUstream_st *)>;
 
-namespace {
+namespace
+{
 
 // ---- captures torch announced (begin_allocate_to_pool .. end) ----
 struct Capture {
@@ -64,7 +65,8 @@ std::string wait_note(int device)
     std::snprintf(secs, sizeof secs, "%.2f s", waited);
     std::string note;
     if (outcome == BRIDGE_WAIT_TIMEOUT)
-        note = std::string("Waited ") + secs + " for other threads to free memory; none freed enough. ";
+        note = std::string("Waited ") + secs +
+               " for other threads to free memory; none freed enough. ";
     else if (outcome == BRIDGE_WAIT_ALL_WAITING)
         note = std::string("Stopped waiting after ") + secs +
                ": every thread holding bridge memory on this device was waiting for memory too, "
@@ -102,8 +104,8 @@ std::string wait_note(int device)
             "cannot be used in a forked child: start workers with the 'spawn' method");
     if (rc == BRIDGE_E_DRIVER || rc == BRIDGE_E_DEVICE || rc == BRIDGE_E_NOTINIT ||
         rc == BRIDGE_E_NOPOOLS || rc == BRIDGE_E_INVALID) {
-        msg = "CUDA error: bridge could not allocate " + std::to_string(size) + " bytes on device " +
-              std::to_string(device) + ": ";
+        msg = "CUDA error: bridge could not allocate " + std::to_string(size) +
+              " bytes on device " + std::to_string(device) + ": ";
         int code = bridge_last_driver_error();
         if (rc == BRIDGE_E_DRIVER && code != 0)
             msg += std::string("the driver said ") + bridge_driver_error_name(code) + " (code " +
@@ -128,12 +130,10 @@ std::string wait_note(int device)
         msg += "The device is full (" + gib(s.total) + " in all; bridge budget " +
                (s.limit ? gib(s.limit) : std::string("none")) + "). ";
     msg += "In use: torch " + gib(s.tag[BRIDGE_TAG_TORCH].current) + ", cupy " +
-           gib(s.tag[BRIDGE_TAG_CUPY].current) + ", numba " +
-           gib(s.tag[BRIDGE_TAG_NUMBA].current) + ", rmm " + gib(s.tag[BRIDGE_TAG_RMM].current) +
-           ", other bridge users " +
+           gib(s.tag[BRIDGE_TAG_CUPY].current) + ", numba " + gib(s.tag[BRIDGE_TAG_NUMBA].current) +
+           ", rmm " + gib(s.tag[BRIDGE_TAG_RMM].current) + ", other bridge users " +
            gib(s.tag[BRIDGE_TAG_OTHER].current) + ", jax and others outside the bridge " +
-           gib(others) + ", pool reserved " + gib(s.pool_reserved) +
-           ". " + wait_note(device) +
+           gib(others) + ", pool reserved " + gib(s.pool_reserved) + ". " + wait_note(device) +
            "Free tensors or arrays you no longer need, lower the batch size, or raise the "
            "budget (bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT).";
     throw std::runtime_error(msg);
@@ -158,9 +158,14 @@ void *bridge_torch_alloc(size_t size, int device, void *stream)
     return p;
 }
 
-void bridge_torch_free(void *ptr, size_t, int, void *) { bridge_free(ptr); }
+void bridge_torch_free(void *ptr, size_t, int, void *)
+{
+    bridge_free(ptr);
+}
 
-void bridge_torch_init(int) {}
+void bridge_torch_init(int)
+{
+}
 
 // torch.cuda.empty_cache(): idle pool memory of every device goes back
 // (nothing synchronized or freed on a stream being captured).
@@ -177,7 +182,8 @@ void bridge_torch_memory_fraction(double fraction, int device)
     bridge_stats s;
     if (bridge_get_stats(device, &s) != BRIDGE_OK)
         return;
-    uint64_t cap = fraction >= 1.0 ? 0 : static_cast<uint64_t>(fraction * static_cast<double>(s.total));
+    uint64_t cap =
+        fraction >= 1.0 ? 0 : static_cast<uint64_t>(fraction * static_cast<double>(s.total));
     bridge_set_tag_limit(device, BRIDGE_TAG_TORCH, cap);
 }
 

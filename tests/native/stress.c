@@ -55,18 +55,18 @@
 #include <string.h>
 #include <unistd.h>
 
-#define KIB (1024ull)
-#define MIB (1024ull * 1024ull)
+#define KIB  (1024ull)
+#define MIB  (1024ull * 1024ull)
 #define NDEV 2
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "stress: %s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);      \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-            abort();                                                                               \
-        }                                                                                          \
+#define CHECK(cond, ...)                                                                     \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            fprintf(stderr, "stress: %s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                                    \
+            fputc('\n', stderr);                                                             \
+            abort();                                                                         \
+        }                                                                                    \
     } while (0)
 
 static int scale = 1;
@@ -77,14 +77,14 @@ static struct {
     void (*add_foreign)(int dev, int64_t delta);
     void (*sync_all)(int dev);
     uint64_t (*live_count)(void);
-    int (*ctx_get)(void **ctx); /* the driver's cuCtxGetCurrent */
-    int (*ctx_set)(void *ctx);  /* cuCtxSetCurrent */
+    int (*ctx_get)(void **ctx);             /* the driver's cuCtxGetCurrent */
+    int (*ctx_set)(void *ctx);              /* cuCtxSetCurrent */
     int (*ctx_retain)(void **ctx, int dev); /* cuDevicePrimaryCtxRetain */
-    uint64_t (*counter)(int which);          /* standin_counter: 0 = driver allocations */
-    void (*hold_events)(int on);             /* events recorded now stay pending */
+    uint64_t (*counter)(int which);         /* standin_counter: 0 = driver allocations */
+    void (*hold_events)(int on);            /* events recorded now stay pending */
     void (*complete_events)(void);
     int (*stream_create)(void **stream, unsigned flags); /* cuStreamCreate */
-    void (*adopt_stream)(void *stream, int dev); /* a made-up handle becomes a stream */
+    void (*adopt_stream)(void *stream, int dev);         /* a made-up handle becomes a stream */
 } standin;
 
 static void load_standin(const char *path)
@@ -123,7 +123,10 @@ static uint64_t rnd(uint64_t *s) /* xorshift64* */
     return *s * 0x2545F4914F6CDD1Dull;
 }
 
-static void *stream_of(int i) { return (void *)(uintptr_t)(0x5000 + 16 * (uintptr_t)i); }
+static void *stream_of(int i)
+{
+    return (void *)(uintptr_t)(0x5000 + 16 * (uintptr_t)i);
+}
 
 static bridge_stats stats_of(int dev)
 {
@@ -159,22 +162,25 @@ static void check_idle(const char *phase)
         CHECK(s.num_deferred == 0, "%s: device %d %" PRIu64 " deferred", phase, d, s.num_deferred);
         CHECK(s.graph_bytes == 0, "%s: device %d graph bytes %" PRIu64, phase, d, s.graph_bytes);
         CHECK(s.pool_used == 0, "%s: device %d pool used %" PRIu64, phase, d, s.pool_used);
-        CHECK(s.num_allocs == s.num_frees, "%s: device %d allocs %" PRIu64 " frees %" PRIu64,
-              phase, d, s.num_allocs, s.num_frees);
+        CHECK(s.num_allocs == s.num_frees, "%s: device %d allocs %" PRIu64 " frees %" PRIu64, phase,
+              d, s.num_allocs, s.num_frees);
         for (int t = 0; t < BRIDGE_NTAGS; t++) {
             bridge_tag_stats *ts = &s.tag[t];
             CHECK(ts->current == 0, "%s: device %d tag %d current %" PRIu64, phase, d, t,
                   ts->current);
-            CHECK(ts->allocated == ts->freed, "%s: device %d tag %d allocated %" PRIu64
-                  " freed %" PRIu64, phase, d, t, ts->allocated, ts->freed);
+            CHECK(ts->allocated == ts->freed,
+                  "%s: device %d tag %d allocated %" PRIu64 " freed %" PRIu64, phase, d, t,
+                  ts->allocated, ts->freed);
             CHECK(ts->num_allocs == ts->num_frees, "%s: device %d tag %d", phase, d, t);
         }
         uint64_t others = 0;
         standin.add_foreign(d, 12345);
         CHECK(bridge_others(d, &others) == BRIDGE_OK, "others");
         standin.add_foreign(d, -12345);
-        CHECK(others == 12345, "%s: device %d others %" PRIu64 " with 12345 foreign bytes "
-              "(committed did not return to 0)", phase, d, others);
+        CHECK(others == 12345,
+              "%s: device %d others %" PRIu64 " with 12345 foreign bytes "
+              "(committed did not return to 0)",
+              phase, d, others);
     }
     CHECK(standin.live_count() == 0, "%s: the driver holds %" PRIu64 " blocks", phase,
           standin.live_count());
@@ -230,15 +236,15 @@ typedef struct worker {
     int id;
     int dev;
     int iters;
-    uint64_t limit;         /* live bytes of dev never pass it (0: no check) */
+    uint64_t limit; /* live bytes of dev never pass it (0: no check) */
     uint64_t max_size;
     uint64_t seed;
-    int tags;               /* rotate tags 0..tags-1 */
-    int check_ctx;          /* the thread's current context (another device's)
+    int tags;            /* rotate tags 0..tags-1 */
+    int check_ctx;       /* the thread's current context (another device's)
                              * must be the same after every call */
-    int default_streams;    /* allocate on the default streams (NULL, 1, 2)
+    int default_streams; /* allocate on the default streams (NULL, 1, 2)
                              * and a few sizes only: the cache serves them */
-    double wait_s;          /* the thread's wait for memory (wait.c); 0: none */
+    double wait_s;       /* the thread's wait for memory (wait.c); 0: none */
     uint64_t refusals, ok;
 } worker;
 
@@ -261,8 +267,10 @@ static void *edge_thread(void *arg)
     for (int i = 0; i < w->iters; i++) {
         if (w->check_ctx) {
             standin.ctx_get(&now_ctx);
-            CHECK(now_ctx == ctx, "iteration %d: the bridge changed the caller's current "
-                  "context", i);
+            CHECK(now_ctx == ctx,
+                  "iteration %d: the bridge changed the caller's current "
+                  "context",
+                  i);
         }
         int k = (int)(rnd(&s) % HOLD);
         if (held[k]) {
@@ -312,9 +320,13 @@ static void phase_edge(void)
     CHECK(bridge_set_limit(1, limit / 2) == BRIDGE_OK, "set_limit");
     worker w[8];
     for (int i = 0; i < 8; i++)
-        w[i] = (worker){.id = i, .dev = i % 4 == 3, .iters = 4000 * scale,
-                        .limit = i % 4 == 3 ? limit / 2 : limit, .max_size = 128 * KIB,
-                        .seed = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1), .tags = BRIDGE_NTAGS,
+        w[i] = (worker){.id = i,
+                        .dev = i % 4 == 3,
+                        .iters = 4000 * scale,
+                        .limit = i % 4 == 3 ? limit / 2 : limit,
+                        .max_size = 128 * KIB,
+                        .seed = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1),
+                        .tags = BRIDGE_NTAGS,
                         .check_ctx = i % 2};
     run_threads(8, edge_thread, w, sizeof w[0]);
     uint64_t refusals = 0, ok = 0;
@@ -327,7 +339,8 @@ static void phase_edge(void)
           s0.peak_used);
     CHECK(refusals > 0, "the budget never refused anything: not at the edge");
     printf("  edge: %" PRIu64 " allocations, %" PRIu64 " refused at the budget, peak %" PRIu64
-           " of %" PRIu64 "\n", ok, refusals, s0.peak_used, limit);
+           " of %" PRIu64 "\n",
+           ok, refusals, s0.peak_used, limit);
     check_idle("edge");
 }
 
@@ -340,9 +353,14 @@ static void phase_wait(void)
     bridge_stats b = stats_of(0);
     worker w[8];
     for (int i = 0; i < 8; i++)
-        w[i] = (worker){.id = i, .dev = 0, .iters = 600 * scale, .limit = limit,
-                        .max_size = 128 * KIB, .seed = 0xD1B54A32D192ED03ull * (uint64_t)(i + 1),
-                        .tags = BRIDGE_NTAGS, .wait_s = 0.002};
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 600 * scale,
+                        .limit = limit,
+                        .max_size = 128 * KIB,
+                        .seed = 0xD1B54A32D192ED03ull * (uint64_t)(i + 1),
+                        .tags = BRIDGE_NTAGS,
+                        .wait_s = 0.002};
     run_threads(8, edge_thread, w, sizeof w[0]);
     uint64_t ok = 0;
     for (int i = 0; i < 8; i++)
@@ -352,8 +370,8 @@ static void phase_wait(void)
     CHECK(s.num_waits > b.num_waits, "nobody waited: not at the edge");
     CHECK(s.waiting == 0, "%" PRIu64 " threads still counted as waiting", s.waiting);
     printf("  wait: %" PRIu64 " allocations, %" PRIu64 " waits (%" PRIu64 " timed out, %" PRIu64
-           " ended as all waiting)\n", ok, s.num_waits - b.num_waits,
-           s.num_wait_timeouts - b.num_wait_timeouts,
+           " ended as all waiting)\n",
+           ok, s.num_waits - b.num_waits, s.num_wait_timeouts - b.num_wait_timeouts,
            s.num_wait_all_waiting - b.num_wait_all_waiting);
     check_idle("wait");
 }
@@ -425,7 +443,10 @@ static void phase_cross(void)
     ring.producers_left = 4;
     worker w[8];
     for (int i = 0; i < 8; i++)
-        w[i] = (worker){.id = i, .dev = 0, .iters = 3000 * scale, .max_size = 64 * KIB,
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 3000 * scale,
+                        .max_size = 64 * KIB,
                         .seed = 0xC0FFEEull * (uint64_t)(i + 7)};
     run_threads(8, cross_thread, w, sizeof w[0]);
     CHECK(stats_of(0).peak_used <= 2 * MIB, "peak passed the budget");
@@ -453,7 +474,8 @@ static void *limit_changer(void *arg)
     while (!atomic_load(&limits_stop)) {
         CHECK(bridge_set_limit(0, budgets[rnd(&s) % 3]) == BRIDGE_OK, "set_limit");
         CHECK(bridge_set_tag_limit(0, (int)(rnd(&s) % BRIDGE_NTAGS), caps[rnd(&s) % 3]) ==
-                  BRIDGE_OK, "set_tag_limit");
+                  BRIDGE_OK,
+              "set_tag_limit");
         bridge_set_pressure_hook(rnd(&s) % 2 ? pressure_hook : NULL);
         if (rnd(&s) % 8 == 0)
             bridge_reset_peak(0, -1);
@@ -472,9 +494,14 @@ static void phase_limits(void)
     CHECK(pthread_create(&changer, NULL, limit_changer, &seed) == 0, "pthread_create");
     worker w[6];
     for (int i = 0; i < 6; i++)
-        w[i] = (worker){.id = i, .dev = 0, .iters = 3000 * scale, .limit = 4 * MIB,
-                        .max_size = 256 * KIB, .seed = 0xABCDEFull * (uint64_t)(i + 3),
-                        .tags = BRIDGE_NTAGS, .check_ctx = 1};
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 3000 * scale,
+                        .limit = 4 * MIB,
+                        .max_size = 256 * KIB,
+                        .seed = 0xABCDEFull * (uint64_t)(i + 3),
+                        .tags = BRIDGE_NTAGS,
+                        .check_ctx = 1};
     run_threads(6, edge_thread, w, sizeof w[0]);
     atomic_store(&limits_stop, 1);
     pthread_join(changer, NULL);
@@ -528,8 +555,9 @@ static void *recorder(void *arg)
         size_t size = 0;
         int dev = -1, tag = -1;
         rc = bridge_lookup(p, &size, &dev, &tag);
-        CHECK(rc == BRIDGE_E_INVALID || (rc == BRIDGE_OK && dev == 0 && size > 0 &&
-                                         tag == BRIDGE_TAG_TORCH), "lookup %d", rc);
+        CHECK(rc == BRIDGE_E_INVALID ||
+                  (rc == BRIDGE_OK && dev == 0 && size > 0 && tag == BRIDGE_TAG_TORCH),
+              "lookup %d", rc);
     }
     return NULL;
 }
@@ -550,8 +578,8 @@ static void phase_record(void)
     atomic_store(&record_stop, 0);
     worker w[6];
     for (int i = 0; i < 6; i++)
-        w[i] = (worker){.id = i, .dev = 0, .iters = 4000 * scale,
-                        .seed = 0x5EEDull * (uint64_t)(i + 11)};
+        w[i] = (worker){
+            .id = i, .dev = 0, .iters = 4000 * scale, .seed = 0x5EEDull * (uint64_t)(i + 11)};
     /* recorders run until the owners are done */
     pthread_t t[6];
     for (int i = 0; i < 6; i++)
@@ -588,7 +616,8 @@ static void phase_double(void)
     for (int r = 0; r < rounds; r++) {
         for (int i = 0; i < DOUBLE_N; i++)
             CHECK(bridge_alloc(i % NDEV, 4096 + (size_t)i, stream_of(i % 3), i % BRIDGE_NTAGS,
-                               &double_ptrs[i]) == BRIDGE_OK, "alloc");
+                               &double_ptrs[i]) == BRIDGE_OK,
+                  "alloc");
         pthread_barrier_init(&double_go, NULL, (unsigned)nthreads);
         int ids[4] = {0, 1, 2, 3};
         run_threads(nthreads, double_freer, ids, sizeof ids[0]);
@@ -612,7 +641,8 @@ static void *cache_changer(void *arg)
     static const uint64_t caps[] = {0, 64 * KIB, 1ull << 30};
     while (!atomic_load(&cache_stop)) {
         CHECK(bridge_set_cache(0, caps[rnd(&s) % 3], rnd(&s) % 2 ? 256 * MIB : 8 * KIB) ==
-                  BRIDGE_OK, "set_cache");
+                  BRIDGE_OK,
+              "set_cache");
         /* streams become long-lived and are forgotten again while blocks
          * freed on them come and go through the cache */
         void *st = stream_of((int)(rnd(&s) % 6));
@@ -636,9 +666,14 @@ static void phase_cache(void)
     CHECK(pthread_create(&changer, NULL, cache_changer, &seed) == 0, "pthread_create");
     worker w[6];
     for (int i = 0; i < 6; i++)
-        w[i] = (worker){.id = i, .dev = 0, .iters = 3000 * scale, .limit = limit,
-                        .max_size = 64 * KIB, .seed = 0xCAC4Eull * (uint64_t)(i + 5),
-                        .tags = BRIDGE_NTAGS, .default_streams = i < 4};
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 3000 * scale,
+                        .limit = limit,
+                        .max_size = 64 * KIB,
+                        .seed = 0xCAC4Eull * (uint64_t)(i + 5),
+                        .tags = BRIDGE_NTAGS,
+                        .default_streams = i < 4};
     run_threads(6, edge_thread, w, sizeof w[0]);
     atomic_store(&cache_stop, 1);
     pthread_join(changer, NULL);
@@ -709,8 +744,12 @@ static void phase_graph(void)
     CHECK(pthread_create(&toggler, NULL, capture_toggler, NULL) == 0, "pthread_create");
     worker w[4];
     for (int i = 0; i < 4; i++)
-        w[i] = (worker){.id = i, .dev = 0, .iters = 2000 * scale, .max_size = 32 * KIB,
-                        .seed = 0x6A09E667ull * (uint64_t)(i + 1), .tags = BRIDGE_NTAGS};
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 2000 * scale,
+                        .max_size = 32 * KIB,
+                        .seed = 0x6A09E667ull * (uint64_t)(i + 1),
+                        .tags = BRIDGE_NTAGS};
     run_threads(4, edge_thread, w, sizeof w[0]);
     atomic_store(&graph_stop, 1);
     pthread_join(toggler, NULL);
@@ -726,7 +765,8 @@ static void phase_graph(void)
         CHECK(bridge_graph_begin(1, 9, id) == BRIDGE_OK, "graph_begin");
         for (int i = 0; i < 16; i++)
             CHECK(bridge_alloc_graph(1, 512 + (size_t)i, BRIDGE_TAG_TORCH, 9, id, stream_of(31),
-                                     &g[0].blocks[i]) == BRIDGE_OK, "alloc_graph");
+                                     &g[0].blocks[i]) == BRIDGE_OK,
+                  "alloc_graph");
         CHECK(bridge_graph_end(1, 9, id) == BRIDGE_OK, "graph_end");
         g[0].id = g[1].id = id;
         g[0].go = g[1].go = &go;
@@ -737,8 +777,8 @@ static void phase_graph(void)
         bridge_stats s = stats_of(1);
         CHECK(s.used == 0 && s.graph_bytes == 0,
               "round %d: after the user freed every graph block and the graph was released, "
-              "the ledger holds %" PRIu64 " bytes (graph bytes %" PRIu64 ")", r, s.used,
-              s.graph_bytes);
+              "the ledger holds %" PRIu64 " bytes (graph bytes %" PRIu64 ")",
+              r, s.used, s.graph_bytes);
     }
     check_idle("graph (release racing free)");
 }
@@ -792,8 +832,8 @@ static void *pinned_worker(void *arg)
             size_t size = 1 + rnd(&s) % (256 * KIB);
             int may_block = rnd(&s) % 4 != 0;
             int rc = bridge_pinned_alloc(size, may_block, &b);
-            CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM,
-                  "pinned alloc %d", rc);
+            CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM, "pinned alloc %d",
+                  rc);
             if (rc != BRIDGE_OK || !b) {
                 CHECK(b == NULL, "a refused pinned alloc gave a block");
                 CHECK(rc != BRIDGE_OK || !may_block, "may_block gave no block");
@@ -851,8 +891,8 @@ static void *pinned_changer(void *arg)
         CHECK(bridge_pinned_get_stats(&ps) == BRIDGE_OK, "pinned stats");
         /* total = used + free + bytes being allocated or freed right now */
         CHECK(ps.used + ps.free <= ps.total && ps.peak_used >= ps.used,
-              "pinned figures: used %" PRIu64 " free %" PRIu64 " total %" PRIu64, ps.used,
-              ps.free, ps.total);
+              "pinned figures: used %" PRIu64 " free %" PRIu64 " total %" PRIu64, ps.used, ps.free,
+              ps.total);
         for (int i = 0; i < 200 && !atomic_load(&pinned_stop); i++)
             sched_yield();
     }
@@ -901,7 +941,10 @@ static void phase_pinned(int backend)
 static atomic_int views_stop;
 static atomic_uint_fast64_t stack_calls;
 
-static uint64_t count_stack(void) { return atomic_fetch_add(&stack_calls, 1) + 1; }
+static uint64_t count_stack(void)
+{
+    return atomic_fetch_add(&stack_calls, 1) + 1;
+}
 
 static void *viewer(void *arg)
 {
@@ -912,7 +955,8 @@ static void *viewer(void *arg)
     while (!atomic_load(&views_stop)) {
         bridge_set_stack_hook(rnd(&s) % 2 ? count_stack : NULL);
         CHECK(bridge_history_set((int)(rnd(&s) % 4 != 0), (int)(rnd(&s) % 2), caps[rnd(&s) % 4],
-                                 rnd(&s) % 8 == 0) == BRIDGE_OK, "history_set");
+                                 rnd(&s) % 8 == 0) == BRIDGE_OK,
+              "history_set");
         size_t n = 0;
         CHECK(bridge_history_copy(ev, 64, &n) == BRIDGE_OK, "history_copy");
         for (size_t i = 0; i < n && i < 64; i++)
@@ -924,8 +968,8 @@ static void *viewer(void *arg)
             CHECK(blocks[i].ptr && blocks[i].size, "a torn block");
         bridge_mem_info mi;
         CHECK(bridge_get_mem_info(0, &mi) == BRIDGE_OK, "mem_info");
-        CHECK(mi.total == 2 * MIB && mi.free <= mi.total, "free %" PRIu64 " of %" PRIu64,
-              mi.free, mi.total);
+        CHECK(mi.total == 2 * MIB && mi.free <= mi.total, "free %" PRIu64 " of %" PRIu64, mi.free,
+              mi.total);
         sched_yield();
     }
     return NULL;
@@ -941,8 +985,13 @@ static void phase_views(void)
     CHECK(pthread_create(&v, NULL, viewer, &seed) == 0, "pthread_create");
     worker w[6];
     for (int i = 0; i < 6; i++)
-        w[i] = (worker){.id = i, .dev = 0, .iters = 2000 * scale, .limit = 2 * MIB,
-                        .max_size = 256 * KIB, .seed = 0xF00Dull * (uint64_t)(i + 3), .tags = 3};
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 2000 * scale,
+                        .limit = 2 * MIB,
+                        .max_size = 256 * KIB,
+                        .seed = 0xF00Dull * (uint64_t)(i + 3),
+                        .tags = 3};
     run_threads(6, edge_thread, w, sizeof w[0]);
     atomic_store(&views_stop, 1);
     pthread_join(v, NULL);
@@ -983,9 +1032,14 @@ static void phase_share(void)
     CHECK(pthread_create(&trimmer, NULL, share_trimmer, NULL) == 0, "trimmer thread");
     worker w[8];
     for (int i = 0; i < 8; i++)
-        w[i] = (worker){.id = i, .dev = 0, .iters = 2000 * scale, .limit = budget,
-                        .max_size = 2 * MIB, .seed = 0x2545F4914F6CDD1Dull * (uint64_t)(i + 1),
-                        .tags = BRIDGE_NTAGS, .default_streams = i % 2};
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 2000 * scale,
+                        .limit = budget,
+                        .max_size = 2 * MIB,
+                        .seed = 0x2545F4914F6CDD1Dull * (uint64_t)(i + 1),
+                        .tags = BRIDGE_NTAGS,
+                        .default_streams = i % 2};
     run_threads(8, edge_thread, w, sizeof w[0]);
     atomic_store(&share_stop, 1);
     pthread_join(trimmer, NULL);
@@ -998,7 +1052,8 @@ static void phase_share(void)
     CHECK(st.num_overshoots == 0 && st.num_lost == 0, "overshoots %" PRIu64 ", lost %" PRIu64,
           st.num_overshoots, st.num_lost);
     printf("  share: %" PRIu64 " allocations, %" PRIu64 " refused, group %" PRIu64 " of %" PRIu64
-           "\n", ok, refusals, st.group, st.budget);
+           "\n",
+           ok, refusals, st.group, st.budget);
     check_idle("share");
     unlink(st.path); /* the mapping stays */
     rmdir(dir);

@@ -33,24 +33,32 @@ typedef void *CUevent;
 typedef void *CUmemoryPool;
 typedef unsigned long long CUdeviceptr;
 
-#define OK 0
-#define E_INVALID_VALUE 1
-#define E_OUT_OF_MEMORY 2
+#define OK                0
+#define E_INVALID_VALUE   1
+#define E_OUT_OF_MEMORY   2
 #define E_NOT_INITIALIZED 3
-#define E_INVALID_DEVICE 101
+#define E_INVALID_DEVICE  101
 #define E_INVALID_CONTEXT 201
-#define E_INVALID_HANDLE 400
+#define E_INVALID_HANDLE  400
 
-#define MAXDEV 8
+#define MAXDEV     8
 #define MAXPENDING 65536
 
 /* ---- state (all under mu) ---- */
-typedef struct live { CUdeviceptr ptr; size_t size; int dev; } live;
-typedef struct pending { CUdeviceptr ptr; size_t size; CUstream stream; } pending;
+typedef struct live {
+    CUdeviceptr ptr;
+    size_t size;
+    int dev;
+} live;
+typedef struct pending {
+    CUdeviceptr ptr;
+    size_t size;
+    CUstream stream;
+} pending;
 
 typedef struct device {
-    int ctx_tag;                 /* &ctx_tag is the primary context handle */
-    int pool_tag;                /* &pool_tag is the default pool handle */
+    int ctx_tag;  /* &ctx_tag is the primary context handle */
+    int pool_tag; /* &pool_tag is the default pool handle */
     uint64_t total, capacity;
     uint64_t used, reserved, used_high, reserved_high, threshold;
     int pools_supported;
@@ -63,19 +71,36 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized, ndev = 2;
 static device devs[MAXDEV];
 static CUdeviceptr next_addr = 0x7f0000000000ull;
-static live *lives;              /* open table of live allocations */
+static live *lives; /* open table of live allocations */
 static size_t nlive, caplive;
-static uint64_t counters[16];    /* see standin_counter */
+static uint64_t counters[16]; /* see standin_counter */
 static __thread CUcontext current_ctx;
 static __thread int capture_mode;
 static uintptr_t next_handle = 0x1000;
 static CUstream capturing_stream = (CUstream)(uintptr_t)-1;
 
-enum { C_ALLOC, C_FREE, C_SYNC, C_WAIT, C_RECORD, C_SETCTX, C_TRIM, C_MODE,
-       C_HOSTALLOC, C_HOSTFREE, C_EVCREATE, C_EVQUERY, C_HOSTPOOL };
+enum {
+    C_ALLOC,
+    C_FREE,
+    C_SYNC,
+    C_WAIT,
+    C_RECORD,
+    C_SETCTX,
+    C_TRIM,
+    C_MODE,
+    C_HOSTALLOC,
+    C_HOSTFREE,
+    C_EVCREATE,
+    C_EVQUERY,
+    C_HOSTPOOL
+};
 
 /* fault injection: entry name -> (code, remaining count) */
-typedef struct fault { char name[48]; int code; int count; } fault;
+typedef struct fault {
+    char name[48];
+    int code;
+    int count;
+} fault;
 static fault faults[16];
 
 static int take_fault(const char *name)
@@ -88,13 +113,13 @@ static int take_fault(const char *name)
     return 0;
 }
 
-#define FAULT(name)                                                                                \
-    do {                                                                                           \
-        int f_ = take_fault(name);                                                                 \
-        if (f_) {                                                                                  \
-            pthread_mutex_unlock(&mu);                                                             \
-            return f_;                                                                             \
-        }                                                                                          \
+#define FAULT(name)                    \
+    do {                               \
+        int f_ = take_fault(name);     \
+        if (f_) {                      \
+            pthread_mutex_unlock(&mu); \
+            return f_;                 \
+        }                              \
     } while (0)
 
 static int dev_of_ctx(CUcontext c)
@@ -131,7 +156,10 @@ static void setup_once(void)
 }
 
 /* ---- live table (linear probing on the address) ---- */
-static size_t slot_of(CUdeviceptr p) { return (size_t)((p >> 8) * 0x9E3779B97F4A7C15ull); }
+static size_t slot_of(CUdeviceptr p)
+{
+    return (size_t)((p >> 8) * 0x9E3779B97F4A7C15ull);
+}
 
 static int live_put(CUdeviceptr p, size_t size, int dev)
 {
@@ -210,23 +238,34 @@ static void complete(int dev, CUstream stream, int all)
 /* ---- events, streams, pinned host memory (all under mu) ---- */
 typedef struct sevent {
     struct sevent *next;
-    CUstream stream;  /* last stream recorded on */
-    int pending;      /* 1: cuEventQuery says NOT_READY */
+    CUstream stream; /* last stream recorded on */
+    int pending;     /* 1: cuEventQuery says NOT_READY */
 } sevent;
-static sevent *events;           /* every live event */
-static int hold_events;          /* 1: events recorded now stay pending */
+static sevent *events;  /* every live event */
+static int hold_events; /* 1: events recorded now stay pending */
 
 #define MAXSTREAMS 4096
-static struct { CUstream s; CUcontext ctx; } streams[MAXSTREAMS];
+static struct {
+    CUstream s;
+    CUcontext ctx;
+} streams[MAXSTREAMS];
 static int nstreams;
 
-typedef struct hostpool { int in_use; uint64_t used, reserved, threshold; } hostpool;
+typedef struct hostpool {
+    int in_use;
+    uint64_t used, reserved, threshold;
+} hostpool;
 #define MAXHOSTPOOLS 4
 static hostpool hostpools[MAXHOSTPOOLS];
 static int host_pools_supported = 1;
 
-typedef struct hostblk { struct hostblk *next; void *p; size_t size; hostpool *pool; } hostblk;
-static hostblk *hostblks;        /* live pinned host allocations */
+typedef struct hostblk {
+    struct hostblk *next;
+    void *p;
+    size_t size;
+    hostpool *pool;
+} hostblk;
+static hostblk *hostblks; /* live pinned host allocations */
 static uint64_t host_used, host_capacity = UINT64_MAX;
 
 static void events_complete(CUstream s, int all)
@@ -319,16 +358,36 @@ CUresult cuDriverGetVersion(int *v)
 CUresult cuGetErrorName(CUresult e, const char **s)
 {
     switch (e) {
-    case OK: *s = "CUDA_SUCCESS"; break;
-    case E_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
-    case E_OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
-    case E_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; break;
-    case 100: *s = "CUDA_ERROR_NO_DEVICE"; break;
-    case E_INVALID_DEVICE: *s = "CUDA_ERROR_INVALID_DEVICE"; break;
-    case E_INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; break;
-    case E_INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; break;
-    case 999: *s = "CUDA_ERROR_UNKNOWN"; break;
-    default: *s = NULL; return E_INVALID_VALUE;
+    case OK:
+        *s = "CUDA_SUCCESS";
+        break;
+    case E_INVALID_VALUE:
+        *s = "CUDA_ERROR_INVALID_VALUE";
+        break;
+    case E_OUT_OF_MEMORY:
+        *s = "CUDA_ERROR_OUT_OF_MEMORY";
+        break;
+    case E_NOT_INITIALIZED:
+        *s = "CUDA_ERROR_NOT_INITIALIZED";
+        break;
+    case 100:
+        *s = "CUDA_ERROR_NO_DEVICE";
+        break;
+    case E_INVALID_DEVICE:
+        *s = "CUDA_ERROR_INVALID_DEVICE";
+        break;
+    case E_INVALID_CONTEXT:
+        *s = "CUDA_ERROR_INVALID_CONTEXT";
+        break;
+    case E_INVALID_HANDLE:
+        *s = "CUDA_ERROR_INVALID_HANDLE";
+        break;
+    case 999:
+        *s = "CUDA_ERROR_UNKNOWN";
+        break;
+    default:
+        *s = NULL;
+        return E_INVALID_VALUE;
     }
     return OK;
 }
@@ -364,9 +423,14 @@ CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
     if (dev < 0 || dev >= ndev)
         return E_INVALID_DEVICE;
     switch (attrib) {
-    case 115: *pi = devs[dev].pools_supported; break;
-    case 75: *pi = 9; break; /* compute capability 9.0 */
-    default: *pi = 0;
+    case 115:
+        *pi = devs[dev].pools_supported;
+        break;
+    case 75:
+        *pi = 9;
+        break; /* compute capability 9.0 */
+    default:
+        *pi = 0;
     }
     return OK;
 }
@@ -552,7 +616,12 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     return dev >= 0 ? OK : E_INVALID_VALUE;
 }
 
-typedef struct { struct { int type, id; } location; int flags; } access_desc;
+typedef struct {
+    struct {
+        int type, id;
+    } location;
+    int flags;
+} access_desc;
 
 CUresult cuMemPoolSetAccess(CUmemoryPool pool, const access_desc *map, size_t count)
 {
@@ -903,9 +972,15 @@ uint64_t standin_live_count(void)
     return n;
 }
 
-uint64_t standin_counter(int which) { return __atomic_load_n(&counters[which], __ATOMIC_RELAXED); }
+uint64_t standin_counter(int which)
+{
+    return __atomic_load_n(&counters[which], __ATOMIC_RELAXED);
+}
 
-uint64_t standin_access_grants(int dev) { return devs[dev].access_grants; }
+uint64_t standin_access_grants(int dev)
+{
+    return devs[dev].access_grants;
+}
 
 /* Make `s` report an active capture (NULL: none). Driver calls on it fail. */
 void standin_set_capturing(CUstream s)
@@ -916,9 +991,15 @@ void standin_set_capturing(CUstream s)
 }
 
 /* Forget the calling thread's current context (a fresh thread, autograd's). */
-void standin_clear_current(void) { current_ctx = NULL; }
+void standin_clear_current(void)
+{
+    current_ctx = NULL;
+}
 
-int standin_capture_mode(void) { return capture_mode; }
+int standin_capture_mode(void)
+{
+    return capture_mode;
+}
 
 /* Complete every queued free of a device. */
 void standin_sync_all(int dev)
