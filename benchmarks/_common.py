@@ -208,6 +208,47 @@ def start_workers(specs: dict[str, tuple[list[str], dict]], status: dict) -> dic
     return workers
 
 
+def take_turns(workers: dict, configs: dict, sizes: list[int], warmup: int, iters: int,
+               repeats: int, floor_iters: int | None = None) -> tuple[dict, dict]:
+    """Warm every worker, then time each size on each in turn, the order rotating
+    every round; a worker that fails leaves the turns (its status says why).
+    Returns (samples {config: {size: [ns]}}, floors {config: [ns]}); the floor
+    (a loop with no allocation) is timed each round when floor_iters is given.
+    The workers are closed at the end."""
+    live = list(workers)
+    samples: dict = {c: {str(n): [] for n in sizes} for c in live}
+    floors: dict = {c: [] for c in live}
+
+    def ask(c: str, command: str) -> float | None:
+        if c not in live:
+            return None
+        kind, value = workers[c].ask(command)
+        if kind == "ok":
+            return float(value or 0.0)
+        configs[c].update(status="error", error=f"{command}: {value}")
+        live.remove(c)
+        return None
+
+    try:
+        for c in list(live):
+            for n in sizes:
+                ask(c, f"warm {n} {warmup}")
+        for r in range(repeats):
+            order = rotated(live, r)
+            if floor_iters:
+                for c in order:
+                    if (v := ask(c, f"floor {floor_iters}")) is not None:
+                        floors[c].append(v)
+            for n in sizes:
+                for c in order:
+                    if (v := ask(c, f"time {n} {iters}")) is not None:
+                        samples[c][str(n)].append(v)
+    finally:
+        for w in workers.values():
+            w.close()
+    return samples, floors
+
+
 def rotated(names: list[str], r: int) -> list[str]:
     """names in the order of round r: each round starts one further along."""
     k = r % len(names) if names else 0

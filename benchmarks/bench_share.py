@@ -46,11 +46,11 @@ from _common import (  # noqa: E402
     end_of_turns,
     parse_sizes,
     pin_cpu,
-    rotated,
     run_guarded,
     serve,
     spread,
     start_workers,
+    take_turns,
 )
 
 CONFIGS = ("own", "share", "own-pool", "share-pool")
@@ -124,31 +124,7 @@ def coordinate(args: argparse.Namespace, result: dict) -> None:
                 "--budget", args.budget, "--share", f"{share}-{c}"]  # fmt: skip
         specs[c] = (argv + (["--cpu", str(args.cpu)] if args.cpu is not None else []), env)
     workers = start_workers(specs, configs)
-    samples: dict = {c: {str(n): [] for n in args.sizes} for c in workers}
-    try:
-        live = list(workers)
-
-        def ask(c: str, command: str) -> float | None:
-            if c not in live:
-                return None
-            kind, value = workers[c].ask(command)
-            if kind == "ok":
-                return float(value or 0.0)
-            configs[c].update(status="error", error=f"{command}: {value}")
-            live.remove(c)
-            return None
-
-        for c in list(live):
-            for n in args.sizes:
-                ask(c, f"warm {n} {args.warmup}")
-        for r in range(args.repeats):
-            for n in args.sizes:
-                for c in rotated(live, r):
-                    if (v := ask(c, f"time {n} {args.iters}")) is not None:
-                        samples[c][str(n)].append(v)
-    finally:
-        for w in workers.values():
-            w.close()
+    samples, _ = take_turns(workers, configs, args.sizes, args.warmup, args.iters, args.repeats)
     for c, per_size in samples.items():
         done = {s: v for s, v in per_size.items() if v}
         configs[c]["ns_samples"] = {s: [round(x, 1) for x in v] for s, v in done.items()}

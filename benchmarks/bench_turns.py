@@ -37,11 +37,11 @@ from _common import (  # noqa: E402
     end_of_turns,
     parse_sizes,
     pin_cpu,
-    rotated,
     run_guarded,
     serve,
     spread,
     start_workers,
+    take_turns,
 )
 
 
@@ -70,37 +70,8 @@ def coordinate(args: argparse.Namespace, result: dict) -> None:
         argv = [sys.executable, me, "--worker", "--framework", args.framework, "--config", c]
         specs[c] = (argv + (["--cpu", str(args.cpu)] if args.cpu is not None else []), env)
     workers = start_workers(specs, configs)
-    try:
-        live = list(workers)
-        samples: dict = {c: {str(n): [] for n in args.sizes} for c in live}
-        floors: dict = {c: [] for c in live}
-
-        def ask(c: str, command: str) -> float | None:
-            if c not in live:
-                return None
-            kind, value = workers[c].ask(command)
-            if kind == "ok":
-                return float(value or 0.0)
-            configs[c].update(status="error", error=f"{command}: {value}")
-            live.remove(c)
-            return None
-
-        for c in list(live):
-            for n in args.sizes:
-                ask(c, f"warm {n} {args.warmup}")
-        floor_iters = max(1, args.iters // 4)
-        for r in range(args.repeats):
-            order = rotated(live, r)
-            for c in order:
-                if (v := ask(c, f"floor {floor_iters}")) is not None:
-                    floors[c].append(v)
-            for n in args.sizes:
-                for c in order:
-                    if (v := ask(c, f"time {n} {args.iters}")) is not None:
-                        samples[c][str(n)].append(v)
-    finally:
-        for w in workers.values():
-            w.close()
+    samples, floors = take_turns(workers, configs, args.sizes, args.warmup, args.iters,
+                                 args.repeats, floor_iters=max(1, args.iters // 4))  # fmt: skip
     for c, per_size in samples.items():
         done = {s: v for s, v in per_size.items() if v}
         configs[c]["ns_samples"] = {s: [round(x, 1) for x in v] for s, v in done.items()}
