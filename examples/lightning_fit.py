@@ -12,6 +12,7 @@ error by its message, "CUDA out of memory."); the batch it finds fits, twice tha
 
 from __future__ import annotations
 
+import gc
 import sys
 import tempfile
 import warnings
@@ -183,6 +184,8 @@ def main() -> None:
         show("after Trainer.fit (50 steps)")
         print(f"loss {model.losses[0]:.3f} -> {loss:.3f}")
         for mode in ("power", "binsearch"):
+            gc.collect()  # what the last tries left behind (their tracebacks hold tensors)
+            show(f"before the {mode} search")
             ooms = bridge.stats().num_ooms
             found = find_batch(model, data, mode, root)
             refused = bridge.stats().num_ooms - ooms
