@@ -270,6 +270,7 @@ class ShareStats(TypedDict):
     num_trims_served: int
     num_reclaimed: int
     num_overshoots: int
+    max_overshoot: int
     num_lost: int
 
 def share_join(device: int, name: str, dir: str, budget: int, /) -> int: ...

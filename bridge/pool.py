@@ -102,7 +102,7 @@ class Stats:
         ``claim`` (what this process may hold: its pool, cached blocks
         included), ``group`` (every member's claim), ``members``, and counters
         (``num_refused``, ``num_asks``, ``num_trims_served``,
-        ``num_reclaimed``, ``num_overshoots``, ``num_lost``).
+        ``num_reclaimed``, ``num_overshoots``, ``max_overshoot``, ``num_lost``).
     """
 
     device: int

@@ -220,7 +220,8 @@ def test_four_processes_at_the_edge_for_30s_never_pass_the_budget(members):
     assert all(r["ok"] > 0 and r["ooms"] > 0 for r in results), results  # all at the edge
     # memory went from process to process: together they used most of it
     assert peak >= base + BUDGET * 3 // 4, (peak, base, results)
-    assert sum(s["num_overshoots"] for s in stats) == 0, stats  # the claim unit held
+    over = [(s["num_overshoots"], s["max_overshoot"]) for s in stats]
+    assert sum(n for n, _ in over) == 0, over  # the claim unit held (counts, largest bytes)
 
 
 def test_memory_one_process_frees_another_uses(members):

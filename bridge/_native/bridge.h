@@ -338,6 +338,7 @@ typedef struct bridge_share_stats {
     uint64_t num_trims_served; /* trims it did when asked */
     uint64_t num_reclaimed;    /* claims of dead members it took back */
     uint64_t num_overshoots;   /* pool growths its claim did not cover in advance */
+    uint64_t max_overshoot;    /* bytes: the most the pool was seen above the claim */
     uint64_t num_lost;         /* claim changes refused: the slot was no longer its own */
 } bridge_share_stats;
 int bridge_share_get(int device, bridge_share_stats *out);

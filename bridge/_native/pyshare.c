@@ -38,14 +38,15 @@ static PyObject *py_share_stats(PyObject *m, PyObject *args)
     if (rc != BRIDGE_OK || !s.joined)
         return Py_BuildValue("iO", rc, Py_None);
     return Py_BuildValue(
-        "i{sssssKsKsKsKsIsKsKsKsKsKsKsK}", rc, "name", s.name, "path", s.path, "budget",
+        "i{sssssKsKsKsKsIsKsKsKsKsKsKsKsK}", rc, "name", s.name, "path", s.path, "budget",
         (unsigned long long)s.budget, "claim", (unsigned long long)s.claim, "group",
         (unsigned long long)s.group, "members", (unsigned long long)s.members, "slot", s.slot,
         "inflight", (unsigned long long)s.inflight, "num_refused",
         (unsigned long long)s.num_refused, "num_asks", (unsigned long long)s.num_asks,
         "num_trims_served", (unsigned long long)s.num_trims_served, "num_reclaimed",
         (unsigned long long)s.num_reclaimed, "num_overshoots", (unsigned long long)s.num_overshoots,
-        "num_lost", (unsigned long long)s.num_lost);
+        "max_overshoot", (unsigned long long)s.max_overshoot, "num_lost",
+        (unsigned long long)s.num_lost);
 }
 
 static PyObject *py_share_layout(PyObject *m, PyObject *a)

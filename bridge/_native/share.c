@@ -176,6 +176,7 @@ struct share_member {
     pthread_t thread;
     _Atomic uint64_t num_refused, num_asks, num_trims_served, num_reclaimed, num_overshoots,
         num_lost;
+    _Atomic uint64_t max_overshoot; /* bytes: the most the pool was above the claim */
     char name[SHARE_NAME_MAX + 1];
     char path[512];
     char real[PATH_MAX]; /* the path with links resolved, as /proc/<pid>/maps names it */
@@ -520,6 +521,7 @@ static void check_pool(struct device_state *d, share_member *m)
         return;
     uint64_t have = atomic_load(&m->claim);
     if (units_of(r) > have) {
+        atomic_max(&m->max_overshoot, (units_of(r) - have) * SHARE_UNIT);
         pthread_mutex_lock(&m->lock);
         claim_raise(m, units_of(r), 1);
         pthread_mutex_unlock(&m->lock);
@@ -867,6 +869,7 @@ int bridge_share_get(int device, bridge_share_stats *out)
     out->num_trims_served = atomic_load(&m->num_trims_served);
     out->num_reclaimed = atomic_load(&m->num_reclaimed);
     out->num_overshoots = atomic_load(&m->num_overshoots);
+    out->max_overshoot = atomic_load(&m->max_overshoot);
     out->num_lost = atomic_load(&m->num_lost);
     return BRIDGE_OK;
 }
