@@ -52,6 +52,11 @@ def build_standin(out_dir: pathlib.Path) -> pathlib.Path:
 # run, never to the user's /dev/shm; a BRIDGE_SHARE of the caller's is ignored.
 os.environ["BRIDGE_SHARE_DIR"] = tempfile.mkdtemp(prefix="bridge-test-shares-")
 os.environ.pop("BRIDGE_SHARE", None)
+if not GPU_MODE:
+    # the stand-in's pool grows by exactly what is allocated (a GPU's default
+    # pool grows in 32 MiB chunks, the share's default): the tests' budgets of
+    # a few MiB stay meaningful
+    os.environ["BRIDGE_SHARE_GROWTH"] = str(2 << 20)
 
 STANDIN: ctypes.CDLL | None = None
 if not GPU_MODE:

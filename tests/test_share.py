@@ -594,3 +594,21 @@ def test_a_new_owners_slot_is_not_judged_by_its_former_owners_start_time(workers
         time.sleep(0.1)
     (sh,) = share.list_shares(str(share_dir))
     assert [m.pid for m in sh.members] == [a.pid]
+
+
+def test_an_allocation_claims_the_pools_growth_chunk_while_in_flight(workers, share_dir):
+    """A GPU's default pool grows in 32 MiB chunks (H200): by default a 1 MiB
+    allocation must be able to claim 32 MiB, so a share of 16 MiB refuses it;
+    with BRIDGE_SHARE_GROWTH at 2 MiB (this stand-in's pool grows by what is
+    allocated) it fits; a setting that is not a multiple of 2 MiB is ignored."""
+    name = _name()
+    default = workers(BRIDGE_SHARE_GROWTH="")
+    default.call("join", name=name, budget=16 * MIB)
+    assert default.call("alloc", size=MIB)["rc"] == Status.BUDGET
+    odd = workers(BRIDGE_SHARE_GROWTH=str(3 << 20))
+    odd.call("join", name=name, budget=16 * MIB)
+    assert odd.call("alloc", size=MIB)["rc"] == Status.BUDGET  # ignored: 32 MiB
+    small = workers(BRIDGE_SHARE_GROWTH=str(2 << 20))
+    small.call("join", name=name, budget=16 * MIB)
+    assert small.call("alloc", size=MIB)["rc"] == Status.OK
+    assert small.call("stats")["share"]["claim"] <= 4 * MIB

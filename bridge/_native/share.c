@@ -21,7 +21,8 @@
  * both admitted (each one's sum includes the other's raise: the operations
  * are sequentially consistent).  A member's claim covers its pool because
  * the pool grows only by allocations, each by at most its size rounded up to
- * SHARE_UNIT (checked after each allocation that raised the claim and by the
+ * the pool's growth chunk (SHARE_GROWTH; claimed while the allocation is in
+ * flight; checked after each allocation that raised the claim and by the
  * service thread every round; a larger growth is counted in `overshoots` and
  * claimed at once).  An allocation the claim already covers costs one pool
  * attribute read and two atomic adds of this process's own counters.
@@ -70,7 +71,13 @@
 #define SHARE_TAGS     8 /* framework tags a slot has room for (BRIDGE_NTAGS used) */
 #define SHARE_SLOTS    64u
 #define SHARE_NAME_MAX 63
-#define SHARE_UNIT     (2ull << 20) /* claim granule; the pool's growth is rounded to it */
+#define SHARE_UNIT     (2ull << 20) /* claim granule */
+/* How much the driver's default pool may grow for one allocation: its size
+ * rounded up to this.  Measured on an H200 (CUDA 13 driver): the pool maps
+ * memory in 32 MiB chunks (a 512 B request grows it by 32 MiB, 33 MiB by 64
+ * MiB; scripts/pool_growth_probe.py).  BRIDGE_SHARE_GROWTH (bytes, a
+ * multiple of SHARE_UNIT) sets another, read at join. */
+#define SHARE_GROWTH   (32ull << 20)
 #define SHARE_SLACK \
     (64ull << 20) /* a claim above the pool by more is lowered after an allocation */
 #define SHARE_ANSWER_WAIT_NS  500000000ull  /* how long a refused member waits for trims */
@@ -144,10 +151,6 @@ static uint64_t units_of(uint64_t bytes)
 {
     return bytes / SHARE_UNIT + (bytes % SHARE_UNIT != 0);
 }
-static uint64_t round_unit(uint64_t bytes)
-{
-    return units_of(bytes) * SHARE_UNIT;
-}
 
 /* a -= v, never below 0 (an allocation that began before the process joined
  * settles after it without having been added) */
@@ -177,10 +180,28 @@ struct share_member {
     _Atomic uint64_t num_refused, num_asks, num_trims_served, num_reclaimed, num_overshoots,
         num_lost;
     _Atomic uint64_t max_overshoot; /* bytes: the most the pool was above the claim */
+    uint64_t growth;                /* bytes: SHARE_GROWTH or BRIDGE_SHARE_GROWTH (set at join) */
     char name[SHARE_NAME_MAX + 1];
     char path[512];
     char real[PATH_MAX]; /* the path with links resolved, as /proc/<pid>/maps names it */
 };
+
+/* The most the pool may grow for an allocation of `size`. */
+static uint64_t growth_of(const share_member *m, uint64_t size)
+{
+    uint64_t g = m->growth;
+    return size / g * g + (size % g ? g : 0);
+}
+
+static uint64_t growth_setting(void)
+{
+    const char *e = getenv("BRIDGE_SHARE_GROWTH");
+    char *end = NULL;
+    unsigned long long v = e && *e ? strtoull(e, &end, 10) : 0;
+    if (!v || (end && *end) || v % SHARE_UNIT || v > (1ull << 40))
+        return SHARE_GROWTH;
+    return v;
+}
 
 static char share_error_text[768];
 static pthread_mutex_t join_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -475,7 +496,7 @@ static __thread int claim_raised;
 
 int share_reserve(struct device_state *d, share_member *m, uint64_t size)
 {
-    uint64_t g = round_unit(size);
+    uint64_t g = growth_of(m, size);
     atomic_fetch_add(&m->inflight, g);
     /* fast path: the claim already covers the pool plus what is in flight
      * (one pool attribute read, one atomic add; nothing shared is written) */
@@ -534,7 +555,7 @@ static void check_pool(struct device_state *d, share_member *m)
 
 void share_settle(struct device_state *d, share_member *m, uint64_t size, int granted)
 {
-    sub_floor(&m->inflight, round_unit(size));
+    sub_floor(&m->inflight, growth_of(m, size));
     int raised = claim_raised;
     claim_raised = 0;
     /* after a fast-path reservation nothing more: the service thread checks
@@ -783,6 +804,7 @@ int bridge_share_join(int device, const char *name, const char *dir, uint64_t bu
     snprintf(m->name, sizeof m->name, "%s", name);
     m->device = device;
     m->pid = (uint32_t)getpid();
+    m->growth = growth_setting();
     atomic_store(&m->cap, UINT64_MAX);
     pthread_mutex_init(&m->lock, NULL);
     rc = open_file(m->path, uuid, name, budget, m);
