@@ -56,6 +56,8 @@ class RawStats(TypedDict):
     graph_bytes: int
     cached: int
     cache_limit: int
+    cache_floor: int
+    cache_fraction: float
     num_cache_hits: int
     num_order_fallbacks: int
     num_pool_read_errors: int
@@ -131,6 +133,7 @@ def grant_peer_access(device: int, /) -> tuple[int, int]: ...
 
 # ---- the cache of freed blocks ----
 def set_cache(device: int, limit: int, max_block: int = ..., /) -> int: ...
+def set_cache_fraction(device: int, fraction: float, floor: int = ..., /) -> int: ...
 def register_stream(stream: int, /) -> int: ...
 def forget_stream(stream: int, /) -> int: ...
 

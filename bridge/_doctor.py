@@ -45,7 +45,14 @@ from bridge._doctor_frameworks import (
 )
 from bridge._errors import BridgeError, format_bytes
 from bridge._pinned_backend import BACKEND_ENV, BACKENDS, host_memory_total
-from bridge._runtime import CACHE_LIMIT_ENV, DRIVER_LIBRARY_ENV, core
+from bridge._runtime import (
+    CACHE_FLOOR_ENV,
+    CACHE_FRACTION_ENV,
+    CACHE_LIMIT_ENV,
+    DRIVER_LIBRARY_ENV,
+    cache_fraction_from_env,
+    core,
+)
 from bridge._version import __version__
 from bridge._wait import WAIT_ENV
 from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, HOST_MEMORY, PINNED_LIMIT_ENV, parse_size
@@ -57,6 +64,8 @@ LEVELS = ("ok", "info", "warn", "error")
 BRIDGE_ENV = (
     GPU_LIMIT_ENV,
     CACHE_LIMIT_ENV,
+    CACHE_FRACTION_ENV,
+    CACHE_FLOOR_ENV,
     PINNED_LIMIT_ENV,
     BACKEND_ENV,
     DRIVER_LIBRARY_ENV,
@@ -290,6 +299,7 @@ def _environment(devices: list[dict]) -> list[Finding]:
     sizes = (
         (GPU_LIMIT_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
         (CACHE_LIMIT_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
+        (CACHE_FLOOR_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
         (PINNED_LIMIT_ENV, host_memory_total(), HOST_MEMORY, "bridge's pinned-memory functions"),
     )
     for name, total, of, who in sizes:
@@ -297,6 +307,26 @@ def _environment(devices: list[dict]) -> list[Finding]:
         if raw is not None and raw.strip():
             # without a GPU a share of the device is still checked for its form
             found.append(_size_finding(name, raw, total or 1 << 40, of, who, totals))
+    raw = env.get(CACHE_FRACTION_ENV)
+    if raw is not None and raw.strip():
+        try:
+            fraction = cache_fraction_from_env()
+            found.append(
+                Finding(
+                    "ok",
+                    f"{CACHE_FRACTION_ENV}={raw}",
+                    f"valid: the cache's cap is {fraction:g} of the live bytes.",
+                )
+            )
+        except ValueError as exc:
+            found.append(
+                Finding(
+                    "error",
+                    f"{CACHE_FRACTION_ENV}={raw}",
+                    f"{exc} bridge.unify() and bridge.pool() raise ValueError on it: "
+                    "fix or unset it.",
+                )
+            )
     backend = env.get(BACKEND_ENV)
     if backend is not None and backend.strip():
         if backend.strip().lower() in BACKENDS:

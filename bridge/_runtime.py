@@ -26,6 +26,12 @@ from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, size_from_env, warn_if_a
 DRIVER_LIBRARY_ENV = "BRIDGE_CUDA_LIBRARY"  # another libcuda (the tests' stand-in)
 MAX_THRESHOLD = 2**64 - 1  # the pool keeps what it has until trimmed
 CACHE_LIMIT_ENV = "BRIDGE_CACHE_LIMIT"  # bytes of freed blocks kept per device (0: none)
+# the cache's cap follows the bytes the frameworks hold (live):
+# cached <= min(limit, max(floor, live * fraction)), the oldest blocks evicted past it
+CACHE_FRACTION_ENV = "BRIDGE_CACHE_FRACTION"  # a fraction (0.0625) or a percentage (6.25%)
+CACHE_FLOOR_ENV = "BRIDGE_CACHE_FLOOR"  # a size: the cap is at least this (under the limit)
+DEFAULT_CACHE_FRACTION = 1 / 16
+DEFAULT_CACHE_FLOOR = 64 << 20
 GIB = 1 << 30
 
 
@@ -38,6 +44,30 @@ def default_cache_limit(total: int) -> int:
     the frameworks' own caches would hold idle.
     """
     return max(GIB, total // 50)
+
+
+def cache_fraction_from_env() -> float:
+    """BRIDGE_CACHE_FRACTION as a fraction of the live bytes (default 1/16).
+
+    Raises
+    ------
+    ValueError
+        Naming the variable and its value when it is not a fraction in [0, 65536]
+        or a percentage.
+    """
+    raw = os.environ.get(CACHE_FRACTION_ENV, "").strip()
+    if not raw:
+        return DEFAULT_CACHE_FRACTION
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 65536:
+        raise ValueError(
+            f"{CACHE_FRACTION_ENV}={raw!r}: use a fraction of the live bytes (0.0625) "
+            "or a percentage (6.25%)"
+        )
+    return value
 
 
 _lock = threading.RLock()
@@ -138,6 +168,16 @@ def ensure_device(device: int) -> None:
         if cache is None:
             cache = default_cache_limit(stats["total"])
         check(core.set_cache(device, cache), what="sizing the cache", device=device)
+        floor = size_from_env(CACHE_FLOOR_ENV, total=stats["total"])
+        check(
+            core.set_cache_fraction(
+                device,
+                cache_fraction_from_env(),
+                DEFAULT_CACHE_FLOOR if floor is None else floor,
+            ),
+            what="sizing the cache",
+            device=device,
+        )
         _configured.add(device)
 
 

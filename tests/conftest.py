@@ -126,6 +126,7 @@ def standin():
         STANDIN.standin_sync_all(d)
         core.set_limit(d, 0)
         core.set_cache(d, 0)  # off by default here: tests of the cache turn it on
+        core.set_cache_fraction(d, 1 / 16, 64 << 20)  # the cap's defaults
         for tag in range(core.NTAGS):
             core.set_tag_limit(d, tag, 0)
             core.set_tag_cached(tag, True)

@@ -15,9 +15,11 @@ SIDE = 0x5000  # a user stream handle (the stand-in accepts any)
 @pytest.fixture
 def cache(standin):
     core.set_cache(0, 64 * MIB)
+    core.set_cache_fraction(0, 1 / 16, 64 * MIB)  # the defaults
     core.forget_stream(SIDE)
     yield standin
     core.set_cache(0, 0)
+    core.set_cache_fraction(0, 1 / 16, 64 * MIB)
     core.forget_stream(SIDE)
 
 
@@ -187,6 +189,7 @@ def test_many_sizes_that_are_multiples_of_a_mib_are_all_cached_and_found(cache):
     """Such sizes have all-zero low bits: the table must spread them (issue: they
     piled onto a few slots)."""
     core.set_cache(0, 8 << 30)
+    core.set_cache_fraction(0, 1 / 16, 8 << 30)  # a floor above the 5 GiB: nothing evicted
     ptrs = {}
     for i in range(1, 101):  # 5 GiB of the stand-in's 16
         rc, p = core.alloc(0, i * MIB, 0, CUPY)
@@ -236,3 +239,228 @@ def test_an_uncached_tag_frees_to_the_pool_and_others_still_cache(cache):
     assert stats()["cached"] == 8 * MIB
     assert core.set_tag_cached(core.NTAGS, False) == 7  # INVALID
     assert core.set_tag_cached(-1, True) == 7
+
+
+# ---- eviction: the least recently cached blocks go first; the cap follows live bytes ----
+
+
+def allocs(standin):
+    return standin.standin_counter(0)
+
+
+def frees(standin):
+    return standin.standin_counter(1)
+
+
+def test_the_oldest_cached_block_is_evicted_first(cache):
+    """cap = 64 MiB (the floor; nothing live): a free past it gives back the oldest."""
+    core.set_cache(0, 1 << 30)
+    a, b, c, d = (core.alloc(0, n * MIB, 0, CUPY)[1] for n in (16, 17, 18, 19))
+    for p in (a, b, c):
+        core.free(p)
+    assert stats()["cached"] == 51 * MIB
+    before = frees(cache)
+    core.free(d)  # 70 MiB > 64: a (16 MiB, the oldest) goes to the driver
+    assert frees(cache) == before + 1
+    assert stats()["cached"] == 54 * MIB and stats()["used"] == 54 * MIB
+    n = allocs(cache)
+    assert core.alloc(0, 17 * MIB, 0, CUPY) == (0, b)  # b, c, d are still cached
+    assert core.alloc(0, 19 * MIB, 0, CUPY) == (0, d)
+    assert allocs(cache) == n
+    rc, a2 = core.alloc(0, 16 * MIB, 0, CUPY)  # a is gone: a driver allocation
+    assert rc == 0 and allocs(cache) == n + 1
+    for p in (a2, b, d):
+        core.free(p)
+
+
+def test_a_block_taken_and_freed_again_is_the_newest(cache):
+    core.set_cache(0, 1 << 30)
+    a, b = (core.alloc(0, n * MIB, 0, CUPY)[1] for n in (30, 31))
+    core.free(a)
+    core.free(b)
+    assert core.alloc(0, 30 * MIB, 0, CUPY) == (0, a)
+    core.free(a)  # a is now newer than b
+    rc, c = core.alloc(0, 4 * MIB, 0, CUPY)
+    core.free(c)  # 65 MiB > 64: b goes, not a
+    assert stats()["cached"] == 34 * MIB
+    assert core.alloc(0, 30 * MIB, 0, CUPY) == (0, a)
+    core.free(a)
+
+
+def test_the_cap_follows_the_live_bytes(cache):
+    """cap = max(floor, live / 16): freeing most memory shrinks the cache at the next put."""
+    core.set_cache(0, 1 << 30)
+    core.set_cache_fraction(0, 1 / 16, MIB)
+    rc, big = core.alloc(0, 160 * MIB, 0, TORCH)  # live 160 MiB: cap 10 MiB
+    small = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(12)]
+    before = frees(cache)
+    for p in small:
+        core.free(p)
+    assert stats()["cached"] == 10 * MIB  # the two oldest went back
+    assert frees(cache) == before + 2
+    core.free(big)  # live 0: cap 1 MiB; 160 MiB is not kept, the cache shrinks
+    assert stats()["cached"] == MIB
+    assert frees(cache) == before + 2 + 9 + 1
+    assert core.alloc(0, MIB, 0, CUPY) == (0, small[-1])  # the newest stayed
+    core.free(small[-1])
+
+
+def test_the_floor_keeps_single_size_loops_hitting(cache):
+    """Nothing else live: 512 B, 1 MiB and 64 MiB loops hit every time after the first."""
+    core.set_cache(0, 1 << 30)
+    for size in (512, MIB, 64 * MIB):
+        n = allocs(cache)
+        hits = stats()["num_cache_hits"]
+        for _ in range(20):
+            rc, p = core.alloc(0, size, 0, CUPY)
+            assert rc == 0
+            core.free(p)
+        assert allocs(cache) == n + 1, size
+        assert stats()["num_cache_hits"] == hits + 19
+    rc, p = core.alloc(0, 65 * MIB, 0, CUPY)  # above the floor, nothing live: not kept
+    core.free(p)
+    assert stats()["cached"] <= 64 * MIB
+
+
+def test_the_hard_limit_wins_over_the_floor_and_the_share(cache):
+    core.set_cache(0, 2 * MIB)
+    core.set_cache_fraction(0, 1.0, 1 << 30)
+    ptrs = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(3)]
+    for p in ptrs:
+        core.free(p)
+    assert stats()["cached"] == 2 * MIB
+    assert core.alloc(0, MIB, 0, CUPY) == (0, ptrs[2])
+    assert core.alloc(0, MIB, 0, CUPY) == (0, ptrs[1])
+    assert stats()["cached"] == 0
+    for p in ptrs[1:]:
+        core.free(p)
+
+
+def test_flush_and_flush_stream_release_every_block_once(cache):
+    core.set_cache(0, 1 << 30)
+    core.register_stream(SIDE)
+    on0 = [core.alloc(0, n * MIB, 0, CUPY)[1] for n in (1, 2, 3, 3)]
+    onside = [core.alloc(0, n * MIB, SIDE, TORCH)[1] for n in (1, 2, 2, 5)]
+    for p in on0 + onside:
+        core.free(p)
+    assert stats()["cached"] == 19 * MIB
+    before = frees(cache)
+    core.forget_stream(SIDE)  # its blocks go back; the others stay
+    assert frees(cache) == before + 4
+    assert stats()["cached"] == 9 * MIB
+    assert core.alloc(0, 3 * MIB, 0, CUPY) == (0, on0[3])
+    core.free(on0[3])
+    assert core.trim(0, 0) == 0
+    assert frees(cache) == before + 8
+    assert stats()["cached"] == 0 and stats()["used"] == 0
+    assert core.trim(0, 0) == 0
+    assert frees(cache) == before + 8  # nothing twice
+
+
+def test_depth_per_key(cache):
+    ptrs = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(20)]
+    before = frees(cache)
+    for p in ptrs:
+        core.free(p)
+    assert stats()["cached"] == 16 * MIB  # 16 per (stream, size)
+    assert frees(cache) == before + 4
+    assert core.alloc(0, MIB, 0, CUPY) == (0, ptrs[15])  # the most recent of the key
+    core.free(ptrs[15])
+
+
+def test_many_sizes_on_many_streams(cache):
+    """Sizes that are multiples of 1 MiB on 8 long-lived streams: all found while the
+    cap allows; past a small cap, the most recently cached survive."""
+    streams = [0x10000 * (k + 1) for k in range(8)]
+    for st in streams:
+        core.register_stream(st)
+    try:
+        core.set_cache(0, 8 << 30)
+        core.set_cache_fraction(0, 1 / 16, 8 << 30)
+        keys = [(st, i * MIB) for st in streams for i in range(1, 33)]  # 256 keys, 4.1 GiB
+        ptrs = {}
+        for st, size in keys:
+            rc, ptrs[st, size] = core.alloc(0, size, st, CUPY)
+            assert rc == 0
+        for k in keys:
+            core.free(ptrs[k])
+        assert stats()["cached"] == sum(size for _, size in keys)
+        n = allocs(cache)
+        for k in keys:
+            assert core.alloc(0, k[1], k[0], CUPY) == (0, ptrs[k])
+        assert allocs(cache) == n
+        core.set_cache_fraction(0, 0.0, 64 * MIB)  # cap 64 MiB from the next put on
+        for k in keys:
+            core.free(ptrs[k])
+        cached = stats()["cached"]
+        assert 0 < cached <= 64 * MIB
+        kept = keys[len(keys) - 1 :: -1]
+        total = 0
+        n = allocs(cache)
+        for k in kept:  # the newest first, until the cached bytes are accounted for
+            if total + k[1] > cached:
+                break
+            assert core.alloc(0, k[1], k[0], CUPY) == (0, ptrs[k])
+            total += k[1]
+            core.free(ptrs[k])
+        assert allocs(cache) == n
+    finally:
+        core.set_cache(0, 0)
+        for st in streams:
+            core.forget_stream(st)
+
+
+def test_cache_fraction_and_floor_are_set_and_reported(cache):
+    assert core.set_cache_fraction(0, 0.25, 32 * MIB) == 0
+    s = stats()
+    assert s["cache_fraction"] == 0.25 and s["cache_floor"] == 32 * MIB
+    assert core.set_cache_fraction(0, -1.0) == 7  # INVALID
+    assert core.set_cache_fraction(0, float("nan")) == 7
+    assert core.set_cache_fraction(0, 1 / 16) == 0
+    s = stats()
+    assert s["cache_fraction"] == 1 / 16 and s["cache_floor"] == 64 * MIB
+
+
+def test_a_fork_child_forgets_the_cached_blocks(cache):
+    import os
+
+    core.set_cache(0, 1 << 30)
+    rc, p = core.alloc(0, 2 * MIB, 0, CUPY)
+    core.free(p)
+    assert stats()["cached"] == 2 * MIB
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if stats()["cached"] == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert core.alloc(0, 2 * MIB, 0, CUPY) == (0, p)  # the parent's cache is intact
+    core.free(p)
+
+
+@pytest.mark.parametrize(
+    ("env", "expect"),
+    [
+        ({}, (1 / 16, 64 * MIB)),
+        ({"BRIDGE_CACHE_FRACTION": "0.25", "BRIDGE_CACHE_FLOOR": "16MiB"}, (0.25, 16 * MIB)),
+        ({"BRIDGE_CACHE_FRACTION": "10%"}, (0.1, 64 * MIB)),
+    ],
+)
+def test_cache_fraction_and_floor_from_the_environment(standin, env, expect):
+    import os
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_CACHE_")}
+    e.update(env)
+    code = (
+        "from bridge import _runtime\n"
+        "_runtime.ensure_device(1)\n"
+        "s = _runtime.core.stats(1)[1]\n"
+        "print(s['cache_fraction'], s['cache_floor'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    fraction, floor = out.stdout.split()
+    assert abs(float(fraction) - expect[0]) < 1e-4 and int(floor) == expect[1]

@@ -267,6 +267,8 @@ def test_doctor_reads_what_the_library_reads():
         budget.GPU_LIMIT_ENV,
         budget.PINNED_LIMIT_ENV,
         _runtime.CACHE_LIMIT_ENV,
+        _runtime.CACHE_FRACTION_ENV,
+        _runtime.CACHE_FLOOR_ENV,
         _pinned_backend.BACKEND_ENV,
         _runtime.DRIVER_LIBRARY_ENV,
         _wait.WAIT_ENV,

@@ -55,7 +55,7 @@ def test_pool_figures_equal_the_driver(clean):
 
     core = clean
     base_ledger = bridge.stats(0).ledger
-    sizes = [1 * MIB, 7 * MIB + 3, 64 * MIB]
+    sizes = [1 * MIB, 7 * MIB + 3, 48 * MIB]  # under the cache's 64 MiB floor: all kept
     ptrs = []
     for n in sizes:
         rc, p = core.alloc(0, n, 0, TAG_OTHER)
@@ -82,14 +82,19 @@ def test_pool_figures_equal_the_driver(clean):
 
 
 def test_default_cache_holds_a_training_steps_worth(clean):
-    """The default cache limit is 2% of the device (2.8 GiB on an H200), at least 1 GiB:
-    1.5 GiB of freed 128 MiB blocks stay cached, and come back without a driver call."""
+    """The default cache limit is 2% of the device (2.8 GiB on an H200), at least 1 GiB,
+    and the cap follows the live bytes (1/16 of them, at least 64 MiB): with 25 GiB
+    live, 1.5 GiB of freed 128 MiB blocks stay cached, and come back without a driver
+    call."""
     import bridge
 
     core = clean
     s = bridge.stats(0)
     total = core.stats(0)[1]["total"]
     assert core.stats(0)[1]["cache_limit"] == max(GIB, total // 50)
+    assert core.stats(0)[1]["cache_fraction"] == 1 / 16
+    rc, ballast = core.alloc(0, 25 * GIB, 0, TAG_OTHER)  # live: cap 25/16 GiB >= 1.5 GiB
+    assert rc == 0
     n = 12  # 12 x 128 MiB = 1.5 GiB: more than the old 1 GiB cap
     ptrs = []
     for _ in range(n):
@@ -110,6 +115,7 @@ def test_default_cache_holds_a_training_steps_worth(clean):
     assert core.stats(0)[1]["num_cache_hits"] - hits == n
     for p in again:
         core.free(p)
+    core.free(ballast)
     bridge.pool(0).free_all_blocks()
     assert bridge.stats(0).cached == 0
 

@@ -49,6 +49,10 @@ DRIVER_UNKNOWN = 999  # a driver error that is not out-of-memory
 DRIVER_OOM = 2
 CACHE_DEPTH = 16  # blocks kept per (stream, size) in cache.c
 MAX_BLOCK = 256 * MIB  # cache.c's default largest cached block
+# cache.c's cap: cached <= min(limit, max(FLOOR, live * FRACTION_Q16 / 65536))
+CACHE_FLOOR = 64 * MIB
+CACHE_FRACTION_Q16 = 65536 // 16
+CACHE_EVICT_MAX = 16  # blocks one cache_put evicts (then cache_trim goes on)
 
 sizes = st.one_of(
     st.integers(1, 64 * KIB),
@@ -102,6 +106,8 @@ class Dev:
     cache_limit: int = 0  # the conftest fixture turns the cache off
     cache_max_block: int = MAX_BLOCK
     cache: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # LIFO per key
+    # (stream, size, ptr) of the cached blocks, the least recently cached first
+    order: list[tuple[int, int, int]] = field(default_factory=list)
 
     def cached(self) -> int:
         return sum(size * len(ptrs) for (_, size), ptrs in self.cache.items())
@@ -239,6 +245,17 @@ class LedgerMachine(RuleBasedStateMachine):
             for _ in ptrs:
                 self.release(d, size, stream)
         m.cache.clear()
+        m.order.clear()
+
+    def evict_oldest(self, d: int) -> None:
+        """The least recently cached block goes back to the pool on its stream."""
+        m = self.dev[d]
+        stream, size, ptr = m.order.pop(0)
+        ptrs = m.cache[(stream, size)]
+        ptrs.remove(ptr)
+        if not ptrs:
+            del m.cache[(stream, size)]
+        self.release(d, size, stream)
 
     def cache_put(self, b: Block) -> bool:
         """Whether bridge_free keeps the block in the cache (and keep it)."""
@@ -247,12 +264,20 @@ class LedgerMachine(RuleBasedStateMachine):
             return False  # user streams may die; recorded streams need the driver's order
         if not m.cache_limit or b.size > m.cache_max_block:
             return False
-        if m.cached() + b.size > m.cache_limit:
+        live = m.base_used + self.live_bytes(b.dev)  # b already left out
+        cap = min(m.cache_limit, max(CACHE_FLOOR, live * CACHE_FRACTION_Q16 >> 16))
+        room = b.size <= cap and len(m.cache.get((b.stream, b.size), [])) < CACHE_DEPTH
+        n = 0
+        while n < CACHE_EVICT_MAX and m.order and m.cached() + (b.size if room else 0) > cap:
+            self.evict_oldest(b.dev)
+            n += 1
+        keep = room and m.cached() + b.size <= cap
+        while not keep and m.order and m.cached() > cap:  # cache_trim
+            self.evict_oldest(b.dev)
+        if not keep:
             return False
-        ptrs = m.cache.setdefault((b.stream, b.size), [])
-        if len(ptrs) >= CACHE_DEPTH:
-            return False
-        ptrs.append(b.ptr)
+        m.cache.setdefault((b.stream, b.size), []).append(b.ptr)
+        m.order.append((b.stream, b.size, b.ptr))
         return True
 
     def attempt(self, d: int, size: int, tag: int) -> int:
@@ -304,6 +329,7 @@ class LedgerMachine(RuleBasedStateMachine):
             # on the ledger, unless the framework's cap refuses it (then it
             # goes back to the driver and the request takes the usual path)
             hit = cached.pop()
+            m.order.remove((stream, size, hit))
             if not cached:
                 del m.cache[(stream, size)]
             tcur = self.tag_used(d, tag) + size
@@ -534,6 +560,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 for key in [k for k in m.cache if k[0] == stream]:
                     for _ in m.cache.pop(key):
                         self.release(d, key[1], stream)
+                m.order = [e for e in m.order if e[0] != stream]
 
     def _reset_peak(self, d: int, tag: int) -> None:
         assert core.reset_peak(d, tag) == Status.OK

@@ -4,9 +4,14 @@
  * A block freed on stream S is kept, by its exact size, for the next
  * allocation of that size on S: stream order makes the reuse safe without an
  * event, and the allocation costs a lock and a pop instead of two driver
- * calls.  Cached bytes stay counted in the budget (they are the ledger's), are
- * capped per device, and go back to the pool whenever an allocation would
- * fail, on empty_cache / free_all_blocks, and when the cap is reached.
+ * calls.  Cached bytes stay counted in the budget (they are the ledger's), and
+ * go back to the pool whenever an allocation would fail, on empty_cache /
+ * free_all_blocks, and when the cap is passed: then the least recently cached
+ * blocks go first.  The cap follows the bytes the frameworks hold (`live`):
+ *
+ *     cached <= min(limit, max(floor, live * fraction))
+ *
+ * (defaults: fraction 1/16, floor 64 MiB, limit set by the ledger at set-up).
  */
 #ifndef BRIDGE_CACHE_H
 #define BRIDGE_CACHE_H
@@ -16,16 +21,37 @@
 #include "driver.h"
 
 /* Larger blocks are never cached (default of cache_set_limits' max_block). */
-#define BRIDGE_CACHE_MAX_BLOCK (256ull << 20)
+#define BRIDGE_CACHE_MAX_BLOCK    (256ull << 20)
+/* Defaults of the cap's floor and fraction of the live bytes (cache_set_share). */
+#define BRIDGE_CACHE_FLOOR        (64ull << 20)
+#define BRIDGE_CACHE_FRACTION_Q16 (65536u / 16) /* 1/16, in units of 1/65536 */
+/* Most blocks one cache_put or cache_trim hands back for eviction. */
+#define BRIDGE_CACHE_EVICT_MAX    16
 
 /* Streams are keys here (streams.c: the per-thread default stream has one
  * key per thread).  A cached block on its way back to the driver. */
 typedef void (*cache_release_fn)(int device, uintptr_t ptr, uint64_t size, CUstream stream);
 
-/* Pop a block of exactly `size` cached for `stream`; 0 when none. */
+/* A block evicted from the cache: the caller releases it after the call. */
+typedef struct cache_block {
+    uintptr_t ptr;
+    uint64_t size;
+    CUstream stream;
+} cache_block;
+
+/* Pop the most recently cached block of exactly `size` for `stream`; 0 when none. */
 uintptr_t cache_take(int device, CUstream stream, uint64_t size);
-/* Keep a freed block; 1 when kept, 0 when the caller must free it. */
-int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr);
+/* Keep a freed block; 1 when kept, 0 when the caller must free it.  `held`:
+ * the device's committed bytes, this block left out (the cached bytes
+ * included: live = held - cached).  The oldest cached blocks that no longer
+ * fit under the cap are moved to `evicted` (BRIDGE_CACHE_EVICT_MAX entries),
+ * their number to *nevicted: the caller releases them, and calls cache_trim
+ * while a full array came back. */
+int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+              cache_block *evicted, int *nevicted);
+/* Evict the oldest blocks until the cap (for `held`, as cache_put's) holds,
+ * at most BRIDGE_CACHE_EVICT_MAX per call; returns how many went to `evicted`. */
+int cache_trim(int device, uint64_t held, cache_block *evicted);
 /* Hand every cached block of `device` to `release`; returns the bytes. */
 uint64_t cache_flush(int device, cache_release_fn release);
 /* Hand the cached blocks of one stream to `release`; returns the bytes. */
@@ -34,9 +60,13 @@ uint64_t cache_bytes(int device);
 /* A thread starts (on 1) or stops (0) waiting for memory on `device`: while
  * any waits, cache_put keeps nothing, so what is freed goes to the pool. */
 void cache_hold(int device, int on);
-/* Cap of cached bytes per device (0 disables) and the largest cached block. */
+/* Hard cap of cached bytes per device (0 disables) and the largest cached block. */
 void cache_set_limits(int device, uint64_t limit, uint64_t max_block);
 uint64_t cache_limit(int device);
+/* The cap's share of the live bytes (in units of 1/65536) and its floor. */
+void cache_set_share(int device, uint64_t fraction_q16, uint64_t floor);
+uint64_t cache_fraction_q16(int device);
+uint64_t cache_floor(int device);
 /* A fork child forgets the cached blocks (no lock taken). */
 void cache_forget_after_fork(void);
 

@@ -493,6 +493,26 @@ static void release_cached(int device, uintptr_t ptr, uint64_t size, CUstream ke
     ledger_release(&bridge_devices[device], &rec);
 }
 
+/* The device's committed bytes less a block being freed (still committed):
+ * cache_put's `held`, of which the cache's cap takes live = held - cached. */
+static inline uint64_t cache_held(device_state *d, uint64_t freeing)
+{
+    uint64_t committed = atomic_load_explicit(&d->committed, RELAXED);
+    return committed > freeing ? committed - freeing : 0;
+}
+
+/* Blocks cache_put evicted back to the pool; more while a full batch came. */
+static void release_evicted(int device, uint64_t held, cache_block *evicted, int n)
+{
+    for (;;) {
+        for (int k = 0; k < n; k++)
+            release_cached(device, evicted[k].ptr, evicted[k].size, evicted[k].stream);
+        if (n < BRIDGE_CACHE_EVICT_MAX)
+            return;
+        n = cache_trim(device, held, evicted);
+    }
+}
+
 /* Every cached block of a device back to the pool (in stream order; blocks
  * of a stream being captured wait for its end). */
 static void flush_cache(int device)
@@ -556,6 +576,16 @@ int bridge_set_cache(int device, uint64_t limit, uint64_t max_block)
     return BRIDGE_OK;
 }
 
+int bridge_set_cache_fraction(int device, double fraction, uint64_t floor)
+{
+    if (!device_of(device))
+        return BRIDGE_E_DEVICE;
+    if (!(fraction >= 0.0 && fraction <= 65536.0))
+        return BRIDGE_E_INVALID;
+    cache_set_share(device, (uint64_t)(fraction * 65536.0 + 0.5), floor);
+    return BRIDGE_OK;
+}
+
 /* records_take's `keep` for bridge_free: a graph block stays in the table,
  * marked freed by the user, because replays may still write it; the pool's
  * release returns it.  Runs under the shard lock, so the mark and the figures
@@ -600,12 +630,22 @@ void bridge_free(void *ptr)
         ledger_defer(d, &rec, 0);
         return;
     }
-    /* kept for the next allocation of this size on this stream */
+    /* kept for the next allocation of this size on this stream; the oldest
+     * cached blocks beyond the cap go back to the pool (after the cache's
+     * lock is dropped) */
     if (!rec.nrec && !(atomic_load_explicit(&uncached_tags, RELAXED) & (1u << rec.tag)) &&
-        stream_long_lived(rec.stream) && cache_put(rec.device, rec.stream, rec.size, rec.ptr)) {
-        if (atomic_load_explicit(&d->num_deferred, RELAXED))
-            ledger_flush_deferred(d);
-        return;
+        stream_long_lived(rec.stream)) {
+        cache_block evicted[BRIDGE_CACHE_EVICT_MAX];
+        int nevicted;
+        uint64_t held = cache_held(d, rec.size);
+        int cached = cache_put(rec.device, rec.stream, rec.size, rec.ptr, held, evicted, &nevicted);
+        if (nevicted)
+            release_evicted(rec.device, held, evicted, nevicted);
+        if (cached) {
+            if (atomic_load_explicit(&d->num_deferred, RELAXED))
+                ledger_flush_deferred(d);
+            return;
+        }
     }
     ledger_release(d, &rec);
     if (atomic_load_explicit(&d->num_deferred, RELAXED))
@@ -890,6 +930,8 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->num_pool_read_errors = atomic_load(&d->num_pool_read_errors);
     out->captures_active = (uint64_t)atomic_load(&d->captures_active);
     out->cache_limit = cache_limit(device);
+    out->cache_floor = cache_floor(device);
+    out->cache_fraction = (double)cache_fraction_q16(device) / 65536.0;
     wait_fill_stats(device, out);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];

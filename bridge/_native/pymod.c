@@ -482,6 +482,17 @@ static PyObject *py_set_cache(PyObject *m, PyObject *args)
     return PyLong_FromLong(rc);
 }
 
+static PyObject *py_set_cache_fraction(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    double fraction;
+    unsigned long long floor = 64ull << 20;
+    if (!PyArg_ParseTuple(args, "id|K", &dev, &fraction, &floor))
+        return NULL;
+    return PyLong_FromLong(bridge_set_cache_fraction(dev, fraction, floor));
+}
+
 static PyObject *py_register_stream(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -668,6 +679,7 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(graph_bytes)
     PUT(cached)
     PUT(cache_limit)
+    PUT(cache_floor)
     PUT(num_cache_hits)
     PUT(num_order_fallbacks)
     PUT(num_pool_read_errors)
@@ -679,6 +691,14 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(num_wait_interrupts)
     PUT(waiting)
 #undef PUT
+    {
+        PyObject *f = PyFloat_FromDouble(s.cache_fraction);
+        if (!f || PyDict_SetItemString(d, "cache_fraction", f) < 0) {
+            Py_XDECREF(f);
+            goto fail;
+        }
+        Py_DECREF(f);
+    }
     {
         PyObject *tags = PyList_New(BRIDGE_NTAGS);
         if (!tags)
@@ -801,7 +821,12 @@ static PyMethodDef methods[] = {
     {"grant_peer_access", py_grant_peer_access, METH_VARARGS, "-> (status, peers granted)"},
     {"set_limit", py_set_limit, METH_VARARGS, "set_limit(device, bytes) -> status"},
     {"set_cache", py_set_cache, METH_VARARGS,
-     "set_cache(device, limit, max_block=256MiB) -> status"},
+     "set_cache(device, limit, max_block=256MiB) -> status: the hard cap of cached bytes "
+     "(0: no cache; emptied) and the largest cached block"},
+    {"set_cache_fraction", py_set_cache_fraction, METH_VARARGS,
+     "set_cache_fraction(device, fraction, floor=64MiB) -> status: the cache's cap follows "
+     "the bytes the frameworks hold, cached <= min(limit, max(floor, live * fraction)); "
+     "past it the least recently cached blocks go back to the pool (default 1/16, 64 MiB)"},
     {"register_stream", py_register_stream, METH_VARARGS,
      "register_stream(handle) -> status: blocks freed on it may be cached"},
     {"forget_stream", py_forget_stream, METH_VARARGS,

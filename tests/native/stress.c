@@ -643,6 +643,12 @@ static void *cache_changer(void *arg)
         CHECK(bridge_set_cache(0, caps[rnd(&s) % 3], rnd(&s) % 2 ? 256 * MIB : 8 * KIB) ==
                   BRIDGE_OK,
               "set_cache");
+        /* the cap follows the live bytes: evictions (oldest first) now and then */
+        static const double fractions[] = {0.0, 1.0 / 16, 1.0};
+        static const uint64_t floors[] = {0, 16 * KIB, 64 * MIB};
+        CHECK(bridge_set_cache_fraction(0, fractions[rnd(&s) % 3], floors[rnd(&s) % 3]) ==
+                  BRIDGE_OK,
+              "set_cache_fraction");
         /* streams become long-lived and are forgotten again while blocks
          * freed on them come and go through the cache */
         void *st = stream_of((int)(rnd(&s) % 6));
