@@ -288,6 +288,12 @@ def replay(path: str, config: str, passes: int, json_path: str | None) -> int:
             reserved_over_live=(peak / live) if peak else None,
             torch=torch.__version__,
         )
+        if config.startswith("bridge"):  # how often the cache served, over all passes
+            from bridge._runtime import core
+
+            raw = core.stats(0)[1]
+            result.update(allocs=raw["num_allocs"], cache_hits=raw["num_cache_hits"],
+                          cache_limit=raw["cache_limit"])
 
     base = {
         "bench": "trace",

@@ -56,7 +56,7 @@ from bridge._runtime import (
 from bridge._version import __version__
 from bridge._wait import WAIT_ENV
 from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, HOST_MEMORY, PINNED_LIMIT_ENV, parse_size
-from bridge.share import SHARE_DIR_ENV, SHARE_ENV, share_name
+from bridge.share import SHARE_DIR_ENV, SHARE_ENV, SHARE_GROWTH_ENV, share_name
 
 LEVELS = ("ok", "info", "warn", "error")
 
@@ -72,6 +72,7 @@ BRIDGE_ENV = (
     WAIT_ENV,
     SHARE_ENV,
     SHARE_DIR_ENV,
+    SHARE_GROWTH_ENV,
 )
 
 # Variables whose mere presence deserves a sentence: name -> (level, advice).

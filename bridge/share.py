@@ -36,6 +36,9 @@ from bridge.pool import TAG_NAMES
 
 SHARE_ENV = "BRIDGE_SHARE"  # the share name when unify() is given none
 SHARE_DIR_ENV = "BRIDGE_SHARE_DIR"  # where the share files live
+# bytes (a multiple of 2 MiB): how much the driver's pool may grow for one allocation, claimed
+# while it is in flight (read by the core at join; default 32 MiB, as measured on an H200)
+SHARE_GROWTH_ENV = "BRIDGE_SHARE_GROWTH"
 DEFAULT_SHARE = "default"  # share=True
 DEFAULT_DIR = "/dev/shm"
 NAME_MAX = 63

@@ -264,6 +264,7 @@ def test_doctor_reads_what_the_library_reads():
     assert set(_doctor.BRIDGE_ENV) == {
         share.SHARE_ENV,
         share.SHARE_DIR_ENV,
+        share.SHARE_GROWTH_ENV,
         budget.GPU_LIMIT_ENV,
         budget.PINNED_LIMIT_ENV,
         _runtime.CACHE_LIMIT_ENV,
