@@ -157,8 +157,11 @@ def _child(mode: str, budget: int, split: float, steps: int, start: int, limit: 
 
 def _run_child(argv: list[str], timeout: float) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR_ENV}
-    p = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], capture_output=True,
-                       text=True, env=env, timeout=timeout)  # fmt: skip
+    try:
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), *argv],
+                           capture_output=True, text=True, env=env, timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:  # one split that hangs leaves the others' figures
+        return {"status": "error", "error": f"timed out after {timeout:.0f} s: {argv}"}
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
     if p.returncode != 0 or not lines:
         return {"status": "error", "error": p.stderr[-2000:]}

@@ -44,6 +44,15 @@ ALLOC_TARGETS = (
 MIXED_TARGET = ("<=", 1.02)   # bridge: (used - baseline) / live with torch holding N
 E2E_TARGET = (">=", 0.98)     # bridge steps/s / native steps/s
 PINNED_TARGET = (">=", 0.95)  # bridge pinned / torch pinned
+TRACE_TIME_TARGET = ("<=", 1.00)      # bench_trace.py: bridge ns per event / native's
+TRACE_FRAG_TARGET = ("<=", 1.05)      # bridge peak reserved / peak live
+TRACE_VS_NATIVE_TARGET = ("<=", 1.00)  # bridge reserved/live over native reserved/live
+CAPACITY_TARGET = (">=", 1.8)  # bench_capacity.py: bridge batch / best native split's batch
+WAIT_TARGET = (">=", 0.9)      # bench_wait.py: tight budget with waiting / unlimited, steps/s
+SHARE_TARGET = ("<=", 1.05)    # bench_share.py: share / own at cache hits, median per size
+RMM_TARGET = ("<=", 1.05)      # bench_rmm.py: bridge's RMM resource / RMM's async, worst size
+#: The traces run_all.py replays: each has its checks, "missing" when it did not run.
+TRACES = ("gpt2", "resnet50")
 
 OK_STATUSES = ("ok", "partial")
 
@@ -253,6 +262,185 @@ def pinned_checks(pinned: dict) -> list[dict]:
                    *PINNED_TARGET, note[:300], group="pinned")]
 
 
+# ---- the later sections: trace, capacity, wait, share, rmm ----
+
+def _not_ok(section: Any) -> str | None:
+    """Why a section's result holds no figures ("not run" when absent), or None."""
+    if not isinstance(section, dict) or not section:
+        return "not run"
+    status = section.get("status", "not run")
+    if status in OK_STATUSES:
+        return None
+    why = section.get("reason") or section.get("error") or ""
+    return f"{status}: {why}".strip().rstrip(":")[:300]
+
+
+def _data(section: Any) -> dict:
+    d = section.get("data") if isinstance(section, dict) else None
+    return d if isinstance(d, dict) else {}
+
+
+def trace_replays(trace: dict | None) -> tuple[dict, dict]:
+    """({trace name: {config: best replay}}, {trace name: why it has none}) from the
+    per-trace results run_all stored (each child's bench_trace.py JSON under "data")."""
+    replays: dict = {}
+    why: dict = {}
+    for name, r in (trace or {}).items():
+        bad = _not_ok(r)
+        if bad:
+            why[name] = bad
+            continue
+        for tname, configs in _data(r).items():
+            if isinstance(configs, dict):
+                replays[tname] = configs
+    return replays, why
+
+
+def trace_checks(trace: dict | None) -> list[dict]:
+    """Per trace: bridge / native ns per event, bridge reserved / live, and bridge's
+    reserved / live over native's (the same trace: over native's peak reserved)."""
+    replays, why = trace_replays(trace)
+    checks = []
+    for name in list(TRACES) + sorted(set(replays) - set(TRACES)):
+        cfg = replays.get(name, {})
+        b, n = cfg.get("bridge") or {}, cfg.get("native") or {}
+
+        def miss(entry: dict, label: str, name: str = name) -> str:
+            if name not in replays:
+                return why.get(name, "not run")
+            if not entry:
+                return f"{label}: not run"
+            return f"{label}: {entry.get('status', '?')} {entry.get('error', '')}"[:200]
+
+        bt, nt = b.get("ns_per_event"), n.get("ns_per_event")
+        time_v = bt / nt if _is_number(bt) and _is_number(nt) and nt else None
+        time_note = (f"{bt:,.0f} / {nt:,.0f} ns per event, best pass" if time_v is not None
+                     else "; ".join(miss(e, c) for c, e in (("bridge", b), ("native", n))
+                                    if not _is_number(e.get("ns_per_event"))))
+        bf, nf = b.get("reserved_over_live"), n.get("reserved_over_live")
+        frag_note = (f"peak reserved {b['peak_reserved'] / 2**30:.2f} GiB, live "
+                     f"{b['peak_live'] / 2**30:.2f} GiB" if _is_number(bf)
+                     and _is_number(b.get("peak_reserved")) and _is_number(b.get("peak_live"))
+                     else miss(b, "bridge") if not _is_number(bf) else "")
+        vs_v = bf / nf if _is_number(bf) and _is_number(nf) and nf else None
+        vs_note = (f"{bf:.3f} / {nf:.3f}" if vs_v is not None else
+                   "; ".join(miss(e, c) for c, e, v in (("bridge", b, bf), ("native", n, nf))
+                             if not _is_number(v)))
+        checks += [
+            _check(f"trace.{name}.time", f"trace {name}: bridge / native ns per event", time_v,
+                   *TRACE_TIME_TARGET, time_note, group="trace"),
+            _check(f"trace.{name}.reserved_over_live", f"trace {name}: bridge reserved / live",
+                   bf if _is_number(bf) else None, *TRACE_FRAG_TARGET, frag_note,
+                   group="trace"),
+            _check(f"trace.{name}.reserved_vs_native",
+                   f"trace {name}: bridge / native reserved/live", vs_v,
+                   *TRACE_VS_NATIVE_TARGET, vs_note, group="trace"),
+        ]
+    return checks
+
+
+def capacity_value(capacity: dict | None) -> tuple[float | None, str]:
+    """bridge batch / best native split's batch from bench_capacity.py, and a note."""
+    bad = _not_ok(capacity)
+    if bad:
+        return None, bad
+    d = _data(capacity)
+    runs = [r for r in d.get("runs", []) if isinstance(r, dict)]
+    bridge = next((r for r in runs if r.get("mode") == "bridge"), runs[-1] if runs else {})
+    if bridge.get("status") == "error":
+        return None, f"bridge run: error {bridge.get('error', '')}"[:300]
+    natives = [r for r in runs if r is not bridge]
+    failed = sum(r.get("status") == "error" for r in natives)
+    b, n = d.get("bridge_batch"), d.get("native_batch")
+    if not _is_number(b) or not _is_number(n) or not n:
+        return None, (f"no native split fitted a batch ({failed} of {len(natives)} failed)"
+                      if natives else "no runs")
+    note = f"bridge {b} / native {n} (split {d.get('native_best_split')})"
+    if failed:
+        note += f"; {failed} of {len(natives)} native splits failed"
+    return b / n, note
+
+
+def wait_value(wait: dict | None) -> tuple[float | None, str]:
+    """Best tight round's steps/s / best unlimited round's, from runs without errors."""
+    bad = _not_ok(wait)
+    if bad:
+        return None, bad
+    runs = _data(wait).get("runs", {})
+    best, notes = {}, []
+    for mode in ("tight", "unlimited"):
+        mine = [r for r in runs.get(mode, []) if isinstance(r, dict)]
+        clean = [r["steps_per_s"] for r in mine if not r.get("errors")
+                 and _is_number(r.get("steps_per_s"))]
+        if clean:
+            best[mode] = max(clean)
+        errs = sum(bool(r.get("errors")) for r in mine)
+        if errs:
+            notes.append(f"{mode}: {errs} of {len(mine)} runs with errors (left out)")
+    if len(best) < 2:
+        return None, "; ".join(notes + [f"{m}: no run without errors" for m in
+                                        ("tight", "unlimited") if m not in best])
+    tight = [r for r in runs.get("tight", []) if isinstance(r, dict)]
+    waits = sum(r.get("num_waits", 0) for r in tight if _is_number(r.get("num_waits")))
+    notes.insert(0, f"{best['tight']:.1f} / {best['unlimited']:.1f} steps/s; "
+                    f"{waits} waits in the tight runs")
+    return best["tight"] / best["unlimited"], "; ".join(notes)
+
+
+def share_checks(share: dict | None, sizes: Iterable[int | str] | None = None) -> list[dict]:
+    """share / own (cache hits) per size: the median of the round-by-round ratios."""
+    bad = _not_ok(share)
+    d = _data(share)
+    ratios = (d.get("ratios") or {}).get("share/own", {}) if not bad else {}
+    keys = [str(s) for s in (d.get("sizes") or sizes or [512, 1 << 20, 64 << 20])]
+    keys += [k for k in ratios if k not in keys]
+    checks = []
+    for size in keys:
+        r = ratios.get(size)
+        if isinstance(r, dict) and _is_number(r.get("median")):
+            value = r["median"]
+            note = f"round by round: [{r['min']:.3f}-{r['max']:.3f}], n={r['n']}"
+        else:
+            value, note = None, bad or "no share/own figure for this size"
+        label = size_label(int(size)) if size.isdigit() else size
+        checks.append(_check(f"share.share_over_own.{size}",
+                             f"share {label}: share / own budget (cache hits)", value,
+                             *SHARE_TARGET, note, group="share"))
+    return checks
+
+
+def rmm_value(rmm: dict | None) -> tuple[float | None, str]:
+    """The largest bridge / RMM-async ratio over the sizes (bench_rmm.py's worst_ratio,
+    recomputed from its per-size figures where they are there)."""
+    bad = _not_ok(rmm)
+    if bad:
+        return None, bad
+    per = _data(rmm).get("ns_per_pair") or {}
+    ratios = {s: e["ratio"] for s, e in per.items() if isinstance(e, dict)
+              and _is_number(e.get("ratio"))}
+    if ratios:
+        worst = max(ratios, key=lambda k: ratios[k])
+        return ratios[worst], f"worst at {worst}"
+    w = _data(rmm).get("worst_ratio")
+    return (float(w), "worst_ratio") if _is_number(w) else (None, "no ratio in the result")
+
+
+def later_checks(results: dict) -> list[dict]:
+    """The checks of trace, capacity, wait, share and rmm ("missing" where not run)."""
+    checks = trace_checks(results.get("trace"))
+    value, note = capacity_value(results.get("capacity"))
+    checks.append(_check("capacity.bridge_over_native", "capacity: bridge / best native batch",
+                         value, *CAPACITY_TARGET, note, group="capacity"))
+    value, note = wait_value(results.get("wait"))
+    checks.append(_check("wait.tight_over_unlimited", "wait: tight / unlimited steps/s",
+                         value, *WAIT_TARGET, note, group="wait"))
+    checks += share_checks(results.get("share"), results.get("alloc", {}).get("sizes"))
+    value, note = rmm_value(results.get("rmm"))
+    checks.append(_check("rmm.worst_ratio", "RMM: bridge resource / CudaAsyncMemoryResource",
+                         value, *RMM_TARGET, note, group="rmm"))
+    return checks
+
+
 def summarize(results: dict) -> dict:
     """Add alloc.summary, e2e.summary and checks to results (in place); return it."""
     alloc = results.setdefault("alloc", {})
@@ -260,7 +448,8 @@ def summarize(results: dict) -> dict:
     checks = alloc_checks(alloc, results.get("alloc_turns"))
     checks += mixed_checks(results.setdefault("mixed", {}))
     checks += e2e_checks(results.setdefault("e2e", {}), results.get("e2e_turns"))
-    checks += pinned_checks(results.setdefault("pinned", {"status": "not run"}))
+    checks += pinned_checks(results.get("pinned") or {"status": "not run"})
+    checks += later_checks(results)
     results["checks"] = checks
     results["verdict"] = {k: sum(c["status"] == k for c in checks)
                           for k in ("pass", "fail", "missing")}
@@ -299,6 +488,10 @@ def _md_meta(meta: dict) -> list[str]:
         rows.append(["versions", ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))])
     if meta.get("rmm"):
         rows.append(["RMM", str(meta["rmm"])])
+    parts = meta.get("parts") or []
+    if len(parts) > 1:
+        rows.append(["part runs (--only)", "; ".join(
+            f"{p.get('date', '?')}: {p.get('only') or 'all'}" for p in parts)])
     if meta.get("env_removed"):
         rows.append(["removed from the environment", ", ".join(meta["env_removed"])])
     if meta.get("probe_error"):
@@ -568,6 +761,174 @@ def _md_pinned(results: dict) -> list[str]:
     return out + [""]
 
 
+def _verdict_line(results: dict, group: str) -> list[str]:
+    """"Verdict: ..." for one section's checks: pass / FAIL / missing with values."""
+    mine = [c for c in results.get("checks", []) if c.get("group") == group]
+    if not mine:
+        return []
+    counts = {k: sum(c["status"] == k for c in mine) for k in ("pass", "fail", "missing")}
+    if counts["missing"] == len(mine):
+        head = next((h for h in ("not run", "skipped")
+                     if all(c.get("note", "").startswith(h) for c in mine)), "missing")
+        return [f"Verdict: {head} ({len(mine)} target{'s' if len(mine) > 1 else ''} "
+                f"missing{': ' + mine[0]['note'] if head != 'not run' else ''}).", ""]
+    head = "**FAIL**" if counts["fail"] else "incomplete" if counts["missing"] else "pass"
+    parts = [f"{c['label']} {'-' if c['value'] is None else format(c['value'], '.3f')} "
+             f"({c['op']} {c['target']:g}: {c['status']})" for c in mine]
+    return [f"Verdict: {head} ({counts['pass']} pass, {counts['fail']} fail, "
+            f"{counts['missing']} missing): " + "; ".join(parts), ""]
+
+
+def _section_missing(section: Any) -> list[str]:
+    why = _not_ok(section)
+    return [f"Not run ({why})." if why != "not run" else "Not run.", ""] if why else []
+
+
+def _gib(v: Any) -> str:
+    return f"{v / 2**30:.2f}" if _is_number(v) else "-"
+
+
+def _md_trace(results: dict) -> list[str]:
+    out = ["## Allocation traces replayed (bench_trace.py)", "",
+           "The committed traces (benchmarks/traces/) replayed with torch.empty / del under "
+           "each allocator, one fresh process per configuration, configurations in turns; "
+           "ns per event of the best pass, and the allocator's peak reserved memory against "
+           "the trace's peak of live bytes. Targets: bridge ns per event <= native's; bridge "
+           f"reserved / live {TRACE_FRAG_TARGET[0]} {TRACE_FRAG_TARGET[1]:.2f} and <= native's.",
+           ""]
+    trace = results.get("trace") or {}
+    replays, why = trace_replays(trace)
+    rows = []
+    for name in list(TRACES) + sorted(set(replays) - set(TRACES)):
+        if name not in replays:
+            rows.append([name, why.get(name, "not run"), "-", "-", "-", "-", "-"])
+            continue
+        for config, r in replays[name].items():
+            if not isinstance(r, dict):
+                continue
+            if not _is_number(r.get("ns_per_event")):
+                rows.append([name, config, f"{r.get('status', '?')}: "
+                             f"{r.get('reason') or r.get('error', '')}"[:120].replace("\n", " "),
+                             "-", "-", "-", "-"])
+                continue
+            rol = r.get("reserved_over_live")
+            rows.append([name, config, f"{r['ns_per_event']:,.0f}", _gib(r.get("peak_reserved")),
+                         _gib(r.get("peak_live")), f"{rol:.3f}" if _is_number(rol) else "-",
+                         str(r.get("rounds", "-"))])
+    out += _table(["trace", "allocator", "ns / event", "peak reserved GiB", "peak live GiB",
+                   "reserved / live", "rounds"], rows) + [""]
+    return out + _verdict_line(results, "trace")
+
+
+def _md_capacity(results: dict) -> list[str]:
+    cap = results.get("capacity")
+    d = _data(cap)
+    budget = d.get("budget")
+    out = ["## Capacity: the largest batch of a mixed pipeline under one budget "
+           "(bench_capacity.py)", "",
+           "CuPy preprocessing then torch training per step; native: CuPy's set_limit and "
+           "torch's memory fraction split the budget (every split tried, the best counts); "
+           "bridge: one budget for both. Target: bridge batch / best native batch "
+           f"{CAPACITY_TARGET[0]} {CAPACITY_TARGET[1]}." +
+           (f" Budget {_gib(budget)} GiB, {d.get('steps', '?')} steps per try." if budget
+            else ""), ""]
+    missing = _section_missing(cap)
+    if missing:
+        return out + missing + _verdict_line(results, "capacity")
+    rows = []
+    for r in d.get("runs", []):
+        if not isinstance(r, dict):
+            continue
+        mode = r.get("mode", "?")
+        if r.get("status") == "error" or "batch" not in r:
+            rows.append([mode, "-", "-", "-", f"error: {r.get('error', '')}"[-160:]
+                         .replace("\n", " ")])
+            continue
+        split = r.get("split")
+        rows.append([mode, f"{split:.2f}" if _is_number(split) else "-", str(r.get("batch")),
+                     f"{r.get('seconds', '-')}", str(len(r.get("tries", [])))])
+    out += _table(["mode", "CuPy share", "largest batch", "seconds", "tries"], rows) + [""]
+    return out + _verdict_line(results, "capacity")
+
+
+def _md_wait(results: dict) -> list[str]:
+    w = results.get("wait")
+    out = ["## Waiting at a tight budget (bench_wait.py)", "",
+           "A CuPy producer thread and a torch trainer thread (512 MiB batches): a budget of "
+           "about two batches with wait=30 (tight) vs no budget (unlimited), fresh processes "
+           "in turns. Target: best tight round / best unlimited round "
+           f"{WAIT_TARGET[0]} {WAIT_TARGET[1]}.", ""]
+    missing = _section_missing(w)
+    if missing:
+        return out + missing + _verdict_line(results, "wait")
+    rows = []
+    for mode, runs in (_data(w).get("runs") or {}).items():
+        for i, r in enumerate(runs if isinstance(runs, list) else []):
+            if not isinstance(r, dict):
+                continue
+            sps = r.get("steps_per_s")
+            rows.append([mode, str(i + 1), f"{sps:.1f}" if _is_number(sps) else "-",
+                         _gib(r.get("budget")) if r.get("budget") else "none",
+                         str(r.get("num_waits", "-")),
+                         f"{r['wait_seconds']:.2f}" if _is_number(r.get("wait_seconds"))
+                         else "-", str(r.get("num_ooms", "-")),
+                         "; ".join(r.get("errors") or [])[:120].replace("|", "/") or "-"])
+    out += _table(["mode", "round", "steps/s", "budget GiB", "waits", "wait s", "OOMs",
+                   "errors"], rows) + [""]
+    return out + _verdict_line(results, "wait")
+
+
+def _md_share(results: dict) -> list[str]:
+    sh = results.get("share")
+    d = _data(sh)
+    out = ["## A cross-process share vs an own budget (bench_share.py)", "",
+           f"framework {d.get('framework', 'torch')}; one fresh worker per configuration, "
+           "timing in turns: own budget, shared budget, and both with the cache off (-pool: "
+           "every allocation passes the budget check). Cells: ns per alloc+free pair, best "
+           "loop; ratios: the median of the round-by-round ratios [min-max]. Target: share / "
+           f"own (cache hits) {SHARE_TARGET[0]} {SHARE_TARGET[1]:.2f} at every size.", ""]
+    missing = _section_missing(sh)
+    if missing:
+        return out + missing + _verdict_line(results, "share")
+    sizes = [str(s) for s in d.get("sizes", [])]
+    configs = d.get("configs") or {}
+    rows = []
+    for c in ("own", "share", "own-pool", "share-pool"):
+        e = configs.get(c)
+        if not isinstance(e, dict):
+            continue
+        ns = e.get("ns_per_pair") or {}
+        if not ns:
+            rows.append([c, f"{e.get('status')}: {e.get('error') or e.get('reason', '')}"[:120]]
+                        + [""] * (len(sizes) - 1))
+            continue
+        rows.append([c] + [f"{ns[s]:,.0f}" if _is_number(ns.get(s)) else "-" for s in sizes])
+    for name, per in (d.get("ratios") or {}).items():
+        rows.append([name] + [f"{per[s]['median']:.3f} [{per[s]['min']:.2f}-{per[s]['max']:.2f}]"
+                              if isinstance(per.get(s), dict) else "-" for s in sizes])
+    out += _table(["configuration"] + [size_label(int(s)) for s in sizes], rows) + [""]
+    return out + _verdict_line(results, "share")
+
+
+def _md_rmm(results: dict) -> list[str]:
+    r = results.get("rmm")
+    d = _data(r)
+    out = ["## RMM: the bridge's resource vs RMM's CudaAsyncMemoryResource (bench_rmm.py)", "",
+           "One process, configurations in turns; ns per allocate + free pair, median of the "
+           "rounds: buffer_* an rmm.DeviceBuffer, mr_* the resource's allocate/deallocate. "
+           f"Target: the worst size's buffer_bridge / buffer_async {RMM_TARGET[0]} "
+           f"{RMM_TARGET[1]:.2f}." + (f" RMM {d['rmm']}." if d.get("rmm") else ""), ""]
+    missing = _section_missing(r)
+    if missing:
+        return out + missing + _verdict_line(results, "rmm")
+    cols = ("buffer_async", "buffer_bridge", "ratio", "mr_async", "mr_bridge", "mr_ratio")
+    rows = [[size] + [(f"{e[c]:.3f}" if "ratio" in c else f"{e[c]:,.0f}")
+                      if _is_number(e.get(c)) else "-" for c in cols]
+            for size, e in (d.get("ns_per_pair") or {}).items() if isinstance(e, dict)]
+    out += _table(["size", *cols], rows) + [""]
+    return out + _verdict_line(results, "rmm")
+
+
 def markdown(results: dict) -> str:
     checks = results.get("checks", [])
     v = results.get("verdict", {})
@@ -582,6 +943,8 @@ def markdown(results: dict) -> str:
          c.get("note", "").replace("|", "/").replace("\n", " ")] for c in checks]) + [""]
     lines += _md_turns(results) + _md_alloc(results) + _md_mixed(results)
     lines += _md_e2e(results) + _md_pinned(results)
+    lines += _md_trace(results) + _md_capacity(results) + _md_wait(results)
+    lines += _md_share(results) + _md_rmm(results)
     problems = results.get("problems", [])
     if problems:
         lines += ["## Problems during the run", ""] + [f"- {p}" for p in problems] + [""]

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Run every benchmark, each configuration in a fresh process, and write the report.
 
-    python3 benchmarks/run_all.py --out DIR [--quick]
+    python3 benchmarks/run_all.py --out DIR [--quick] [--only SECTIONS] [--dry-run]
 
 Writes DIR/results.json (everything, with versions and the GPU), DIR/results.md
 (tables and the verdict on each target), DIR/results.png (ratios against their
@@ -12,7 +12,16 @@ goes on; work left when the time budget (--budget-s; default 450 s, 150 s with
 --quick) runs out is recorded as skipped. The order puts the allocators
 taking turns first (bench_turns.py: the verdict on allocation), then one round
 of every measurement; the second rounds (and the same-process CuPy
-cross-check) come after.
+cross-check) come after. Then the benchmarks of issue #20's other targets,
+one section each: trace (bench_trace.py replays the committed traces),
+capacity (bench_capacity.py), wait (bench_wait.py), share (bench_share.py)
+and rmm (bench_rmm.py; recorded as skipped, with the reason, when rmm does not
+import).
+
+A machine with a limit per command runs the suite in parts into one --out
+directory (``--only alloc_turns,alloc,...``, then ``--only trace``, ...): a part
+run merges into the results.json already there, replacing only the sections
+it runs (see SECTIONS and benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -37,6 +46,12 @@ DISTRIBUTIONS = ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "jax", "jaxlib
                  "jax-cuda13-plugin", "jax-cuda13-pjrt", "rmm-cu13", "librmm-cu13",
                  "rapids-logger", "numpy", "cuda-bindings", "cuda-core", "cuda-pathfinder",
                  "matplotlib", "bridge")
+#: Every section (--only picks some); the plan runs them in this order, but for
+#: alloc_same_process, which comes after pinned.
+SECTIONS = ("alloc_turns", "alloc", "alloc_same_process", "mixed", "e2e_turns", "e2e", "pinned",
+            "trace", "capacity", "wait", "share", "rmm")
+#: The committed traces bench_trace.py replays (benchmarks/traces/NAME.json.gz).
+TRACES = ("gpt2", "resnet50")
 
 
 @dataclass
@@ -53,6 +68,15 @@ class Params:
     e2e_turns: int  # rounds of native and bridge taking turns (the verdict)
     mixed_fraction: float
     budget_s: float
+    trace_rounds: int = 3  # bench_trace.py run: configurations in turns, this many rounds
+    trace_passes: int = 5  # replays of the trace per process (the best counts)
+    capacity_budget: str = "40GiB"
+    capacity_splits: str = "0.2,0.3,0.4,0.5,0.6,0.7,0.8"  # CuPy's shares tried natively
+    capacity_steps: int = 2  # steps in a row a batch must run
+    wait_rounds: int = 3
+    wait_steps: int = 300
+    share_repeats: int = 21
+    rmm_quick: bool = False  # bench_rmm.py --quick
 
 
 FULL = Params(iters=5000, warmup=2000, repeats=15, alloc_rounds=1, turns_repeats=61,
@@ -60,22 +84,38 @@ FULL = Params(iters=5000, warmup=2000, repeats=15, alloc_rounds=1, turns_repeats
               mixed_fraction=0.572, budget_s=450)
 QUICK = Params(iters=4000, warmup=500, repeats=5, alloc_rounds=1, turns_repeats=9, e2e_steps=30,
                e2e_repeats=3, e2e_warmup=10, e2e_rounds=1, e2e_turns=4, mixed_fraction=0.15,
-               budget_s=150)
+               budget_s=150, trace_rounds=1, trace_passes=2, capacity_budget="8GiB",
+               capacity_splits="0.3,0.5,0.7", capacity_steps=1, wait_rounds=1, wait_steps=60,
+               share_repeats=7, rmm_quick=True)
 
 
 @dataclass
 class Task:
     name: str
-    section: str  # alloc, alloc_same_process, mixed, e2e, pinned
+    section: str  # one of SECTIONS
     argv: list[str]
     timeout: float
     env: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # copied into the result (round, ...)
     pin: bool = False  # pass --cpu: the CPU found fastest just before the child starts
+    out_flag: str | None = None  # the child's result-file option (default: --json; pinned --out)
+    skip: str | None = None  # why it is recorded as skipped instead of run
+
+    @property
+    def result_flag(self) -> str:
+        return self.out_flag or ("--out" if self.section == "pinned" else "--json")
 
 
-def plan(p: Params, python: str, quick: bool, mixed_gib: float | None) -> list[Task]:
-    """The children in the order they run: the most important first."""
+#: Sections whose child JSON (the benchmark's own schema) is kept whole under "data".
+WRAPPED = ("pinned", "trace", "capacity", "wait", "share", "rmm")
+
+
+def plan(p: Params, python: str, quick: bool, mixed_gib: float | None,
+         rmm_skip: str | None = None) -> list[Task]:
+    """The children in the order they run: the most important first.
+
+    rmm_skip: why RMM cannot be used (the rmm section is then recorded as skipped
+    and the trace replays leave the rmm configuration out); None when it imports."""
     alloc_py = os.path.join(HERE, "bench_alloc.py")
     common = ["--sizes", SIZES, "--iters", str(p.iters), "--warmup", str(p.warmup),
               "--repeats", str(p.repeats)]
@@ -130,7 +170,56 @@ def plan(p: Params, python: str, quick: bool, mixed_gib: float | None) -> list[T
         tasks += alloc_round(r, order[::-1] if r % 2 == 0 else order)
     for r in range(2, p.e2e_rounds + 1):
         tasks += e2e_round(r, ("bridge", "native") if r % 2 == 0 else ("native", "bridge"))
+    tasks += later_sections(p, python, quick, rmm_skip)
     return tasks
+
+
+def later_sections(p: Params, python: str, quick: bool, rmm_skip: str | None) -> list[Task]:
+    """trace, capacity, wait, share and rmm: one child each (one per trace), in that order.
+
+    Each child's timeout leaves it inside a 450 s part run (--only SECTION) on a machine
+    with a 10-minute limit per command; the quick parameters take a fraction of that."""
+    bench = lambda name: os.path.join(HERE, name)  # noqa: E731
+    configs = "native,async,bridge" if rmm_skip else "native,async,rmm,bridge"
+    tasks = [Task(f"trace-{name}", "trace",
+                  [python, bench("bench_trace.py"), "run",
+                   os.path.join(HERE, "traces", f"{name}.json.gz"), "--configs", configs,
+                   "--rounds", str(p.trace_rounds), "--passes", str(p.trace_passes)],
+                  120 if quick else 300, extra={"trace": name}, out_flag="--out")
+             for name in TRACES]
+    tasks.append(Task("capacity", "capacity",
+                      [python, bench("bench_capacity.py"), "--budget", p.capacity_budget,
+                       "--splits", p.capacity_splits, "--steps", str(p.capacity_steps),
+                       "--timeout", "60" if quick else "120"],
+                      150 if quick else 420, out_flag="--out"))
+    tasks.append(Task("wait", "wait",
+                      [python, bench("bench_wait.py"), "--rounds", str(p.wait_rounds),
+                       "--steps", str(p.wait_steps)],
+                      120 if quick else 300, out_flag="--out"))
+    tasks.append(Task("share-torch", "share",
+                      [python, bench("bench_share.py"), "--framework", "torch",
+                       "--sizes", SIZES, "--iters", str(p.iters), "--warmup", str(p.warmup),
+                       "--repeats", str(p.share_repeats)],
+                      90 if quick else 180, extra={"framework": "torch"}, pin=True))
+    tasks.append(Task("rmm", "rmm",
+                      [python, bench("bench_rmm.py"), "--sizes", SIZES]
+                      + (["--quick"] if p.rmm_quick else []),
+                      90 if quick else 180, pin=True, out_flag="--out",
+                      skip=f"rmm is not importable: {rmm_skip}" if rmm_skip else None))
+    return tasks
+
+
+def rmm_missing(python: str) -> str | None:
+    """Why the children's interpreter cannot import rmm, or None when it can."""
+    try:
+        p = subprocess.run([python, "-c", "import rmm, rmm.mr"], capture_output=True, text=True,
+                           timeout=120, env=child_env({})[0])
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{type(exc).__name__}: {exc}"[:300]
+    if p.returncode == 0:
+        return None
+    lines = (p.stderr or p.stdout).strip().splitlines()
+    return (lines[-1] if lines else f"exit status {p.returncode}")[:300]
 
 
 def _flags(python: str, script: str) -> set[str]:
@@ -194,8 +283,9 @@ def run_task(task: Task, raw_dir: str, timeout: float) -> dict:
     """Run one child; its JSON result, or an error record saying what happened."""
     json_path = os.path.join(raw_dir, task.name + ".json")
     log_path = os.path.join(raw_dir, task.name + ".log")
-    # bench_pinned.py (written separately) names its result file --out; the others --json
-    argv = list(task.argv) + ["--out" if task.section == "pinned" else "--json", json_path]
+    # bench_pinned.py, bench_trace.py, bench_capacity.py, bench_wait.py and bench_rmm.py
+    # name their result file --out; the others --json
+    argv = list(task.argv) + [task.result_flag, json_path]
     if task.pin:
         cpu = fastest_cpu()
         if cpu is not None:
@@ -241,12 +331,14 @@ def run_task(task: Task, raw_dir: str, timeout: float) -> dict:
 
 
 def _as_result(task: Task, obj: dict, raw_dir: str) -> dict:
-    """A child's JSON as a result: bench_pinned.py's own schema is kept whole under "data"."""
-    if task.section != "pinned":
+    """A child's JSON as a result: the schemas of bench_pinned.py and the later sections'
+    benchmarks (WRAPPED) are kept whole under "data"."""
+    if task.section not in WRAPPED:
         return obj
-    return {"status": obj.get("status", "ok"), "data": obj,
+    status = obj.get("status", "ok") if isinstance(obj, dict) else "error"
+    return {"status": status, "data": obj,
             "files": [os.path.join(os.path.basename(raw_dir), task.name + ".json")],
-            **({"error": obj["error"]} if obj.get("error") else {})}
+            **{k: obj[k] for k in ("error", "reason") if isinstance(obj, dict) and obj.get(k)}}
 
 
 def collect_pinned(pinned_dir: str, rc: int) -> dict:
@@ -345,11 +437,41 @@ def store(results: dict, task: Task, result: dict) -> None:
         results.setdefault("alloc_turns", {})[task.extra["framework"]] = result
     elif task.section in ("mixed", "e2e"):
         results[task.section]["runs"].append(result)
-    else:  # alloc_same_process, e2e_turns, pinned: one result each
+    elif task.section == "trace":
+        results.setdefault("trace", {})[task.extra["trace"]] = result
+    else:  # alloc_same_process, e2e_turns, pinned, capacity, wait, share, rmm: one result each
         results[task.section] = result
     if result.get("status") not in ("ok", "partial", "skipped"):
         results["problems"].append(f"{task.name}: {result.get('error', result.get('status'))}"
                                    [:300])
+
+
+def fresh_results(meta: dict) -> dict:
+    """The skeleton of results.json: every section a run fills, empty."""
+    return {
+        "meta": meta,
+        "alloc": {"sizes": parse_sizes(SIZES), "runs": []},
+        "mixed": {"runs": []}, "e2e": {"runs": []},
+        "pinned": {"status": "skipped", "reason": "benchmarks/bench_pinned.py does not exist"},
+        "problems": [],
+    }
+
+
+def merge_earlier(results: dict, earlier: dict, running: set[str], task_names: set[str]) -> dict:
+    """results (this part run) with the sections of an earlier results.json that this run
+    does not run kept as they were; its problems kept but those of the tasks run again;
+    meta["parts"] lists every part run (earlier ones first)."""
+    for section in SECTIONS:
+        if section not in running and section in earlier:
+            results[section] = earlier[section]
+    results["problems"] = [p for p in earlier.get("problems", [])
+                           if str(p).split(":", 1)[0] not in task_names
+                           and not str(p).startswith("matplotlib missing")] + results["problems"]
+    old = earlier.get("meta", {})
+    parts = old.get("parts") or ([{k: old.get(k) for k in ("date", "command", "quick", "only",
+                                                             "wall_s")}] if old else [])
+    results["meta"]["parts"] = parts + results["meta"]["parts"]
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,8 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting children after this many seconds (450; --quick 150)")
     ap.add_argument("--only", default=None,
-                    help="comma list of sections: alloc_turns,alloc,alloc_same_process,mixed,"
-                         "e2e_turns,e2e,pinned")
+                    help="comma list of sections: " + ",".join(SECTIONS) + "; the results are "
+                         "merged into the results.json already in --out (the other sections "
+                         "kept)")
     ap.add_argument("--mixed-gib", type=float, default=None,
                     help="N for the mixed phases in GiB (default: 57%% of the device, 15%% quick)")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the children")
@@ -375,38 +498,56 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget_s if args.budget_s is not None else p.budget_s
     out = os.path.abspath(args.out)
     raw = os.path.join(out, "raw")
-    tasks = plan(p, args.python, args.quick, args.mixed_gib)
-    sections = ("alloc_turns", "alloc", "alloc_same_process", "mixed", "e2e_turns", "e2e",
-                "pinned")
+    running = set(SECTIONS)
     if args.only:
-        wanted = {s.strip() for s in args.only.split(",") if s.strip()}
-        bad = wanted - set(sections)
-        if bad:
-            ap.error(f"--only: unknown section(s) {sorted(bad)}; choose from {sections}")
-        tasks = [t for t in tasks if t.section in wanted]
+        running = {s.strip() for s in args.only.split(",") if s.strip()}
+        bad = running - set(SECTIONS)
+        if bad or not running:
+            ap.error(f"--only: unknown section(s) {sorted(bad)}; choose from {','.join(SECTIONS)}")
+    rmm_skip = rmm_missing(args.python) if running & {"trace", "rmm"} else None
+    tasks = [t for t in plan(p, args.python, args.quick, args.mixed_gib, rmm_skip)
+             if t.section in running]
     if args.dry_run:
         for t in tasks:
+            if t.skip:
+                print(f"{t.name:24} skipped: {t.skip}")
+                continue
             env = " ".join(f"{k}={v}" for k, v in t.env.items())
-            flag = "--out" if t.section == "pinned" else "--json"
             print(f"{t.name:24} {env + ' ' if env else ''}{' '.join(t.argv[1:])} "
-                  f"{flag} {os.path.join(raw, t.name + '.json')}")
+                  f"{t.result_flag} {os.path.join(raw, t.name + '.json')}"
+                  f"{' --cpu FASTEST' if t.pin else ''}  (timeout {t.timeout:.0f} s)")
         return 0
     os.makedirs(raw, exist_ok=True)
     t_start = time.perf_counter()
     _, removed = child_env({})
-    results: dict = {
-        "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-                 "quick": args.quick, "budget_s": budget, "python": platform.python_version(),
-                 "platform": platform.platform(), "git": _git(), "env_removed": removed,
-                 "params": p.__dict__},
-        "alloc": {"sizes": parse_sizes(SIZES), "runs": []},
-        "mixed": {"runs": []}, "e2e": {"runs": []},
-        "pinned": {"status": "skipped", "reason": "benchmarks/bench_pinned.py does not exist"},
-        "problems": [],
-    }
-    if args.only and "pinned" not in wanted:
-        results["pinned"] = {"status": "skipped", "reason": "not in --only"}
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    command = " ".join([os.path.basename(sys.executable)] + (sys.argv if argv is None
+                                                             else [__file__] + list(argv)))
+    results = fresh_results({
+        "date": now, "command": command, "quick": args.quick, "budget_s": budget,
+        "only": sorted(running, key=SECTIONS.index) if args.only else None,
+        "python": platform.python_version(), "platform": platform.platform(), "git": _git(),
+        "env_removed": removed, "params": p.__dict__,
+        "parts": [{"date": now, "command": command, "quick": args.quick,
+                   "only": args.only or None}],
+    })
+    if args.only:
+        try:
+            with open(os.path.join(out, "results.json")) as f:
+                earlier = json.load(f)
+        except FileNotFoundError:
+            earlier = None
+        except (OSError, ValueError) as exc:  # kept aside, never overwritten unread
+            earlier = None
+            os.replace(os.path.join(out, "results.json"),
+                       os.path.join(out, f"results.unreadable-{int(time.time())}.json"))
+            results["problems"].append(f"earlier results.json unreadable, set aside: {exc}"[:300])
+        if earlier:
+            merge_earlier(results, earlier, running, {t.name for t in tasks})
+            if "pinned" not in running and "pinned" not in earlier:
+                results.pop("pinned", None)  # "not run", not "skipped"
+        elif "pinned" not in running:
+            results.pop("pinned", None)
     probe_path = os.path.join(raw, "probe.json")
     try:
         subprocess.run([args.python, os.path.abspath(__file__), "--probe", probe_path],
@@ -418,6 +559,11 @@ def main(argv: list[str] | None = None) -> int:
     report.write_all(results, out, png=False)
     for i, task in enumerate(tasks):
         left = budget - (time.perf_counter() - t_start)
+        if task.skip:
+            store(results, task, {"task": task.name, **task.extra, "status": "skipped",
+                                  "reason": task.skip})
+            print(f"          {task.name}: skipped: {task.skip}", flush=True)
+            continue
         if left < 20:
             result = {"task": task.name, **task.extra, "status": "skipped",
                       "reason": f"time budget of {budget:.0f} s spent"}
@@ -434,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         results["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
         report.write_all(results, out, png=False)
     results["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
+    results["meta"]["parts"][-1]["wall_s"] = results["meta"]["wall_s"]
     report.write_all(results, out, png=True)
     v = results["verdict"]
     print(f"done in {results['meta']['wall_s']:.0f} s: {v['pass']} pass, {v['fail']} fail, "
