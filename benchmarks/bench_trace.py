@@ -22,28 +22,56 @@ of uint8 tensors, each on its recorded stream):
 
 reports the time per event (best pass) and the peak memory the allocator held
 (its pool's or cache's reserved high-water mark) against the trace's peak of
-live bytes: ``reserved / live`` is the fragmentation. Configurations: torch's
-native caching allocator, ``async`` (torch's cudaMallocAsync backend), ``rmm``
-(RMM's CudaAsyncMemoryResource, when installed) and ``bridge``.
+live bytes: ``reserved / live`` is the fragmentation. Configurations:
+
+- ``native``: torch's own caching allocator.
+- ``async``: torch's cudaMallocAsync backend.
+- ``rmm``: RMM's CudaAsyncMemoryResource (when installed).
+- ``bridge``: the bridge as shipped (its cache of freed blocks at the defaults).
+- ``bridge-nocache``: the bridge with its cache off (``BRIDGE_CACHE_LIMIT=0``):
+  every event is a driver call.
+- ``bridge-allhits``: the bridge with its cache as large as it can be (limit,
+  floor and fraction at the whole device, largest cached block the whole cache;
+  ``ALLHITS_ENV``): as many allocations served from the cache as exact-size
+  reuse allows (the cache's own table, 2,048 (stream, size) keys of 16 blocks
+  each, still bounds it; the result's ``cache_hits`` of ``allocs`` says how
+  close it came). Its time is the bridge's cost with the fewest misses.
+- ``null-pluggable``: torch on a ``CUDAPluggableAllocator`` backed by
+  ``benchmarks/null_alloc.c`` (compiled at run time): one region taken with
+  cuMemAlloc at setup, then per-size LIFO lists and a bump pointer under one
+  mutex, no driver call per event. It isolates torch's pluggable path at the
+  trace's real numbers of live blocks. ``native`` against ``null-pluggable`` is
+  torch's own allocator against the pluggable path with a free allocator behind
+  it; ``null-pluggable`` against ``bridge`` (and ``bridge-allhits``) is what the
+  bridge costs beyond torch's pluggable path, its cache misses' driver calls
+  included. Its "reserved" is the bump pointer's high-water mark (the sum over
+  sizes of the most blocks of that size live at once: ``null_footprint``); the
+  result carries the region's size, that mark, and the allocations served by
+  the bump pointer against those reused from a list.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gzip
 import json
 import os
+import pathlib
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import config_env, run_guarded, write_json  # noqa: E402
+from _common import MIB, config_env, run_guarded, write_json  # noqa: E402
+from _native import compile_c  # noqa: E402
 
 ALLOC, FREE = 0, 1
-CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache")
+CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-allhits",
+           "null-pluggable")  # fmt: skip
 
 
 # ---- traces ----
@@ -203,16 +231,161 @@ def record_cupy_fft(batches: Iterable[int] = (16, 32, 24, 64, 48, 32, 16, 64)) -
 RECORDERS = {"gpt2": record_gpt2, "resnet50": record_resnet50, "cupy-fft": record_cupy_fft}
 
 
+# ---- null-pluggable: a trivial allocator behind torch's pluggable path ----
+NULL_SOURCE = pathlib.Path(__file__).resolve().parent / "null_alloc.c"
+NULL_ALIGN = 512
+NULL_SLACK = 64 * MIB  # beyond what the trace needs: for anything torch allocates itself
+#: null_get_stats's values, in order (the ST_ enum of null_alloc.c)
+NULL_STATS = ("region", "high_water", "allocs", "bumps", "reuses", "frees", "failed",
+              "dropped", "foreign", "live", "peak_live", "classes")  # fmt: skip
+
+
+def null_rounded(size: int) -> int:
+    """The size null_alloc.c serves for ``size``: up to 512 B (0 B counts as 512)."""
+    return max(NULL_ALIGN, -(-size // NULL_ALIGN) * NULL_ALIGN)
+
+
+def null_footprint(trace: dict) -> int:
+    """Bytes null_alloc's bump pointer reaches replaying the trace (any number of passes).
+
+    A size's list holds every block of that size not live, so the pointer moves
+    only when more blocks of a size are live at once than ever before: the sum
+    over rounded sizes of the most live at once, times the size."""
+    size_of: dict[int, int] = {}
+    count: dict[int, int] = {}
+    most: dict[int, int] = {}
+    for e in trace["events"]:
+        if e[0] == ALLOC:
+            r = size_of[e[1]] = null_rounded(e[2])
+            count[r] = count.get(r, 0) + 1
+            most[r] = max(most.get(r, 0), count[r])
+        else:
+            count[size_of.pop(e[1])] -= 1
+    return sum(r * n for r, n in most.items())
+
+
+def null_region(trace: dict) -> int:
+    """The region the null-pluggable replay takes: enough for the trace, with room to spare.
+
+    Twice the peak of live bytes or the exact footprint, whichever is larger,
+    plus NULL_SLACK, rounded to 2 MiB."""
+    need = max(null_footprint(trace), 2 * peak_live(trace)) + NULL_SLACK
+    return -(-need // (2 * MIB)) * (2 * MIB)
+
+
+def build_null_alloc(dest: str | os.PathLike | None = None) -> pathlib.Path:
+    """Compile null_alloc.c into a shared library (in dest, else a new temporary folder)."""
+    folder = pathlib.Path(dest) if dest is not None else pathlib.Path(
+        tempfile.mkdtemp(prefix="null_alloc-"))  # fmt: skip
+    return compile_c(folder / "libnull_alloc.so", [str(NULL_SOURCE)], "-shared", "-fPIC",
+                     "-Wall", "-Wextra", "-Werror")  # fmt: skip
+
+
+class NullAllocator:
+    """null_alloc.c's library through ctypes: init, alloc, free and the counters.
+
+    ``ctypes.CDLL`` of the path torch's CUDAPluggableAllocator loaded gives the
+    same library (the same counters)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        lib = self.lib = ctypes.CDLL(str(path))
+        lib.null_init.argtypes = [ctypes.c_size_t, ctypes.c_uint64, ctypes.c_int]
+        lib.null_init.restype = ctypes.c_int
+        lib.null_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        lib.null_alloc.restype = ctypes.c_void_p
+        lib.null_free.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                  ctypes.c_void_p]  # fmt: skip
+        lib.null_free.restype = None
+        lib.null_get_stats.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+        lib.null_get_stats.restype = ctypes.c_int
+
+    def init(self, base: int, size: int, abort_on_exhaustion: bool = False) -> None:
+        if self.lib.null_init(base, size, int(abort_on_exhaustion)) != 0:
+            raise ValueError(f"null_init: no region at {base:#x} of {size} bytes")
+
+    def alloc(self, size: int) -> int:
+        """A block's address, or 0 when the region is exhausted."""
+        return self.lib.null_alloc(size, 0, None) or 0
+
+    def free(self, ptr: int, size: int) -> None:
+        self.lib.null_free(ptr or None, size, 0, None)
+
+    def stats(self) -> dict[str, int]:
+        out = (ctypes.c_uint64 * len(NULL_STATS))()
+        n = self.lib.null_get_stats(out, len(NULL_STATS))
+        if n != len(NULL_STATS):
+            raise RuntimeError(f"null_alloc.c has {n} counters, bench_trace.py names "
+                               f"{len(NULL_STATS)}")  # fmt: skip
+        return dict(zip(NULL_STATS, map(int, out), strict=True))
+
+
+def _cu_check(result: Any, what: str) -> Any:
+    """The values of a cuda.bindings call after its status; raises on an error."""
+    from cuda.bindings import driver as cu
+
+    err, *rest = result
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what}: {err}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+def _setup_null(trace: dict) -> tuple[Callable[[], int], Callable[[], dict]]:
+    """torch on null_alloc.c, its region taken with cuMemAlloc (before torch starts CUDA)."""
+    import torch
+    from cuda.bindings import driver as cu
+
+    path = build_null_alloc()
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(str(path), "null_alloc", "null_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+    _cu_check(cu.cuInit(0), "cuInit")
+    dev = _cu_check(cu.cuDeviceGet(0), "cuDeviceGet")
+    ctx = _cu_check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    _cu_check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    size = null_region(trace)
+    base = int(_cu_check(cu.cuMemAlloc(size), f"cuMemAlloc of the {size}-byte region"))
+    null = NullAllocator(path)
+    null.init(base, size, abort_on_exhaustion=True)  # torch does not check for NULL
+    footprint = null_footprint(trace)
+
+    def extra() -> dict:
+        st = null.stats()
+        if st["failed"]:
+            raise RuntimeError(f"null_alloc refused {st['failed']} allocations: {st}")
+        return {"null_alloc": {**st, "footprint_predicted": footprint,
+                               "reuse_fraction": st["reuses"] / max(1, st["allocs"])}}
+
+    return (lambda: null.stats()["high_water"]), extra
+
+
+def lift_cache_max_block(device: int) -> int:
+    """bridge-allhits: let the cache keep blocks of any size up to its limit (the
+    environment cannot lift the 256 MiB default); returns the new largest block."""
+    from bridge._runtime import core
+
+    rc, st = core.stats(device)
+    limit = st["cache_limit"]
+    rc = rc or core.set_cache(device, limit, limit)
+    if rc != 0:
+        raise RuntimeError(f"core.set_cache({device}, {limit}, {limit}): status {rc}")
+    return int(limit)
+
+
 # ---- replay (one allocator per process) ----
-def _setup(config: str) -> Any:
-    """Install the configuration's allocator; returns a function giving the held peak."""
+def _setup(config: str, trace: dict | None = None) -> tuple[Callable[[], Any],
+                                                            Callable[[], dict]]:  # fmt: skip
+    """Install the configuration's allocator; returns a function giving the held peak
+    and one giving what else the result should carry (read after the replay)."""
+    if config == "null-pluggable":
+        assert trace is not None, "null-pluggable sizes its region from the trace"
+        return _setup_null(trace)
+    info: dict[str, Any] = {}  # what the result carries beside the times
     if config.startswith("bridge"):
         import bridge
 
-        if config == "bridge-nocache":
-            os.environ.update(config_env("torch", config))
-
+        os.environ.update(config_env("torch", config))  # replay run by hand
         bridge.unify(cupy=False, torch=True)
+        if config == "bridge-allhits":
+            info["cache_max_block"] = lift_cache_max_block(0)
     elif config == "rmm":
         import rmm
         from rmm.allocators.torch import rmm_torch_allocator
@@ -223,11 +396,14 @@ def _setup(config: str) -> Any:
         torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
     import torch
 
+    def extra() -> dict:
+        return dict(info)
+
     if config == "native":
         torch.cuda.reset_peak_memory_stats()
-        return lambda: torch.cuda.max_memory_reserved()
+        return (lambda: torch.cuda.max_memory_reserved()), extra
     if config == "rmm":
-        return lambda: None  # RMM's pool is its own, with no high-water mark here
+        return (lambda: None), extra  # RMM's pool is its own, with no high-water mark here
     # async and bridge allocate from the device's default pool: its high-water mark
     from cuda.bindings import driver as cu
 
@@ -241,7 +417,7 @@ def _setup(config: str) -> Any:
         return int(v)
 
     cu.cuMemPoolSetAttribute(pool, attr, cu.cuuint64_t(0))  # reset the mark
-    return high
+    return high, extra
 
 
 def replay_events(torch: Any, trace: dict, streams: list[Any], passes: int) -> list[float]:
@@ -272,7 +448,7 @@ def replay(path: str, config: str, passes: int, json_path: str | None) -> int:
     trace = load(path)
 
     def body(result: dict) -> None:
-        held = _setup(config)
+        held, extra = _setup(config, trace)
         import torch
 
         streams = [torch.cuda.current_stream()]
@@ -288,6 +464,7 @@ def replay(path: str, config: str, passes: int, json_path: str | None) -> int:
             reserved_over_live=(peak / live) if peak else None,
             torch=torch.__version__,
         )
+        result.update(extra())
         if config.startswith("bridge"):  # how often the cache served, over all passes
             from bridge._runtime import core
 
