@@ -1031,6 +1031,10 @@ static void phase_share(void)
     char dir[] = "/tmp/bridge-stress-XXXXXX";
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
     const uint64_t budget = 16 * MIB;
+    /* the stand-in's pool grows by exactly what is allocated: claim 2 MiB
+     * chunks (a GPU's default pool grows in 32 MiB ones, the default, which
+     * would refuse every request of this 16 MiB share) */
+    setenv("BRIDGE_SHARE_GROWTH", "2097152", 1);
     CHECK(bridge_share_join(0, "stress", dir, budget) == BRIDGE_OK, "join: %s",
           bridge_share_error());
     pthread_t trimmer;
@@ -1055,6 +1059,7 @@ static void phase_share(void)
     bridge_share_stats st;
     CHECK(bridge_share_get(0, &st) == BRIDGE_OK, "share figures");
     CHECK(refusals > 0, "the share never refused anything: not at the edge");
+    CHECK(ok > 0, "the share admitted nothing: not at the edge");
     CHECK(st.num_overshoots == 0 && st.num_lost == 0, "overshoots %" PRIu64 ", lost %" PRIu64,
           st.num_overshoots, st.num_lost);
     printf("  share: %" PRIu64 " allocations, %" PRIu64 " refused, group %" PRIu64 " of %" PRIu64
