@@ -154,6 +154,28 @@ def test_stale_keys_are_dropped_while_other_blocks_stay_cached(cache):
         core.free(q)
 
 
+def _device_1_stats(env: dict, what: str) -> str:
+    """What `print(what)` shows in a fresh process on the stand-in, `s` being device 1's
+    core stats after its set-up, with the caller's BRIDGE_CACHE_* variables only."""
+    import os
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_CACHE_")}
+    e.update(env)
+    code = (
+        "from bridge import _runtime\n"
+        "_runtime.ensure_device(1)\n"
+        "s = _runtime.core.stats(1)[1]\n"
+        f"print({what})\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 @pytest.mark.parametrize(
     ("total", "env", "expect"),
     [
@@ -165,24 +187,10 @@ def test_stale_keys_are_dropped_while_other_blocks_stay_cached(cache):
 )
 def test_default_cache_limit_scales_with_the_device(standin, total, env, expect):
     """A fresh process on the stand-in: the cache limit each device gets at set-up."""
-    import os
-    import subprocess
-    import sys
-
-    e = {k: v for k, v in os.environ.items() if k != "BRIDGE_CACHE_LIMIT"}
-    e["BRIDGE_STANDIN_TOTAL"] = str(total)
+    extra = {"BRIDGE_STANDIN_TOTAL": str(total)}
     if env is not None:
-        e["BRIDGE_CACHE_LIMIT"] = env
-    code = (
-        "from bridge import _runtime\n"
-        "_runtime.ensure_device(1)\n"
-        "print(_runtime.core.stats(1)[1]['cache_limit'])\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout) == expect
+        extra["BRIDGE_CACHE_LIMIT"] = env
+    assert int(_device_1_stats(extra, "s['cache_limit']")) == expect
 
 
 def test_many_sizes_that_are_multiples_of_a_mib_are_all_cached_and_found(cache):
@@ -446,21 +454,5 @@ def test_a_fork_child_forgets_the_cached_blocks(cache):
     ],
 )
 def test_cache_fraction_and_floor_from_the_environment(standin, env, expect):
-    import os
-    import subprocess
-    import sys
-
-    e = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_CACHE_")}
-    e.update(env)
-    code = (
-        "from bridge import _runtime\n"
-        "_runtime.ensure_device(1)\n"
-        "s = _runtime.core.stats(1)[1]\n"
-        "print(s['cache_fraction'], s['cache_floor'])\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    fraction, floor = out.stdout.split()
+    fraction, floor = _device_1_stats(env, "s['cache_fraction'], s['cache_floor']").split()
     assert abs(float(fraction) - expect[0]) < 1e-4 and int(floor) == expect[1]
