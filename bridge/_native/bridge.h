@@ -120,11 +120,18 @@ int bridge_lookup(void *ptr, size_t *size, int *device, int *tag);
 /* Cap the cached bytes of a device (0 turns the cache off and empties it) and
  * the largest block that is cached. */
 int bridge_set_cache(int device, uint64_t limit, uint64_t max_block);
-/* The cache's cap follows what the frameworks hold on the device (`live`):
- * cached <= min(limit, max(floor, live * fraction)); past it the least
- * recently cached blocks go back to the pool.  Defaults: 1/16 and 64 MiB.
+/* The small tier's cap follows what the frameworks hold on the device
+ * (`live`): cached_small <= min(limit, max(floor, live * fraction)); past it
+ * the tier's least recently cached blocks go back to the pool.  Defaults:
+ * 1/16 and 64 MiB.
  * fraction in [0, 65536] (kept to 1/65536); BRIDGE_E_INVALID otherwise. */
 int bridge_set_cache_fraction(int device, double fraction, uint64_t floor);
+/* Two tiers: blocks of at most `small_max` bytes are capped as above; larger
+ * ones have their own least-recently-cached order under a fixed cap,
+ * cached_large <= min(limit, large_cap), and each tier evicts only its own
+ * blocks.  Defaults: 1 MiB and 64 MiB.  Blocks already cached stay where
+ * they are. */
+int bridge_set_cache_tiers(int device, uint64_t small_max, uint64_t large_cap);
 /* Blocks freed on `stream` may be cached: it lives as long as the process
  * (torch's pooled streams).  Default streams need no registration; other
  * streams' blocks are never cached, since a user stream may be destroyed
@@ -250,8 +257,12 @@ typedef struct bridge_stats {
     uint64_t num_wait_interrupts;  /* waits given up for Ctrl-C */
     uint64_t waiting;              /* threads waiting now */
     bridge_tag_stats tag[BRIDGE_NTAGS];
-    uint64_t cache_floor;  /* the cache's cap is at least this (under cache_limit) */
-    double cache_fraction; /* ... and at most this share of the live bytes */
+    uint64_t cache_floor;     /* the small tier's cap is at least this (under cache_limit) */
+    double cache_fraction;    /* ... and at most this share of the live bytes */
+    uint64_t cached_small;    /* `cached` in the small tier (blocks <= cache_small_max) */
+    uint64_t cached_large;    /* ... and in the large tier */
+    uint64_t cache_small_max; /* the largest block of the small tier */
+    uint64_t cache_large_cap; /* the large tier's fixed cap (under cache_limit) */
 } bridge_stats;
 
 int bridge_get_stats(int device, bridge_stats *out);

@@ -586,6 +586,14 @@ int bridge_set_cache_fraction(int device, double fraction, uint64_t floor)
     return BRIDGE_OK;
 }
 
+int bridge_set_cache_tiers(int device, uint64_t small_max, uint64_t large_cap)
+{
+    if (!device_of(device))
+        return BRIDGE_E_DEVICE;
+    cache_set_tiers(device, small_max, large_cap);
+    return BRIDGE_OK;
+}
+
 /* records_take's `keep` for bridge_free: a graph block stays in the table,
  * marked freed by the user, because replays may still write it; the pool's
  * release returns it.  Runs under the shard lock, so the mark and the figures
@@ -932,6 +940,10 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->cache_limit = cache_limit(device);
     out->cache_floor = cache_floor(device);
     out->cache_fraction = (double)cache_fraction_q16(device) / 65536.0;
+    out->cached_small = cache_tier_bytes(device, 0);
+    out->cached_large = cache_tier_bytes(device, 1);
+    out->cache_small_max = cache_small_max(device);
+    out->cache_large_cap = cache_large_cap(device);
     wait_fill_stats(device, out);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];

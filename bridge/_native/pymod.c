@@ -493,6 +493,16 @@ static PyObject *py_set_cache_fraction(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_cache_fraction(dev, fraction, floor));
 }
 
+static PyObject *py_set_cache_tiers(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    unsigned long long small_max = 1ull << 20, large_cap = 64ull << 20;
+    if (!PyArg_ParseTuple(args, "i|KK", &dev, &small_max, &large_cap))
+        return NULL;
+    return PyLong_FromLong(bridge_set_cache_tiers(dev, small_max, large_cap));
+}
+
 static PyObject *py_register_stream(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -680,6 +690,10 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(cached)
     PUT(cache_limit)
     PUT(cache_floor)
+    PUT(cached_small)
+    PUT(cached_large)
+    PUT(cache_small_max)
+    PUT(cache_large_cap)
     PUT(num_cache_hits)
     PUT(num_order_fallbacks)
     PUT(num_pool_read_errors)
@@ -826,7 +840,12 @@ static PyMethodDef methods[] = {
     {"set_cache_fraction", py_set_cache_fraction, METH_VARARGS,
      "set_cache_fraction(device, fraction, floor=64MiB) -> status: the cache's cap follows "
      "the bytes the frameworks hold, cached <= min(limit, max(floor, live * fraction)); "
-     "past it the least recently cached blocks go back to the pool (default 1/16, 64 MiB)"},
+     "past it the least recently cached blocks go back to the pool (default 1/16, 64 MiB); "
+     "blocks up to the small tier's largest (set_cache_tiers)"},
+    {"set_cache_tiers", py_set_cache_tiers, METH_VARARGS,
+     "set_cache_tiers(device, small_max=1MiB, large_cap=64MiB) -> status: blocks above "
+     "small_max have their own least-recently-cached order under a fixed cap, "
+     "cached_large <= min(limit, large_cap); each tier evicts only its own blocks"},
     {"register_stream", py_register_stream, METH_VARARGS,
      "register_stream(handle) -> status: blocks freed on it may be cached"},
     {"forget_stream", py_forget_stream, METH_VARARGS,

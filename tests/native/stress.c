@@ -653,6 +653,15 @@ static void *cache_changer(void *arg)
         double fraction = dflt ? 1.0 / 16 : fractions[rnd(&s) % 3];
         uint64_t floor = dflt ? 64 * MIB : floors[rnd(&s) % 3];
         CHECK(bridge_set_cache_fraction(0, fraction, floor) == BRIDGE_OK, "set_cache_fraction");
+        /* the tiers' boundary moves (0: every block is large; the workers'
+         * blocks are at most 64 KiB) while blocks of both tiers are cached;
+         * the defaults on the default turns and half the others, so the
+         * cache still serves */
+        static const uint64_t small_maxes[] = {0, 16 * KIB, MIB, MIB};
+        static const uint64_t large_caps[] = {0, 32 * KIB, 64 * MIB, 64 * MIB};
+        uint64_t small_max = dflt ? MIB : small_maxes[rnd(&s) % 4];
+        uint64_t large_cap = dflt ? 64 * MIB : large_caps[rnd(&s) % 4];
+        CHECK(bridge_set_cache_tiers(0, small_max, large_cap) == BRIDGE_OK, "set_cache_tiers");
         /* streams become long-lived and are forgotten again while blocks
          * freed on them come and go through the cache */
         void *st = stream_of((int)(rnd(&s) % 6));
@@ -691,6 +700,9 @@ static void phase_cache(void)
     pthread_join(changer, NULL);
     bridge_stats s = stats_of(0);
     CHECK(s.peak_used <= limit, "peak %" PRIu64 " passed the budget", s.peak_used);
+    CHECK(s.cached == s.cached_small + s.cached_large,
+          "cached %" PRIu64 " != small %" PRIu64 " + large %" PRIu64, s.cached, s.cached_small,
+          s.cached_large);
     driver_allocs = standin.counter(0) - driver_allocs;
     allocs = s.num_allocs - allocs;
     CHECK(driver_allocs < allocs, "the cache served no allocation");
@@ -699,6 +711,7 @@ static void phase_cache(void)
     check_idle("cache");
     /* the defaults again (cache.c) */
     CHECK(bridge_set_cache(0, 1ull << 30, 256 * MIB) == BRIDGE_OK, "set_cache");
+    CHECK(bridge_set_cache_tiers(0, MIB, 64 * MIB) == BRIDGE_OK, "set_cache_tiers");
     for (int i = 0; i < 6; i++)
         CHECK(bridge_forget_stream(stream_of(i)) == BRIDGE_OK, "forget_stream");
 }
