@@ -83,7 +83,12 @@ class Block:
 
 @final
 class CupyAllocator:
-    """CuPy allocator on the shared pool: call with a size, get a MemoryPointer."""
+    """CuPy allocator on the shared pool: call with a size, get a MemoryPointer.
+
+    A block the core's cache of freed blocks holds (same size, same stream) is
+    served with the GIL held; any other request releases the GIL while the core
+    allocates.  ``num_gil_releases`` (read-only) counts the calls that released it.
+    """
 
     def __new__(
         cls,
@@ -96,6 +101,8 @@ class CupyAllocator:
     ) -> CupyAllocator: ...
     def __call__(self, size: int, /) -> Any: ...
     def wrap(self, block: Block, /) -> Any: ...
+    @property
+    def num_gil_releases(self) -> int: ...
 
 @final
 class StreamAllocator:
@@ -144,6 +151,7 @@ def set_tag_cached(tag: int, cached: bool, /) -> int: ...
 
 # ---- allocation ----
 def alloc(device: int, size: int, stream: int, tag: int, /) -> tuple[int, int]: ...
+def alloc_cached(device: int, size: int, stream: int, tag: int, /) -> tuple[int, int]: ...
 def alloc_block(
     device: int, size: int, stream: int, tag: int, stream_object: object = None, /
 ) -> tuple[int, Block | None]: ...

@@ -727,6 +727,19 @@ static int retry_alloc(void *ctx, int freed, void **out)
     return rc;
 }
 
+/* The cache's fast path, shared by alloc_block and bridge_alloc_cached: a
+ * block of this size freed on this stream (one lock, one pop, one shard lock;
+ * no driver call, so no context needed), adopted for `tag`.  BRIDGE_E_MISS
+ * when none is cached, or when adopting it failed (the tag's cap, no host
+ * memory for the record): adopt_cached gave the block back to the pool. */
+static int take_cached(device_state *d, int device, size_t size, CUstream key, int tag, void **out)
+{
+    uintptr_t hit = cache_take(device, key, size);
+    if (hit && adopt_cached(d, device, hit, size, key, tag, out) == BRIDGE_OK)
+        return BRIDGE_OK;
+    return BRIDGE_E_MISS;
+}
+
 static int alloc_block(int device, size_t size, void *stream, int tag, void **out)
 {
     *out = NULL;
@@ -741,10 +754,8 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
     CUstream key = stream_key((CUstream)stream);
     if (atomic_load_explicit(&d->num_deferred, RELAXED))
         ledger_flush_deferred(d);
-    /* fastest path: a block of this size freed on this stream (one lock, one
-     * pop, one shard lock; no driver call, so no context needed) */
-    uintptr_t hit = cache_take(device, key, size);
-    if (hit && adopt_cached(d, device, hit, size, key, tag, out) == BRIDGE_OK)
+    /* fastest path: a block of this size freed on this stream */
+    if (take_cached(d, device, size, key, tag, out) == BRIDGE_OK)
         return BRIDGE_OK;
     ctx_guard g;
     ctx_enter(d, &g);
@@ -796,14 +807,38 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
     return rc;
 }
 
+/* The history's note of an allocation (handed out or refused); off: one
+ * relaxed load.  Outside every lock of the core (the stack hook runs Python). */
+static inline void note_alloc(int rc, int device, size_t size, void *stream, int tag, void *out)
+{
+    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size &&
+        (rc == BRIDGE_OK || retryable(rc) || rc == BRIDGE_E_TAG_LIMIT))
+        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device, (uintptr_t)out,
+                     size, stream_key((CUstream)stream), tag);
+}
+
 int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
 {
     int rc = alloc_block(device, size, stream, tag, out);
-    /* off: one relaxed load */
-    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size &&
-        (rc == BRIDGE_OK || retryable(rc) || rc == BRIDGE_E_TAG_LIMIT))
-        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device, (uintptr_t)*out,
-                     size, stream_key((CUstream)stream), tag);
+    note_alloc(rc, device, size, stream, tag, *out);
+    return rc;
+}
+
+int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **out)
+{
+    *out = NULL;
+    if (size == 0)
+        return BRIDGE_OK; /* as bridge_alloc: a null pointer for 0 bytes */
+    if (tag < 0 || tag >= BRIDGE_NTAGS)
+        return BRIDGE_E_INVALID;
+    /* A device nobody set up yet, or frees deferred by a capture (completing
+     * them makes driver calls): bridge_alloc's business. */
+    device_state *d = device_of(device);
+    if (!d || atomic_load_explicit(&d->num_deferred, RELAXED))
+        return BRIDGE_E_MISS;
+    int rc = take_cached(d, device, size, stream_key((CUstream)stream), tag, out);
+    if (rc == BRIDGE_OK)
+        note_alloc(rc, device, size, stream, tag, *out);
     return rc;
 }
 

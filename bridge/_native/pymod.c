@@ -573,6 +573,24 @@ static PyObject *py_alloc(PyObject *m, PyObject *args)
     return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
 }
 
+static PyObject *py_alloc_cached(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, tag;
+    Py_ssize_t size;
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "inKi", &dev, &size, &stream, &tag))
+        return NULL;
+    if (size < 0) {
+        PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
+        return NULL;
+    }
+    void *p = NULL;
+    /* with the GIL held: the cache only, nothing that waits */
+    int rc = bridge_alloc_cached(dev, (size_t)size, (void *)(uintptr_t)stream, tag, &p);
+    return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
+}
+
 static PyObject *py_alloc_block(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -844,6 +862,8 @@ static PyMethodDef methods[] = {
     {"set_tag_cached", py_set_tag_cached, METH_VARARGS,
      "set_tag_cached(tag, cached) -> status: may the tag's freed blocks be cached"},
     {"alloc", py_alloc, METH_VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)"},
+    {"alloc_cached", py_alloc_cached, METH_VARARGS,
+     "alloc_cached(device, size, stream, tag) -> (status, ptr): from the cache only (MISS)"},
     {"alloc_block", py_alloc_block, METH_VARARGS,
      "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
     {"free", py_free, METH_VARARGS, "free(ptr): never raises"},
