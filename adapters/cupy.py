@@ -6,7 +6,9 @@ for the current device and stream, allocates from the pool (a block the
 core's cache of freed blocks holds is taken with the GIL held; anything else
 is allocated without it), and wraps the block in CuPy's ``UnownedMemory`` +
 ``MemoryPointer``. The block is owned by a C object whose deallocation frees
-it on the allocating stream: no Python ``__del__`` is involved. Failures go
+it on the allocating stream (into the core's cache with the GIL held when
+that needs no driver call; otherwise without the GIL): no Python ``__del__``
+is involved. Failures go
 to :func:`_on_failure`, which raises CuPy's own ``OutOfMemoryError``.
 """
 

@@ -72,7 +72,13 @@ class RawStats(TypedDict):
 
 @final
 class Block:
-    """One allocation from the shared pool, freed when this object dies."""
+    """One allocation from the shared pool, freed when this object dies.
+
+    The free goes into the core's cache of freed blocks with the GIL held when
+    the cache can keep it without a driver call (``free_cached``); otherwise the
+    GIL is released around the core's free.  ``block_gil_releases()`` counts the
+    frees that released it, every Block together (CuPy's included).
+    """
 
     @property
     def ptr(self) -> int: ...
@@ -156,6 +162,8 @@ def alloc_block(
     device: int, size: int, stream: int, tag: int, stream_object: object = None, /
 ) -> tuple[int, Block | None]: ...
 def free(ptr: int, /) -> None: ...
+def free_cached(ptr: int, /) -> int: ...
+def block_gil_releases() -> int: ...
 def record_stream(ptr: int, stream: int, /) -> int: ...
 def lookup(ptr: int, /) -> tuple[int, int, int, int]: ...
 

@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The CuPy allocator keeps the GIL on a cache hit (issue #20 item 3), on the stand-in.
+"""CuPy's allocations and frees keep the GIL on the cache (issue #20 item 3), on the stand-in.
 
 bridge._core.CupyAllocator asks the core's cache of freed blocks first, with
 the GIL held (bridge_alloc_cached); only a miss releases the GIL around
-bridge_alloc.  ``num_gil_releases`` counts the calls that released it.  CuPy's
-types are stood in for as in tests/test_wait.py.
+bridge_alloc.  ``num_gil_releases`` counts the calls that released it.  A
+Block's free (the CuPy block's owner) likewise goes into the cache with the
+GIL held when that needs no driver call (bridge_free_cached), and releases it
+around bridge_free otherwise; ``core.block_gil_releases()`` counts those.
+CuPy's types are stood in for as in tests/test_wait.py.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from bridge._runtime import core
 
 DEFAULT, PER_THREAD = 0, 2  # CuPy's default stream (legacy), the per-thread one
 CAP = 0xC1000  # a stream a CuPy capture runs on
+USER = 0xC2000  # a user's stream (cupy.cuda.Stream): short-lived unless registered
+DRIVER_ALLOC, DRIVER_FREE = 0, 1  # the stand-in's counters
 
 
 class Stream:
@@ -248,3 +253,236 @@ def test_the_status_codes_of_the_core_and_python_agree():
         for name, value in re.findall(r"BRIDGE_(OK|E_\w+)\s*=\s*(\d+)", enum.group(1))
     }
     assert codes == {s.name: s.value for s in Status}
+
+
+# ---- the free half: Block's dealloc (bridge_free_cached, then bridge_free) ----
+
+
+def releases() -> int:
+    return core.block_gil_releases()
+
+
+def test_an_alloc_free_pair_keeps_the_gil_on_both_halves_after_the_first_miss(cache):
+    alloc, failures = make_allocator()
+    f0 = releases()
+    mem = alloc(2 * MIB)  # the first allocation: a miss, without the GIL
+    p = mem[0]
+    assert alloc.num_gil_releases == 1
+    allocs, frees = cache.counter(DRIVER_ALLOC), cache.counter(DRIVER_FREE)
+    del mem  # into the cache with the GIL held
+    assert releases() == f0
+    assert stats()["cached"] == 2 * MIB
+    for _ in range(5):
+        mem = alloc(2 * MIB)
+        assert mem[0] == p
+        del mem
+    assert alloc.num_gil_releases == 1 and releases() == f0  # neither half released it
+    assert cache.counter(DRIVER_ALLOC) == allocs and cache.counter(DRIVER_FREE) == frees
+    s = stats()
+    assert s["cached"] == 2 * MIB and s["tags"][TAG_CUPY]["current"] == 0
+    assert s["tags"][TAG_CUPY]["num_frees"] == 6 and s["tags"][TAG_CUPY]["freed"] == 12 * MIB
+    assert failures == []
+
+
+def test_a_block_of_the_module_frees_into_the_cache_with_the_gil_kept(cache):
+    f0 = releases()
+    rc, block = core.alloc_block(DEV, MIB, DEFAULT, TAG_CUPY)
+    assert rc == Status.OK and block is not None
+    p = block.ptr
+    del block
+    assert releases() == f0 and stats()["cached"] == MIB
+    assert core.alloc_cached(DEV, MIB, DEFAULT, TAG_CUPY) == (Status.OK, p)
+    core.free(p)
+
+
+def test_a_free_that_would_evict_releases_the_gil(cache):
+    core.set_cache(DEV, 4 * MIB)  # room for two 2 MiB blocks
+    alloc, _ = make_allocator()
+    mems = [alloc(2 * MIB) for _ in range(3)]
+    oldest = mems[0][0]
+    f0, frees = releases(), cache.counter(DRIVER_FREE)
+    del mems[0]
+    del mems[0]
+    assert releases() == f0 and stats()["cached"] == 4 * MIB  # both fit: the GIL kept
+    assert cache.counter(DRIVER_FREE) == frees
+    # the core alone declines and changes nothing
+    p = mems[0][0]
+    assert core.free_cached(p) == Status.MISS
+    assert core.lookup(p)[0] == Status.OK  # still live
+    assert stats()["tags"][TAG_CUPY]["current"] == 2 * MIB
+    del mems[0]  # the cache is full: bridge_free evicts the oldest, without the GIL
+    assert releases() == f0 + 1
+    assert cache.counter(DRIVER_FREE) == frees + 1
+    assert stats()["cached"] == 4 * MIB
+    # the newest is served again; the oldest went back to the pool
+    assert core.alloc_cached(DEV, 2 * MIB, DEFAULT, TAG_CUPY) == (Status.OK, p)
+    rc, q = core.alloc_cached(DEV, 2 * MIB, DEFAULT, TAG_CUPY)
+    assert rc == Status.OK and q not in (p, oldest)
+    core.free(p)
+    core.free(q)
+
+
+def test_a_free_during_a_capture_releases_the_gil(cache):
+    alloc, _ = make_allocator()
+    cap_alloc, _ = make_allocator(stream=CAP)
+    mem = alloc(MIB)
+    f0 = releases()
+    assert core.capture(True, DEV) == Status.OK
+    cache.sd.standin_set_capturing(CAP)
+    try:
+        captured = cap_alloc(MIB)
+        p = mem[0]
+        assert core.free_cached(p) == Status.MISS  # any capture on the device: a miss
+        del mem  # not the captured stream: bridge_free caches it as before
+        assert releases() == f0 + 1 and stats()["cached"] == MIB
+        del captured  # the captured stream's block: held back until the capture ends
+        assert releases() == f0 + 2 and stats()["num_deferred"] == 1
+    finally:
+        cache.sd.standin_set_capturing(None)
+        assert core.capture(False, DEV) == Status.OK
+    assert stats()["num_deferred"] == 0
+
+
+def test_a_free_with_deferred_frees_pending_releases_the_gil(cache):
+    alloc, _ = make_allocator()
+    mem = alloc(MIB)
+    assert core.capture(True, DEV) == Status.OK
+    cache.sd.standin_set_capturing(CAP)
+    try:
+        rc, c = core.alloc(DEV, MIB, CAP, TAG_CUPY)
+        assert rc == Status.OK
+        core.free(c)  # deferred
+        # the capture ends for the core, but CAP still reports one (another
+        # capture began on it): the deferred free stays pending
+        assert core.capture(False, DEV) == Status.OK
+        assert stats()["num_deferred"] == 1
+        f0 = releases()
+        p = mem[0]
+        assert core.free_cached(p) == Status.MISS  # completing them makes driver calls
+        del mem
+        assert releases() == f0 + 1 and stats()["cached"] == MIB
+    finally:
+        cache.sd.standin_set_capturing(None)
+    rc, q = core.alloc(DEV, MIB, DEFAULT, TAG_CUPY)  # completes the deferred free
+    assert rc == Status.OK and q == p
+    assert stats()["num_deferred"] == 0
+    core.free(q)
+
+
+def test_a_free_of_an_uncached_tag_releases_the_gil(cache):
+    alloc, _ = make_allocator()
+    mem = alloc(MIB)
+    assert core.set_tag_cached(TAG_CUPY, False) == Status.OK
+    try:
+        f0, frees = releases(), cache.counter(DRIVER_FREE)
+        del mem
+        assert releases() == f0 + 1
+        assert cache.counter(DRIVER_FREE) == frees + 1 and stats()["cached"] == 0
+    finally:
+        core.set_tag_cached(TAG_CUPY, True)
+    mem = alloc(MIB)
+    f0 = releases()
+    del mem
+    assert releases() == f0  # cached again: the GIL kept
+
+
+def test_a_free_on_a_short_lived_stream_releases_the_gil(cache):
+    cache.sd.standin_adopt_stream(USER, DEV)
+    alloc, _ = make_allocator(stream=USER)
+    mem = alloc(MIB)
+    f0, frees = releases(), cache.counter(DRIVER_FREE)
+    del mem  # the user's stream may be destroyed: the block goes to the pool
+    assert releases() == f0 + 1
+    assert cache.counter(DRIVER_FREE) == frees + 1 and stats()["cached"] == 0
+    core.register_stream(USER)  # long-lived from now on
+    try:
+        mem = alloc(MIB)
+        del mem
+        assert releases() == f0 + 1 and stats()["cached"] == MIB
+    finally:
+        core.forget_stream(USER)  # its cached block back to the pool
+    assert stats()["cached"] == 0
+
+
+def test_a_block_with_a_recorded_stream_releases_the_gil(cache):
+    cache.sd.standin_adopt_stream(USER, DEV)
+    alloc, _ = make_allocator()
+    mem = alloc(MIB)
+    assert core.record_stream(mem[0], USER) == Status.OK
+    f0 = releases()
+    del mem  # its free is ordered after USER: the driver's business
+    assert releases() == f0 + 1 and stats()["cached"] == 0
+
+
+def test_double_frees_and_unknown_pointers_are_counted_as_before(cache):
+    bad0 = stats()["num_bad_frees"]
+    assert core.free_cached(0) == Status.OK  # nothing to free
+    assert core.free_cached(0xDEADBEEF000) == Status.MISS  # unknown: left to bridge_free
+    assert stats()["num_bad_frees"] == bad0
+    core.free(0xDEADBEEF000)
+    assert stats()["num_bad_frees"] == bad0 + 1
+    rc, p = core.alloc(DEV, MIB, DEFAULT, TAG_CUPY)
+    assert rc == Status.OK
+    assert core.free_cached(p) == Status.OK and stats()["cached"] == MIB
+    s0 = stats()
+    assert core.free_cached(p) == Status.MISS  # a double free: nothing changes
+    core.free(p)  # which bridge_free counts, as ever
+    s1 = stats()
+    assert s1["num_bad_frees"] == bad0 + 2
+    assert s1["cached"] == s0["cached"] and s1["num_frees"] == s0["num_frees"]
+    assert s1["tags"] == s0["tags"]
+
+
+def test_frees_on_per_thread_default_streams_keep_the_gil(cache):
+    """A block allocated on thread A's per-thread default stream is cached for
+    A's stream, with the GIL kept, whichever thread frees it."""
+    alloc, _ = make_allocator(stream=PER_THREAD)
+    handed, again, done = threading.Event(), threading.Event(), threading.Event()
+    out: dict = {}
+
+    def thread_a():
+        mem = alloc(2 * MIB)
+        out["p"] = mem[0]
+        f0 = releases()
+        del mem  # cached for A's per-thread stream, the GIL kept
+        mem = alloc(2 * MIB)  # a hit
+        out["kept"] = releases() == f0 and mem[0] == out["p"]
+        out["mem"] = mem  # for the main thread to free
+        del mem
+        handed.set()
+        again.wait(30)
+        mem = alloc(2 * MIB)  # what the main thread freed: cached on A's stream
+        out["q"] = mem[0]
+        del mem
+        done.set()
+
+    t = threading.Thread(target=thread_a)
+    t.start()
+    try:
+        assert handed.wait(30) and out["kept"]
+        f0 = releases()
+        del out["mem"]  # freed on this thread: cached for A's stream, the GIL kept
+        assert releases() == f0 and stats()["cached"] == 2 * MIB
+        # this thread's per-thread stream is another: nothing cached for it
+        assert core.alloc_cached(DEV, 2 * MIB, PER_THREAD, TAG_CUPY) == (Status.MISS, 0)
+    finally:
+        again.set()
+        t.join(30)
+    assert not t.is_alive() and done.is_set()
+    assert out["q"] == out["p"]
+
+
+def test_with_the_history_on_a_free_releases_the_gil_and_is_noted(cache):
+    alloc, _ = make_allocator()
+    mem = alloc(MIB)
+    p = mem[0]
+    assert core.history(True, False, 0, True) == Status.OK
+    try:
+        f0 = releases()
+        assert core.free_cached(p) == Status.MISS  # bridge_free notes the free
+        del mem
+        assert releases() == f0 + 1
+        events = [(e[1], e[3]) for e in core.history_events()]
+        assert events == [(core.EV_FREE, p)]
+    finally:
+        core.history(False, False, 0, True)

@@ -15,8 +15,8 @@
  *
  * The core never calls Python and never takes the GIL: it is called from
  * torch's allocator (any thread, autograd included), from the CuPy allocator
- * (which drops the GIL around bridge_alloc, not around bridge_alloc_cached)
- * and from Python for figures and limits.
+ * (which drops the GIL around bridge_alloc and bridge_free, not around
+ * bridge_alloc_cached and bridge_free_cached) and from Python for figures and limits.
  * Error handling: functions return a bridge_status; one place in Python
  * (bridge/_errors.py) turns these into exceptions.  Free paths never fail:
  * they count what went wrong (bad_frees, driver_errors).
@@ -57,7 +57,7 @@ typedef enum bridge_status {
     BRIDGE_E_NOTINIT = 9,   /* bridge_init was not called */
     BRIDGE_E_FORKED = 10,   /* this process is a fork child of one that used CUDA */
     BRIDGE_E_SHARE = 11,    /* a share's file cannot be used (bridge_share_error says why) */
-    BRIDGE_E_MISS = 12      /* bridge_alloc_cached: nothing cached fits; call bridge_alloc */
+    BRIDGE_E_MISS = 12      /* *_cached: the cache cannot; call bridge_alloc / bridge_free */
 } bridge_status;
 
 /* ---- driver loading (driver.c) ---- */
@@ -123,6 +123,18 @@ int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **o
 /* Free a pointer the bridge handed out.  Never fails: an unknown pointer or a
  * double free is counted (bad_frees) and changes no figure. */
 void bridge_free(void *ptr);
+/* bridge_free into the cache of freed blocks only: BRIDGE_OK when the block
+ * was kept for the next allocation of its size on its stream without a
+ * driver call, an eviction or a wait (NULL: OK, nothing to free);
+ * BRIDGE_E_MISS otherwise, with nothing changed: then call bridge_free.
+ * Misses: a graph block, a block with streams recorded against it, a tag
+ * that is not cached, a short-lived stream, any capture active on the
+ * device, frees deferred by a capture pending, a cache that would have to
+ * evict (or is held by a waiter, or off), the history on, and unknown
+ * pointers and double frees (bridge_free counts those).  It takes one
+ * records shard lock and, under it, the cache's lock, both leaves that no
+ * holder keeps while calling Python or waiting: fit for holding the GIL. */
+int bridge_free_cached(void *ptr);
 /* `stream` may use `ptr`: its queued work completes before the memory is
  * reused.  Returns BRIDGE_E_INVALID for an unknown pointer. */
 int bridge_record_stream(void *ptr, void *stream);

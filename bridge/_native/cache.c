@@ -245,11 +245,12 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size)
     return p;
 }
 
-int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
-              cache_block *evicted, int *nevicted)
+/* cache_put and cache_put_no_evict: `evicted` NULL means evict nothing,
+ * decline when the block does not fit as the cache is. */
+static int put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+               cache_block *evicted, int *nevicted)
 {
     dcache *c = &caches[device];
-    *nevicted = 0;
     if (!atomic_load_explicit(&c->limit, memory_order_relaxed) ||
         size > atomic_load_explicit(&c->max_block, memory_order_relaxed))
         return 0;
@@ -273,8 +274,10 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_
         low = low < limit ? low : limit;
         uint64_t bytes = atomic_load_explicit(&c->bytes, memory_order_relaxed);
         uint64_t cap = bytes + size <= low ? low : cap_for(c, held);
+        /* no eviction allowed: no room, no change (not even a new key) */
+        int room = evicted || bytes + size <= cap;
         slot *sl = NULL;
-        if (size <= cap) {
+        if (room && size <= cap) {
             sl = find(c, stream, size, 1);
             if (!sl && compact(c))
                 sl = find(c, stream, size, 1);
@@ -282,7 +285,7 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_
                 sl = NULL;
         }
         /* room for the block when it is kept; else back under the cap */
-        if (bytes + size > cap)
+        if (evicted && bytes + size > cap)
             *nevicted = evict(c, cap, sl ? size : 0, evicted, BRIDGE_CACHE_EVICT_MAX);
         if (sl && atomic_load_explicit(&c->bytes, memory_order_relaxed) + size <= cap) {
             uint32_t i = new_node(c);
@@ -298,6 +301,18 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_
     }
     pthread_mutex_unlock(&c->lock);
     return kept;
+}
+
+int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+              cache_block *evicted, int *nevicted)
+{
+    *nevicted = 0;
+    return put(device, stream, size, ptr, held, evicted, nevicted);
+}
+
+int cache_put_no_evict(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held)
+{
+    return put(device, stream, size, ptr, held, NULL, NULL);
 }
 
 int cache_trim(int device, uint64_t held, cache_block *evicted)

@@ -631,6 +631,23 @@ static PyObject *py_free(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_free_cached(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long ptr;
+    if (!PyArg_ParseTuple(args, "K", &ptr))
+        return NULL;
+    /* with the GIL held: into the cache only, nothing that waits */
+    return PyLong_FromLong(bridge_free_cached((void *)(uintptr_t)ptr));
+}
+
+static PyObject *py_block_gil_releases(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    return PyLong_FromUnsignedLongLong(block_gil_releases);
+}
+
 static PyObject *py_record_stream(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -867,6 +884,10 @@ static PyMethodDef methods[] = {
     {"alloc_block", py_alloc_block, METH_VARARGS,
      "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
     {"free", py_free, METH_VARARGS, "free(ptr): never raises"},
+    {"free_cached", py_free_cached, METH_VARARGS,
+     "free_cached(ptr) -> status: into the cache only (MISS: call free)"},
+    {"block_gil_releases", py_block_gil_releases, METH_NOARGS,
+     "Frees of Blocks that released the GIL (the cache could not take the block)."},
     {"record_stream", py_record_stream, METH_VARARGS, "record_stream(ptr, stream) -> status"},
     {"lookup", py_lookup, METH_VARARGS, "lookup(ptr) -> (status, size, device, tag)"},
     {"stats", py_stats, METH_VARARGS, "stats(device) -> (status, dict)"},

@@ -21,12 +21,13 @@
  *   limits      the budget, the tag caps and the pressure hook changed while
  *               threads allocate
  *   record      bridge_record_stream / bridge_lookup racing bridge_free
- *   double      several threads freeing the same pointers: one free counts,
- *               the others are bad frees
+ *   double      several threads freeing the same pointers (half of them
+ *               asking bridge_free_cached first): one free counts, the
+ *               others are bad frees
  *   cache       threads on the default streams, allocating sizes that the
  *               cache of freed blocks (cache.c) serves again (half of them
- *               asking bridge_alloc_cached first, as the CuPy allocator
- *               does), while its cap and its any-stream switch change under
+ *               asking bridge_alloc_cached and bridge_free_cached first, as
+ *               the CuPy allocator and its blocks do), while its cap and its any-stream switch change under
  *               them
  *   graph       captures begin and end while threads allocate and free
  *               (deferred frees), graph blocks freed racing their release
@@ -247,10 +248,25 @@ typedef struct worker {
     int default_streams; /* allocate on the default streams (NULL, 1, 2)
                           * and a few sizes only: the cache serves them */
     double wait_s;       /* the thread's wait for memory (wait.c); 0: none */
-    int cached_first;    /* as the CuPy allocator: bridge_alloc_cached first
-                          * (its hits counted), bridge_alloc on a miss */
-    uint64_t refusals, ok, hits;
+    int cached_first;    /* as the CuPy allocator and its blocks: bridge_alloc_cached
+                          * and bridge_free_cached first (their hits counted),
+                          * bridge_alloc / bridge_free on a miss */
+    uint64_t refusals, ok, hits, free_hits;
 } worker;
+
+/* A worker's free: bridge_free_cached first when it asks the cache first. */
+static void worker_free(worker *w, void *p)
+{
+    if (w->cached_first) {
+        int rc = bridge_free_cached(p);
+        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_MISS, "free_cached status %d", rc);
+        if (rc == BRIDGE_OK) {
+            w->free_hits++;
+            return;
+        }
+    }
+    bridge_free(p);
+}
 
 #define HOLD 8
 
@@ -279,7 +295,7 @@ static void *edge_thread(void *arg)
         int k = (int)(rnd(&s) % HOLD);
         if (held[k]) {
             atomic_fetch_sub(&live_bytes[w->dev], sizes[k]);
-            bridge_free(held[k]);
+            worker_free(w, held[k]);
             held[k] = NULL;
             continue;
         }
@@ -319,7 +335,7 @@ static void *edge_thread(void *arg)
     for (int k = 0; k < HOLD; k++)
         if (held[k]) {
             atomic_fetch_sub(&live_bytes[w->dev], sizes[k]);
-            bridge_free(held[k]);
+            worker_free(w, held[k]);
         }
     return NULL;
 }
@@ -615,8 +631,13 @@ static void *double_freer(void *arg)
 {
     int id = *(int *)arg;
     pthread_barrier_wait(&double_go);
-    for (int i = 0; i < DOUBLE_N; i++)
-        bridge_free(double_ptrs[(i + id * 7) % DOUBLE_N]);
+    for (int i = 0; i < DOUBLE_N; i++) {
+        void *p = double_ptrs[(i + id * 7) % DOUBLE_N];
+        /* half the threads ask the cache first: a miss (a double free
+         * included) goes on to bridge_free, which counts it */
+        if (!(id % 2) || bridge_free_cached(p) == BRIDGE_E_MISS)
+            bridge_free(p);
+    }
     return NULL;
 }
 
@@ -651,23 +672,29 @@ static void *cache_changer(void *arg)
 {
     uint64_t s = *(uint64_t *)arg;
     static const uint64_t caps[] = {0, 64 * KIB, 1ull << 30};
-    while (!atomic_load(&cache_stop)) {
-        CHECK(bridge_set_cache(0, caps[rnd(&s) % 3], rnd(&s) % 2 ? 256 * MIB : 8 * KIB) ==
-                  BRIDGE_OK,
-              "set_cache");
+    for (int n = 0; !atomic_load(&cache_stop); n++) {
+        /* every other turn, the first one included, the defaults (shortly):
+         * settings that cache nothing (cap 0, floor and fraction 0) drawn
+         * first and lasting the whole phase left it with no hit at all */
+        int dflt = n % 2 == 0;
+        uint64_t cap = dflt ? 1ull << 30 : caps[rnd(&s) % 3];
+        uint64_t max_block = dflt || rnd(&s) % 2 ? 256 * MIB : 8 * KIB;
+        CHECK(bridge_set_cache(0, cap, max_block) == BRIDGE_OK, "set_cache");
         /* the cap follows the live bytes: evictions (oldest first) now and then */
         static const double fractions[] = {0.0, 1.0 / 16, 1.0};
         static const uint64_t floors[] = {0, 16 * KIB, 64 * MIB};
-        CHECK(bridge_set_cache_fraction(0, fractions[rnd(&s) % 3], floors[rnd(&s) % 3]) ==
-                  BRIDGE_OK,
-              "set_cache_fraction");
+        double fraction = dflt ? 1.0 / 16 : fractions[rnd(&s) % 3];
+        uint64_t floor = dflt ? 64 * MIB : floors[rnd(&s) % 3];
+        CHECK(bridge_set_cache_fraction(0, fraction, floor) == BRIDGE_OK, "set_cache_fraction");
         /* streams become long-lived and are forgotten again while blocks
          * freed on them come and go through the cache */
         void *st = stream_of((int)(rnd(&s) % 6));
         CHECK((rnd(&s) % 2 ? bridge_register_stream(st) : bridge_forget_stream(st)) == BRIDGE_OK,
               "register/forget stream");
-        for (int i = 0; i < 2000 && !atomic_load(&cache_stop); i++)
-            sched_yield();
+        /* turns by the clock (a yield loop's length depends on how many
+         * cores the workers leave: on two, one turn outlasted the phase) */
+        for (int i = 0; i < (dflt ? 2 : 10) && !atomic_load(&cache_stop); i++)
+            usleep(100);
     }
     return NULL;
 }
@@ -694,9 +721,11 @@ static void phase_cache(void)
                         .default_streams = i < 4,
                         .cached_first = i % 2};
     run_threads(6, edge_thread, w, sizeof w[0]);
-    uint64_t hits = 0;
-    for (int i = 0; i < 6; i++)
+    uint64_t hits = 0, free_hits = 0;
+    for (int i = 0; i < 6; i++) {
         hits += w[i].hits;
+        free_hits += w[i].free_hits;
+    }
     atomic_store(&cache_stop, 1);
     pthread_join(changer, NULL);
     bridge_stats s = stats_of(0);
@@ -705,9 +734,10 @@ static void phase_cache(void)
     allocs = s.num_allocs - allocs;
     CHECK(driver_allocs < allocs, "the cache served no allocation");
     CHECK(hits > 0, "bridge_alloc_cached served no allocation");
+    CHECK(free_hits > 0, "bridge_free_cached kept no block");
     printf("  cache: %" PRIu64 " allocations, %" PRIu64 " from the driver, %" PRIu64
-           " by bridge_alloc_cached\n",
-           allocs, driver_allocs, hits);
+           " by bridge_alloc_cached; %" PRIu64 " frees by bridge_free_cached\n",
+           allocs, driver_allocs, hits, free_hits);
     check_idle("cache");
     /* the defaults again (cache.c) */
     CHECK(bridge_set_cache(0, 1ull << 30, 256 * MIB) == BRIDGE_OK, "set_cache");
