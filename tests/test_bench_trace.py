@@ -115,8 +115,9 @@ def test_allhits_sets_the_cache_as_large_as_the_environment_allows():
 
 def test_allhits_caches_a_block_above_the_default_largest(standin):
     """A fresh process on the stand-in with bridge-allhits' environment: the caps
-    (the small tier's and the large tier's) are the device, and after lift_cache_max_block a 512 MiB block (above the 256 MiB
-    default) comes back from the cache."""
+    (the small tier's and the large tier's) are the device, and after
+    lift_cache_max_block a 512 MiB block (above the 256 MiB default) comes back
+    from the cache."""
     import os
     import subprocess
 

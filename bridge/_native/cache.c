@@ -294,11 +294,12 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size)
     return p;
 }
 
-int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
-              cache_block *evicted, int *nevicted)
+/* cache_put and cache_put_no_evict: `evicted` NULL means evict nothing,
+ * decline when the block does not fit as the cache is. */
+static int put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+               cache_block *evicted, int *nevicted)
 {
     dcache *c = &caches[device];
-    *nevicted = 0;
     if (!atomic_load_explicit(&c->limit, memory_order_relaxed) ||
         size > atomic_load_explicit(&c->max_block, memory_order_relaxed))
         return 0;
@@ -317,6 +318,8 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_
     }
     /* c->held: read under the lock already taken (no cost when nobody waits) */
     if (c->slots && !c->held) {
+        /* the block's tier decides the cap it is held to (and the only
+         * blocks it may evict: the other tier keeps its own) */
         int t = size > atomic_load_explicit(&c->small_max, RELAXED) ? TIER_LARGE : TIER_SMALL;
         tier *tr = &c->tiers[t];
         uint64_t bytes = atomic_load_explicit(&tr->bytes, RELAXED);
@@ -333,8 +336,11 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_
         } else {
             cap = cap_for(c, t, held);
         }
+        /* no eviction allowed: no room in the block's tier as it is, no change
+         * (not even a new key) */
+        int room = evicted || bytes + size <= cap;
         slot *sl = NULL;
-        if (size <= cap) {
+        if (room && size <= cap) {
             sl = find(c, stream, size, 1);
             if (!sl && compact(c))
                 sl = find(c, stream, size, 1);
@@ -343,7 +349,7 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_
         }
         /* room for the block when it is kept; else back under the cap (the
          * block's own tier only: the other tier keeps its blocks) */
-        if (bytes + size > cap)
+        if (evicted && bytes + size > cap)
             *nevicted = evict(c, t, cap, sl ? size : 0, evicted, BRIDGE_CACHE_EVICT_MAX);
         if (sl && atomic_load_explicit(&tr->bytes, RELAXED) + size <= cap) {
             uint32_t i = new_node(c);
@@ -361,6 +367,18 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_
     }
     pthread_mutex_unlock(&c->lock);
     return kept;
+}
+
+int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+              cache_block *evicted, int *nevicted)
+{
+    *nevicted = 0;
+    return put(device, stream, size, ptr, held, evicted, nevicted);
+}
+
+int cache_put_no_evict(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held)
+{
+    return put(device, stream, size, ptr, held, NULL, NULL);
 }
 
 int cache_trim(int device, uint64_t held, cache_block *evicted)

@@ -58,6 +58,11 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size);
  * while a full array came back. */
 int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
               cache_block *evicted, int *nevicted);
+/* cache_put that evicts nothing: keeps the block only if it fits under its
+ * tier's cap as the cache is (1), else leaves the cache as it was (0); neither
+ * tier loses a block.  For a free that must make no driver call
+ * (bridge_free_cached). */
+int cache_put_no_evict(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held);
 /* Evict each tier's oldest blocks until its cap (for `held`, as cache_put's)
  * holds, at most BRIDGE_CACHE_EVICT_MAX per call; returns how many went to `evicted`. */
 int cache_trim(int device, uint64_t held, cache_block *evicted);
