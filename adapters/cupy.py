@@ -2,11 +2,14 @@
 """CuPy on the shared pool: ``cupy.cuda.set_allocator`` with the core's C allocator.
 
 The allocator is a C callable (``bridge._core.CupyAllocator``): it asks CuPy
-for the current device and stream, allocates from the pool without the GIL,
-and wraps the block in CuPy's ``UnownedMemory`` + ``MemoryPointer``. The block
-is owned by a C object whose deallocation frees it on the allocating stream:
-no Python ``__del__`` is involved. Failures go to :func:`_on_failure`, which
-raises CuPy's own ``OutOfMemoryError``.
+for the current device and stream, allocates from the pool (a block the
+core's cache of freed blocks holds is taken with the GIL held; anything else
+is allocated without it), and wraps the block in CuPy's ``UnownedMemory`` +
+``MemoryPointer``. The block is owned by a C object whose deallocation frees
+it on the allocating stream (into the core's cache with the GIL held when
+that needs no driver call; otherwise without the GIL): no Python ``__del__``
+is involved. Failures go
+to :func:`_on_failure`, which raises CuPy's own ``OutOfMemoryError``.
 """
 
 from __future__ import annotations

@@ -28,11 +28,11 @@ GIB = 1 << 30
 ASYNC_ENV = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
 # "bridge-nocache": the bridge with its cache of freed blocks off, as under jax=True
 NOCACHE_ENV = {"BRIDGE_CACHE_LIMIT": "0"}
-# "bridge-allhits": the cache as large as the environment makes it (cap = the
-# whole device whatever the live bytes); bench_trace.py also lifts its largest
-# cached block (256 MiB by default) once the bridge is set up
+# "bridge-allhits": the cache as large as the environment makes it (both tiers'
+# caps = the whole device whatever the live bytes); bench_trace.py also lifts its
+# largest cached block (256 MiB by default) once the bridge is set up
 ALLHITS_ENV = {"BRIDGE_CACHE_LIMIT": "100%", "BRIDGE_CACHE_FLOOR": "100%",
-               "BRIDGE_CACHE_FRACTION": "1"}  # fmt: skip
+               "BRIDGE_CACHE_FRACTION": "1", "BRIDGE_CACHE_LARGE_CAP": "100%"}  # fmt: skip
 
 
 def config_env(framework: str, config: str) -> dict[str, str]:

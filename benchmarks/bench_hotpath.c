@@ -5,8 +5,10 @@
  * (tests/standin), for the paths that take no driver call: a block of the
  * same size freed on the same stream is served by the cache.  Streams: the
  * legacy default stream (handle 0), the per-thread default stream (handle 2)
- * and, where the core has the call, a stream registered as long-lived.  Best
- * of several loops, ns per pair.
+ * and, where the core has the call, a stream registered as long-lived.  Where
+ * the core has bridge_free_cached, also the cache-only pair
+ * (bridge_alloc_cached + bridge_free_cached).  Best of several loops, ns per
+ * pair.
  *
  *   python benchmarks/bench_hotpath.py [--rev GITREV ...]
  */
@@ -25,7 +27,9 @@ static double now_ns(void)
     return (double)t.tv_sec * 1e9 + (double)t.tv_nsec;
 }
 
-static double pairs(void *stream, size_t size, int n, int loops)
+/* cached: the cache-only calls (bridge_alloc_cached + bridge_free_cached,
+ * as the CuPy allocator and its blocks make them with the GIL held) */
+static double pairs(void *stream, size_t size, int n, int loops, int cached)
 {
     double best = 1e30;
     void *p = NULL;
@@ -34,6 +38,16 @@ static double pairs(void *stream, size_t size, int n, int loops)
     for (int l = 0; l < loops; l++) {
         double t0 = now_ns();
         for (int i = 0; i < n; i++) {
+#ifdef HAVE_FREE_CACHED
+            if (cached) {
+                if (bridge_alloc_cached(0, size, stream, BRIDGE_TAG_TORCH, &p) != BRIDGE_OK ||
+                    bridge_free_cached(p) != BRIDGE_OK) {
+                    fprintf(stderr, "cache-only pair missed\n");
+                    exit(1);
+                }
+                continue;
+            }
+#endif
             if (bridge_alloc(0, size, stream, BRIDGE_TAG_TORCH, &p) != BRIDGE_OK) {
                 fprintf(stderr, "alloc failed\n");
                 exit(1);
@@ -56,13 +70,19 @@ int main(int argc, char **argv)
     bridge_set_cache(0, 1ull << 30, 256ull << 20);
     int n = 200000, loops = 15;
     printf("{\"path\": \"cache hit, legacy stream\", \"pair_ns\": %.1f}\n",
-           pairs(NULL, 1 << 20, n, loops));
+           pairs(NULL, 1 << 20, n, loops, 0));
     printf("{\"path\": \"cache hit, per-thread stream\", \"pair_ns\": %.1f}\n",
-           pairs((void *)(uintptr_t)2, 1 << 20, n, loops));
+           pairs((void *)(uintptr_t)2, 1 << 20, n, loops, 0));
 #ifdef HAVE_REGISTER
     bridge_register_stream((void *)(uintptr_t)0x5000);
     printf("{\"path\": \"cache hit, registered stream\", \"pair_ns\": %.1f}\n",
-           pairs((void *)(uintptr_t)0x5000, 1 << 20, n, loops));
+           pairs((void *)(uintptr_t)0x5000, 1 << 20, n, loops, 0));
+#endif
+#ifdef HAVE_FREE_CACHED
+    printf("{\"path\": \"cache-only calls, legacy stream\", \"pair_ns\": %.1f}\n",
+           pairs(NULL, 1 << 20, n, loops, 1));
+    printf("{\"path\": \"cache-only calls, per-thread stream\", \"pair_ns\": %.1f}\n",
+           pairs((void *)(uintptr_t)2, 1 << 20, n, loops, 1));
 #endif
     return 0;
 }

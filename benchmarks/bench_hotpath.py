@@ -41,8 +41,11 @@ def main(argv: list[str] | None = None) -> int:
             names = sources(rev, src)
             core = [str(src / c) for c in CORE_C if c in names]
             flags = [f"-I{src}"]
-            if "bridge_register_stream" in (src / "bridge.h").read_text():
+            header = (src / "bridge.h").read_text()
+            if "bridge_register_stream" in header:
                 flags.append("-DHAVE_REGISTER")
+            if "bridge_free_cached" in header:
+                flags.append("-DHAVE_FREE_CACHED")
             main_c = str(ROOT / "benchmarks" / "bench_hotpath.c")
             exe = compile_c(src / "bench_hotpath", [main_c, *core], *flags,
                             libs=("-ldl", "-lpthread"))  # fmt: skip

@@ -73,6 +73,9 @@ static int put(CUstream s, uint64_t size, uintptr_t ptr)
 static void bench_cache(const char *name, uint64_t k, uint64_t unit, uint64_t odd, int rounds)
 {
     cache_set_limits(0, 1ull << 62, 1ull << 62);
+#ifdef BRIDGE_CACHE_LARGE_CAP
+    cache_set_tiers(0, BRIDGE_CACHE_SMALL_MAX, 1ull << 62); /* the large tier unbounded too */
+#endif
     CUstream s = (CUstream)(uintptr_t)0x7f00001000ull;
     double best = 1e30;
     for (int r = 0; r < rounds; r++) {

@@ -31,11 +31,11 @@ live bytes: ``reserved / live`` is the fragmentation. Configurations:
 - ``bridge-nocache``: the bridge with its cache off (``BRIDGE_CACHE_LIMIT=0``):
   every event is a driver call.
 - ``bridge-allhits``: the bridge with its cache as large as it can be (limit,
-  floor and fraction at the whole device, largest cached block the whole cache;
-  ``ALLHITS_ENV``): as many allocations served from the cache as exact-size
-  reuse allows (the cache's own table, 2,048 (stream, size) keys of 16 blocks
-  each, still bounds it; the result's ``cache_hits`` of ``allocs`` says how
-  close it came). Its time is the bridge's cost with the fewest misses.
+  floor, fraction and the large tier's cap at the whole device, largest cached
+  block the whole cache; ``ALLHITS_ENV``): as many allocations served from the
+  cache as exact-size reuse allows (the cache's own table, 2,048 (stream,
+  size) keys of 16 blocks each, still bounds it; the result's ``cache_hits``
+  of ``allocs`` says how close it came). Its time is the bridge's cost with the fewest misses.
 - ``null-pluggable``: torch on a ``CUDAPluggableAllocator`` backed by
   ``benchmarks/null_alloc.c`` (compiled at run time): one region taken with
   cuMemAlloc at setup, then per-size LIFO lists and a bump pointer under one

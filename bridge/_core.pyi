@@ -58,6 +58,10 @@ class RawStats(TypedDict):
     cache_limit: int
     cache_floor: int
     cache_fraction: float
+    cached_small: int
+    cached_large: int
+    cache_small_max: int
+    cache_large_cap: int
     num_cache_hits: int
     num_order_fallbacks: int
     num_pool_read_errors: int
@@ -72,7 +76,13 @@ class RawStats(TypedDict):
 
 @final
 class Block:
-    """One allocation from the shared pool, freed when this object dies."""
+    """One allocation from the shared pool, freed when this object dies.
+
+    The free goes into the core's cache of freed blocks with the GIL held when
+    the cache can keep it without a driver call (``free_cached``); otherwise the
+    GIL is released around the core's free.  ``block_gil_releases()`` counts the
+    frees that released it, every Block together (CuPy's included).
+    """
 
     @property
     def ptr(self) -> int: ...
@@ -83,7 +93,12 @@ class Block:
 
 @final
 class CupyAllocator:
-    """CuPy allocator on the shared pool: call with a size, get a MemoryPointer."""
+    """CuPy allocator on the shared pool: call with a size, get a MemoryPointer.
+
+    A block the core's cache of freed blocks holds (same size, same stream) is
+    served with the GIL held; any other request releases the GIL while the core
+    allocates.  ``num_gil_releases`` (read-only) counts the calls that released it.
+    """
 
     def __new__(
         cls,
@@ -96,6 +111,8 @@ class CupyAllocator:
     ) -> CupyAllocator: ...
     def __call__(self, size: int, /) -> Any: ...
     def wrap(self, block: Block, /) -> Any: ...
+    @property
+    def num_gil_releases(self) -> int: ...
 
 @final
 class StreamAllocator:
@@ -134,6 +151,7 @@ def grant_peer_access(device: int, /) -> tuple[int, int]: ...
 # ---- the cache of freed blocks ----
 def set_cache(device: int, limit: int, max_block: int = ..., /) -> int: ...
 def set_cache_fraction(device: int, fraction: float, floor: int = ..., /) -> int: ...
+def set_cache_tiers(device: int, small_max: int = ..., large_cap: int = ..., /) -> int: ...
 def register_stream(stream: int, /) -> int: ...
 def forget_stream(stream: int, /) -> int: ...
 
@@ -144,10 +162,13 @@ def set_tag_cached(tag: int, cached: bool, /) -> int: ...
 
 # ---- allocation ----
 def alloc(device: int, size: int, stream: int, tag: int, /) -> tuple[int, int]: ...
+def alloc_cached(device: int, size: int, stream: int, tag: int, /) -> tuple[int, int]: ...
 def alloc_block(
     device: int, size: int, stream: int, tag: int, stream_object: object = None, /
 ) -> tuple[int, Block | None]: ...
 def free(ptr: int, /) -> None: ...
+def free_cached(ptr: int, /) -> int: ...
+def block_gil_releases() -> int: ...
 def record_stream(ptr: int, stream: int, /) -> int: ...
 def lookup(ptr: int, /) -> tuple[int, int, int, int]: ...
 

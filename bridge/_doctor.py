@@ -48,7 +48,9 @@ from bridge._pinned_backend import BACKEND_ENV, BACKENDS, host_memory_total
 from bridge._runtime import (
     CACHE_FLOOR_ENV,
     CACHE_FRACTION_ENV,
+    CACHE_LARGE_CAP_ENV,
     CACHE_LIMIT_ENV,
+    CACHE_SMALL_MAX_ENV,
     DRIVER_LIBRARY_ENV,
     cache_fraction_from_env,
     core,
@@ -66,6 +68,8 @@ BRIDGE_ENV = (
     CACHE_LIMIT_ENV,
     CACHE_FRACTION_ENV,
     CACHE_FLOOR_ENV,
+    CACHE_SMALL_MAX_ENV,
+    CACHE_LARGE_CAP_ENV,
     PINNED_LIMIT_ENV,
     BACKEND_ENV,
     DRIVER_LIBRARY_ENV,
@@ -301,6 +305,8 @@ def _environment(devices: list[dict]) -> list[Finding]:
         (GPU_LIMIT_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
         (CACHE_LIMIT_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
         (CACHE_FLOOR_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
+        (CACHE_SMALL_MAX_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
+        (CACHE_LARGE_CAP_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
         (PINNED_LIMIT_ENV, host_memory_total(), HOST_MEMORY, "bridge's pinned-memory functions"),
     )
     for name, total, of, who in sizes:

@@ -75,6 +75,7 @@ class Status(enum.IntEnum):
     NOTINIT = 9
     FORKED = 10
     SHARE = 11
+    MISS = 12  # bridge_alloc_cached / bridge_free_cached: not from the cache (never check()ed)
 
 
 OOM_STATUSES = frozenset({Status.BUDGET, Status.OOM, Status.TAG_LIMIT})

@@ -30,8 +30,14 @@ CACHE_LIMIT_ENV = "BRIDGE_CACHE_LIMIT"  # bytes of freed blocks kept per device 
 # cached <= min(limit, max(floor, live * fraction)), the oldest blocks evicted past it
 CACHE_FRACTION_ENV = "BRIDGE_CACHE_FRACTION"  # a fraction (0.0625) or a percentage (6.25%)
 CACHE_FLOOR_ENV = "BRIDGE_CACHE_FLOOR"  # a size: the cap is at least this (under the limit)
+# two tiers: that cap holds the blocks of at most small_max bytes; larger ones have
+# their own order of caching under a fixed cap, cached_large <= min(limit, large_cap)
+CACHE_SMALL_MAX_ENV = "BRIDGE_CACHE_SMALL_MAX"  # a size: the small tier's largest block
+CACHE_LARGE_CAP_ENV = "BRIDGE_CACHE_LARGE_CAP"  # a size: the large tier's cap
 DEFAULT_CACHE_FRACTION = 1 / 16
 DEFAULT_CACHE_FLOOR = 64 << 20
+DEFAULT_CACHE_SMALL_MAX = 1 << 20
+DEFAULT_CACHE_LARGE_CAP = 64 << 20
 GIB = 1 << 30
 
 
@@ -174,6 +180,17 @@ def ensure_device(device: int) -> None:
                 device,
                 cache_fraction_from_env(),
                 DEFAULT_CACHE_FLOOR if floor is None else floor,
+            ),
+            what="sizing the cache",
+            device=device,
+        )
+        small_max = size_from_env(CACHE_SMALL_MAX_ENV, total=stats["total"])
+        large_cap = size_from_env(CACHE_LARGE_CAP_ENV, total=stats["total"])
+        check(
+            core.set_cache_tiers(
+                device,
+                DEFAULT_CACHE_SMALL_MAX if small_max is None else small_max,
+                DEFAULT_CACHE_LARGE_CAP if large_cap is None else large_cap,
             ),
             what="sizing the cache",
             device=device,

@@ -127,6 +127,7 @@ def standin():
         core.set_limit(d, 0)
         core.set_cache(d, 0)  # off by default here: tests of the cache turn it on
         core.set_cache_fraction(d, 1 / 16, 64 << 20)  # the cap's defaults
+        core.set_cache_tiers(d, 1 << 20, 64 << 20)  # the tiers' defaults
         for tag in range(core.NTAGS):
             core.set_tag_limit(d, tag, 0)
             core.set_tag_cached(tag, True)

@@ -107,15 +107,17 @@ def test_allhits_sets_the_cache_as_large_as_the_environment_allows():
         "BRIDGE_CACHE_LIMIT": "100%",
         "BRIDGE_CACHE_FLOOR": "100%",
         "BRIDGE_CACHE_FRACTION": "1",
+        "BRIDGE_CACHE_LARGE_CAP": "100%",
     }
     assert config_env("torch", "null-pluggable") == {}
     assert config_env("torch", "bridge-nocache") == {"BRIDGE_CACHE_LIMIT": "0"}
 
 
 def test_allhits_caches_a_block_above_the_default_largest(standin):
-    """A fresh process on the stand-in with bridge-allhits' environment: the cap is
-    the device, and after lift_cache_max_block a 512 MiB block (above the 256 MiB
-    default) comes back from the cache."""
+    """A fresh process on the stand-in with bridge-allhits' environment: the caps
+    (the small tier's and the large tier's) are the device, and after
+    lift_cache_max_block a 512 MiB block (above the 256 MiB default) comes back
+    from the cache."""
     import os
     import subprocess
 
@@ -133,6 +135,7 @@ def test_allhits_caches_a_block_above_the_default_largest(standin):
         "_runtime.ensure_device(0)\n"
         "st = core.stats(0)[1]\n"
         "assert st['cache_limit'] == st['total'] == st['cache_floor'], st\n"
+        "assert st['cache_large_cap'] == st['total'], st\n"
         "assert bt.lift_cache_max_block(0) == st['total']\n"
         "rc, p = core.alloc(0, 512 << 20, 0, core.TAG_TORCH)\n"
         "assert rc == 0\n"

@@ -16,10 +16,12 @@ SIDE = 0x5000  # a user stream handle (the stand-in accepts any)
 def cache(standin):
     core.set_cache(0, 64 * MIB)
     core.set_cache_fraction(0, 1 / 16, 64 * MIB)  # the defaults
+    core.set_cache_tiers(0, MIB, 64 * MIB)
     core.forget_stream(SIDE)
     yield standin
     core.set_cache(0, 0)
     core.set_cache_fraction(0, 1 / 16, 64 * MIB)
+    core.set_cache_tiers(0, MIB, 64 * MIB)
     core.forget_stream(SIDE)
 
 
@@ -198,6 +200,7 @@ def test_many_sizes_that_are_multiples_of_a_mib_are_all_cached_and_found(cache):
     piled onto a few slots)."""
     core.set_cache(0, 8 << 30)
     core.set_cache_fraction(0, 1 / 16, 8 << 30)  # a floor above the 5 GiB: nothing evicted
+    core.set_cache_tiers(0, MIB, 8 << 30)  # and a large tier's cap above it
     ptrs = {}
     for i in range(1, 101):  # 5 GiB of the stand-in's 16
         rc, p = core.alloc(0, i * MIB, 0, CUPY)
@@ -296,21 +299,27 @@ def test_a_block_taken_and_freed_again_is_the_newest(cache):
 
 
 def test_the_cap_follows_the_live_bytes(cache):
-    """cap = max(floor, live / 16): freeing most memory shrinks the cache at the next put."""
+    """The small tier's cap = max(floor, live / 16): freeing most memory shrinks it
+    at its next put (a large block's put evicts only large blocks)."""
     core.set_cache(0, 1 << 30)
     core.set_cache_fraction(0, 1 / 16, MIB)
     rc, big = core.alloc(0, 160 * MIB, 0, TORCH)  # live 160 MiB: cap 10 MiB
     small = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(12)]
+    last = core.alloc(0, 4096, 0, CUPY)[1]
     before = frees(cache)
     for p in small:
         core.free(p)
     assert stats()["cached"] == 10 * MIB  # the two oldest went back
     assert frees(cache) == before + 2
-    core.free(big)  # live 0: cap 1 MiB; 160 MiB is not kept, the cache shrinks
-    assert stats()["cached"] == MIB
-    assert frees(cache) == before + 2 + 9 + 1
-    assert core.alloc(0, MIB, 0, CUPY) == (0, small[-1])  # the newest stayed
-    core.free(small[-1])
+    core.free(big)  # live 4 KiB: 160 MiB is above the large tier's cap, not kept
+    assert frees(cache) == before + 3
+    assert stats()["cached"] == stats()["cached_small"] == 10 * MIB  # the small tier stays
+    core.free(last)  # a small put: its tier's cap is now 1 MiB (the floor)
+    assert stats()["cached"] == 4096
+    assert frees(cache) == before + 3 + 10
+    rc, p = core.alloc(0, MIB, 0, CUPY)
+    assert rc == 0 and p not in small
+    core.free(p)
 
 
 def test_the_floor_keeps_single_size_loops_hitting(cache):
@@ -325,9 +334,11 @@ def test_the_floor_keeps_single_size_loops_hitting(cache):
             core.free(p)
         assert allocs(cache) == n + 1, size
         assert stats()["num_cache_hits"] == hits + 19
-    rc, p = core.alloc(0, 65 * MIB, 0, CUPY)  # above the floor, nothing live: not kept
+    cached = stats()["cached"]
+    assert stats()["cached_large"] == 64 * MIB
+    rc, p = core.alloc(0, 65 * MIB, 0, CUPY)  # above the large tier's cap: not kept
     core.free(p)
-    assert stats()["cached"] <= 64 * MIB
+    assert stats()["cached"] == cached  # and it evicted nothing
 
 
 def test_the_hard_limit_wins_over_the_floor_and_the_share(cache):
@@ -385,6 +396,7 @@ def test_many_sizes_on_many_streams(cache):
     try:
         core.set_cache(0, 8 << 30)
         core.set_cache_fraction(0, 1 / 16, 8 << 30)
+        core.set_cache_tiers(0, MIB, 8 << 30)
         keys = [(st, i * MIB) for st in streams for i in range(1, 33)]  # 256 keys, 4.1 GiB
         ptrs = {}
         for st, size in keys:
@@ -397,20 +409,25 @@ def test_many_sizes_on_many_streams(cache):
         for k in keys:
             assert core.alloc(0, k[1], k[0], CUPY) == (0, ptrs[k])
         assert allocs(cache) == n
-        core.set_cache_fraction(0, 0.0, 64 * MIB)  # cap 64 MiB from the next put on
+        core.set_cache_fraction(0, 0.0, 4 * MIB)  # caps 4 and 64 MiB from the next put on
+        core.set_cache_tiers(0, MIB, 64 * MIB)
         for k in keys:
             core.free(ptrs[k])
-        cached = stats()["cached"]
-        assert 0 < cached <= 64 * MIB
-        kept = keys[len(keys) - 1 :: -1]
-        total = 0
+        s = stats()
+        assert s["cached_small"] == 4 * MIB  # four of the eight 1 MiB blocks
+        assert 0 < s["cached_large"] <= 64 * MIB
+        assert s["cached"] == s["cached_small"] + s["cached_large"]
         n = allocs(cache)
-        for k in kept:  # the newest first, until the cached bytes are accounted for
-            if total + k[1] > cached:
-                break
-            assert core.alloc(0, k[1], k[0], CUPY) == (0, ptrs[k])
-            total += k[1]
-            core.free(ptrs[k])
+        for tier, cached in ((MIB, s["cached_small"]), (None, s["cached_large"])):
+            kept = [k for k in keys[::-1] if (k[1] == MIB) == (tier == MIB)]
+            total = 0
+            for k in kept:  # each tier's newest first, until its bytes are accounted for
+                if total + k[1] > cached:
+                    break
+                assert core.alloc(0, k[1], k[0], CUPY) == (0, ptrs[k])
+                total += k[1]
+                core.free(ptrs[k])
+            assert total == cached
         assert allocs(cache) == n
     finally:
         core.set_cache(0, 0)
@@ -456,3 +473,203 @@ def test_a_fork_child_forgets_the_cached_blocks(cache):
 def test_cache_fraction_and_floor_from_the_environment(standin, env, expect):
     fraction, floor = _device_1_stats(env, "s['cache_fraction'], s['cache_floor']").split()
     assert abs(float(fraction) - expect[0]) < 1e-4 and int(floor) == expect[1]
+
+
+# ---- two tiers: blocks <= small_max (1 MiB) under the live-bytes cap, larger ones
+# under a fixed cap (64 MiB); each tier evicts only its own least recently cached ----
+
+
+def test_a_large_block_cached_does_not_evict_small_ones(cache):
+    """The small tier is at its cap (the floor, 8 MiB, nothing live): a 40 MiB
+    block is cached beside it, and every small block stays."""
+    core.set_cache(0, 1 << 30)
+    core.set_cache_fraction(0, 1 / 16, 8 * MIB)
+    small = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(8)]
+    rc, big = core.alloc(0, 40 * MIB, 0, TORCH)
+    for p in small:
+        core.free(p)
+    before = frees(cache)
+    core.free(big)
+    s = stats()
+    assert (s["cached_small"], s["cached_large"]) == (8 * MIB, 40 * MIB)
+    assert s["cached"] == 48 * MIB and frees(cache) == before
+    n = allocs(cache)
+    for p in reversed(small):
+        assert core.alloc(0, MIB, 0, CUPY) == (0, p)
+    assert core.alloc(0, 40 * MIB, 0, TORCH) == (0, big)
+    assert allocs(cache) == n
+    for p in small + [big]:
+        core.free(p)
+
+
+def test_small_blocks_do_not_evict_large_ones(cache):
+    """The small tier past its cap evicts its own oldest; the large blocks cached
+    before them stay."""
+    core.set_cache(0, 1 << 30)
+    core.set_cache_fraction(0, 1 / 16, 4 * MIB)
+    large = [core.alloc(0, n * MIB, 0, TORCH)[1] for n in (20, 30)]
+    small = [core.alloc(0, 512 * 1024, 0, CUPY)[1] for _ in range(12)]
+    for p in large + small:
+        core.free(p)
+    s = stats()
+    assert s["cached_large"] == 50 * MIB
+    assert s["cached_small"] == 4 * MIB  # the 8 newest of the 12
+    assert core.alloc(0, 20 * MIB, 0, TORCH) == (0, large[0])  # the oldest block cached
+    assert core.alloc(0, 512 * 1024, 0, CUPY) == (0, small[-1])
+    core.free(large[0])
+    core.free(small[-1])
+
+
+def test_the_large_tiers_cap_is_fixed(cache):
+    """64 MiB whatever the live bytes: a 64 MiB loop keeps hitting, a second 64 MiB
+    block evicts the first, a 128 MiB block is not kept."""
+    core.set_cache(0, 4 << 30)
+    rc, live = core.alloc(0, 8 << 30, 0, TORCH)  # live / 16 = 512 MiB: not the large cap
+    n, hits = allocs(cache), stats()["num_cache_hits"]
+    for _ in range(10):
+        rc, p = core.alloc(0, 64 * MIB, 0, CUPY)
+        assert rc == 0
+        core.free(p)
+    assert allocs(cache) == n + 1 and stats()["num_cache_hits"] == hits + 9
+    a = core.alloc(0, 64 * MIB, 0, CUPY)[1]
+    b = core.alloc(0, 64 * MIB, 0, CUPY)[1]
+    before = frees(cache)
+    core.free(a)
+    core.free(b)  # a (the older) goes back to the pool
+    assert frees(cache) == before + 1 and stats()["cached_large"] == 64 * MIB
+    assert core.alloc(0, 64 * MIB, 0, CUPY) == (0, b)
+    core.free(b)
+    rc, c = core.alloc(0, 128 * MIB, 0, CUPY)
+    before = frees(cache)
+    core.free(c)  # above the cap: not kept, and b stays
+    assert frees(cache) == before + 1 and stats()["cached_large"] == 64 * MIB
+    core.free(live)
+
+
+def test_the_small_tier_follows_the_live_bytes_and_the_limit(cache):
+    core.set_cache(0, 1 << 30)
+    core.set_cache_fraction(0, 1 / 16, MIB)
+    rc, live = core.alloc(0, 64 * MIB, 0, TORCH)  # cap 4 MiB
+    small = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(6)]
+    for p in small:
+        core.free(p)
+    assert stats()["cached_small"] == 4 * MIB
+    core.set_cache(0, 2 * MIB)  # the limit wins from the next put on
+    rc, p = core.alloc(0, 4096, 0, CUPY)
+    core.free(p)
+    assert stats()["cached_small"] == MIB + 4096  # the limit leaves room for it
+    core.set_cache(0, 64 * MIB)
+    core.set_cache_tiers(0, MIB, 64 * MIB)
+    rc, big = core.alloc(0, 63 * MIB, 0, CUPY)
+    core.free(big)  # the large tier's room under the limit: 64 MiB - the small tier's
+    assert stats()["cached_large"] == 0
+    core.free(live)
+
+
+def test_the_limit_bounds_both_tiers_together(cache):
+    core.set_cache(0, 48 * MIB)
+    core.set_cache_fraction(0, 1 / 16, 64 * MIB)
+    rc, big = core.alloc(0, 40 * MIB, 0, TORCH)
+    core.free(big)
+    assert stats()["cached_large"] == 40 * MIB
+    small = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(12)]
+    for p in small:
+        core.free(p)
+    s = stats()
+    assert s["cached_small"] == 8 * MIB and s["cached_large"] == 40 * MIB  # the small tier's room
+    assert s["cached"] <= 48 * MIB
+
+
+def test_cache_tiers_are_set_and_reported(cache):
+    s = stats()
+    assert (s["cache_small_max"], s["cache_large_cap"]) == (MIB, 64 * MIB)
+    assert s["cached_small"] == s["cached_large"] == 0
+    assert core.set_cache_tiers(0, 4 * MIB, 128 * MIB) == 0
+    s = stats()
+    assert (s["cache_small_max"], s["cache_large_cap"]) == (4 * MIB, 128 * MIB)
+    core.set_cache(0, 1 << 30)
+    rc, p = core.alloc(0, 3 * MIB, 0, CUPY)  # small now
+    core.free(p)
+    assert (stats()["cached_small"], stats()["cached_large"]) == (3 * MIB, 0)
+    assert core.set_cache_tiers(0) == 0  # the defaults; the block stays in its tier
+    s = stats()
+    assert (s["cache_small_max"], s["cache_large_cap"]) == (MIB, 64 * MIB)
+    assert (s["cached_small"], s["cached_large"]) == (3 * MIB, 0)
+    assert core.alloc(0, 3 * MIB, 0, CUPY) == (0, p)
+    assert stats()["cached"] == stats()["cached_small"] == 0
+    core.free(p)
+    assert (stats()["cached_small"], stats()["cached_large"]) == (0, 3 * MIB)
+    assert core.set_cache_tiers(5) == 6  # DEVICE: no such device
+
+
+def test_flush_trim_and_fork_empty_both_tiers(cache):
+    import os
+
+    core.set_cache(0, 1 << 30)
+    core.register_stream(SIDE)
+    ptrs = [core.alloc(0, n, st, CUPY)[1] for n in (4096, MIB, 8 * MIB) for st in (0, SIDE)]
+    for p in ptrs:
+        core.free(p)
+    assert stats()["cached_small"] == 2 * (MIB + 4096) and stats()["cached_large"] == 16 * MIB
+    pid = os.fork()
+    if pid == 0:
+        s = stats()
+        os._exit(0 if s["cached"] == s["cached_small"] == s["cached_large"] == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    before = frees(cache)
+    core.forget_stream(SIDE)  # both tiers' blocks of the stream go back
+    assert frees(cache) == before + 3
+    assert stats()["cached_small"] == MIB + 4096 and stats()["cached_large"] == 8 * MIB
+    assert core.trim(0, 0) == 0
+    assert frees(cache) == before + 6
+    s = stats()
+    assert s["cached"] == s["cached_small"] == s["cached_large"] == s["used"] == 0
+
+
+def test_trim_after_a_full_batch_trims_both_tiers(cache):
+    """cache_trim (after a put evicted a full batch) takes each tier down to its cap."""
+    core.set_cache(0, 1 << 30)
+    core.set_cache_fraction(0, 1 / 16, 64 * MIB)
+    small = [core.alloc(0, 4096 * (i + 1), 0, CUPY)[1] for i in range(40)]
+    large = [core.alloc(0, 2 * MIB, 0, CUPY)[1] for _ in range(16)]
+    for p in small + large:
+        core.free(p)
+    assert stats()["cached_large"] == 32 * MIB
+    core.set_cache_fraction(0, 0.0, 4096)  # the small tier's cap: 4 KiB at its next put
+    core.set_cache_tiers(0, MIB, 4 * MIB)
+    rc, p = core.alloc(0, 3 * MIB, 0, CUPY)
+    core.free(p)  # evicts 16 large blocks (a full batch): cache_trim goes on
+    s = stats()
+    assert s["cached_large"] <= 4 * MIB and s["cached_small"] <= 4096
+
+
+@pytest.mark.parametrize(
+    ("env", "expect"),
+    [
+        ({}, (MIB, 64 * MIB)),
+        (
+            {"BRIDGE_CACHE_SMALL_MAX": "4MiB", "BRIDGE_CACHE_LARGE_CAP": "256MiB"},
+            (4 * MIB, 256 * MIB),
+        ),
+        ({"BRIDGE_CACHE_LARGE_CAP": "0"}, (MIB, 0)),
+    ],
+)
+def test_cache_tiers_from_the_environment(standin, env, expect):
+    import os
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_CACHE_")}
+    e.update(env)
+    code = (
+        "from bridge import _runtime\n"
+        "_runtime.ensure_device(1)\n"
+        "s = _runtime.core.stats(1)[1]\n"
+        "print(s['cache_small_max'], s['cache_large_cap'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert tuple(int(x) for x in out.stdout.split()) == expect

@@ -270,6 +270,8 @@ def test_doctor_reads_what_the_library_reads():
         _runtime.CACHE_LIMIT_ENV,
         _runtime.CACHE_FRACTION_ENV,
         _runtime.CACHE_FLOOR_ENV,
+        _runtime.CACHE_SMALL_MAX_ENV,
+        _runtime.CACHE_LARGE_CAP_ENV,
         _pinned_backend.BACKEND_ENV,
         _runtime.DRIVER_LIBRARY_ENV,
         _wait.WAIT_ENV,

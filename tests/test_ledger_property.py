@@ -49,9 +49,14 @@ DRIVER_UNKNOWN = 999  # a driver error that is not out-of-memory
 DRIVER_OOM = 2
 CACHE_DEPTH = 16  # blocks kept per (stream, size) in cache.c
 MAX_BLOCK = 256 * MIB  # cache.c's default largest cached block
-# cache.c's cap: cached <= min(limit, max(FLOOR, live * FRACTION_Q16 / 65536))
+# cache.c's two tiers, each with its own order of caching and cap (the limit
+# bounds both together: each has the room under it that the other leaves):
+#   small (size <= SMALL_MAX): min(limit - large, max(FLOOR, live * FRACTION_Q16 / 65536))
+#   large:                     min(limit - small, LARGE_CAP)
 CACHE_FLOOR = 64 * MIB
 CACHE_FRACTION_Q16 = 65536 // 16
+CACHE_SMALL_MAX = MIB
+CACHE_LARGE_CAP = 64 * MIB
 CACHE_EVICT_MAX = 16  # blocks one cache_put evicts (then cache_trim goes on)
 
 sizes = st.one_of(
@@ -107,10 +112,14 @@ class Dev:
     cache_max_block: int = MAX_BLOCK
     cache: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # LIFO per key
     # (stream, size, ptr) of the cached blocks, the least recently cached first
+    # (both tiers: a tier's order is this list's entries of its sizes)
     order: list[tuple[int, int, int]] = field(default_factory=list)
 
     def cached(self) -> int:
         return sum(size * len(ptrs) for (_, size), ptrs in self.cache.items())
+
+    def tier_bytes(self, large: bool) -> int:
+        return sum(e[1] for e in self.order if (e[1] > CACHE_SMALL_MAX) == large)
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -247,15 +256,28 @@ class LedgerMachine(RuleBasedStateMachine):
         m.cache.clear()
         m.order.clear()
 
-    def evict_oldest(self, d: int) -> None:
-        """The least recently cached block goes back to the pool on its stream."""
+    def evict_oldest(self, d: int, large: bool) -> bool:
+        """The tier's least recently cached block goes back to the pool on its
+        stream; False when the tier is empty."""
         m = self.dev[d]
-        stream, size, ptr = m.order.pop(0)
+        e = next((e for e in m.order if (e[1] > CACHE_SMALL_MAX) == large), None)
+        if e is None:
+            return False
+        m.order.remove(e)
+        stream, size, ptr = e
         ptrs = m.cache[(stream, size)]
         ptrs.remove(ptr)
         if not ptrs:
             del m.cache[(stream, size)]
         self.release(d, size, stream)
+        return True
+
+    def cache_cap(self, d: int, large: bool, live: int) -> int:
+        m = self.dev[d]
+        room = max(0, m.cache_limit - m.tier_bytes(not large))
+        if large:
+            return min(room, CACHE_LARGE_CAP)
+        return min(room, max(CACHE_FLOOR, live * CACHE_FRACTION_Q16 >> 16))
 
     def cache_put(self, b: Block) -> bool:
         """Whether bridge_free keeps the block in the cache (and keep it)."""
@@ -265,20 +287,31 @@ class LedgerMachine(RuleBasedStateMachine):
         if not m.cache_limit or b.size > m.cache_max_block:
             return False
         live = m.base_used + self.live_bytes(b.dev)  # b already left out
-        cap = min(m.cache_limit, max(CACHE_FLOOR, live * CACHE_FRACTION_Q16 >> 16))
+        large = b.size > CACHE_SMALL_MAX
+        cap = self.cache_cap(b.dev, large, live)
         room = b.size <= cap and len(m.cache.get((b.stream, b.size), [])) < CACHE_DEPTH
-        n = 0
-        while n < CACHE_EVICT_MAX and m.order and m.cached() + (b.size if room else 0) > cap:
-            self.evict_oldest(b.dev)
+        n = 0  # the block's own tier only: the other keeps its blocks
+        while (
+            n < CACHE_EVICT_MAX
+            and m.tier_bytes(large) + (b.size if room else 0) > cap
+            and self.evict_oldest(b.dev, large)
+        ):
             n += 1
-        keep = room and m.cached() + b.size <= cap
-        while not keep and m.order and m.cached() > cap:  # cache_trim
-            self.evict_oldest(b.dev)
-        if not keep:
-            return False
-        m.cache.setdefault((b.stream, b.size), []).append(b.ptr)
-        m.order.append((b.stream, b.size, b.ptr))
-        return True
+        keep = room and m.tier_bytes(large) + b.size <= cap
+        if keep:
+            m.cache.setdefault((b.stream, b.size), []).append(b.ptr)
+            m.order.append((b.stream, b.size, b.ptr))
+        while n == CACHE_EVICT_MAX:  # a full batch: cache_trim, the small tier first
+            n = 0
+            for tier in (False, True):
+                cap = self.cache_cap(b.dev, tier, live)
+                while (
+                    n < CACHE_EVICT_MAX
+                    and m.tier_bytes(tier) > cap
+                    and self.evict_oldest(b.dev, tier)
+                ):
+                    n += 1
+        return keep
 
     def attempt(self, d: int, size: int, tag: int) -> int:
         """One try_alloc of the core, as the model sees it: the status."""

@@ -72,7 +72,8 @@ def test_a_budget_above_the_device_reports_the_device_as_total(led):
 
 def test_the_cache_and_the_pools_idle_memory_count_as_free(led):
     core.set_cache(0, 4 * GIB)
-    core.set_cache_fraction(0, 1 / 16, 256 * MIB)  # a floor above the block: it is kept
+    core.set_cache_fraction(0, 1 / 16, 256 * MIB)
+    core.set_cache_tiers(0, MIB, 256 * MIB)  # a large tier's cap above the block: it is kept
     core.set_limit(0, 15 * GIB)
     p = led.ok(128 * MIB, stream=0)  # freed on the default stream: kept in the cache
     led.free(p)

@@ -15,7 +15,8 @@
  *
  * The core never calls Python and never takes the GIL: it is called from
  * torch's allocator (any thread, autograd included), from the CuPy allocator
- * (which drops the GIL around it) and from Python for figures and limits.
+ * (which drops the GIL around bridge_alloc and bridge_free, not around
+ * bridge_alloc_cached and bridge_free_cached) and from Python for figures and limits.
  * Error handling: functions return a bridge_status; one place in Python
  * (bridge/_errors.py) turns these into exceptions.  Free paths never fail:
  * they count what went wrong (bad_frees, driver_errors).
@@ -55,7 +56,8 @@ typedef enum bridge_status {
     BRIDGE_E_TAG_LIMIT = 8, /* the request would pass the framework's own cap */
     BRIDGE_E_NOTINIT = 9,   /* bridge_init was not called */
     BRIDGE_E_FORKED = 10,   /* this process is a fork child of one that used CUDA */
-    BRIDGE_E_SHARE = 11     /* a share's file cannot be used (bridge_share_error says why) */
+    BRIDGE_E_SHARE = 11,    /* a share's file cannot be used (bridge_share_error says why) */
+    BRIDGE_E_MISS = 12      /* *_cached: the cache cannot; call bridge_alloc / bridge_free */
 } bridge_status;
 
 /* ---- driver loading (driver.c) ---- */
@@ -107,9 +109,33 @@ int bridge_set_tag_limit(int device, int tag, uint64_t limit);
  * for size > 0.  On budget or driver failure it synchronizes `stream`,
  * completes deferred frees, calls the pressure hook and retries once. */
 int bridge_alloc(int device, size_t size, void *stream, int tag, void **out);
+/* bridge_alloc served from the cache of freed blocks only: a block of `size`
+ * freed on `stream` (its key: per-thread streams are the calling thread's),
+ * adopted for `tag` under the tag's cap, noted in the history.  BRIDGE_OK on
+ * a hit (size 0: *out = NULL, as bridge_alloc); BRIDGE_E_MISS when nothing
+ * cached fits, the device is not set up yet or frees deferred by a capture
+ * are pending (bridge_alloc completes them first): then call bridge_alloc.
+ * BRIDGE_E_INVALID for a bad tag.  It takes the cache's lock and one records
+ * shard lock, both leaves that no holder keeps while calling Python or
+ * waiting; it never waits and makes no driver call, except to give a block
+ * back when adopting it failed (a tag's cap): fit for holding the GIL. */
+int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **out);
 /* Free a pointer the bridge handed out.  Never fails: an unknown pointer or a
  * double free is counted (bad_frees) and changes no figure. */
 void bridge_free(void *ptr);
+/* bridge_free into the cache of freed blocks only: BRIDGE_OK when the block
+ * was kept for the next allocation of its size on its stream without a
+ * driver call, an eviction or a wait (NULL: OK, nothing to free);
+ * BRIDGE_E_MISS otherwise, with nothing changed: then call bridge_free.
+ * Misses: a graph block, a block with streams recorded against it, a tag
+ * that is not cached, a short-lived stream, any capture active on the
+ * device, frees deferred by a capture pending, a cache that would have to
+ * evict (the block must fit under its tier's cap as the cache is; neither
+ * tier evicts for it) or is held by a waiter, or off, the history on, and unknown
+ * pointers and double frees (bridge_free counts those).  It takes one
+ * records shard lock and, under it, the cache's lock, both leaves that no
+ * holder keeps while calling Python or waiting: fit for holding the GIL. */
+int bridge_free_cached(void *ptr);
 /* `stream` may use `ptr`: its queued work completes before the memory is
  * reused.  Returns BRIDGE_E_INVALID for an unknown pointer. */
 int bridge_record_stream(void *ptr, void *stream);
@@ -120,11 +146,18 @@ int bridge_lookup(void *ptr, size_t *size, int *device, int *tag);
 /* Cap the cached bytes of a device (0 turns the cache off and empties it) and
  * the largest block that is cached. */
 int bridge_set_cache(int device, uint64_t limit, uint64_t max_block);
-/* The cache's cap follows what the frameworks hold on the device (`live`):
- * cached <= min(limit, max(floor, live * fraction)); past it the least
- * recently cached blocks go back to the pool.  Defaults: 1/16 and 64 MiB.
+/* The small tier's cap follows what the frameworks hold on the device
+ * (`live`): cached_small <= min(limit, max(floor, live * fraction)); past it
+ * the tier's least recently cached blocks go back to the pool.  Defaults:
+ * 1/16 and 64 MiB.
  * fraction in [0, 65536] (kept to 1/65536); BRIDGE_E_INVALID otherwise. */
 int bridge_set_cache_fraction(int device, double fraction, uint64_t floor);
+/* Two tiers: blocks of at most `small_max` bytes are capped as above; larger
+ * ones have their own least-recently-cached order under a fixed cap,
+ * cached_large <= min(limit, large_cap), and each tier evicts only its own
+ * blocks.  Defaults: 1 MiB and 64 MiB.  Blocks already cached stay where
+ * they are. */
+int bridge_set_cache_tiers(int device, uint64_t small_max, uint64_t large_cap);
 /* Blocks freed on `stream` may be cached: it lives as long as the process
  * (torch's pooled streams).  Default streams need no registration; other
  * streams' blocks are never cached, since a user stream may be destroyed
@@ -250,8 +283,12 @@ typedef struct bridge_stats {
     uint64_t num_wait_interrupts;  /* waits given up for Ctrl-C */
     uint64_t waiting;              /* threads waiting now */
     bridge_tag_stats tag[BRIDGE_NTAGS];
-    uint64_t cache_floor;  /* the cache's cap is at least this (under cache_limit) */
-    double cache_fraction; /* ... and at most this share of the live bytes */
+    uint64_t cache_floor;     /* the small tier's cap is at least this (under cache_limit) */
+    double cache_fraction;    /* ... and at most this share of the live bytes */
+    uint64_t cached_small;    /* `cached` in the small tier (blocks <= cache_small_max) */
+    uint64_t cached_large;    /* ... and in the large tier */
+    uint64_t cache_small_max; /* the largest block of the small tier */
+    uint64_t cache_large_cap; /* the large tier's fixed cap (under cache_limit) */
 } bridge_stats;
 
 int bridge_get_stats(int device, bridge_stats *out);

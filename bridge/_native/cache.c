@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* cache.c: exact-size, per-stream cache of freed blocks with least-recently-
- * cached eviction (see cache.h).
+ * cached eviction in two tiers (see cache.h).
  *
  * Each cached block is a node of a per-device array (allocated on the first
  * put, recycled through a free list).  A node is on two doubly-linked lists:
- * the device's order of caching (newest .. oldest), and its key's blocks
+ * its tier's order of caching (newest .. oldest), and its key's blocks
  * (top = newest .. bottom = oldest), the key being (stream, size) in an
  * open-addressed table.  A take pops the top of its key; an eviction removes
- * the device's oldest block, wherever its key is: both O(1). */
+ * the tier's oldest block, wherever its key is: both O(1).  The node keeps
+ * its tier, so a change of the boundary leaves every block where it was. */
 #include "cache.h"
 
 #include <pthread.h>
@@ -29,6 +30,7 @@ typedef struct node {
     uint32_t newer, older;   /* the device's order of caching; `older` also
                                 links the free list */
     uint32_t knewer, kolder; /* the blocks of the same key */
+    uint32_t tier;           /* TIER_SMALL or TIER_LARGE: the order it is on */
 } node;
 
 typedef struct slot {
@@ -39,18 +41,30 @@ typedef struct slot {
     uint32_t bottom; /* its oldest */
 } slot;
 
+enum { TIER_SMALL, TIER_LARGE, TIERS };
+
+/* One order of caching and its bytes.  Every write is made under the
+ * device's lock (a plain load and store: no locked instruction on the hot
+ * path); the atomics let figures be read without it. */
+typedef struct tier {
+    uint32_t newest, oldest; /* ends of the tier's order of caching */
+    _Atomic uint64_t bytes;  /* the tier's cached bytes */
+} tier;
+
 typedef struct dcache {
     pthread_mutex_t lock;
     slot *slots;                /* SLOTS entries, allocated on first put */
     node *nodes;                /* NODES entries, allocated with slots */
     uint32_t nused;             /* nodes[0..nused) were handed out */
     uint32_t free_head;         /* nodes given back, linked by `older` */
-    uint32_t newest, oldest;    /* ends of the order of caching */
-    _Atomic uint64_t bytes;     /* cached bytes; <= the cap after every put */
-    _Atomic uint64_t limit;     /* hard cap; 0 = caching off */
+    tier tiers[TIERS];          /* blocks <= small_max, and the larger ones */
+    _Atomic uint64_t bytes;     /* cached bytes, both tiers; written under the lock */
+    _Atomic uint64_t limit;     /* hard cap of `bytes`; 0 = caching off */
     _Atomic uint64_t max_block; /* larger blocks are never cached */
-    _Atomic uint64_t fraction;  /* the cap's share of live bytes, x 65536 */
-    _Atomic uint64_t floor;     /* the cap is at least this (under `limit`) */
+    _Atomic uint64_t fraction;  /* the small tier's share of live bytes, x 65536 */
+    _Atomic uint64_t floor;     /* the small tier's cap is at least this */
+    _Atomic uint64_t small_max; /* the largest block of the small tier */
+    _Atomic uint64_t large_cap; /* the large tier's fixed cap */
     uint32_t keys;              /* slots with size != 0; <= SLOTS / 2 */
     uint32_t live_keys;         /* slots with n > 0; <= keys */
     int held;                   /* threads waiting for memory (wait.c): while > 0
@@ -61,12 +75,30 @@ typedef struct dcache {
 static dcache caches[BRIDGE_MAX_DEVICES] = {
     [0 ... BRIDGE_MAX_DEVICES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER,
                                       .free_head = NONE,
-                                      .newest = NONE,
-                                      .oldest = NONE,
+                                      .tiers = {{NONE, NONE, 0}, {NONE, NONE, 0}},
                                       .limit = DEFAULT_LIMIT,
                                       .max_block = BRIDGE_CACHE_MAX_BLOCK,
                                       .fraction = BRIDGE_CACHE_FRACTION_Q16,
-                                      .floor = BRIDGE_CACHE_FLOOR}};
+                                      .floor = BRIDGE_CACHE_FLOOR,
+                                      .small_max = BRIDGE_CACHE_SMALL_MAX,
+                                      .large_cap = BRIDGE_CACHE_LARGE_CAP}};
+
+#define RELAXED memory_order_relaxed
+
+/* bytes += delta (a two's complement delta subtracts), for a counter written
+ * only under the device's lock */
+static inline void add_locked(_Atomic uint64_t *v, uint64_t delta)
+{
+    atomic_store_explicit(v, atomic_load_explicit(v, RELAXED) + delta, RELAXED);
+}
+
+static void reset_tiers(dcache *c)
+{
+    for (int t = 0; t < TIERS; t++) {
+        c->tiers[t].newest = c->tiers[t].oldest = NONE;
+        atomic_store(&c->tiers[t].bytes, 0);
+    }
+}
 
 /* The slot index comes from the TOP bits of a 64-bit multiplicative hash:
  * sizes that are multiples of 1 MiB and aligned stream handles have low
@@ -121,17 +153,18 @@ static int compact(dcache *c)
     return 1;
 }
 
-/* Node i becomes the newest of the device and of its key. */
+/* Node i becomes the newest of its tier and of its key. */
 static void link_node(dcache *c, slot *sl, uint32_t i)
 {
     node *nd = &c->nodes[i];
+    tier *t = &c->tiers[nd->tier];
     nd->newer = NONE;
-    nd->older = c->newest;
-    if (c->newest != NONE)
-        c->nodes[c->newest].newer = i;
+    nd->older = t->newest;
+    if (t->newest != NONE)
+        c->nodes[t->newest].newer = i;
     else
-        c->oldest = i;
-    c->newest = i;
+        t->oldest = i;
+    t->newest = i;
     nd->knewer = NONE;
     nd->kolder = sl->top;
     if (sl->top != NONE)
@@ -147,14 +180,15 @@ static void link_node(dcache *c, slot *sl, uint32_t i)
 static inline __attribute__((always_inline)) void unlink_node(dcache *c, slot *sl, uint32_t i)
 {
     node *nd = &c->nodes[i];
+    tier *t = &c->tiers[nd->tier];
     if (nd->newer != NONE)
         c->nodes[nd->newer].older = nd->older;
     else
-        c->newest = nd->older;
+        t->newest = nd->older;
     if (nd->older != NONE)
         c->nodes[nd->older].newer = nd->newer;
     else
-        c->oldest = nd->newer;
+        t->oldest = nd->newer;
     if (nd->knewer != NONE)
         c->nodes[nd->knewer].kolder = nd->kolder;
     else
@@ -167,7 +201,8 @@ static inline __attribute__((always_inline)) void unlink_node(dcache *c, slot *s
         c->live_keys--;
     nd->older = c->free_head;
     c->free_head = i;
-    atomic_fetch_sub_explicit(&c->bytes, nd->size, memory_order_relaxed);
+    add_locked(&t->bytes, -nd->size);
+    add_locked(&c->bytes, -nd->size);
 }
 
 static uint32_t new_node(dcache *c)
@@ -180,28 +215,40 @@ static uint32_t new_node(dcache *c)
     return i;
 }
 
-/* cached <= min(limit, max(floor, live * fraction)); `held`: the device's
- * committed bytes, the cached ones included (live = held - cached). */
-static uint64_t cap_for(dcache *c, uint64_t held)
+/* The cap of each tier; `held`: the device's committed bytes, the cached ones
+ * included (live = held - cached).  The limit bounds both tiers together:
+ * each has the room under it that the other leaves.
+ *     small: cached_small <= min(limit - cached_large, max(floor, live * fraction))
+ *     large: cached_large <= min(limit - cached_small, large_cap) */
+static uint64_t cap_for(dcache *c, int t, uint64_t held)
 {
-    uint64_t cached = atomic_load_explicit(&c->bytes, memory_order_relaxed);
-    uint64_t live = held > cached ? held - cached : 0;
-    uint64_t limit = atomic_load_explicit(&c->limit, memory_order_relaxed);
-    uint64_t floor = atomic_load_explicit(&c->floor, memory_order_relaxed);
-    unsigned __int128 share =
-        ((unsigned __int128)live * atomic_load_explicit(&c->fraction, memory_order_relaxed)) >> 16;
-    uint64_t cap = share > floor ? (share > limit ? limit : (uint64_t)share) : floor;
-    return cap < limit ? cap : limit;
+    uint64_t limit = atomic_load_explicit(&c->limit, RELAXED);
+    uint64_t other = atomic_load_explicit(&c->tiers[!t].bytes, RELAXED);
+    uint64_t room = limit > other ? limit - other : 0;
+    uint64_t cap;
+    if (t == TIER_LARGE) {
+        cap = atomic_load_explicit(&c->large_cap, RELAXED);
+    } else {
+        uint64_t cached = atomic_load_explicit(&c->bytes, RELAXED);
+        uint64_t live = held > cached ? held - cached : 0;
+        uint64_t floor = atomic_load_explicit(&c->floor, RELAXED);
+        unsigned __int128 share =
+            ((unsigned __int128)live * atomic_load_explicit(&c->fraction, RELAXED)) >> 16;
+        cap = share > floor ? (share > room ? room : (uint64_t)share) : floor;
+    }
+    return cap < room ? cap : room;
 }
 
-/* Move the oldest blocks to `out` (at most `max`) until cached + extra <= cap. */
-static __attribute__((noinline)) int evict(dcache *c, uint64_t cap, uint64_t extra,
+/* Move tier t's oldest blocks to `out` (at most `max`) until its bytes + extra
+ * <= cap. */
+static __attribute__((noinline)) int evict(dcache *c, int t, uint64_t cap, uint64_t extra,
                                            cache_block *out, int max)
 {
+    tier *tr = &c->tiers[t];
     int k = 0;
-    while (k < max && c->oldest != NONE &&
-           atomic_load_explicit(&c->bytes, memory_order_relaxed) + extra > cap) {
-        uint32_t i = c->oldest;
+    while (k < max && tr->oldest != NONE &&
+           atomic_load_explicit(&tr->bytes, RELAXED) + extra > cap) {
+        uint32_t i = tr->oldest;
         node *nd = &c->nodes[i];
         out[k++] = (cache_block){nd->ptr, nd->size, nd->stream};
         unlink_node(c, find(c, nd->stream, nd->size, 0), i);
@@ -221,15 +268,16 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size)
         /* the newest block of the key: the top of its list */
         uint32_t i = sl->top;
         node *nd = &c->nodes[i];
+        tier *t = &c->tiers[nd->tier];
         p = nd->ptr;
         if (nd->newer != NONE)
             c->nodes[nd->newer].older = nd->older;
         else
-            c->newest = nd->older;
+            t->newest = nd->older;
         if (nd->older != NONE)
             c->nodes[nd->older].newer = nd->newer;
         else
-            c->oldest = nd->newer;
+            t->oldest = nd->newer;
         sl->top = nd->kolder;
         if (sl->top != NONE)
             c->nodes[sl->top].knewer = NONE;
@@ -239,17 +287,19 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size)
             c->live_keys--;
         nd->older = c->free_head;
         c->free_head = i;
-        atomic_fetch_sub_explicit(&c->bytes, size, memory_order_relaxed);
+        add_locked(&t->bytes, -size);
+        add_locked(&c->bytes, -size);
     }
     pthread_mutex_unlock(&c->lock);
     return p;
 }
 
-int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
-              cache_block *evicted, int *nevicted)
+/* cache_put and cache_put_no_evict: `evicted` NULL means evict nothing,
+ * decline when the block does not fit as the cache is. */
+static int put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+               cache_block *evicted, int *nevicted)
 {
     dcache *c = &caches[device];
-    *nevicted = 0;
     if (!atomic_load_explicit(&c->limit, memory_order_relaxed) ||
         size > atomic_load_explicit(&c->max_block, memory_order_relaxed))
         return 0;
@@ -263,35 +313,54 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_
             c->slots = NULL;
         }
         c->nused = 0;
-        c->free_head = c->newest = c->oldest = NONE;
+        c->free_head = NONE;
+        reset_tiers(c);
     }
     /* c->held: read under the lock already taken (no cost when nobody waits) */
     if (c->slots && !c->held) {
-        /* under the floor and the limit: under the cap, whatever the live bytes */
-        uint64_t low = atomic_load_explicit(&c->floor, memory_order_relaxed);
-        uint64_t limit = atomic_load_explicit(&c->limit, memory_order_relaxed);
-        low = low < limit ? low : limit;
-        uint64_t bytes = atomic_load_explicit(&c->bytes, memory_order_relaxed);
-        uint64_t cap = bytes + size <= low ? low : cap_for(c, held);
+        /* the block's tier decides the cap it is held to (and the only
+         * blocks it may evict: the other tier keeps its own) */
+        int t = size > atomic_load_explicit(&c->small_max, RELAXED) ? TIER_LARGE : TIER_SMALL;
+        tier *tr = &c->tiers[t];
+        uint64_t bytes = atomic_load_explicit(&tr->bytes, RELAXED);
+        uint64_t cap;
+        if (t == TIER_SMALL) {
+            /* under the floor and the limit: under the cap, whatever the live
+             * bytes (the large tier's bytes are part of what the limit holds) */
+            uint64_t low = atomic_load_explicit(&c->floor, RELAXED);
+            uint64_t limit = atomic_load_explicit(&c->limit, RELAXED);
+            uint64_t large = atomic_load_explicit(&c->tiers[TIER_LARGE].bytes, RELAXED);
+            limit = limit > large ? limit - large : 0;
+            low = low < limit ? low : limit;
+            cap = bytes + size <= low ? low : cap_for(c, t, held);
+        } else {
+            cap = cap_for(c, t, held);
+        }
+        /* no eviction allowed: no room in the block's tier as it is, no change
+         * (not even a new key) */
+        int room = evicted || bytes + size <= cap;
         slot *sl = NULL;
-        if (size <= cap) {
+        if (room && size <= cap) {
             sl = find(c, stream, size, 1);
             if (!sl && compact(c))
                 sl = find(c, stream, size, 1);
             if (sl && sl->n >= DEPTH)
                 sl = NULL;
         }
-        /* room for the block when it is kept; else back under the cap */
-        if (bytes + size > cap)
-            *nevicted = evict(c, cap, sl ? size : 0, evicted, BRIDGE_CACHE_EVICT_MAX);
-        if (sl && atomic_load_explicit(&c->bytes, memory_order_relaxed) + size <= cap) {
+        /* room for the block when it is kept; else back under the cap (the
+         * block's own tier only: the other tier keeps its blocks) */
+        if (evicted && bytes + size > cap)
+            *nevicted = evict(c, t, cap, sl ? size : 0, evicted, BRIDGE_CACHE_EVICT_MAX);
+        if (sl && atomic_load_explicit(&tr->bytes, RELAXED) + size <= cap) {
             uint32_t i = new_node(c);
             if (i != NONE) {
                 c->nodes[i].ptr = ptr;
                 c->nodes[i].size = size;
                 c->nodes[i].stream = stream;
+                c->nodes[i].tier = (uint32_t)t;
                 link_node(c, sl, i);
-                atomic_fetch_add_explicit(&c->bytes, size, memory_order_relaxed);
+                add_locked(&tr->bytes, size);
+                add_locked(&c->bytes, size);
                 kept = 1;
             }
         }
@@ -300,13 +369,29 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_
     return kept;
 }
 
+int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+              cache_block *evicted, int *nevicted)
+{
+    *nevicted = 0;
+    return put(device, stream, size, ptr, held, evicted, nevicted);
+}
+
+int cache_put_no_evict(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held)
+{
+    return put(device, stream, size, ptr, held, NULL, NULL);
+}
+
 int cache_trim(int device, uint64_t held, cache_block *evicted)
 {
     dcache *c = &caches[device];
     if (!atomic_load_explicit(&c->bytes, memory_order_relaxed))
         return 0;
+    int k = 0;
     pthread_mutex_lock(&c->lock);
-    int k = c->slots ? evict(c, cap_for(c, held), 0, evicted, BRIDGE_CACHE_EVICT_MAX) : 0;
+    /* each tier down to its cap, the small one first (the large tier's cap
+     * is then read with the small tier's bytes after the eviction) */
+    for (int t = 0; c->slots && t < TIERS && k < BRIDGE_CACHE_EVICT_MAX; t++)
+        k += evict(c, t, cap_for(c, t, held), 0, evicted + k, BRIDGE_CACHE_EVICT_MAX - k);
     pthread_mutex_unlock(&c->lock);
     return k;
 }
@@ -320,17 +405,21 @@ uint64_t cache_flush(int device, cache_release_fn release)
     pthread_mutex_lock(&c->lock);
     slot *old = c->slots;
     node *nodes = c->nodes;
-    uint32_t i = c->oldest;
+    uint32_t first[TIERS];
+    for (int t = 0; t < TIERS; t++)
+        first[t] = c->tiers[t].oldest;
     c->slots = NULL;
     c->nodes = NULL;
-    c->newest = c->oldest = c->free_head = NONE;
+    c->free_head = NONE;
+    reset_tiers(c);
     c->nused = 0;
     c->keys = 0;
     c->live_keys = 0;
     uint64_t bytes = atomic_exchange(&c->bytes, 0);
     pthread_mutex_unlock(&c->lock);
-    for (; nodes && i != NONE; i = nodes[i].newer)
-        release(device, nodes[i].ptr, nodes[i].size, nodes[i].stream);
+    for (int t = 0; nodes && t < TIERS; t++)
+        for (uint32_t i = first[t]; i != NONE; i = nodes[i].newer)
+            release(device, nodes[i].ptr, nodes[i].size, nodes[i].stream);
     free(nodes);
     free(old);
     return bytes;
@@ -348,14 +437,16 @@ uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn releas
         /* a batch at a time, oldest first: taken under the lock, released after */
         int n = 0;
         pthread_mutex_lock(&c->lock);
-        for (uint32_t i = c->slots ? c->oldest : NONE; i != NONE && n < BATCH;) {
-            node *nd = &c->nodes[i];
-            uint32_t next = nd->newer;
-            if (nd->stream == stream) {
-                out[n++] = (cache_block){nd->ptr, nd->size, nd->stream};
-                unlink_node(c, find(c, nd->stream, nd->size, 0), i);
+        for (int t = 0; c->slots && t < TIERS; t++) {
+            for (uint32_t i = c->tiers[t].oldest; i != NONE && n < BATCH;) {
+                node *nd = &c->nodes[i];
+                uint32_t next = nd->newer;
+                if (nd->stream == stream) {
+                    out[n++] = (cache_block){nd->ptr, nd->size, nd->stream};
+                    unlink_node(c, find(c, nd->stream, nd->size, 0), i);
+                }
+                i = next;
             }
-            i = next;
         }
         pthread_mutex_unlock(&c->lock);
         for (int k = 0; k < n; k++) {
@@ -407,6 +498,27 @@ uint64_t cache_floor(int device)
     return atomic_load(&caches[device].floor);
 }
 
+void cache_set_tiers(int device, uint64_t small_max, uint64_t large_cap)
+{
+    atomic_store(&caches[device].small_max, small_max);
+    atomic_store(&caches[device].large_cap, large_cap);
+}
+
+uint64_t cache_small_max(int device)
+{
+    return atomic_load(&caches[device].small_max);
+}
+
+uint64_t cache_large_cap(int device)
+{
+    return atomic_load(&caches[device].large_cap);
+}
+
+uint64_t cache_tier_bytes(int device, int large)
+{
+    return atomic_load(&caches[device].tiers[large ? TIER_LARGE : TIER_SMALL].bytes);
+}
+
 /* A fork child forgets the parent's cached blocks without taking a lock. */
 void cache_forget_after_fork(void)
 {
@@ -416,7 +528,8 @@ void cache_forget_after_fork(void)
         caches[i].slots = NULL;
         caches[i].nodes = NULL;
         caches[i].nused = 0;
-        caches[i].free_head = caches[i].newest = caches[i].oldest = NONE;
+        caches[i].free_head = NONE;
+        reset_tiers(&caches[i]);
         caches[i].keys = caches[i].live_keys = 0;
         caches[i].held = 0;
         atomic_store(&caches[i].bytes, 0);

@@ -6,12 +6,18 @@
  * event, and the allocation costs a lock and a pop instead of two driver
  * calls.  Cached bytes stay counted in the budget (they are the ledger's), and
  * go back to the pool whenever an allocation would fail, on empty_cache /
- * free_all_blocks, and when the cap is passed: then the least recently cached
- * blocks go first.  The cap follows the bytes the frameworks hold (`live`):
+ * free_all_blocks, and when a cap is passed.  Blocks are cached in two
+ * tiers, each with its own least-recently-cached order and cap, and each
+ * evicting only its own oldest blocks (so one large block cached does not
+ * push out many small ones):
  *
- *     cached <= min(limit, max(floor, live * fraction))
+ *     small (size <= small_max): cached_small <= min(limit, max(floor, live * fraction))
+ *     large (the others):        cached_large <= min(limit, large_cap)
  *
- * (defaults: fraction 1/16, floor 64 MiB, limit set by the ledger at set-up).
+ * `live` is the bytes the frameworks hold; the limit bounds the two tiers
+ * together (each has the room under it that the other leaves).  Defaults:
+ * small_max 1 MiB, large_cap 64 MiB, fraction 1/16, floor 64 MiB, the limit
+ * set by the ledger at set-up.
  */
 #ifndef BRIDGE_CACHE_H
 #define BRIDGE_CACHE_H
@@ -25,6 +31,9 @@
 /* Defaults of the cap's floor and fraction of the live bytes (cache_set_share). */
 #define BRIDGE_CACHE_FLOOR        (64ull << 20)
 #define BRIDGE_CACHE_FRACTION_Q16 (65536u / 16) /* 1/16, in units of 1/65536 */
+/* Defaults of the tiers' boundary and of the large tier's cap (cache_set_tiers). */
+#define BRIDGE_CACHE_SMALL_MAX    (1ull << 20)
+#define BRIDGE_CACHE_LARGE_CAP    (64ull << 20)
 /* Most blocks one cache_put or cache_trim hands back for eviction. */
 #define BRIDGE_CACHE_EVICT_MAX    16
 
@@ -43,14 +52,19 @@ typedef struct cache_block {
 uintptr_t cache_take(int device, CUstream stream, uint64_t size);
 /* Keep a freed block; 1 when kept, 0 when the caller must free it.  `held`:
  * the device's committed bytes, this block left out (the cached bytes
- * included: live = held - cached).  The oldest cached blocks that no longer
- * fit under the cap are moved to `evicted` (BRIDGE_CACHE_EVICT_MAX entries),
+ * included: live = held - cached).  The oldest cached blocks of the block's
+ * tier that no longer fit under its cap are moved to `evicted` (BRIDGE_CACHE_EVICT_MAX entries),
  * their number to *nevicted: the caller releases them, and calls cache_trim
  * while a full array came back. */
 int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
               cache_block *evicted, int *nevicted);
-/* Evict the oldest blocks until the cap (for `held`, as cache_put's) holds,
- * at most BRIDGE_CACHE_EVICT_MAX per call; returns how many went to `evicted`. */
+/* cache_put that evicts nothing: keeps the block only if it fits under its
+ * tier's cap as the cache is (1), else leaves the cache as it was (0); neither
+ * tier loses a block.  For a free that must make no driver call
+ * (bridge_free_cached). */
+int cache_put_no_evict(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held);
+/* Evict each tier's oldest blocks until its cap (for `held`, as cache_put's)
+ * holds, at most BRIDGE_CACHE_EVICT_MAX per call; returns how many went to `evicted`. */
 int cache_trim(int device, uint64_t held, cache_block *evicted);
 /* Hand every cached block of `device` to `release`; returns the bytes. */
 uint64_t cache_flush(int device, cache_release_fn release);
@@ -63,10 +77,17 @@ void cache_hold(int device, int on);
 /* Hard cap of cached bytes per device (0 disables) and the largest cached block. */
 void cache_set_limits(int device, uint64_t limit, uint64_t max_block);
 uint64_t cache_limit(int device);
-/* The cap's share of the live bytes (in units of 1/65536) and its floor. */
+/* The small tier's share of the live bytes (in units of 1/65536) and its floor. */
 void cache_set_share(int device, uint64_t fraction_q16, uint64_t floor);
 uint64_t cache_fraction_q16(int device);
 uint64_t cache_floor(int device);
+/* The largest block of the small tier and the large tier's fixed cap; blocks
+ * already cached stay in their tier. */
+void cache_set_tiers(int device, uint64_t small_max, uint64_t large_cap);
+uint64_t cache_small_max(int device);
+uint64_t cache_large_cap(int device);
+/* The cached bytes of the small (large = 0) or the large tier. */
+uint64_t cache_tier_bytes(int device, int large);
 /* A fork child forgets the cached blocks (no lock taken). */
 void cache_forget_after_fork(void);
 

@@ -2,10 +2,16 @@
 /* cupy_alloc.c: CuPy's allocator on the shared pool (bridge._core.CupyAllocator).
  *
  * The callable handed to cupy.cuda.set_allocator by the CuPy adapter
- * (adapters/cupy.py): it asks CuPy for the device and stream, allocates
- * without the GIL, and wraps the block (a Block, pyblock.h) in CuPy's
- * UnownedMemory + MemoryPointer.  CuPy's classes and functions come from the
- * adapter: this file imports nothing of CuPy's.
+ * (adapters/cupy.py): it asks CuPy for the device and stream, allocates,
+ * and wraps the block (a Block, pyblock.h) in CuPy's UnownedMemory +
+ * MemoryPointer.  A block the core's cache of freed blocks holds is taken
+ * with the GIL kept (bridge_alloc_cached: a lock and a pop, no driver call,
+ * no wait); only a miss releases the GIL around bridge_alloc, which may call
+ * the driver, run the recovery chain or wait for memory.  Releasing it on
+ * every call let other threads take it each time, and the allocating thread
+ * could then wait a whole switch interval to get it back (a convoy).  CuPy's
+ * classes and functions come from the adapter: this file imports nothing of
+ * CuPy's.
  */
 #include "pyblock.h"
 
@@ -25,6 +31,7 @@ typedef struct {
     PyObject *pointer;    /* cupy.cuda.memory.MemoryPointer */
     PyObject *on_failure; /* (size, device, stream, status) -> MemoryPointer or raise */
     int tag;
+    unsigned long long num_gil_releases; /* calls that went to bridge_alloc without the GIL */
     vectorcallfunc vectorcall;
 } CupyAllocator;
 
@@ -111,10 +118,14 @@ static PyObject *CupyAllocator_vectorcall(PyObject *callable, PyObject *const *a
         return NULL;
     }
     void *ptr = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_alloc((int)dev, size, stream, self->tag, &ptr);
-    Py_END_ALLOW_THREADS
+    /* a cache hit keeps the GIL; a miss drops it around the core */
+    int rc = bridge_alloc_cached((int)dev, size, stream, self->tag, &ptr);
+    if (rc == BRIDGE_E_MISS) {
+        self->num_gil_releases++;
+        Py_BEGIN_ALLOW_THREADS
+        rc = bridge_alloc((int)dev, size, stream, self->tag, &ptr);
+        Py_END_ALLOW_THREADS
+    }
     if (rc != BRIDGE_OK) {
         Py_DECREF(stream_obj);
         if (raise_if_interrupted() < 0)
@@ -176,6 +187,19 @@ static PyMethodDef CupyAllocator_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef CupyAllocator_members[] = {
+    {"num_gil_releases", T_ULONGLONG, offsetof(CupyAllocator, num_gil_releases), READONLY,
+     "Calls that released the GIL: those the cache of freed blocks could not serve."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyDoc_STRVAR(CupyAllocator_doc,
+             "CuPy allocator on the shared pool: call with a size, get a MemoryPointer.\n"
+             "\n"
+             "A block the core's cache of freed blocks holds (same size, same stream) is\n"
+             "served with the GIL held; any other request releases the GIL while the core\n"
+             "allocates.  num_gil_releases (read-only) counts the calls that released it.");
+
 static PyTypeObject CupyAllocatorType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.CupyAllocator",
     .tp_basicsize = sizeof(CupyAllocator),
@@ -183,10 +207,11 @@ static PyTypeObject CupyAllocatorType = {
     .tp_vectorcall_offset = offsetof(CupyAllocator, vectorcall),
     .tp_call = PyVectorcall_Call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "CuPy allocator on the shared pool: call with a size, get a MemoryPointer.",
+    .tp_doc = CupyAllocator_doc,
     .tp_traverse = (traverseproc)CupyAllocator_traverse,
     .tp_clear = (inquiry)CupyAllocator_clear,
     .tp_methods = CupyAllocator_methods,
+    .tp_members = CupyAllocator_members,
     .tp_new = CupyAllocator_new,
 };
 

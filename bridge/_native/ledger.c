@@ -295,13 +295,19 @@ void ledger_count_alloc(device_state *d, int tag, uint64_t size)
     atomic_fetch_add_explicit(&d->num_allocs, 1, RELAXED);
 }
 
-void ledger_count_free(device_state *d, const record *rec)
+/* A free's accumulated figures (ledger_count_free less the tag's current bytes). */
+static inline void count_freed(device_state *d, const record *rec)
 {
     tag_state *t = &d->tag[rec->tag];
-    atomic_fetch_sub_explicit(&t->current, rec->size, RELAXED);
     atomic_fetch_add_explicit(&t->freed, rec->size, RELAXED);
     atomic_fetch_add_explicit(&t->num_frees, 1, RELAXED);
     atomic_fetch_add_explicit(&d->num_frees, 1, RELAXED);
+}
+
+void ledger_count_free(device_state *d, const record *rec)
+{
+    atomic_fetch_sub_explicit(&d->tag[rec->tag].current, rec->size, RELAXED);
+    count_freed(d, rec);
 }
 
 int bridge_set_limit(int device, uint64_t limit)
@@ -586,6 +592,14 @@ int bridge_set_cache_fraction(int device, double fraction, uint64_t floor)
     return BRIDGE_OK;
 }
 
+int bridge_set_cache_tiers(int device, uint64_t small_max, uint64_t large_cap)
+{
+    if (!device_of(device))
+        return BRIDGE_E_DEVICE;
+    cache_set_tiers(device, small_max, large_cap);
+    return BRIDGE_OK;
+}
+
 /* records_take's `keep` for bridge_free: a graph block stays in the table,
  * marked freed by the user, because replays may still write it; the pool's
  * release returns it.  Runs under the shard lock, so the mark and the figures
@@ -602,6 +616,15 @@ static int keep_graph_block(record *r)
     ledger_count_free(d, r);
     atomic_fetch_add_explicit(&d->graph_bytes, r->size, RELAXED);
     return 1;
+}
+
+/* May a freed block wait in the cache (bridge_free, bridge_free_cached):
+ * no stream recorded against it (its free is ordered after them), its tag
+ * cached, and its stream one that outlives the block. */
+static inline int cacheable(const record *rec)
+{
+    return !rec->nrec && !(atomic_load_explicit(&uncached_tags, RELAXED) & (1u << rec->tag)) &&
+           stream_long_lived(rec->stream);
 }
 
 void bridge_free(void *ptr)
@@ -633,8 +656,7 @@ void bridge_free(void *ptr)
     /* kept for the next allocation of this size on this stream; the oldest
      * cached blocks beyond the cap go back to the pool (after the cache's
      * lock is dropped) */
-    if (!rec.nrec && !(atomic_load_explicit(&uncached_tags, RELAXED) & (1u << rec.tag)) &&
-        stream_long_lived(rec.stream)) {
+    if (cacheable(&rec)) {
         cache_block evicted[BRIDGE_CACHE_EVICT_MAX];
         int nevicted;
         uint64_t held = cache_held(d, rec.size);
@@ -650,6 +672,48 @@ void bridge_free(void *ptr)
     ledger_release(d, &rec);
     if (atomic_load_explicit(&d->num_deferred, RELAXED))
         ledger_flush_deferred(d);
+}
+
+/* records_take's `keep` for bridge_free_cached, under the shard lock: the
+ * block goes to the cache only when that needs no driver call and no
+ * eviction; then the record is taken (0).  Otherwise nothing changes and the
+ * record stays (FREE_DECLINED): a graph block, a block that is not cacheable,
+ * any capture on the device (asking the driver whether its stream captures
+ * is a call), frees deferred by a capture pending (completing them makes
+ * driver calls), or a cache that would have to evict.  The tag's bytes drop
+ * before the block is visible in the cache: an allocation that adopts it at
+ * once (it waits for this shard lock to insert its record, not to count)
+ * never counts it twice in the tag's peak.  A decline adds them back. */
+#define FREE_DECLINED 3
+static int cache_or_keep(record *r)
+{
+    device_state *d = &bridge_devices[r->device];
+    if ((r->flags & REC_GRAPH) || !cacheable(r) ||
+        atomic_load_explicit(&d->captures_active, RELAXED) ||
+        atomic_load_explicit(&d->num_deferred, RELAXED))
+        return FREE_DECLINED;
+    tag_state *t = &d->tag[r->tag];
+    atomic_fetch_sub_explicit(&t->current, r->size, RELAXED);
+    if (!cache_put_no_evict(r->device, r->stream, r->size, r->ptr, cache_held(d, r->size))) {
+        atomic_fetch_add_explicit(&t->current, r->size, RELAXED);
+        return FREE_DECLINED;
+    }
+    count_freed(d, r);
+    return 0;
+}
+
+int bridge_free_cached(void *ptr)
+{
+    if (!ptr)
+        return BRIDGE_OK; /* as bridge_free: nothing to free */
+    /* A fork child: bridge_free ignores it.  History on: the free's note
+     * must precede any reuse of the block, and its stack hook runs Python,
+     * which no shard lock may be held across: bridge_free notes it. */
+    if (bridge_forked() || atomic_load_explicit(&bridge_history_on, RELAXED))
+        return BRIDGE_E_MISS;
+    record rec;
+    /* unknown pointers and double frees miss too: bridge_free counts them */
+    return records_take((uintptr_t)ptr, &rec, cache_or_keep) == 0 ? BRIDGE_OK : BRIDGE_E_MISS;
 }
 
 /* ---- allocation ---- */
@@ -727,6 +791,19 @@ static int retry_alloc(void *ctx, int freed, void **out)
     return rc;
 }
 
+/* The cache's fast path, shared by alloc_block and bridge_alloc_cached: a
+ * block of this size freed on this stream (one lock, one pop, one shard lock;
+ * no driver call, so no context needed), adopted for `tag`.  BRIDGE_E_MISS
+ * when none is cached, or when adopting it failed (the tag's cap, no host
+ * memory for the record): adopt_cached gave the block back to the pool. */
+static int take_cached(device_state *d, int device, size_t size, CUstream key, int tag, void **out)
+{
+    uintptr_t hit = cache_take(device, key, size);
+    if (hit && adopt_cached(d, device, hit, size, key, tag, out) == BRIDGE_OK)
+        return BRIDGE_OK;
+    return BRIDGE_E_MISS;
+}
+
 static int alloc_block(int device, size_t size, void *stream, int tag, void **out)
 {
     *out = NULL;
@@ -741,10 +818,8 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
     CUstream key = stream_key((CUstream)stream);
     if (atomic_load_explicit(&d->num_deferred, RELAXED))
         ledger_flush_deferred(d);
-    /* fastest path: a block of this size freed on this stream (one lock, one
-     * pop, one shard lock; no driver call, so no context needed) */
-    uintptr_t hit = cache_take(device, key, size);
-    if (hit && adopt_cached(d, device, hit, size, key, tag, out) == BRIDGE_OK)
+    /* fastest path: a block of this size freed on this stream */
+    if (take_cached(d, device, size, key, tag, out) == BRIDGE_OK)
         return BRIDGE_OK;
     ctx_guard g;
     ctx_enter(d, &g);
@@ -796,14 +871,38 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
     return rc;
 }
 
+/* The history's note of an allocation (handed out or refused); off: one
+ * relaxed load.  Outside every lock of the core (the stack hook runs Python). */
+static inline void note_alloc(int rc, int device, size_t size, void *stream, int tag, void *out)
+{
+    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size &&
+        (rc == BRIDGE_OK || retryable(rc) || rc == BRIDGE_E_TAG_LIMIT))
+        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device, (uintptr_t)out,
+                     size, stream_key((CUstream)stream), tag);
+}
+
 int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
 {
     int rc = alloc_block(device, size, stream, tag, out);
-    /* off: one relaxed load */
-    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size &&
-        (rc == BRIDGE_OK || retryable(rc) || rc == BRIDGE_E_TAG_LIMIT))
-        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device, (uintptr_t)*out,
-                     size, stream_key((CUstream)stream), tag);
+    note_alloc(rc, device, size, stream, tag, *out);
+    return rc;
+}
+
+int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **out)
+{
+    *out = NULL;
+    if (size == 0)
+        return BRIDGE_OK; /* as bridge_alloc: a null pointer for 0 bytes */
+    if (tag < 0 || tag >= BRIDGE_NTAGS)
+        return BRIDGE_E_INVALID;
+    /* A device nobody set up yet, or frees deferred by a capture (completing
+     * them makes driver calls): bridge_alloc's business. */
+    device_state *d = device_of(device);
+    if (!d || atomic_load_explicit(&d->num_deferred, RELAXED))
+        return BRIDGE_E_MISS;
+    int rc = take_cached(d, device, size, stream_key((CUstream)stream), tag, out);
+    if (rc == BRIDGE_OK)
+        note_alloc(rc, device, size, stream, tag, *out);
     return rc;
 }
 
@@ -932,6 +1031,10 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->cache_limit = cache_limit(device);
     out->cache_floor = cache_floor(device);
     out->cache_fraction = (double)cache_fraction_q16(device) / 65536.0;
+    out->cached_small = cache_tier_bytes(device, 0);
+    out->cached_large = cache_tier_bytes(device, 1);
+    out->cache_small_max = cache_small_max(device);
+    out->cache_large_cap = cache_large_cap(device);
     wait_fill_stats(device, out);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];

@@ -10,15 +10,28 @@
 
 typedef bridge_Block Block;
 
+unsigned long long block_gil_releases;
+
+/* Free a block with the GIL held: into the core's cache when that needs no
+ * driver call and no wait (bridge_free_cached: a shard lock and the cache's
+ * lock, neither held by anyone waiting for the GIL); only otherwise is the
+ * GIL released, around bridge_free (driver frees, evictions, deferred frees). */
+static void free_block(void *p)
+{
+    if (bridge_free_cached(p) != BRIDGE_E_MISS)
+        return;
+    block_gil_releases++; /* under the GIL */
+    Py_BEGIN_ALLOW_THREADS
+    bridge_free(p); /* never fails: counts what went wrong */
+    Py_END_ALLOW_THREADS
+}
+
 static void Block_dealloc(Block *self)
 {
     void *p = self->ptr;
     self->ptr = NULL;
-    if (p) {
-        Py_BEGIN_ALLOW_THREADS
-        bridge_free(p); /* never fails: counts what went wrong */
-        Py_END_ALLOW_THREADS
-    }
+    if (p)
+        free_block(p);
     Py_CLEAR(self->stream);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -61,9 +74,7 @@ PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
 {
     Block *b = PyObject_New(Block, &BlockType);
     if (!b) {
-        Py_BEGIN_ALLOW_THREADS
-        bridge_free(ptr);
-        Py_END_ALLOW_THREADS
+        free_block(ptr);
         return NULL;
     }
     b->ptr = ptr;

@@ -18,6 +18,9 @@ typedef struct {
                          be handed to the driver); may be NULL */
 } bridge_Block;
 extern PyTypeObject BlockType;
+/* Frees of Blocks that released the GIL (bridge_free after a
+ * bridge_free_cached miss); read and written under the GIL. */
+extern unsigned long long block_gil_releases;
 /* A new Block owning `ptr` (freed at once if the object cannot be made). */
 PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream);
 /* After a refused allocation: when its wait gave up for Ctrl-C, run the

@@ -493,6 +493,16 @@ static PyObject *py_set_cache_fraction(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_cache_fraction(dev, fraction, floor));
 }
 
+static PyObject *py_set_cache_tiers(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    unsigned long long small_max = 1ull << 20, large_cap = 64ull << 20;
+    if (!PyArg_ParseTuple(args, "i|KK", &dev, &small_max, &large_cap))
+        return NULL;
+    return PyLong_FromLong(bridge_set_cache_tiers(dev, small_max, large_cap));
+}
+
 static PyObject *py_register_stream(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -573,6 +583,24 @@ static PyObject *py_alloc(PyObject *m, PyObject *args)
     return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
 }
 
+static PyObject *py_alloc_cached(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, tag;
+    Py_ssize_t size;
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "inKi", &dev, &size, &stream, &tag))
+        return NULL;
+    if (size < 0) {
+        PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
+        return NULL;
+    }
+    void *p = NULL;
+    /* with the GIL held: the cache only, nothing that waits */
+    int rc = bridge_alloc_cached(dev, (size_t)size, (void *)(uintptr_t)stream, tag, &p);
+    return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
+}
+
 static PyObject *py_alloc_block(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -611,6 +639,23 @@ static PyObject *py_free(PyObject *m, PyObject *args)
     bridge_free((void *)(uintptr_t)ptr);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
+}
+
+static PyObject *py_free_cached(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long ptr;
+    if (!PyArg_ParseTuple(args, "K", &ptr))
+        return NULL;
+    /* with the GIL held: into the cache only, nothing that waits */
+    return PyLong_FromLong(bridge_free_cached((void *)(uintptr_t)ptr));
+}
+
+static PyObject *py_block_gil_releases(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    return PyLong_FromUnsignedLongLong(block_gil_releases);
 }
 
 static PyObject *py_record_stream(PyObject *m, PyObject *args)
@@ -680,6 +725,10 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(cached)
     PUT(cache_limit)
     PUT(cache_floor)
+    PUT(cached_small)
+    PUT(cached_large)
+    PUT(cache_small_max)
+    PUT(cache_large_cap)
     PUT(num_cache_hits)
     PUT(num_order_fallbacks)
     PUT(num_pool_read_errors)
@@ -826,7 +875,12 @@ static PyMethodDef methods[] = {
     {"set_cache_fraction", py_set_cache_fraction, METH_VARARGS,
      "set_cache_fraction(device, fraction, floor=64MiB) -> status: the cache's cap follows "
      "the bytes the frameworks hold, cached <= min(limit, max(floor, live * fraction)); "
-     "past it the least recently cached blocks go back to the pool (default 1/16, 64 MiB)"},
+     "past it the least recently cached blocks go back to the pool (default 1/16, 64 MiB); "
+     "blocks up to the small tier's largest (set_cache_tiers)"},
+    {"set_cache_tiers", py_set_cache_tiers, METH_VARARGS,
+     "set_cache_tiers(device, small_max=1MiB, large_cap=64MiB) -> status: blocks above "
+     "small_max have their own least-recently-cached order under a fixed cap, "
+     "cached_large <= min(limit, large_cap); each tier evicts only its own blocks"},
     {"register_stream", py_register_stream, METH_VARARGS,
      "register_stream(handle) -> status: blocks freed on it may be cached"},
     {"forget_stream", py_forget_stream, METH_VARARGS,
@@ -844,9 +898,15 @@ static PyMethodDef methods[] = {
     {"set_tag_cached", py_set_tag_cached, METH_VARARGS,
      "set_tag_cached(tag, cached) -> status: may the tag's freed blocks be cached"},
     {"alloc", py_alloc, METH_VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)"},
+    {"alloc_cached", py_alloc_cached, METH_VARARGS,
+     "alloc_cached(device, size, stream, tag) -> (status, ptr): from the cache only (MISS)"},
     {"alloc_block", py_alloc_block, METH_VARARGS,
      "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
     {"free", py_free, METH_VARARGS, "free(ptr): never raises"},
+    {"free_cached", py_free_cached, METH_VARARGS,
+     "free_cached(ptr) -> status: into the cache only (MISS: call free)"},
+    {"block_gil_releases", py_block_gil_releases, METH_NOARGS,
+     "Frees of Blocks that released the GIL (the cache could not take the block)."},
     {"record_stream", py_record_stream, METH_VARARGS, "record_stream(ptr, stream) -> status"},
     {"lookup", py_lookup, METH_VARARGS, "lookup(ptr) -> (status, size, device, tag)"},
     {"stats", py_stats, METH_VARARGS, "stats(device) -> (status, dict)"},

@@ -21,11 +21,14 @@
  *   limits      the budget, the tag caps and the pressure hook changed while
  *               threads allocate
  *   record      bridge_record_stream / bridge_lookup racing bridge_free
- *   double      several threads freeing the same pointers: one free counts,
- *               the others are bad frees
+ *   double      several threads freeing the same pointers (half of them
+ *               asking bridge_free_cached first): one free counts, the
+ *               others are bad frees
  *   cache       threads on the default streams, allocating sizes that the
- *               cache of freed blocks (cache.c) serves again, while its cap
- *               and its any-stream switch change under them
+ *               cache of freed blocks (cache.c) serves again (half of them
+ *               asking bridge_alloc_cached and bridge_free_cached first, as
+ *               the CuPy allocator and its blocks do), while its cap, its
+ *               tiers and its any-stream switch change under them
  *   graph       captures begin and end while threads allocate and free
  *               (deferred frees), graph blocks freed racing their release
  *   huge        sizes that would overflow the ledger's arithmetic
@@ -241,12 +244,29 @@ typedef struct worker {
     uint64_t seed;
     int tags;            /* rotate tags 0..tags-1 */
     int check_ctx;       /* the thread's current context (another device's)
-                             * must be the same after every call */
+                          * must be the same after every call */
     int default_streams; /* allocate on the default streams (NULL, 1, 2)
-                             * and a few sizes only: the cache serves them */
+                          * and a few sizes only: the cache serves them */
     double wait_s;       /* the thread's wait for memory (wait.c); 0: none */
-    uint64_t refusals, ok;
+    int cached_first;    /* as the CuPy allocator and its blocks: bridge_alloc_cached
+                          * and bridge_free_cached first (their hits counted),
+                          * bridge_alloc / bridge_free on a miss */
+    uint64_t refusals, ok, hits, free_hits;
 } worker;
+
+/* A worker's free: bridge_free_cached first when it asks the cache first. */
+static void worker_free(worker *w, void *p)
+{
+    if (w->cached_first) {
+        int rc = bridge_free_cached(p);
+        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_MISS, "free_cached status %d", rc);
+        if (rc == BRIDGE_OK) {
+            w->free_hits++;
+            return;
+        }
+    }
+    bridge_free(p);
+}
 
 #define HOLD 8
 
@@ -275,7 +295,7 @@ static void *edge_thread(void *arg)
         int k = (int)(rnd(&s) % HOLD);
         if (held[k]) {
             atomic_fetch_sub(&live_bytes[w->dev], sizes[k]);
-            bridge_free(held[k]);
+            worker_free(w, held[k]);
             held[k] = NULL;
             continue;
         }
@@ -288,7 +308,15 @@ static void *edge_thread(void *arg)
         }
         int tag = w->tags ? (int)(rnd(&s) % (uint64_t)w->tags) : BRIDGE_TAG_TORCH;
         void *p = NULL;
-        int rc = bridge_alloc(w->dev, size, stream, tag, &p);
+        int rc = BRIDGE_E_MISS;
+        if (w->cached_first) {
+            rc = bridge_alloc_cached(w->dev, size, stream, tag, &p);
+            CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_MISS, "alloc_cached status %d", rc);
+            CHECK((rc == BRIDGE_OK) == (p != NULL), "alloc_cached: status %d with %p", rc, p);
+            w->hits += rc == BRIDGE_OK;
+        }
+        if (rc == BRIDGE_E_MISS)
+            rc = bridge_alloc(w->dev, size, stream, tag, &p);
         CHECK(status_ok_or_refused(rc), "alloc status %d", rc);
         if (rc != BRIDGE_OK) {
             CHECK(p == NULL, "a refused alloc gave a pointer");
@@ -307,7 +335,7 @@ static void *edge_thread(void *arg)
     for (int k = 0; k < HOLD; k++)
         if (held[k]) {
             atomic_fetch_sub(&live_bytes[w->dev], sizes[k]);
-            bridge_free(held[k]);
+            worker_free(w, held[k]);
         }
     return NULL;
 }
@@ -603,8 +631,13 @@ static void *double_freer(void *arg)
 {
     int id = *(int *)arg;
     pthread_barrier_wait(&double_go);
-    for (int i = 0; i < DOUBLE_N; i++)
-        bridge_free(double_ptrs[(i + id * 7) % DOUBLE_N]);
+    for (int i = 0; i < DOUBLE_N; i++) {
+        void *p = double_ptrs[(i + id * 7) % DOUBLE_N];
+        /* half the threads ask the cache first: a miss (a double free
+         * included) goes on to bridge_free, which counts it */
+        if (!(id % 2) || bridge_free_cached(p) == BRIDGE_E_MISS)
+            bridge_free(p);
+    }
     return NULL;
 }
 
@@ -653,6 +686,15 @@ static void *cache_changer(void *arg)
         double fraction = dflt ? 1.0 / 16 : fractions[rnd(&s) % 3];
         uint64_t floor = dflt ? 64 * MIB : floors[rnd(&s) % 3];
         CHECK(bridge_set_cache_fraction(0, fraction, floor) == BRIDGE_OK, "set_cache_fraction");
+        /* the tiers' boundary moves (0: every block is large; the workers'
+         * blocks are at most 64 KiB) while blocks of both tiers are cached;
+         * the defaults on the default turns and half the others, so the
+         * cache still serves */
+        static const uint64_t small_maxes[] = {0, 16 * KIB, MIB, MIB};
+        static const uint64_t large_caps[] = {0, 32 * KIB, 64 * MIB, 64 * MIB};
+        uint64_t small_max = dflt ? MIB : small_maxes[rnd(&s) % 4];
+        uint64_t large_cap = dflt ? 64 * MIB : large_caps[rnd(&s) % 4];
+        CHECK(bridge_set_cache_tiers(0, small_max, large_cap) == BRIDGE_OK, "set_cache_tiers");
         /* streams become long-lived and are forgotten again while blocks
          * freed on them come and go through the cache */
         void *st = stream_of((int)(rnd(&s) % 6));
@@ -685,20 +727,33 @@ static void phase_cache(void)
                         .max_size = 64 * KIB,
                         .seed = 0xCAC4Eull * (uint64_t)(i + 5),
                         .tags = BRIDGE_NTAGS,
-                        .default_streams = i < 4};
+                        .default_streams = i < 4,
+                        .cached_first = i % 2};
     run_threads(6, edge_thread, w, sizeof w[0]);
+    uint64_t hits = 0, free_hits = 0;
+    for (int i = 0; i < 6; i++) {
+        hits += w[i].hits;
+        free_hits += w[i].free_hits;
+    }
     atomic_store(&cache_stop, 1);
     pthread_join(changer, NULL);
     bridge_stats s = stats_of(0);
     CHECK(s.peak_used <= limit, "peak %" PRIu64 " passed the budget", s.peak_used);
+    CHECK(s.cached == s.cached_small + s.cached_large,
+          "cached %" PRIu64 " != small %" PRIu64 " + large %" PRIu64, s.cached, s.cached_small,
+          s.cached_large);
     driver_allocs = standin.counter(0) - driver_allocs;
     allocs = s.num_allocs - allocs;
     CHECK(driver_allocs < allocs, "the cache served no allocation");
-    printf("  cache: %" PRIu64 " allocations, %" PRIu64 " from the driver\n", allocs,
-           driver_allocs);
+    CHECK(hits > 0, "bridge_alloc_cached served no allocation");
+    CHECK(free_hits > 0, "bridge_free_cached kept no block");
+    printf("  cache: %" PRIu64 " allocations, %" PRIu64 " from the driver, %" PRIu64
+           " by bridge_alloc_cached; %" PRIu64 " frees by bridge_free_cached\n",
+           allocs, driver_allocs, hits, free_hits);
     check_idle("cache");
     /* the defaults again (cache.c) */
     CHECK(bridge_set_cache(0, 1ull << 30, 256 * MIB) == BRIDGE_OK, "set_cache");
+    CHECK(bridge_set_cache_tiers(0, MIB, 64 * MIB) == BRIDGE_OK, "set_cache_tiers");
     for (int i = 0; i < 6; i++)
         CHECK(bridge_forget_stream(stream_of(i)) == BRIDGE_OK, "forget_stream");
 }
@@ -761,7 +816,8 @@ static void phase_graph(void)
                         .iters = 2000 * scale,
                         .max_size = 32 * KIB,
                         .seed = 0x6A09E667ull * (uint64_t)(i + 1),
-                        .tags = BRIDGE_NTAGS};
+                        .tags = BRIDGE_NTAGS,
+                        .cached_first = i % 2};
     run_threads(4, edge_thread, w, sizeof w[0]);
     atomic_store(&graph_stop, 1);
     pthread_join(toggler, NULL);
@@ -1003,7 +1059,8 @@ static void phase_views(void)
                         .limit = 2 * MIB,
                         .max_size = 256 * KIB,
                         .seed = 0xF00Dull * (uint64_t)(i + 3),
-                        .tags = 3};
+                        .tags = 3,
+                        .cached_first = i % 2};
     run_threads(6, edge_thread, w, sizeof w[0]);
     atomic_store(&views_stop, 1);
     pthread_join(v, NULL);
