@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, TypedDict, final
 
 MAX_DEVICES: int
+CACHE_DEPTH: int  # blocks kept per (stream, size) key
 TAG_OTHER: int
 TAG_CUPY: int
 TAG_TORCH: int

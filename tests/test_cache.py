@@ -377,14 +377,17 @@ def test_flush_and_flush_stream_release_every_block_once(cache):
 
 
 def test_depth_per_key(cache):
-    ptrs = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(20)]
+    depth = core.CACHE_DEPTH
+    assert depth == 64
+    size = MIB // 2  # depth + 4 of them fit under the fixture's 64 MiB cap
+    ptrs = [core.alloc(0, size, 0, CUPY)[1] for _ in range(depth + 4)]
     before = frees(cache)
     for p in ptrs:
         core.free(p)
-    assert stats()["cached"] == 16 * MIB  # 16 per (stream, size)
+    assert stats()["cached"] == depth * size  # `depth` per (stream, size)
     assert frees(cache) == before + 4
-    assert core.alloc(0, MIB, 0, CUPY) == (0, ptrs[15])  # the most recent of the key
-    core.free(ptrs[15])
+    assert core.alloc(0, size, 0, CUPY) == (0, ptrs[depth - 1])  # the most recent of the key
+    core.free(ptrs[depth - 1])
 
 
 def test_many_sizes_on_many_streams(cache):

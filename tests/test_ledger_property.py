@@ -47,7 +47,7 @@ STREAMS = (NULL_STREAM, 0xB1000, 0xB2000)
 TOTAL = 16 * GIB  # the stand-in's device memory (BRIDGE_STANDIN_TOTAL unset)
 DRIVER_UNKNOWN = 999  # a driver error that is not out-of-memory
 DRIVER_OOM = 2
-CACHE_DEPTH = 16  # blocks kept per (stream, size) in cache.c
+CACHE_DEPTH = 64  # blocks kept per (stream, size) in cache.c (core.CACHE_DEPTH)
 MAX_BLOCK = 256 * MIB  # cache.c's default largest cached block
 # cache.c's two tiers, each with its own order of caching and cap (the limit
 # bounds both together: each has the room under it that the other leaves):

@@ -19,7 +19,7 @@
 
 #define SLOT_BITS 12
 #define SLOTS     (1u << SLOT_BITS)   /* (stream, size) keys per device */
-#define DEPTH     16                  /* blocks kept per key */
+#define DEPTH     BRIDGE_CACHE_DEPTH  /* blocks kept per key */
 #define NODES     (DEPTH * SLOTS / 2) /* every key that may hold blocks, full */
 #define NONE      UINT32_MAX
 

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "bridge.h"
+#include "cache.h"
 #include "pyblock.h"
 
 /* ---- the pressure hook: Python's recovery chain, reached from C ---- */
@@ -963,6 +964,7 @@ PyMODINIT_FUNC PyInit__core(void)
         return NULL;
     if (bridge_pyblock_add(m) < 0 || bridge_pycupy_add(m) < 0 ||
         PyModule_AddIntConstant(m, "MAX_DEVICES", BRIDGE_MAX_DEVICES) < 0 ||
+        PyModule_AddIntConstant(m, "CACHE_DEPTH", BRIDGE_CACHE_DEPTH) < 0 ||
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
         PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0 ||
