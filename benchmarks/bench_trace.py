@@ -34,7 +34,7 @@ live bytes: ``reserved / live`` is the fragmentation. Configurations:
   floor, fraction and the large tier's cap at the whole device, largest cached
   block the whole cache; ``ALLHITS_ENV``): as many allocations served from the
   cache as exact-size reuse allows (the cache's own table, 2,048 (stream,
-  size) keys of 16 blocks each, still bounds it; the result's ``cache_hits``
+  size) keys of 64 blocks each, still bounds it; the result's ``cache_hits``
   of ``allocs`` says how close it came). Its time is the bridge's cost with the fewest misses.
 - ``null-pluggable``: torch on a ``CUDAPluggableAllocator`` backed by
   ``benchmarks/null_alloc.c`` (compiled at run time): one region taken with

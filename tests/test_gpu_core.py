@@ -83,36 +83,40 @@ def test_pool_figures_equal_the_driver(clean):
 
 def test_default_cache_holds_a_training_steps_worth(clean):
     """The default cache limit is 2% of the device (2.8 GiB on an H200), at least 1 GiB,
-    and the cap follows the live bytes (1/16 of them, at least 64 MiB): with 25 GiB
-    live, 1.5 GiB of freed 128 MiB blocks stay cached, and come back without a driver
-    call."""
+    in two tiers. Blocks of at most 1 MiB are held under a cap that follows the live
+    bytes (1/16 of them, at least 64 MiB): with 25 GiB live, 1.5 GiB of them (24 sizes,
+    64 blocks each) stay cached and come back without a driver call. Larger blocks have
+    their own 64 MiB: a freed 128 MiB block goes back to the pool."""
     import bridge
 
     core = clean
-    s = bridge.stats(0)
-    total = core.stats(0)[1]["total"]
-    assert core.stats(0)[1]["cache_limit"] == max(GIB, total // 50)
-    assert core.stats(0)[1]["cache_fraction"] == 1 / 16
-    rc, ballast = core.alloc(0, 25 * GIB, 0, TAG_OTHER)  # live: cap 25/16 GiB >= 1.5 GiB
+    raw = core.stats(0)[1]
+    assert raw["cache_limit"] == max(GIB, raw["total"] // 50)
+    assert raw["cache_fraction"] == 1 / 16
+    assert (raw["cache_small_max"], raw["cache_large_cap"]) == (MIB, 64 * MIB)
+    rc, ballast = core.alloc(0, 25 * GIB, 0, TAG_OTHER)  # live: small cap 25/16 GiB
     assert rc == 0
-    n = 12  # 12 x 128 MiB = 1.5 GiB: more than the old 1 GiB cap
+    sizes = [MIB - 512 * k for k in range(24)] * core.CACHE_DEPTH  # ~1.5 GiB
     ptrs = []
-    for _ in range(n):
-        rc, p = core.alloc(0, 128 * MIB, 0, TAG_OTHER)
+    for size in sizes:
+        rc, p = core.alloc(0, size, 0, TAG_OTHER)
         assert rc == 0 and p
         ptrs.append(p)
     for p in ptrs:
         core.free(p)
-    s = bridge.stats(0)
-    assert s.cached == n * 128 * MIB
+    assert bridge.stats(0).cached == sum(sizes) > GIB  # more than the old 1 GiB cap
     hits = core.stats(0)[1]["num_cache_hits"]
     again = []
-    for _ in range(n):
-        rc, p = core.alloc(0, 128 * MIB, 0, TAG_OTHER)
+    for size in sizes:
+        rc, p = core.alloc(0, size, 0, TAG_OTHER)
         assert rc == 0
         again.append(p)
     assert sorted(again) == sorted(ptrs)  # the same blocks
-    assert core.stats(0)[1]["num_cache_hits"] - hits == n
+    assert core.stats(0)[1]["num_cache_hits"] - hits == len(sizes)
+    rc, big = core.alloc(0, 128 * MIB, 0, TAG_OTHER)
+    assert rc == 0
+    core.free(big)
+    assert core.stats(0)[1]["cached_large"] == 0  # over the large tier's 64 MiB
     for p in again:
         core.free(p)
     core.free(ballast)
