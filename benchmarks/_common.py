@@ -33,6 +33,9 @@ NOCACHE_ENV = {"BRIDGE_CACHE_LIMIT": "0"}
 # largest cached block (256 MiB by default) once the bridge is set up
 ALLHITS_ENV = {"BRIDGE_CACHE_LIMIT": "100%", "BRIDGE_CACHE_FLOOR": "100%",
                "BRIDGE_CACHE_FRACTION": "1", "BRIDGE_CACHE_LARGE_CAP": "100%"}  # fmt: skip
+#: One order of caching for every size (the small tier reaches the whole device):
+#: the cache as it was before the two tiers, for comparison.
+ONETIER_ENV = {"BRIDGE_CACHE_SMALL_MAX": "100%"}
 
 
 def config_env(framework: str, config: str) -> dict[str, str]:
@@ -43,6 +46,8 @@ def config_env(framework: str, config: str) -> dict[str, str]:
         return dict(NOCACHE_ENV)
     if config == "bridge-allhits":
         return dict(ALLHITS_ENV)
+    if config == "bridge-onetier":
+        return dict(ONETIER_ENV)
     return {}
 
 

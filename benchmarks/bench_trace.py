@@ -36,6 +36,9 @@ live bytes: ``reserved / live`` is the fragmentation. Configurations:
   cache as exact-size reuse allows (the cache's own table, 2,048 (stream,
   size) keys of 64 blocks each, still bounds it; the result's ``cache_hits``
   of ``allocs`` says how close it came). Its time is the bridge's cost with the fewest misses.
+- ``bridge-onetier``: the bridge with one order of caching for every size
+  (``ONETIER_ENV``: the small tier's bound at the whole device), as the cache
+  was before its two tiers.
 - ``null-pluggable``: torch on a ``CUDAPluggableAllocator`` backed by
   ``benchmarks/null_alloc.c`` (compiled at run time): one region taken with
   cuMemAlloc at setup, then per-size LIFO lists and a bump pointer under one
@@ -66,12 +69,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import MIB, config_env, run_guarded, write_json  # noqa: E402
+from _common import MIB, config_env, pin_cpu, run_guarded, write_json  # noqa: E402
 from _native import compile_c  # noqa: E402
 
 ALLOC, FREE = 0, 1
 CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-allhits",
-           "null-pluggable")  # fmt: skip
+           "bridge-onetier", "null-pluggable")  # fmt: skip
 
 
 # ---- traces ----
@@ -444,11 +447,13 @@ def replay_events(torch: Any, trace: dict, streams: list[Any], passes: int) -> l
     return times
 
 
-def replay(path: str, config: str, passes: int, json_path: str | None) -> int:
+def replay(path: str, config: str, passes: int, json_path: str | None,
+           cpu: int | None = None) -> int:
     trace = load(path)
 
     def body(result: dict) -> None:
         held, extra = _setup(config, trace)
+        pin_cpu(cpu, result)  # after the setup: the threads it started keep their CPUs
         import torch
 
         streams = [torch.cuda.current_stream()]
@@ -482,7 +487,7 @@ def replay(path: str, config: str, passes: int, json_path: str | None) -> int:
 
 
 def run(paths: list[str], configs: list[str], rounds: int, passes: int,
-        out_path: str | None = None) -> dict:
+        out_path: str | None = None, cpu: int | None = None) -> dict:
     """Every trace under every configuration, one process each, configurations in turns.
 
     With ``out_path`` the results so far are written after each trace (a run cut
@@ -498,6 +503,8 @@ def run(paths: list[str], configs: list[str], rounds: int, passes: int,
                 env.update(config_env("torch", config))
                 cmd = [sys.executable, __file__, "replay", path, "--config", config,
                        "--passes", str(passes)]  # fmt: skip
+                if cpu is not None:
+                    cmd += ["--cpu", str(cpu)]
                 p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
                 try:
                     per[config].append(json.loads(p.stdout))
@@ -528,12 +535,15 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--config", choices=CONFIGS, required=True)
     rep.add_argument("--passes", type=int, default=5)
     rep.add_argument("--json", default=None)
+    rep.add_argument("--cpu", type=int, default=None, help="the CPU the replay runs on")
     rn = sub.add_parser("run", help="every trace under every configuration, in turns (GPU)")
     rn.add_argument("traces", nargs="+")
     rn.add_argument("--configs", default=",".join(CONFIGS))
     rn.add_argument("--rounds", type=int, default=3)
     rn.add_argument("--passes", type=int, default=5)
     rn.add_argument("--out", default=None)
+    rn.add_argument("--cpu", type=int, default=None,
+                    help="the CPU every replay runs on (processes differ by up to 2x unpinned)")
     sm = sub.add_parser("summary", help="what a trace holds (CPU)")
     sm.add_argument("traces", nargs="+")
     args = ap.parse_args(argv)
@@ -543,12 +553,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summary(trace)))
         return 0
     if args.cmd == "replay":
-        return replay(args.trace, args.config, args.passes, args.json)
+        return replay(args.trace, args.config, args.passes, args.json, args.cpu)
     if args.cmd == "summary":
         for path in args.traces:
             print(json.dumps(summary(load(path))))
         return 0
-    result = run(args.traces, args.configs.split(","), args.rounds, args.passes, args.out)
+    result = run(args.traces, args.configs.split(","), args.rounds, args.passes, args.out,
+                 args.cpu)
     if not args.out:
         write_json(None, result)
     return 0

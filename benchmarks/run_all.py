@@ -51,7 +51,7 @@ DISTRIBUTIONS = ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "jax", "jaxlib
 SECTIONS = ("alloc_turns", "alloc", "alloc_same_process", "mixed", "e2e_turns", "e2e", "pinned",
             "trace", "capacity", "wait", "share", "rmm")
 #: The committed traces bench_trace.py replays (benchmarks/traces/NAME.json.gz).
-TRACES = ("gpt2", "resnet50")
+TRACES = ("gpt2", "resnet50", "cupy-fft")
 
 
 @dataclass
@@ -185,7 +185,7 @@ def later_sections(p: Params, python: str, quick: bool, rmm_skip: str | None) ->
                   [python, bench("bench_trace.py"), "run",
                    os.path.join(HERE, "traces", f"{name}.json.gz"), "--configs", configs,
                    "--rounds", str(p.trace_rounds), "--passes", str(p.trace_passes)],
-                  120 if quick else 300, extra={"trace": name}, out_flag="--out")
+                  120 if quick else 300, extra={"trace": name}, out_flag="--out", pin=True)
              for name in TRACES]
     tasks.append(Task("capacity", "capacity",
                       [python, bench("bench_capacity.py"), "--budget", p.capacity_budget,

@@ -225,6 +225,7 @@ RMM = {
 CANNED = {
     "trace-gpt2": trace_out("gpt2"),
     "trace-resnet50": trace_out("resnet50"),
+    "trace-cupy-fft": trace_out("cupy-fft"),
     "capacity": CAPACITY,
     "wait": WAIT,
     "share-torch": SHARE,
@@ -243,6 +244,7 @@ def later_results() -> dict:
         "trace": {
             "gpt2": wrapped(CANNED["trace-gpt2"]),
             "resnet50": wrapped(CANNED["trace-resnet50"]),
+            "cupy-fft": wrapped(CANNED["trace-cupy-fft"]),
         },
         "capacity": wrapped(CAPACITY),
         "wait": wrapped(WAIT),
@@ -269,6 +271,7 @@ def test_plan_runs_the_later_sections_after_the_others_in_order():
     assert names[first_later:] == [
         "trace-gpt2",
         "trace-resnet50",
+        "trace-cupy-fft",
         "capacity",
         "wait",
         "share-torch",
@@ -286,8 +289,8 @@ def test_plan_runs_the_later_sections_after_the_others_in_order():
     assert by["rmm"].result_flag == "--out" and by["share-torch"].result_flag == "--json"
     assert by["share-torch"].argv[by["share-torch"].argv.index("--framework") + 1] == "torch"
     # timed on one CPU where the script takes --cpu; not where it does not
-    assert by["share-torch"].pin and by["rmm"].pin
-    assert not any(by[n].pin for n in ("trace-gpt2", "capacity", "wait"))
+    assert by["share-torch"].pin and by["rmm"].pin and by["trace-gpt2"].pin
+    assert not any(by[n].pin for n in ("capacity", "wait"))
     # every child fits a 450 s part run on a machine with a 10-minute command limit
     assert all(t.timeout <= 450 for t in tasks)
     assert by["rmm"].skip is None
@@ -335,7 +338,12 @@ def test_without_rmm_the_rmm_section_is_skipped_with_the_reason():
 def test_only_and_dry_run_print_the_part(capsys, tmp_path):
     assert run_all.main(["--out", str(tmp_path), "--dry-run", "--only", "wait,trace"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split()[0] for ln in lines] == ["trace-gpt2", "trace-resnet50", "wait"]
+    assert [ln.split()[0] for ln in lines] == [
+        "trace-gpt2",
+        "trace-resnet50",
+        "trace-cupy-fft",
+        "wait",
+    ]
     assert all("--out " + str(tmp_path / "raw") in ln for ln in lines)
     assert not (tmp_path / "results.json").exists()  # a dry run writes nothing
     assert run_all.main(["--out", str(tmp_path), "--dry-run", "--only", "rmm"]) == 0
@@ -403,7 +411,7 @@ def test_part_runs_merge_into_one_results_json(tmp_path, monkeypatch):
     second = json.loads((out / "results.json").read_text())
     assert second["alloc_turns"] == first["alloc_turns"]  # kept
     assert any(p.startswith("alloc-turns-torch:") for p in second["problems"])
-    assert set(second["trace"]) == {"gpt2", "resnet50"}
+    assert set(second["trace"]) == {"gpt2", "resnet50", "cupy-fft"}
     assert second["trace"]["gpt2"]["data"] == CANNED["trace-gpt2"]
     assert second["capacity"]["data"]["ratio"] == 2.0
     assert [p["only"] for p in second["meta"]["parts"]] == ["alloc_turns", "trace,capacity"]
