@@ -97,11 +97,23 @@ def _child(mode: str, budget: int, split: float, steps: int, start: int, limit: 
         pool.set_limit(size=int(split * budget))
         torch.cuda.set_per_process_memory_fraction((1.0 - split) * budget / total)
 
+    class Pool8(torch.nn.Module):
+        """AdaptiveAvgPool2d(8) on 224 x 224 as a reshape and a mean. torch's own
+        adaptive_avg_pool2d backward (2.11) computes gradInput offsets in 32 bits: past
+        2**31 elements (a batch above 668 here) it writes outside its buffer
+        (pytorch/pytorch#188957). Under the native allocator those writes land in torch's
+        own segments, silently; in the driver's pool they hit unmapped addresses and the
+        context dies (an illegal memory access), so the search would end there."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, c = x.shape[:2]
+            return x.view(b, c, 8, HW // 8, 8, HW // 8).mean(dim=(3, 5))
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(),
         torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(8), torch.nn.Flatten(), torch.nn.Linear(64 * 64, 10),
+        Pool8(), torch.nn.Flatten(), torch.nn.Linear(64 * 64, 10),
     ).cuda()  # fmt: skip
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     ky = cp.fft.fftfreq(HW)[:, None]
