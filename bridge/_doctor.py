@@ -58,7 +58,14 @@ from bridge._runtime import (
 from bridge._version import __version__
 from bridge._wait import WAIT_ENV
 from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, HOST_MEMORY, PINNED_LIMIT_ENV, parse_size
-from bridge.share import SHARE_DIR_ENV, SHARE_ENV, SHARE_GROWTH_ENV, share_name
+from bridge.share import (
+    DEFAULT_SHARE_GROWTH,
+    SHARE_DIR_ENV,
+    SHARE_ENV,
+    SHARE_GROWTH_ENV,
+    share_growth_valid,
+    share_name,
+)
 
 LEVELS = ("ok", "info", "warn", "error")
 
@@ -361,6 +368,30 @@ def _environment(devices: list[dict]) -> list[Finding]:
             )
         except ValueError as exc:
             found.append(Finding("error", f"{SHARE_ENV}={share}", f"{exc}: bridge.unify() raises."))
+    growth = env.get(SHARE_GROWTH_ENV)
+    if growth is not None and growth.strip():
+        name = f"{SHARE_GROWTH_ENV}={growth}"
+        if share_growth_valid(growth):
+            chunk = int(growth.lstrip().removeprefix("+")) / (1 << 20)
+            found.append(
+                Finding(
+                    "ok",
+                    name,
+                    f"valid: a share member claims {chunk:g} MiB chunks for an allocation "
+                    "in flight.",
+                )
+            )
+        else:
+            found.append(
+                Finding(
+                    "warn",
+                    name,
+                    "ignored: it must be a number of bytes, a positive multiple of 2 MiB "
+                    "(2097152) up to 1 TiB, so a share member claims the default "
+                    f"{DEFAULT_SHARE_GROWTH >> 20} MiB chunks (the driver pool's growth on an "
+                    "H200). Fix or unset it.",
+                )
+            )
     share_dir = env.get(SHARE_DIR_ENV)
     if share_dir and not os.path.isdir(share_dir):
         found.append(

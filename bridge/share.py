@@ -39,6 +39,17 @@ SHARE_DIR_ENV = "BRIDGE_SHARE_DIR"  # where the share files live
 # bytes (a multiple of 2 MiB): how much the driver's pool may grow for one allocation, claimed
 # while it is in flight (read by the core at join; default 32 MiB, as measured on an H200)
 SHARE_GROWTH_ENV = "BRIDGE_SHARE_GROWTH"
+SHARE_UNIT = 2 << 20  # the claims' granule (share.c's SHARE_UNIT)
+DEFAULT_SHARE_GROWTH = 32 << 20  # share.c's SHARE_GROWTH
+
+
+def share_growth_valid(raw: str) -> bool:
+    """Whether the core takes ``raw`` as BRIDGE_SHARE_GROWTH (else it claims the default):
+    a decimal number of bytes, a positive multiple of SHARE_UNIT, at most 1 TiB."""
+    digits = raw.lstrip().removeprefix("+")
+    return digits.isdigit() and 0 < int(digits) <= 1 << 40 and int(digits) % SHARE_UNIT == 0
+
+
 DEFAULT_SHARE = "default"  # share=True
 DEFAULT_DIR = "/dev/shm"
 NAME_MAX = 63

@@ -284,6 +284,35 @@ def test_doctor_reads_what_the_library_reads():
     assert read == set(_doctor.BRIDGE_ENV)
 
 
+@pytest.mark.parametrize(
+    "value, level, words",
+    [
+        ("4194304", "ok", "valid: a share member claims 4 MiB chunks"),
+        (str(3 << 20), "warn", "ignored: it must be a number of bytes, a positive multiple"),
+        ("32MiB", "warn", "claims the default 32 MiB chunks"),
+        ("0", "warn", "ignored"),
+    ],
+)
+def test_doctor_checks_the_share_growth(standin, clean_env, value, level, words):
+    """The core ignores a BRIDGE_SHARE_GROWTH it cannot take, silently: doctor says so."""
+    clean_env.setenv("BRIDGE_SHARE_GROWTH", value)
+    rc, out, _ = run_main("doctor")
+    assert rc == 0  # the library raises on none of them
+    line = next(ln for ln in out.splitlines() if f"BRIDGE_SHARE_GROWTH={value}:" in ln)
+    assert line.lstrip().startswith(f"[{level}]") and words in line, line
+
+
+def test_share_growth_rule_is_the_cores():
+    from bridge import share
+
+    core_src = (REPO / "bridge" / "_native" / "share.c").read_text()
+    assert f"#define SHARE_UNIT     ({share.SHARE_UNIT >> 20}ull << 20)" in core_src
+    assert f"#define SHARE_GROWTH   ({share.DEFAULT_SHARE_GROWTH >> 20}ull << 20)" in core_src
+    assert share.share_growth_valid(" 2097152") and share.share_growth_valid("+4194304")
+    assert not share.share_growth_valid("2097152 ") and not share.share_growth_valid("1")
+    assert not share.share_growth_valid(str((1 << 40) + (2 << 20)))
+
+
 def test_doctor_shows_a_valid_budget(standin, clean_env):
     clean_env.setenv("BRIDGE_GPU_MEMORY_LIMIT", "25%")
     rc, out, _ = run_main("doctor")
