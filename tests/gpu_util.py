@@ -24,6 +24,19 @@ def pool_used():
     return int(v)
 """
 
+# For scenarios run by run_mode (after `import cupy as cp`): slow_copy, a kernel that spins
+# `spin` clock cycles, then copies n floats: it keeps a block in use on its stream long enough
+# for a wrong reuse of it to show in the copy.
+SLOW_COPY_SNIPPET = """slow_copy = cp.RawKernel(r'''
+extern "C" __global__ void slow_copy(const float* x, float* out, long long n, long long spin) {
+    long long t0 = clock64();
+    while (clock64() - t0 < spin) {}
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        out[i] = x[i];
+}''', "slow_copy")
+"""
+
 
 def _cu():
     from cuda.bindings import driver as cu

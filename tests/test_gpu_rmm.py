@@ -10,7 +10,7 @@ without it. Each scenario runs in fresh processes with RMM's default resource
 from __future__ import annotations
 
 import pytest
-from gpu_util import POOL_USED_SNIPPET, run_mode
+from gpu_util import POOL_USED_SNIPPET, SLOW_COPY_SNIPPET, run_mode
 
 pytestmark = pytest.mark.gpu
 MODES = ("native", "bridge")
@@ -122,14 +122,7 @@ from rmm.pylibrmm.stream import Stream
 if MODE == "bridge":
     import bridge
     bridge.unify(cupy=False, torch=False, rmm=True)
-slow_copy = cp.RawKernel(r'''
-extern "C" __global__ void slow_copy(const float* x, float* out, long long n, long long spin) {
-    long long t0 = clock64();
-    while (clock64() - t0 < spin) {}
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
-        out[i] = x[i];
-}''', "slow_copy")
+#SLOW_COPY
 N = 50_000_000
 s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
 def as_array(buf):
@@ -149,7 +142,7 @@ with s2:
 s2.synchronize()
 s1.synchronize()
 report(corrupted=int((out != 3.0).sum()))
-"""
+""".replace("#SLOW_COPY\n", SLOW_COPY_SNIPPET)
 
 
 @pytest.mark.parametrize("mode", MODES)

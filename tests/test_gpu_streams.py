@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from gpu_util import run_mode
+from gpu_util import SLOW_COPY_SNIPPET, run_mode
 
 pytestmark = pytest.mark.gpu
 MODES = ("native", "bridge")
@@ -37,14 +37,7 @@ if MODE == "bridge":
     import bridge
     bridge.unify(cupy=True, torch=False)
 assert cp.cuda.get_current_stream().ptr == 2  # the per-thread default stream
-slow_copy = cp.RawKernel(r'''
-extern "C" __global__ void slow_copy(const float* x, float* out, long long n, long long spin) {
-    long long t0 = clock64();
-    while (clock64() - t0 < spin) {}
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
-        out[i] = x[i];
-}''', "slow_copy")
+#SLOW_COPY
 N = 50_000_000
 dropped, filled = threading.Event(), threading.Event()
 result = {}
@@ -68,7 +61,7 @@ ts = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
 for t in ts: t.start()
 for t in ts: t.join()
 report(**result)
-"""
+""".replace("#SLOW_COPY\n", SLOW_COPY_SNIPPET)
 
 
 @pytest.mark.parametrize("mode", MODES)
