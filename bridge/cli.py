@@ -200,24 +200,9 @@ def _stats_cmd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the interval must be > 0 seconds")
-    return v
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: the count must be >= 1")
-    return v
+_positive = demo.number_arg(float, "a number of seconds", lambda v: v > 0,
+                            "the interval must be > 0 seconds")  # fmt: skip
+_count = demo.number_arg(int, "a whole number", lambda v: v >= 1, "the count must be >= 1")
 
 
 def _prog() -> str:

@@ -53,24 +53,28 @@ SAMPLE_FIELDS = ("t", "used", "cupy", "torch", "idle")
 
 
 # ---- the command line ----
-def _gib(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
-    if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: the size must be a number of GiB > 0")
-    return v
+def number_arg(
+    convert: Callable[[str], Any], what: str, ok: Callable[[Any], bool], rule: str
+) -> Callable[[str], Any]:
+    """An argparse ``type``: ``convert(text)``, refused as not ``what`` when it cannot be
+    read and with ``rule`` when ``ok(value)`` is false (also for the ``stats`` command)."""
+
+    def parse(text: str) -> Any:
+        try:
+            v = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{text!r}: {rule}")
+        return v
+
+    return parse
 
 
-def _interval(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: the interval must be in (0, 1] seconds")
-    return v
+_gib = number_arg(float, "a number of GiB", lambda v: 0 < v < math.inf,
+                  "the size must be a number of GiB > 0")  # fmt: skip
+_interval = number_arg(float, "a number of seconds", lambda v: 0 < v <= 1,
+                       "the interval must be in (0, 1] seconds")  # fmt: skip
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
