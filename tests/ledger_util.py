@@ -21,6 +21,22 @@ C_ALLOC, C_FREE, C_SYNC, C_WAIT, C_RECORD, C_SETCTX, C_TRIM, C_MODE = range(8)
 GRAPH_BEGIN, GRAPH_END, GRAPH_RELEASE = 0, 1, 2
 
 
+def bridge_alloc_fn(keep_gil: bool):
+    """The core's bridge_alloc through ctypes, called as torch calls it: from a Python
+    thread with the GIL kept (PyDLL), or as its autograd thread does, without it (CDLL)."""
+    lib = (ctypes.PyDLL if keep_gil else ctypes.CDLL)(core.__file__)
+    fn = lib.bridge_alloc
+    fn.argtypes = [
+        ctypes.c_int,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_void_p),
+    ]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 def stats(dev: int = DEV) -> dict:
     rc, s = core.stats(dev)
     assert rc == Status.OK

@@ -12,7 +12,17 @@ import ctypes
 import pickle
 
 import pytest
-from ledger_util import GRAPH_BEGIN, GRAPH_END, MIB, S1, S2, TAG_CUPY, TAG_OTHER, TAG_TORCH
+from ledger_util import (
+    GRAPH_BEGIN,
+    GRAPH_END,
+    MIB,
+    S1,
+    S2,
+    TAG_CUPY,
+    TAG_OTHER,
+    TAG_TORCH,
+    bridge_alloc_fn,
+)
 
 import bridge
 from bridge import snapshot
@@ -30,33 +40,15 @@ def rec(led):
 
 def _alloc_holding_the_gil(size: int, tag: int = TAG_TORCH, stream: int = S1) -> int:
     """bridge_alloc called as torch calls it from a Python thread: the GIL held."""
-    lib = ctypes.PyDLL(core.__file__)  # PyDLL: the GIL is kept during the call
-    lib.bridge_alloc.argtypes = [
-        ctypes.c_int,
-        ctypes.c_size_t,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.POINTER(ctypes.c_void_p),
-    ]
-    lib.bridge_alloc.restype = ctypes.c_int
     out = ctypes.c_void_p()
-    assert lib.bridge_alloc(0, size, stream, tag, ctypes.byref(out)) == Status.OK
+    assert bridge_alloc_fn(keep_gil=True)(0, size, stream, tag, ctypes.byref(out)) == Status.OK
     return int(out.value or 0)
 
 
 def _alloc_without_the_gil(size: int, tag: int = TAG_TORCH) -> int:
     """As torch's autograd thread calls it: no GIL (ctypes.CDLL releases it)."""
-    lib = ctypes.CDLL(core.__file__)
-    lib.bridge_alloc.argtypes = [
-        ctypes.c_int,
-        ctypes.c_size_t,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.POINTER(ctypes.c_void_p),
-    ]
-    lib.bridge_alloc.restype = ctypes.c_int
     out = ctypes.c_void_p()
-    assert lib.bridge_alloc(0, size, S1, tag, ctypes.byref(out)) == Status.OK
+    assert bridge_alloc_fn(keep_gil=False)(0, size, S1, tag, ctypes.byref(out)) == Status.OK
     return int(out.value or 0)
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 
 import pytest
-from ledger_util import DEV, MIB, S1, S2, TAG_CUPY, TAG_TORCH, stats
+from ledger_util import DEV, MIB, S1, S2, TAG_CUPY, TAG_TORCH, bridge_alloc_fn, stats
 
 import bridge
 from bridge._errors import Status, oom_message
@@ -353,14 +353,7 @@ def test_a_wait_made_with_the_gil_held_releases_it(led):
     would free is Python and needs the GIL to run."""
     import ctypes
 
-    lib = ctypes.PyDLL(core.__file__)  # PyDLL: the call keeps the GIL
-    lib.bridge_alloc.argtypes = [
-        ctypes.c_int,
-        ctypes.c_size_t,
-        ctypes.c_void_p,
-        ctypes.c_int,
-        ctypes.POINTER(ctypes.c_void_p),
-    ]
+    alloc_keeping_the_gil = bridge_alloc_fn(keep_gil=True)
     core.set_limit(DEV, 64 * MIB)
     held = threading.Event()
 
@@ -375,7 +368,7 @@ def test_a_wait_made_with_the_gil_held_releases_it(led):
     got = ctypes.c_void_p()
     t0 = time.monotonic()
     with bridge.waiting(10):
-        rc = lib.bridge_alloc(DEV, 32 * MIB, S1, TAG_TORCH, ctypes.byref(got))
+        rc = alloc_keeping_the_gil(DEV, 32 * MIB, S1, TAG_TORCH, ctypes.byref(got))
     took = time.monotonic() - t0
     _join(t, out)
     assert rc == Status.OK and got.value
