@@ -100,6 +100,23 @@ def run_guarded(path: str | None, base: dict, body: Callable[[dict], None]) -> i
     return rc
 
 
+def add_pair_args(p: Any, *, iters: int, repeats: int, repeats_help: str) -> None:
+    """The options of the benchmarks that time alloc+free pairs, one size at a time."""
+    p.add_argument("--sizes", default="512,1MiB,64MiB", type=parse_sizes)
+    p.add_argument("--iters", type=int, default=iters, help="pairs per timed loop")
+    p.add_argument("--warmup", type=int, default=2000, help="untimed pairs per size first")
+    p.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
+    p.add_argument("--cpu", type=int, default=None,
+                   help="the CPU the timed thread runs on (pinned after the setup)")  # fmt: skip
+    p.add_argument("--json", default=None, help="result file (stdout when absent)")
+
+
+def check_pair_args(p: Any, args: Any) -> None:
+    """Refuse pair-loop options that would time nothing (argparse's error: exit 2)."""
+    if min(args.iters, args.repeats) < 1 or args.warmup < 0:
+        p.error("--iters and --repeats must be >= 1, --warmup >= 0")
+
+
 def pin_cpu(cpu: int | None, result: dict) -> None:
     """Pin the calling thread (the timed one) to one CPU; threads started earlier keep theirs.
 

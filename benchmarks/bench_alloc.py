@@ -36,7 +36,14 @@ import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import Skip, parse_sizes, pin_cpu, rotated, run_guarded  # noqa: E402
+from _common import (  # noqa: E402
+    Skip,
+    add_pair_args,
+    check_pair_args,
+    pin_cpu,
+    rotated,
+    run_guarded,
+)
 
 FRAMEWORKS = ("torch", "cupy")
 CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "all")
@@ -272,18 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--framework", choices=FRAMEWORKS, required=True)
     p.add_argument("--config", choices=CONFIGS, required=True)
-    p.add_argument("--sizes", default="512,1MiB,64MiB", type=parse_sizes)
-    p.add_argument("--iters", type=int, default=20000, help="pairs per timed loop")
-    p.add_argument("--warmup", type=int, default=2000, help="untimed pairs per size first")
-    p.add_argument("--repeats", type=int, default=7, help="timed loops per size (best)")
-    p.add_argument("--json", default=None, help="result file (stdout when absent)")
-    p.add_argument("--cpu", type=int, default=None,
-                   help="pin the timing thread to this CPU (after setup)")
+    add_pair_args(p, iters=20000, repeats=7, repeats_help="timed loops per size (best)")
     args = p.parse_args(argv)
     if args.config == "all" and args.framework != "cupy":
         p.error("--config all is for --framework cupy only (torch cannot switch allocators)")
-    if min(args.iters, args.repeats) < 1 or args.warmup < 0:
-        p.error("--iters and --repeats must be >= 1, --warmup >= 0")
+    check_pair_args(p, args)
     base = {"bench": "alloc", "framework": args.framework, "config": args.config,
             "sizes": args.sizes, "iters": args.iters, "repeats": args.repeats,
             "warmup": args.warmup,

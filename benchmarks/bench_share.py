@@ -43,8 +43,9 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_alloc  # noqa: E402
 from _common import (  # noqa: E402
+    add_pair_args,
+    check_pair_args,
     end_of_turns,
-    parse_sizes,
     pin_cpu,
     run_guarded,
     serve,
@@ -147,17 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--share", default="bench", help=argparse.SUPPRESS)
     p.add_argument("--budget", default="8GiB", help="the budget of every configuration")
-    p.add_argument("--sizes", default="512,1MiB,64MiB", type=parse_sizes)
-    p.add_argument("--iters", type=int, default=5000, help="pairs per timed loop")
-    p.add_argument("--warmup", type=int, default=2000, help="untimed pairs per size first")
-    p.add_argument("--repeats", type=int, default=21, help="rounds (timed loops per size)")
-    p.add_argument("--cpu", type=int, default=None, help="the CPU every worker times on")
-    p.add_argument("--json", default=None, help="result file (stdout when absent)")
+    add_pair_args(p, iters=5000, repeats=21, repeats_help="rounds (timed loops per size)")
     args = p.parse_args(argv)
     if args.worker:
         return serve(worker_setup(args))
-    if min(args.iters, args.repeats) < 1 or args.warmup < 0:
-        p.error("--iters and --repeats must be >= 1, --warmup >= 0")
+    check_pair_args(p, args)
     base = {"bench": "share", "framework": args.framework, "sizes": args.sizes,
             "iters": args.iters, "repeats": args.repeats, "warmup": args.warmup,
             "budget": args.budget, "cpu": args.cpu,

@@ -33,9 +33,10 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_alloc  # noqa: E402
 from _common import (  # noqa: E402
+    add_pair_args,
+    check_pair_args,
     config_env,
     end_of_turns,
-    parse_sizes,
     pin_cpu,
     run_guarded,
     serve,
@@ -103,12 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma list; bridge is the one compared against the others")
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)  # worker only
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--sizes", default="512,1MiB,64MiB", type=parse_sizes)
-    p.add_argument("--iters", type=int, default=5000, help="pairs per timed loop")
-    p.add_argument("--warmup", type=int, default=2000, help="untimed pairs per size first")
-    p.add_argument("--repeats", type=int, default=41, help="rounds (timed loops per size)")
-    p.add_argument("--cpu", type=int, default=None, help="the CPU every worker times on")
-    p.add_argument("--json", default=None, help="result file (stdout when absent)")
+    add_pair_args(p, iters=5000, repeats=41, repeats_help="rounds (timed loops per size)")
     args = p.parse_args(argv)
     if args.worker:
         return serve(worker_setup(args))
@@ -117,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or len(set(args.configs)) != len(args.configs) or "bridge" not in args.configs:
         p.error(f"--configs: distinct names from {', '.join(bench_alloc.CONFIGS[:-1])}, "
                 f"with bridge (got {args.configs})")
-    if min(args.iters, args.repeats) < 1 or args.warmup < 0:
-        p.error("--iters and --repeats must be >= 1, --warmup >= 0")
+    check_pair_args(p, args)
     base = {"bench": "alloc_turns", "framework": args.framework, "sizes": args.sizes,
             "iters": args.iters, "repeats": args.repeats, "warmup": args.warmup,
             "cpu": args.cpu, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
