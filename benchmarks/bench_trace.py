@@ -69,7 +69,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import MIB, config_env, pin_cpu, run_guarded, write_json  # noqa: E402
+from _common import MIB, config_env, median, pin_cpu, run_guarded, write_json  # noqa: E402
 from _native import compile_c  # noqa: E402
 
 ALLOC, FREE = 0, 1
@@ -511,9 +511,27 @@ def run(paths: list[str], configs: list[str], rounds: int, passes: int,
                 except json.JSONDecodeError:
                     per[config].append({"status": "error", "error": p.stderr[-2000:]})
         out[name] = {c: _best(v) for c, v in per.items()}
+        _round_ratios(out[name], per, base=configs[0])
         if out_path:
             write_json(out_path, out)
     return out
+
+
+def _round_ratios(best: dict[str, dict], per: dict[str, list[dict]], base: str) -> None:
+    """Add each configuration's best ns per event of every round, and the median of
+    its round-by-round ratios to ``base`` (the first configuration): processes
+    differ by up to 2x, so one round's best says little and the median of the
+    rounds' ratios is the verdict (as bench_turns.py gives for single sizes)."""
+    base_ns = [r.get("ns_per_event") for r in per.get(base, [])]
+    for config, results in per.items():
+        ns = [r.get("ns_per_event") for r in results]
+        best[config]["ns_per_round"] = ns
+        if config == base:
+            continue
+        ratios = [a / b for a, b in zip(ns, base_ns, strict=False) if a and b]
+        if ratios:
+            best[config][f"median_ratio_to_{base}"] = median(ratios)
+            best[config]["round_ratios"] = ratios
 
 
 def _best(results: list[dict]) -> dict:

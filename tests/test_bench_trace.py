@@ -467,3 +467,26 @@ def test_the_null_setup_swaps_torchs_allocator_before_taking_the_region(monkeypa
     info = extra()["null_alloc"]
     assert info["region"] == size and info["high_water"] == 1024 and info["bumps"] == 1
     assert info["footprint_predicted"] == bt.null_footprint(t)
+
+
+def test_run_gives_each_configuration_the_median_of_its_round_ratios(monkeypatch, tmp_path):
+    """Configurations take turns a round at a time; each round's best pass is divided
+    by the first configuration's in the same round, and the median is the verdict."""
+    path = tmp_path / "t.json.gz"
+    bt.save(bt.make_trace("t", "test", [[bt.ALLOC, 1, 512, 0], [bt.FREE, 1]]), str(path))
+    ns = {"native": iter([1000, 2000, 1000]), "bridge": iter([900, 3000, 1200])}
+    order = []
+
+    def fake_run(cmd, **kw):
+        config = cmd[cmd.index("--config") + 1]
+        order.append(config)
+        out = {"config": config, "ns_per_event": next(ns[config])}
+        return types.SimpleNamespace(stdout=bt.json.dumps(out), stderr="")
+
+    monkeypatch.setattr(bt.subprocess, "run", fake_run)
+    out = bt.run([str(path)], ["native", "bridge"], rounds=3, passes=1)["t"]
+    assert order == ["native", "bridge", "bridge", "native", "native", "bridge"]
+    assert out["native"]["ns_per_event"] == 1000 and out["native"]["ns_per_round"] == [1000, 2000, 1000]
+    assert out["bridge"]["round_ratios"] == [0.9, 1.5, 1.2]
+    assert out["bridge"]["median_ratio_to_native"] == 1.2
+    assert "median_ratio_to_native" not in out["native"]
