@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Capacity: the largest batch of a mixed pipeline that fits one memory budget.
 
-Each step of the pipeline prepares a batch of images with CuPy (uint8 to
-float, a low-pass filter through a 2-D FFT, normalisation), hands it to torch
-through DLPack, and trains a small convolutional network on it. CuPy's memory
-peaks in the first half of a step, torch's in the second.
+Each step of the pipeline prepares a batch of images with CuPy (raw 512 x 512
+uint8 to float, a low-pass filter through a 2-D FFT, a 4 x 4 mean down to
+128 x 128, normalisation), hands it to torch through DLPack, and trains a
+small convolutional network on it. CuPy's memory peaks in the first half of a
+step, torch's in the second, and the two peaks are of one order (each child
+reports both per image, measured at a batch of 32): natively the budget must
+be split between them, on the bridge each half can use all of it.
 
 - native: CuPy's pool and torch's caching allocator each keep what they
   freed, so a budget B must be split: CuPy gets ``set_limit(split * B)`` and
@@ -14,12 +17,18 @@ peaks in the first half of a step, torch's in the second.
 - bridge: ``bridge.unify(cupy=True, torch=True, budget=B)``: both draw from
   one budget.
 
+No tensor of a step may pass 2**31 elements (torch 2.11 kernels index some of
+them in 32 bits, and an earlier model of this benchmark stopped at that wall,
+not at the budget): the search's largest batch is capped there (``CAP``), and
+a result at the cap says so (``capped``). The default budget, 24 GiB, keeps
+both configurations under it on an H200.
+
 For each configuration the batch is doubled from ``--start`` until a step
 fails with an out-of-memory error, then bisected; a batch fits when
 ``--steps`` steps in a row run without one. The result is the bridge's batch
 over the best native one (issue target: >= 1.8).
 
-    python benchmarks/bench_capacity.py --budget 40GiB --out capacity.json     (GPU)
+    python benchmarks/bench_capacity.py --budget 24GiB --out capacity.json     (GPU)
     python benchmarks/bench_capacity.py --dry-run                             (the plan)
 """
 
@@ -37,8 +46,15 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import ALLOCATOR_ENV, parse_sizes, write_json  # noqa: E402
 
-HW = 224  # image side
-SPLITS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+RAW = 512  # the side of the raw images CuPy filters
+HW = 128  # the side of the images torch trains on (a 4 x 4 mean of the raw ones)
+CHANNELS = 48  # the network's width: torch's peak per image near CuPy's
+SPLITS = (0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7)
+#: The largest batch whose every tensor stays under 2**31 elements: the raw
+#: batch (3 x 512 x 512 a image) and each activation (48 x 128 x 128) are the
+#: largest, 786,432 elements an image each.
+PROBE = 32  # the batch each half's peak a image is measured at
+CAP = (2**31 - 1) // max(3 * RAW * RAW, CHANNELS * HW * HW)
 
 
 # ---- the search (no GPU) ----
@@ -98,12 +114,8 @@ def _child(mode: str, budget: int, split: float, steps: int, start: int, limit: 
         torch.cuda.set_per_process_memory_fraction((1.0 - split) * budget / total)
 
     class Pool8(torch.nn.Module):
-        """AdaptiveAvgPool2d(8) on 224 x 224 as a reshape and a mean. torch's own
-        adaptive_avg_pool2d backward (2.11) computes gradInput offsets in 32 bits: past
-        2**31 elements (a batch above 668 here) it writes outside its buffer
-        (pytorch/pytorch#188957). Under the native allocator those writes land in torch's
-        own segments, silently; in the driver's pool they hit unmapped addresses and the
-        context dies (an illegal memory access), so the search would end there."""
+        """An 8 x 8 average pool as a reshape and a mean (torch 2.11's adaptive_avg_pool2d
+        backward writes outside its buffer past 2**31 elements: pytorch/pytorch#188957)."""
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             b, c = x.shape[:2]
@@ -111,24 +123,29 @@ def _child(mode: str, budget: int, split: float, steps: int, start: int, limit: 
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(),
-        Pool8(), torch.nn.Flatten(), torch.nn.Linear(64 * 64, 10),
+        torch.nn.Conv2d(3, CHANNELS, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(CHANNELS, CHANNELS, 3, padding=1), torch.nn.ReLU(),
+        Pool8(), torch.nn.Flatten(), torch.nn.Linear(CHANNELS * 64, 10),
     ).cuda()  # fmt: skip
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    ky = cp.fft.fftfreq(HW)[:, None]
-    kx = cp.fft.rfftfreq(HW)[None, :]
+    ky = cp.fft.fftfreq(RAW)[:, None]
+    kx = cp.fft.rfftfreq(RAW)[None, :]
     mask = cp.exp(-(kx**2 + ky**2) * 40.0).astype(cp.complex64)
+    k = RAW // HW
+    peaks = {"cupy": 0, "torch": 0}  # the last step's peak of each, in bytes
 
     def step(b: int) -> None:
-        raw = cp.random.randint(0, 255, (b, 3, HW, HW), dtype=cp.uint8)
+        raw = cp.random.randint(0, 255, (b, 3, RAW, RAW), dtype=cp.uint8)
         x = raw.astype(cp.float32) / 255.0
         del raw
         f = cp.fft.rfft2(x)
         f *= mask
-        x = cp.fft.irfft2(f, s=(HW, HW)).astype(cp.float32)
+        x = cp.fft.irfft2(f, s=(RAW, RAW)).astype(cp.float32)
         del f
+        x = x.reshape(b, 3, HW, k, HW, k).mean(axis=(3, 5))
         x = (x - x.mean()) / (x.std() + 1e-6)
+        peaks["cupy"] = pool.total_bytes()  # natively, CuPy's pool keeps its peak
+        torch.cuda.reset_peak_memory_stats()
         t = torch.from_dlpack(x)
         loss = model(t).square().mean()
         loss.backward()
@@ -136,6 +153,7 @@ def _child(mode: str, budget: int, split: float, steps: int, start: int, limit: 
         opt.zero_grad(set_to_none=True)
         del t, x, loss
         torch.cuda.synchronize()
+        peaks["torch"] = torch.cuda.max_memory_allocated()
 
     oom_types: tuple[type[BaseException], ...] = (
         cp.cuda.memory.OutOfMemoryError, torch.cuda.OutOfMemoryError,
@@ -161,10 +179,17 @@ def _child(mode: str, budget: int, split: float, steps: int, start: int, limit: 
         return ok
 
     t0 = time.perf_counter()
+    limit = min(limit, CAP)
     batch = largest(fits, start, limit)
+    seconds = round(time.perf_counter() - t0, 1)
+    per_image = None
+    if mode == "native" and fits(PROBE):  # each half's peak a image (the pool starts empty)
+        per_image = {name: peak // PROBE for name, peak in peaks.items()}
+        tries.pop()
     return {"mode": mode, "split": split if mode == "native" else None, "batch": batch,
-            "tries": tries, "seconds": round(time.perf_counter() - t0, 1),
-            "torch": torch.__version__, "cupy": cp.__version__}  # fmt: skip
+            "capped": batch >= CAP, "tries": tries, "seconds": seconds,
+            "per_image": per_image, "torch": torch.__version__,
+            "cupy": cp.__version__}  # fmt: skip
 
 
 def _run_child(argv: list[str], timeout: float) -> dict:
@@ -182,7 +207,7 @@ def _run_child(argv: list[str], timeout: float) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget", default="40GiB", help="the memory budget (a size)")
+    ap.add_argument("--budget", default="24GiB", help="the memory budget (a size)")
     ap.add_argument("--splits", default=",".join(str(s) for s in SPLITS),
                     help="CuPy's shares of the budget tried natively")  # fmt: skip
     ap.add_argument("--steps", type=int, default=2, help="steps in a row a batch must run")

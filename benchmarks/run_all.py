@@ -70,9 +70,9 @@ class Params:
     budget_s: float
     trace_rounds: int = 3  # bench_trace.py run: configurations in turns, this many rounds
     trace_passes: int = 5  # replays of the trace per process (the best counts)
-    capacity_budget: str = "40GiB"
-    # CuPy's shares tried natively (on the H200, 0.3 was the best of 0.3-0.75)
-    capacity_splits: str = "0.1,0.15,0.2,0.25,0.3,0.4,0.5,0.6,0.7"
+    capacity_budget: str = "24GiB"
+    # CuPy's shares tried natively (its peak a image is near torch's)
+    capacity_splits: str = "0.2,0.3,0.35,0.4,0.45,0.5,0.55,0.6,0.7"
     capacity_steps: int = 2  # steps in a row a batch must run
     wait_rounds: int = 3
     wait_steps: int = 300

@@ -13,6 +13,7 @@ error by its message, "CUDA out of memory."); the batch it finds fits, twice tha
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 import tempfile
 import warnings
@@ -177,6 +178,10 @@ def show(what: str) -> None:
 
 def main() -> None:
     torch.set_float32_matmul_precision("high")
+    # the search's tries ("Batch size 64 succeeded, trying batch size 128"), on stdout
+    tuner_log = logging.getLogger("lightning.pytorch.tuner.batch_size_scaling")
+    tuner_log.setLevel(logging.INFO)
+    tuner_log.addHandler(logging.StreamHandler(sys.stdout))
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     data, model = SignalData(), Classifier()
     with tempfile.TemporaryDirectory() as root:
@@ -184,7 +189,13 @@ def main() -> None:
         show("after Trainer.fit (50 steps)")
         print(f"loss {model.losses[0]:.3f} -> {loss:.3f}")
         for mode in ("power", "binsearch"):
-            gc.collect()  # what the last tries left behind (their tracebacks hold tensors)
+            # each search starts from a fresh model and data, as a new run would: a search
+            # restores the trainer it tuned, and what the last one's tries left behind
+            # (their tracebacks hold tensors) goes with the garbage
+            del model, data
+            gc.collect()
+            data, model = SignalData(), Classifier()
+            fit(model, data, batch=8, steps=2, root=root)  # optimizer state exists
             show(f"before the {mode} search")
             ooms = bridge.stats().num_ooms
             found = find_batch(model, data, mode, root)

@@ -46,16 +46,27 @@ show("CuPy holds its batch")
 del staged
 show("CuPy freed it")
 
-# Numba takes over the same budget: the largest batch that fits
-n = 1 << 30  # elements of float32: 4 GiB in and 4 GiB out, too much for the budget
-while n:
-    try:
-        x = cuda.device_array(n, dtype=np.float32)
-        out = cuda.device_array_like(x)
-        break
-    except CudaAPIError as exc:
-        print(f"{n * 4 / GIB:.2f} GiB per array does not fit: {str(exc)[:120]}...")
+
+# Numba takes over the same budget: the largest pair of arrays that fits
+def largest_pair(n: int) -> tuple:
+    """Two float32 arrays of n elements, halving n until both fit the budget."""
+    while n:
+        x = out = None  # the last try's arrays go back before the next try
+        try:
+            x = cuda.device_array(n, dtype=np.float32)
+            out = cuda.device_array_like(x)
+            return n, x, out
+        except CudaAPIError as exc:
+            msg = str(exc)[:100]
+        x = out = None
+        held = bridge.stats(0).by_framework["numba"]
+        print(f"{n * 4 / GIB:.2f} GiB per array does not fit (Numba holds {held / GIB:.2f} "
+              f"GiB after the try): {msg}...")  # fmt: skip
         n //= 2
+    raise SystemExit("not even one element fits the budget")
+
+
+n, x, out = largest_pair(1 << 30)  # 4 GiB in and 4 GiB out: too much for the budget
 x[: host.size].copy_to_device(host)
 scale[(n + 255) // 256, 256](x, np.float32(2.0), out)
 show(f"Numba: 2 x {n * 4 / GIB:.2f} GiB")

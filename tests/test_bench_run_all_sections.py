@@ -308,7 +308,7 @@ def test_quick_plan_uses_fewer_rounds_passes_steps_and_splits():
     )
     for flag in ("--rounds", "--passes"):
         assert int(_arg(quick["trace-gpt2"], flag)) < int(_arg(full["trace-gpt2"], flag))
-    assert _arg(full["capacity"], "--budget") == "40GiB"
+    assert _arg(full["capacity"], "--budget") == "24GiB"
     assert len(_arg(quick["capacity"], "--splits").split(",")) < len(
         _arg(full["capacity"], "--splits").split(",")
     )
