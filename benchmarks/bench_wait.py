@@ -79,11 +79,16 @@ def producer():
         errors.append(repr(e)[:300])
     finally:
         q.put(None)
+stamps, waits_at = [], []  # each step's end; the steps during which a wait began
 def consumer():
     try:
         while (item := q.get()) is not None:
+            w0 = core.stats(0)[1]["num_waits"]
             step(*item)
             del item
+            stamps.append(time.perf_counter())
+            if core.stats(0)[1]["num_waits"] != w0:
+                waits_at.append(len(stamps))
     except Exception as e:
         errors.append(repr(e)[:300])
         while q.get() is not None:
@@ -95,7 +100,11 @@ for t in ts: t.join()
 torch.cuda.synchronize()
 dt = time.perf_counter() - t0
 s = bridge.stats(0)
+tenth = max(1, len(stamps) // 10)  # steps per second in each tenth of the run
+windows = [tenth / (stamps[i + tenth - 1] - (stamps[i - 1] if i else t0))
+           for i in range(0, len(stamps) - tenth + 1, tenth)]
 print(json.dumps(dict(steps_per_s=steps / dt, seconds=dt, errors=errors, budget=budget,
+                      steps_per_s_by_tenth=windows, waits_began_at_steps=waits_at,
                       batch=BATCH, num_waits=s.num_waits - s0.num_waits,
                       wait_seconds=s.wait_seconds - s0.wait_seconds,
                       num_ooms=s.num_ooms - s0.num_ooms, ledger_peak=s.ledger_peak)))
