@@ -6,7 +6,8 @@ uint8 to float, a low-pass filter through a 2-D FFT, a 4 x 4 mean down to
 128 x 128, normalisation), hands it to torch through DLPack, and trains a
 small convolutional network on it. CuPy's memory peaks in the first half of a
 step, torch's in the second, and the two peaks are of one order (each child
-reports both per image, measured at a batch of 32): natively the budget must
+reports both per image, measured at a batch of 512; on the bridge, the
+ledger's peak in each half, both frameworks together): natively the budget must
 be split between them, on the bridge each half can use all of it.
 
 - native: CuPy's pool and torch's caching allocator each keep what they
@@ -53,7 +54,7 @@ SPLITS = (0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7)
 #: The largest batch whose every tensor stays under 2**31 elements: the raw
 #: batch (3 x 512 x 512 a image) and each activation (48 x 128 x 128) are the
 #: largest, 786,432 elements an image each.
-PROBE = 32  # the batch each half's peak a image is measured at
+PROBE = 512  # the batch each half's peak a image is measured at
 CAP = (2**31 - 1) // max(3 * RAW * RAW, CHANNELS * HW * HW)
 
 
@@ -133,9 +134,24 @@ def _child(mode: str, budget: int, split: float, steps: int, start: int, limit: 
     kx = cp.fft.rfftfreq(RAW)[None, :]
     mask = cp.exp(-(kx**2 + ky**2) * 40.0).astype(cp.complex64)
     k = RAW // HW
-    peaks = {"cupy": 0, "torch": 0}  # the last step's peak of each, in bytes
+    peaks = {"cupy": 0, "torch": 0}  # the last step's peak of each half, in bytes
+    if mode == "bridge":
+        from bridge._runtime import core
+
+    def half_done(name: str) -> None:
+        """The peak of the half that ended: natively CuPy's pool (which keeps its
+        peak) or torch's allocator; on the bridge the ledger (both frameworks)."""
+        if mode == "bridge":
+            peaks[name] = bridge.stats(0).ledger_peak
+            core.reset_peak(0, -1)
+        else:
+            cupy_half = name == "cupy"
+            peaks[name] = pool.total_bytes() if cupy_half else torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
 
     def step(b: int) -> None:
+        if mode == "bridge":
+            core.reset_peak(0, -1)
         raw = cp.random.randint(0, 255, (b, 3, RAW, RAW), dtype=cp.uint8)
         x = raw.astype(cp.float32) / 255.0
         del raw
@@ -145,10 +161,11 @@ def _child(mode: str, budget: int, split: float, steps: int, start: int, limit: 
         del f
         x = x.reshape(b, 3, HW, k, HW, k).mean(axis=(3, 5))
         x = (x - x.mean()) / (x.std() + 1e-6)
-        peaks["cupy"] = pool.total_bytes()  # natively, CuPy's pool keeps its peak
         if free_plans:  # the FFT plans' work areas go back before torch's half
             cp.fft.config.get_plan_cache().clear()
-        torch.cuda.reset_peak_memory_stats()
+        half_done("cupy")
+        if mode == "bridge":
+            peaks["into_torch"] = bridge.stats(0).ledger  # what goes into torch's half
         t = torch.from_dlpack(x)
         loss = model(t).square().mean()
         loss.backward()
@@ -156,7 +173,7 @@ def _child(mode: str, budget: int, split: float, steps: int, start: int, limit: 
         opt.zero_grad(set_to_none=True)
         del t, x, loss
         torch.cuda.synchronize()
-        peaks["torch"] = torch.cuda.max_memory_allocated()
+        half_done("torch")
 
     oom_types: tuple[type[BaseException], ...] = (
         cp.cuda.memory.OutOfMemoryError, torch.cuda.OutOfMemoryError,
@@ -186,7 +203,7 @@ def _child(mode: str, budget: int, split: float, steps: int, start: int, limit: 
     batch = largest(fits, start, limit)
     seconds = round(time.perf_counter() - t0, 1)
     per_image = None
-    if mode == "native" and fits(PROBE):  # each half's peak a image (the pool starts empty)
+    if fits(PROBE):  # each half's peak a image (the pools start empty)
         per_image = {name: peak // PROBE for name, peak in peaks.items()}
         tries.pop()
     return {"mode": mode, "split": split if mode == "native" else None, "batch": batch,
@@ -239,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                                 args.limit, args.free_fft_plans)))  # fmt: skip
         return 0
     common = ["--budget", str(budget), "--steps", str(args.steps), "--start", str(args.start),
-              "--limit", str(args.limit)] + (["--free-fft-plans"] * args.free_fft_plans)  # fmt: skip
+              "--limit", str(args.limit)]  # fmt: skip
+    common += ["--free-fft-plans"] if args.free_fft_plans else []
     plan = [["--child", "native", "--split", str(s), *common] for s in splits]
     plan.append(["--child", "bridge", *common])
     if args.dry_run:
