@@ -317,6 +317,10 @@ def trace_checks(trace: dict | None) -> list[dict]:
         time_note = (f"{bt:,.0f} / {nt:,.0f} ns per event, best pass" if time_v is not None
                      else "; ".join(miss(e, c) for c, e in (("bridge", b), ("native", n))
                                     if not _is_number(e.get("ns_per_event"))))
+        if _is_number(b.get("median_ratio_to_native")):  # rounds in turns: their median decides
+            time_v = b["median_ratio_to_native"]
+            time_note = (f"median of {len(b.get('round_ratios') or [])} round-by-round ratios; "
+                         + time_note)
         bf, nf = b.get("reserved_over_live"), n.get("reserved_over_live")
         frag_note = (f"peak reserved {b['peak_reserved'] / 2**30:.2f} GiB, live "
                      f"{b['peak_live'] / 2**30:.2f} GiB" if _is_number(bf)

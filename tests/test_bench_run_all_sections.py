@@ -606,3 +606,18 @@ def test_markdown_renders_each_later_section(tmp_path):
     targets = md[md.index("## Targets") : md.index("## Allocation")]
     assert "capacity: bridge / best native batch | 2.000 | >= 1.80 | pass" in targets
     json.loads((tmp_path / "results.json").read_text())
+
+
+def test_the_trace_time_check_takes_the_median_of_round_ratios_when_there_is_one():
+    """A run whose configurations took turns decides by the median of its rounds'
+    ratios, not by the two best passes (processes differ by up to 2x)."""
+    out = trace_out("gpt2")
+    out["gpt2"]["bridge"]["ns_per_event"] = 2000.0  # best pass: 0.8 of native's 2500
+    out["gpt2"]["bridge"]["round_ratios"] = [0.8, 1.3, 1.2]
+    out["gpt2"]["bridge"]["median_ratio_to_native"] = 1.2
+    c = {x["id"]: x for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
+    assert c["trace.gpt2.time"]["value"] == 1.2 and c["trace.gpt2.time"]["status"] == "fail"
+    assert c["trace.gpt2.time"]["note"].startswith("median of 3 round-by-round ratios; 2,000 /")
+    del out["gpt2"]["bridge"]["median_ratio_to_native"]  # a run without turns: best passes
+    c = {x["id"]: x for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
+    assert c["trace.gpt2.time"]["value"] == 0.8 and c["trace.gpt2.time"]["status"] == "pass"
