@@ -14,10 +14,12 @@ processes that take turns:
     python benchmarks/bench_wait.py [--rounds 3] [--steps 300] [--out FILE]
 
 Prints (and with ``--out`` writes) JSON: steps per second per configuration
-and round, the waits and OOMs of each tight run, and the ratio of the best
-tight round to the best unlimited one. Each run also gives its steps per
-second by tenth of the run, the steps in which a wait began, the first ten
-steps' times, and the calls and time of the recovery chain's Python part
+and round, the waits and OOMs of each tight run, the round-by-round ratios
+of tight to unlimited and their median (the verdict: the two runs of a round
+take turns), and the ratio of the best tight round to the best unlimited one.
+Each run also gives its steps per second by tenth of the run, the steps in
+which a wait began, the first ten steps' times, and the calls and time of the
+recovery chain's Python part
 (``bridge.recovery.relieve``): on the H200 a wait episode cost a 300-step run
 about 0.45 s while its waits took milliseconds, and these say where. GPU only.
 """
@@ -31,7 +33,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import ALLOCATOR_ENV, write_json  # noqa: E402
+from _common import ALLOCATOR_ENV, median, write_json  # noqa: E402
 
 WORKER = r"""
 import json, queue, sys, threading, time
@@ -153,12 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         for mode in order:
             runs[mode].append(run(mode, args.steps))
     best = {m: max(x["steps_per_s"] for x in v) for m, v in runs.items()}
+    # the two runs of a round took turns: their ratio, round by round, and its median
+    ratios = [t["steps_per_s"] / u["steps_per_s"]
+              for t, u in zip(runs["tight"], runs["unlimited"], strict=True)]
     result = {
         "benchmark": "wait",
         "steps": args.steps,
         "runs": runs,
         "best_steps_per_s": best,
         "ratio_tight_over_unlimited": best["tight"] / best["unlimited"],
+        "round_ratios": ratios,
+        "median_ratio_tight_over_unlimited": median(ratios),
         "target_ratio": 0.9,
         "errors": sum(len(x["errors"]) for v in runs.values() for x in v),
     }

@@ -366,7 +366,9 @@ def capacity_value(capacity: dict | None) -> tuple[float | None, str]:
 
 
 def wait_value(wait: dict | None) -> tuple[float | None, str]:
-    """Best tight round's steps/s / best unlimited round's, from runs without errors."""
+    """The median over rounds of tight steps/s / unlimited steps/s (the two runs of a round
+    took turns), from rounds whose runs had no errors; the best tight run over the best
+    unlimited one when no round has both."""
     bad = _not_ok(wait)
     if bad:
         return None, bad
@@ -386,8 +388,16 @@ def wait_value(wait: dict | None) -> tuple[float | None, str]:
                                         ("tight", "unlimited") if m not in best])
     tight = [r for r in runs.get("tight", []) if isinstance(r, dict)]
     waits = sum(r.get("num_waits", 0) for r in tight if _is_number(r.get("num_waits")))
-    notes.insert(0, f"{best['tight']:.1f} / {best['unlimited']:.1f} steps/s; "
+    notes.insert(0, f"best {best['tight']:.1f} / {best['unlimited']:.1f} steps/s; "
                     f"{waits} waits in the tight runs")
+    ratios = [t["steps_per_s"] / u["steps_per_s"]
+              for t, u in zip(tight, runs.get("unlimited", []), strict=False)
+              if isinstance(u, dict) and not t.get("errors") and not u.get("errors")
+              and _is_number(t.get("steps_per_s")) and _is_number(u.get("steps_per_s"))
+              and u["steps_per_s"]]  # fmt: skip
+    if ratios:
+        notes.insert(0, f"median of {len(ratios)} rounds' ratios")
+        return median(ratios), "; ".join(notes)
     return best["tight"] / best["unlimited"], "; ".join(notes)
 
 

@@ -621,3 +621,14 @@ def test_the_trace_time_check_takes_the_median_of_round_ratios_when_there_is_one
     del out["gpt2"]["bridge"]["median_ratio_to_native"]  # a run without turns: best passes
     c = {x["id"]: x for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
     assert c["trace.gpt2.time"]["value"] == 0.8 and c["trace.gpt2.time"]["status"] == "pass"
+
+
+def test_the_wait_check_takes_the_median_of_the_rounds_ratios():
+    """Three clean rounds: 198/284, 284/284, 193/284; the median (0.70) decides, not the
+    best tight run over the best unlimited one (1.0)."""
+    data = copy.deepcopy(WAIT)
+    data["runs"] = {"unlimited": [wait_run(284.0, False) for _ in range(3)],
+                    "tight": [wait_run(v, True) for v in (198.0, 284.0, 193.0)]}  # fmt: skip
+    value, note = report.wait_value({"status": "ok", "data": data})
+    assert value == pytest.approx(198 / 284) and note.startswith("median of 3 rounds' ratios")
+    assert "best 284.0 / 284.0 steps/s" in note
