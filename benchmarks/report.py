@@ -807,7 +807,8 @@ def _md_trace(results: dict) -> list[str]:
            "The committed traces (benchmarks/traces/) replayed with torch.empty / del under "
            "each allocator, one fresh process per configuration, configurations in turns; "
            "ns per event of the best pass, and the allocator's peak reserved memory against "
-           "the trace's peak of live bytes. Targets: bridge ns per event <= native's; bridge "
+           "the trace's peak of live bytes. Targets: bridge ns per event <= native's (the "
+           "median of the rounds' ratios, each round's best pass against native's); bridge "
            f"reserved / live {TRACE_FRAG_TARGET[0]} {TRACE_FRAG_TARGET[1]:.2f} and <= native's.",
            ""]
     trace = results.get("trace") or {}
@@ -870,7 +871,7 @@ def _md_wait(results: dict) -> list[str]:
     out = ["## Waiting at a tight budget (bench_wait.py)", "",
            "A CuPy producer thread and a torch trainer thread (512 MiB batches): a budget of "
            "about two batches with wait=30 (tight) vs no budget (unlimited), fresh processes "
-           "in turns. Target: best tight round / best unlimited round "
+           "in turns. Target: the median over rounds of tight / unlimited steps/s "
            f"{WAIT_TARGET[0]} {WAIT_TARGET[1]}.", ""]
     missing = _section_missing(w)
     if missing:

@@ -659,20 +659,5 @@ def test_trim_after_a_full_batch_trims_both_tiers(cache):
     ],
 )
 def test_cache_tiers_from_the_environment(standin, env, expect):
-    import os
-    import subprocess
-    import sys
-
-    e = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_CACHE_")}
-    e.update(env)
-    code = (
-        "from bridge import _runtime\n"
-        "_runtime.ensure_device(1)\n"
-        "s = _runtime.core.stats(1)[1]\n"
-        "print(s['cache_small_max'], s['cache_large_cap'])\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    assert tuple(int(x) for x in out.stdout.split()) == expect
+    out = _device_1_stats(env, "s['cache_small_max'], s['cache_large_cap']")
+    assert tuple(int(x) for x in out.split()) == expect
