@@ -86,9 +86,17 @@ def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
 
 
 def _release_caches(device: int, tag: int) -> None:
-    """Under pressure: CuPy's FFT plans and its own MemoryPool's cached blocks."""
+    """Under pressure: CuPy's FFT plans and its own MemoryPool's cached blocks.
+
+    The plan cache (this thread's, for ``device``) is cleared only when it
+    holds plans: ``PlanCache.clear()`` runs a full ``gc.collect()`` even on
+    an empty cache, about 0.1 s holding the GIL with torch loaded.
+    """
     try:
-        cupy.fft.config.get_plan_cache().clear()
+        with cupy.cuda.Device(device):
+            cache = cupy.fft.config.get_plan_cache()
+            if cache.get_curr_size():
+                cache.clear()
     except Exception:  # noqa: BLE001 - no cache for this thread/device
         pass
     cupy.get_default_memory_pool().free_all_blocks()

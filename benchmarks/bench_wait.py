@@ -18,10 +18,13 @@ and round, the waits and OOMs of each tight run, the round-by-round ratios
 of tight to unlimited and their median (the verdict: the two runs of a round
 take turns), and the ratio of the best tight round to the best unlimited one.
 Each run also gives its steps per second by tenth of the run, the steps in
-which a wait began, the first ten steps' times, and the calls and time of the
-recovery chain's Python part
-(``bridge.recovery.relieve``): on the H200 a wait episode cost a 300-step run
-about 0.45 s while its waits took milliseconds, and these say where. GPU only.
+which a wait began, the first ten steps' times, the calls and time of the
+recovery chain's Python part (``bridge.recovery.relieve``) and the explicit
+``gc.collect()`` calls. Before waits skipped the collection, each wait episode cost a 300-step run
+0.15-0.36 s while its waits took milliseconds: the chain before the wait ran
+two full collections (the bridge's, and CuPy's ``PlanCache.clear()``, which
+collects even when the cache is empty), each holding the GIL 0.08-0.18 s.
+GPU only.
 """
 
 from __future__ import annotations
@@ -74,16 +77,22 @@ budget = 0
 if mode == "tight":
     budget = bridge.stats(0).ledger_peak + BATCH + (64 << 20)
     bridge.pool(0).set_limit(budget)
+import gc
 from bridge import recovery
-relief = {"calls": 0, "seconds": 0.0}  # the recovery chain's Python part, before any wait
-def timed_relieve(device, nbytes, tag=0):
+relief = {"calls": 0, "seconds": 0.0, "collections": 0}  # the recovery chain's Python part
+def timed_relieve(*args):
     t = time.perf_counter()
     try:
-        return recovery.relieve(device, nbytes, tag)
+        return recovery.relieve(*args)
     finally:
         relief["calls"] += 1
         relief["seconds"] += time.perf_counter() - t
 core.set_pressure_callback(timed_relieve)
+real_collect = gc.collect
+def counted_collect(*a, **k):  # the bridge's and CuPy's (PlanCache.clear) explicit ones
+    relief["collections"] += 1
+    return real_collect(*a, **k)
+gc.collect = counted_collect
 s0 = bridge.stats(0)
 q = queue.Queue(maxsize=4)
 errors = []
@@ -124,6 +133,7 @@ print(json.dumps(dict(steps_per_s=steps / dt, seconds=dt, errors=errors, budget=
                       first_steps_ms=[round((b - a) * 1e3, 2) for a, b in
                                       zip([t0] + stamps[:9], stamps[:10])],
                       relief_calls=relief["calls"], relief_seconds=relief["seconds"],
+                      collections=relief["collections"],
                       batch=BATCH, num_waits=s.num_waits - s0.num_waits,
                       wait_seconds=s.wait_seconds - s0.wait_seconds,
                       num_ooms=s.num_ooms - s0.num_ooms, ledger_peak=s.ledger_peak)))

@@ -16,6 +16,9 @@ TAG_TORCH: int
 TAG_NUMBA: int
 TAG_RMM: int
 NTAGS: int
+RELIEVE_ALL: int
+RELIEVE_CACHES: int
+RELIEVE_COLLECT: int
 WAIT_NONE: int
 WAIT_OK: int
 WAIT_TIMEOUT: int
@@ -212,7 +215,9 @@ def capture(begin: bool, device: int, /) -> int: ...
 def forked() -> bool: ...
 
 # ---- recovery ----
-def set_pressure_callback(callback: Callable[[int, int, int], object] | None, /) -> None: ...
+def set_pressure_callback(
+    callback: Callable[[int, int, int, int], object] | None, /
+) -> None: ...  # (device, nbytes, tag, stage: RELIEVE_*)
 def relief_loop() -> bool: ...
 def stop_relief() -> None: ...
 def set_relief_timeout(seconds: float, /) -> None: ...

@@ -3,6 +3,12 @@
 
 The compiled core first synchronizes the stream and retries; then it calls
 :func:`relieve` (through a hook that takes the GIL) and retries once more.
+A thread that will wait for memory (``bridge.waiting``) runs the chain in two
+parts: the framework caches and the callbacks before its wait, the garbage
+collection only when the wait goes on past 100 ms or is about to fail.  A full
+``gc.collect()`` holds the GIL for about 0.1 s in a process with torch and
+CuPy loaded, stopping every Python thread, the one that would free included;
+the partner's free usually comes sooner.
 """
 
 from __future__ import annotations
@@ -70,12 +76,20 @@ def register_releaser(name: str, fn: Releaser) -> None:
     install()
 
 
-def relieve(device: int, nbytes: int, tag: int = 0) -> bool:
-    """Run the recovery chain once; True when a retry is worth it."""
+def relieve(device: int, nbytes: int, tag: int = 0, stage: int = core.RELIEVE_ALL) -> bool:
+    """Run the recovery chain once; True when a retry is worth it.
+
+    ``stage`` says which part: ``core.RELIEVE_ALL`` (framework caches, garbage
+    collection, callbacks), ``RELIEVE_CACHES`` (before a wait: all but the
+    collection) or ``RELIEVE_COLLECT`` (during a wait: the collection only).
+    """
     if getattr(_in_progress, "active", False):
         return False  # an allocation made by a callback: no recursion
     _in_progress.active = True
     try:
+        if stage == core.RELIEVE_COLLECT:
+            gc.collect()
+            return True
         with _lock:
             releasers = list(_releasers.items())
             callbacks = list(_callbacks)
@@ -84,7 +98,8 @@ def relieve(device: int, nbytes: int, tag: int = 0) -> bool:
                 release(device, tag)
             except Exception:  # noqa: BLE001 - recovery never raises into an allocation
                 log.exception("bridge: releasing %s's caches failed", name)
-        gc.collect()
+        if stage != core.RELIEVE_CACHES:
+            gc.collect()
         for fn in callbacks:
             try:
                 fn(device, nbytes)

@@ -224,3 +224,57 @@ def test_an_allocation_during_a_capture_never_waits():
     assert r["took"] < 5.0  # not its 30 s
     assert "a CUDA graph capture runs on this device" in r["err"]
     assert r["num_waits"] == 0 and r["captures"] == 0
+
+
+CHAIN = """
+import gc, threading, time
+import bridge
+bridge.unify(cupy=True, torch=True, wait=30)
+import cupy as cp
+import torch
+from bridge._runtime import core
+MIB = 1 << 20
+collects = []
+real_collect = gc.collect
+def counting_collect(*a, **k):  # CuPy's plan cache and the bridge both call gc.collect()
+    collects.append(threading.current_thread().name)
+    return real_collect(*a, **k)
+gc.collect = counting_collect
+out = {}
+for free_after in (0.02, 0.4):
+    torch.cuda.synchronize()
+    bridge.pool(0).set_limit(0)
+    bridge.pool(0).free_all_blocks()
+    bridge.pool(0).set_limit(bridge.stats(0).used + 600 * MIB)
+    held = [torch.ones(512 * MIB, dtype=torch.uint8, device="cuda")]  # the trainer's batch
+    torch.cuda.synchronize()
+    def trainer():
+        while core.stats(0)[1]["waiting"] == 0:
+            time.sleep(0.001)
+        time.sleep(free_after)
+        held.clear()  # its step is done: the batch goes
+    t = threading.Thread(target=trainer, name="trainer")
+    n0, w0 = len(collects), bridge.stats(0).num_waits
+    t.start()
+    a = cp.full(512 * MIB, 7, dtype=cp.uint8)  # waits for the trainer's free
+    t.join()
+    out[str(free_after)] = dict(collects=collects[n0:], waits=bridge.stats(0).num_waits - w0,
+                                sum=int(a.sum(dtype=cp.uint64)), outcome=core.last_wait()[1])
+    del a
+report(ok=core.WAIT_OK, **out)
+"""
+
+
+def test_a_short_wait_runs_no_garbage_collection_and_a_long_one_runs_one():
+    """Issue 18: the chain before each wait ran gc.collect() twice (the bridge's, and
+    CuPy's PlanCache.clear() on an empty cache), about 0.1 s each with every Python
+    thread stopped, for waits of milliseconds. Bridge only: natively nobody waits."""
+    pytest.importorskip("cupy")
+    pytest.importorskip("torch")
+    r = run_mode(CHAIN, "bridge")
+    short, long_ = r["0.02"], r["0.4"]
+    for case in (short, long_):
+        assert case["waits"] == 1 and case["outcome"] == r["ok"]
+        assert case["sum"] == 7 * 512 * (1 << 20)  # the bytes the waiter got
+    assert short["collects"] == []  # the free came within the grace
+    assert long_["collects"] == ["MainThread"]  # once, by the waiter, past the grace

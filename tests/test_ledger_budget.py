@@ -360,15 +360,15 @@ def test_pressure_callback_runs_before_failing_and_a_retry_follows(led):
     cache = [led.ok(12 * MIB, stream=S1, tag=TAG_CUPY)]  # e.g. a framework's cache
     calls = []
 
-    def relieve(device, size, tag):
-        calls.append((device, size, tag))
+    def relieve(device, size, tag, stage):
+        calls.append((device, size, tag, stage))
         led.free(cache.pop())
         return True
 
     core.set_pressure_callback(relieve)
     s0 = stats()
     p = led.ok(8 * MIB, stream=S1, tag=TAG_TORCH)
-    assert calls == [(DEV, 8 * MIB, TAG_TORCH)]
+    assert calls == [(DEV, 8 * MIB, TAG_TORCH, core.RELIEVE_ALL)]  # no wait: the whole chain
     s = stats()
     assert s["num_retries"] == s0["num_retries"] + 1
     assert s["num_ooms"] == s0["num_ooms"]
@@ -395,7 +395,7 @@ def test_pressure_callback_returning_false_means_no_retry(led):
     s0 = stats()
     allocs = led.counter(C_ALLOC)
     assert led.alloc(2 * MIB, tag=TAG_TORCH) == (Status.BUDGET, 0)
-    assert calls == [(DEV, 2 * MIB, TAG_TORCH)]
+    assert calls == [(DEV, 2 * MIB, TAG_TORCH, core.RELIEVE_ALL)]
     s = stats()
     assert s["num_ooms"] == s0["num_ooms"] + 1
     assert s["num_retries"] == s0["num_retries"]
@@ -407,7 +407,7 @@ def test_pressure_callback_that_raises_never_breaks_the_allocation(led, monkeypa
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
 
-    def broken(device, size, tag):
+    def broken(device, size, tag, stage):
         raise RuntimeError("boom")
 
     core.set_pressure_callback(broken)
@@ -426,7 +426,7 @@ def test_pressure_callback_from_a_context_less_thread_keeps_its_context(led):
     core.set_limit(0, 4 * MIB)
     cache = [led.ok(4 * MIB, stream=S1, dev=0)]
 
-    def relieve(device, size, tag):
+    def relieve(device, size, tag, stage):
         if cache:
             led.free(cache.pop())
         return True

@@ -178,7 +178,7 @@ def test_a_torch_thread_never_waits_on_the_gil_past_the_relief_timeout(sd):
 
     core.set_limit(DEV, MIB)
     calls = []
-    core.set_pressure_callback(lambda d, n, t: calls.append(n) or True)
+    core.set_pressure_callback(lambda d, n, t, stage: calls.append(n) or True)
     recovery._start_reliever()
     core.set_relief_timeout(0.2)
     libc = ctypes.PyDLL(None)  # a call through PyDLL keeps the GIL

@@ -454,6 +454,153 @@ def test_a_cupy_allocation_that_waits_in_vain_goes_to_the_oom_path(led):
     assert core.last_wait()[1] == core.WAIT_TIMEOUT
 
 
+# ---- the recovery chain around a wait ----
+def _recording_hook(on_collect=None):
+    """A pressure callback that notes each call's stage and time; ``on_collect``
+    plays the garbage collection finding something."""
+    calls: list[tuple[int, float]] = []
+
+    def hook(device, size, tag, stage):
+        calls.append((stage, time.monotonic()))
+        if stage != core.RELIEVE_CACHES and on_collect:
+            on_collect()
+        return True
+
+    core.set_pressure_callback(hook)
+    return calls
+
+
+def _wait_for_main_threads_block(led, wait, free_after):
+    """The main thread holds the budget and frees it ``free_after`` seconds after
+    a worker began to wait for 32 MiB with ``wait``; the worker's (rc, p) and
+    the outcome of its wait."""
+    core.set_limit(DEV, 64 * MIB)
+    held = led.ok(64 * MIB)
+
+    def worker():
+        with bridge.waiting(wait):
+            return (*_alloc(32 * MIB, S2), core.last_wait()[1])
+
+    t, out = _thread(worker)
+    _until(lambda: stats()["waiting"] == 1)
+    time.sleep(free_after)
+    _free(held, led.sd)
+    led.live.discard(held)
+    rc, p, outcome = _join(t, out)
+    if p:
+        led.live.add(p)
+    return rc, p, outcome
+
+
+def test_a_waiter_runs_the_chain_without_the_collection_and_a_quick_free_spares_it(led):
+    """Issue 18's benchmark: a gc.collect() before each wait cost every Python
+    thread about 0.1 s at each wait, for waits of milliseconds."""
+    calls = _recording_hook()
+    rc, p, outcome = _wait_for_main_threads_block(led, wait=10, free_after=0.01)
+    assert rc == Status.OK and p
+    assert [stage for stage, _ in calls] == [core.RELIEVE_CACHES]
+    assert outcome == core.WAIT_OK
+
+
+def test_a_wait_past_the_grace_runs_the_collection_once(led):
+    calls = _recording_hook()
+    rc, p, outcome = _wait_for_main_threads_block(led, wait=10, free_after=0.5)
+    assert rc == Status.OK and p and outcome == core.WAIT_OK
+    assert [stage for stage, _ in calls] == [core.RELIEVE_CACHES, core.RELIEVE_COLLECT]
+    assert calls[1][1] - calls[0][1] >= 0.09  # after the 100 ms grace, not at once
+
+
+def test_without_a_wait_the_whole_chain_runs_at_once(led):
+    calls = _recording_hook()
+    core.set_limit(DEV, 64 * MIB)
+    led.add_foreign(DEV, 64 * MIB)
+    with bridge.waiting(0):
+        assert _alloc(MIB) == (Status.BUDGET, 0)
+    assert [stage for stage, _ in calls] == [core.RELIEVE_ALL]
+
+
+@pytest.mark.parametrize("collection_frees", [True, False])
+def test_a_wait_about_to_time_out_runs_the_collection_and_retries(led, collection_frees):
+    """A wait shorter than the grace still gets the collection, before its refusal."""
+    core.set_limit(DEV, 64 * MIB)
+    garbage = [led.ok(64 * MIB)]  # held by a cycle only a collection breaks
+
+    def collect():
+        if collection_frees and garbage:
+            led.free(garbage.pop())
+            led.sd.standin_sync_all(DEV)
+
+    calls = _recording_hook(collect)
+
+    def worker():
+        with bridge.waiting(0.03):
+            return _alloc(MIB, S2)
+
+    t, out = _thread(worker)
+    rc, p = _join(t, out)
+    assert [stage for stage, _ in calls] == [core.RELIEVE_CACHES, core.RELIEVE_COLLECT]
+    if collection_frees:
+        assert rc == Status.OK and p
+        led.live.add(p)
+    else:
+        assert (rc, p) == (Status.BUDGET, 0)
+        for q in garbage:
+            led.free(q)
+
+
+def test_a_lone_waiter_gets_the_collection_before_it_is_refused(led):
+    """Every holder waiting ends the wait; the garbage of that very thread may be
+    what holds the budget."""
+    core.set_limit(DEV, 64 * MIB)
+    garbage = [led.ok(64 * MIB)]
+    calls = _recording_hook(lambda: garbage and led.free(garbage.pop()))
+    t0 = time.monotonic()
+    with bridge.waiting(30):
+        rc, p = led.alloc(MIB)
+    assert rc == Status.OK and p
+    assert time.monotonic() - t0 < 2.0
+    assert [stage for stage, _ in calls] == [core.RELIEVE_CACHES, core.RELIEVE_COLLECT]
+
+
+def test_a_torch_waiter_without_the_gil_gets_its_stages_from_the_reliever(led):
+    """A torch allocation from a thread without the GIL (autograd's) asks the
+    reliever thread, which runs the stage it was asked for."""
+    from bridge import recovery
+
+    calls = _recording_hook()
+    recovery._start_reliever()
+    core.set_limit(DEV, 64 * MIB)
+    led.add_foreign(DEV, 64 * MIB)
+    with bridge.waiting(0.03):
+        assert _alloc(MIB, tag=TAG_TORCH) == (Status.BUDGET, 0)  # core.alloc drops the GIL
+    assert [stage for stage, _ in calls] == [core.RELIEVE_CACHES, core.RELIEVE_COLLECT]
+
+
+@pytest.mark.parametrize(
+    ("stage", "ran"),
+    [
+        ("RELIEVE_ALL", ["releaser", "gc", "callback"]),
+        ("RELIEVE_CACHES", ["releaser", "callback"]),
+        ("RELIEVE_COLLECT", ["gc"]),
+    ],
+)
+def test_relieve_runs_the_part_of_the_chain_its_stage_names(standin, monkeypatch, stage, ran):
+    from bridge import recovery
+
+    seen: list[str] = []
+
+    class Gc:
+        @staticmethod
+        def collect():
+            seen.append("gc")
+
+    monkeypatch.setattr(recovery, "gc", Gc)
+    monkeypatch.setattr(recovery, "_releasers", {"x": lambda d, t: seen.append("releaser")})
+    monkeypatch.setattr(recovery, "_callbacks", [lambda d, n: seen.append("callback")])
+    assert recovery.relieve(DEV, MIB, TAG_CUPY, getattr(core, stage)) is True
+    assert seen == ran
+
+
 # ---- captures ----
 def test_no_wait_while_a_capture_runs_on_the_device(led):
     core.set_limit(DEV, 64 * MIB)

@@ -192,8 +192,18 @@ int bridge_capture_end(int device);
 int bridge_captures_active(int device);
 
 /* ---- pressure hook: called once before an allocation fails ---- */
+/* What the hook is asked to run (its `stage`).  A full garbage collection
+ * holds the GIL for about 0.1 s in a process with torch and CuPy loaded,
+ * stopping every Python thread: a thread that will wait for others' frees
+ * leaves it out of the chain before the wait, and runs it only when the
+ * wait goes on past a grace or is about to end in a refusal. */
+enum {
+    BRIDGE_RELIEVE_ALL = 0,     /* framework caches, garbage collection, callbacks */
+    BRIDGE_RELIEVE_CACHES = 1,  /* before a wait: framework caches and callbacks */
+    BRIDGE_RELIEVE_COLLECT = 2, /* during a wait: the garbage collection only */
+};
 /* Returns nonzero when it freed something worth a retry. */
-typedef int (*bridge_pressure_fn)(int device, size_t size, int tag);
+typedef int (*bridge_pressure_fn)(int device, size_t size, int tag, int stage);
 void bridge_set_pressure_hook(bridge_pressure_fn fn);
 
 /* ---- waiting for memory others free (wait.c) ---- */

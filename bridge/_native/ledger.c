@@ -775,16 +775,22 @@ typedef struct retry_args {
     CUstream stream, key;
 } retry_args;
 
-/* One more try of a waiting allocation: what others freed into the cache or
- * deferred goes back to the pool first. */
-static int retry_alloc(void *ctx, int freed, void **out)
+/* One more try of a waiting allocation: the garbage collection first when
+ * asked (wait.h), then what others freed into the cache or deferred goes
+ * back to the pool. */
+static int retry_alloc(void *ctx, int flags, void **out)
 {
     retry_args *a = ctx;
+    if (flags & WAIT_RETRY_COLLECT) {
+        bridge_pressure_fn hook = atomic_load(&pressure_hook);
+        if (hook)
+            hook(a->device, a->size, a->tag, BRIDGE_RELIEVE_COLLECT);
+    }
     flush_cache(a->device);
     ledger_flush_deferred(a->d);
     ctx_guard g;
-    ctx_enter(a->d, &g);
-    if (freed && !atomic_load_explicit(&a->d->captures_active, RELAXED))
+    ctx_enter(a->d, &g); /* after the hook: it may have run Python that switched the context */
+    if ((flags & WAIT_RETRY_FREED) && !atomic_load_explicit(&a->d->captures_active, RELAXED))
         bridge_drv.cuStreamSynchronize(a->stream); /* its frees reach the pool */
     int rc = try_alloc(a->d, a->device, a->size, a->stream, a->key, a->tag, a->captured, out);
     ctx_exit(&g);
@@ -841,9 +847,11 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
         /* 2. Ask the frameworks to release their caches, then try again.  No
          *    device-wide synchronization: another library's capture (XLA's)
          *    may be running, and the pool reuses memory freed on other
-         *    streams by itself. */
+         *    streams by itself.  A thread that will wait leaves the garbage
+         *    collection to its wait (bridge.h, wait.c). */
         bridge_pressure_fn hook = atomic_load(&pressure_hook); /* one read: see its comment */
-        if (retryable(rc) && hook && hook(device, size, tag)) {
+        int stage = wait_would_wait(d, size) ? BRIDGE_RELIEVE_CACHES : BRIDGE_RELIEVE_ALL;
+        if (retryable(rc) && hook && hook(device, size, tag, stage)) {
             /* The hook may have run Python that switched the context: make
              * the device's current again (keeping the caller's in `g`). */
             bridge_drv.cuCtxSetCurrent(d->ctx);

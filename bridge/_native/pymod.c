@@ -25,24 +25,24 @@
  * thread asks the reliever (a Python thread started by bridge.recovery,
  * blocked here without the GIL) and waits for it at most relief_timeout;
  * past that it goes on without the chain's help. */
-static PyObject *pressure_callback; /* (device, size, tag) -> bool */
+static PyObject *pressure_callback; /* (device, size, tag, stage) -> bool */
 
 static pthread_mutex_t relief_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t relief_cv = PTHREAD_COND_INITIALIZER;
 static uint64_t relief_asked, relief_done; /* request generations (relief_mu) */
-static int relief_args[2];                 /* device, tag of the request */
+static int relief_args[3];                 /* device, tag, stage of the request */
 static size_t relief_size;
 static int relief_freed;            /* result of generation relief_done */
 static int reliever_running;        /* a reliever waits for requests */
 static double relief_timeout = 5.0; /* seconds */
 
-static int run_callback(int device, size_t size, int tag)
+static int run_callback(int device, size_t size, int tag, int stage)
 {
     int freed = 0;
     PyObject *cb = pressure_callback;
     if (cb) {
         Py_INCREF(cb);
-        PyObject *r = PyObject_CallFunction(cb, "ini", device, (Py_ssize_t)size, tag);
+        PyObject *r = PyObject_CallFunction(cb, "inii", device, (Py_ssize_t)size, tag, stage);
         if (r) {
             freed = PyObject_IsTrue(r) > 0;
             Py_DECREF(r);
@@ -55,7 +55,7 @@ static int run_callback(int device, size_t size, int tag)
 }
 
 /* -1 when no reliever runs (the caller then takes the GIL itself). */
-static int ask_reliever(int device, size_t size, int tag)
+static int ask_reliever(int device, size_t size, int tag, int stage)
 {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
@@ -69,10 +69,12 @@ static int ask_reliever(int device, size_t size, int tag)
     int freed = -1;
     pthread_mutex_lock(&relief_mu);
     if (reliever_running) {
-        /* one request at a time: a request in flight serves this one too */
+        /* one request at a time: a request in flight serves this one too
+         * (whatever its stage: a second chain at once would find little) */
         if (relief_asked == relief_done) {
             relief_args[0] = device;
             relief_args[1] = tag;
+            relief_args[2] = stage;
             relief_size = size;
             relief_asked++;
             pthread_cond_broadcast(&relief_cv);
@@ -87,17 +89,17 @@ static int ask_reliever(int device, size_t size, int tag)
     return freed;
 }
 
-static int pressure_trampoline(int device, size_t size, int tag)
+static int pressure_trampoline(int device, size_t size, int tag, int stage)
 {
     if (!Py_IsInitialized())
         return 0;
     if (tag == BRIDGE_TAG_TORCH && !PyGILState_Check()) {
-        int freed = ask_reliever(device, size, tag);
+        int freed = ask_reliever(device, size, tag, stage);
         if (freed >= 0)
             return freed;
     }
     PyGILState_STATE st = PyGILState_Ensure();
-    int freed = run_callback(device, size, tag);
+    int freed = run_callback(device, size, tag, stage);
     PyGILState_Release(st);
     return freed;
 }
@@ -116,7 +118,7 @@ static PyObject *py_relief_loop(PyObject *m, PyObject *a)
     reliever_running = 1;
     pthread_mutex_unlock(&relief_mu);
     for (;;) {
-        int device = 0, tag = 0, stop = 0;
+        int device = 0, tag = 0, stage = 0, stop = 0;
         size_t size = 0;
         uint64_t gen = 0;
         Py_BEGIN_ALLOW_THREADS
@@ -127,12 +129,13 @@ static PyObject *py_relief_loop(PyObject *m, PyObject *a)
         gen = relief_asked;
         device = relief_args[0];
         tag = relief_args[1];
+        stage = relief_args[2];
         size = relief_size;
         pthread_mutex_unlock(&relief_mu);
         Py_END_ALLOW_THREADS
         if (stop)
             break;
-        int freed = run_callback(device, size, tag);
+        int freed = run_callback(device, size, tag, stage);
         pthread_mutex_lock(&relief_mu);
         relief_freed = freed;
         relief_done = gen;
@@ -968,6 +971,9 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
         PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0 ||
+        PyModule_AddIntConstant(m, "RELIEVE_ALL", BRIDGE_RELIEVE_ALL) < 0 ||
+        PyModule_AddIntConstant(m, "RELIEVE_CACHES", BRIDGE_RELIEVE_CACHES) < 0 ||
+        PyModule_AddIntConstant(m, "RELIEVE_COLLECT", BRIDGE_RELIEVE_COLLECT) < 0 ||
         PyModule_AddIntConstant(m, "WAIT_NONE", BRIDGE_WAIT_NONE) < 0 ||
         PyModule_AddIntConstant(m, "WAIT_OK", BRIDGE_WAIT_OK) < 0 ||
         PyModule_AddIntConstant(m, "WAIT_TIMEOUT", BRIDGE_WAIT_TIMEOUT) < 0 ||

@@ -27,6 +27,12 @@
  *              refused at once instead of everyone waiting for its time.
  *              Holders are counted by sweeping the records table: the cost
  *              is on this slow path, nothing is counted per allocation.
+ *   collection the pressure hook's garbage collection (gc.collect(): about
+ *              0.1 s holding the GIL, every Python thread stopped) is left
+ *              out of the chain before a wait; a waiter runs it once, when
+ *              it has waited COLLECT_AFTER, or before its wait ends in a
+ *              refusal (timeout, all waiting).  A partner's free usually
+ *              comes in milliseconds: then nobody pays for a collection.
  * Locking: `mu` guards the queues, tickets, generations and victims; it is
  * never held while the records table is swept or the ledger is called.
  */
@@ -45,6 +51,7 @@
 #define POLL_MAX    (16 * MS)  /* the interval doubles up to this while nothing is freed */
 #define CHECK_EVERY (50 * MS)  /* all-waiting check and Ctrl-C check */
 #define CONFIRM     (100 * MS) /* all waiting, and no free on the device, for this long */
+#define COLLECT_AFTER (100 * MS) /* waited this long: run the garbage collection */
 #define MAX_HOLDERS 256        /* distinct threads counted; beyond: "not all waiting" */
 
 typedef struct waiter {
@@ -311,21 +318,43 @@ static void deadline_of(struct timespec *ts, uint64_t at)
     ts->tv_nsec = (long)(at % 1000000000ull);
 }
 
+/* The calling thread's wait time for a refused request of `size`; 0 when it
+ * will not wait, with *why the outcome that says so (NONE: no wait set). */
+static uint64_t wait_time_for(device_state *d, size_t size, int *why)
+{
+    *why = BRIDGE_WAIT_NONE;
+    uint64_t budget_ns = tl_set ? tl_wait_ns : atomic_load_explicit(&default_wait_ns, RELAXED);
+    if (!budget_ns)
+        return 0;
+    /* A capture on the device: never block it (nor a capturing thread). */
+    if (atomic_load(&d->captures_active)) {
+        *why = BRIDGE_WAIT_CAPTURE;
+        return 0;
+    }
+    uint64_t limit = atomic_load(&d->limit);
+    if (size > d->total || (limit && size > limit)) {
+        *why = BRIDGE_WAIT_HOPELESS; /* no free can make room */
+        return 0;
+    }
+    return budget_ns;
+}
+
+int wait_would_wait(device_state *d, size_t size)
+{
+    int why;
+    return wait_time_for(d, size, &why) != 0;
+}
+
 int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry, void *ctx,
                   void **out)
 {
     wait_refused();
-    uint64_t budget_ns = tl_set ? tl_wait_ns : atomic_load_explicit(&default_wait_ns, RELAXED);
-    if (!budget_ns || !retryable(rc))
+    if (!retryable(rc))
         return rc;
-    /* A capture on the device: never block it (nor a capturing thread). */
-    if (atomic_load(&d->captures_active)) {
-        tl_last_outcome = BRIDGE_WAIT_CAPTURE;
-        return rc;
-    }
-    uint64_t limit = atomic_load(&d->limit);
-    if (size > d->total || (limit && size > limit)) {
-        tl_last_outcome = BRIDGE_WAIT_HOPELESS; /* no free can make room */
+    int why;
+    uint64_t budget_ns = wait_time_for(d, size, &why);
+    if (!budget_ns) {
+        tl_last_outcome = why;
         return rc;
     }
     pthread_once(&cv_once, init_cv);
@@ -349,8 +378,8 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
     uint64_t t0 = now_ns(), now = t0, deadline = t0 + budget_ns;
     if (deadline < t0)
         deadline = UINT64_MAX;
-    uint64_t poll = POLL_MIN, next_check = t0 + CHECK_EVERY;
-    int outcome = BRIDGE_WAIT_TIMEOUT, freed = 0;
+    uint64_t poll = POLL_MIN, next_check = t0 + CHECK_EVERY, collect_at = t0 + COLLECT_AFTER;
+    int outcome = BRIDGE_WAIT_TIMEOUT, freed = 0, collected = 0, last = 0;
     check_all_waiting(device);
     for (;;) {
         pthread_mutex_lock(&mu);
@@ -360,11 +389,18 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
         pthread_mutex_unlock(&mu);
         if (victim) {
             outcome = BRIDGE_WAIT_ALL_WAITING;
-            break;
+            last = 1;
         }
-        int r = rc;
+        int r = rc, flags = freed ? WAIT_RETRY_FREED : 0;
+        /* the collection: past the grace, or this is the last try */
+        if (!collected && (last || now >= collect_at)) {
+            flags |= WAIT_RETRY_COLLECT | WAIT_RETRY_FREED;
+            collected = 1;
+        } else if (last) {
+            break; /* collected already: the refusal stands */
+        }
         if (!first || fits_behind(d, device, first, size))
-            r = retry(ctx, freed, out);
+            r = retry(ctx, flags, out);
         if (r == BRIDGE_OK) {
             outcome = BRIDGE_WAIT_OK;
             break;
@@ -374,9 +410,16 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
             outcome = BRIDGE_WAIT_NONE; /* a framework cap or a driver error: no wait helps */
             break;
         }
+        if (last)
+            break; /* the collection did not make room either */
         now = now_ns();
-        if (now >= deadline)
+        if (now >= deadline) {
+            if (!collected) {
+                last = 1; /* one more try, after the collection */
+                continue;
+            }
             break; /* BRIDGE_WAIT_TIMEOUT */
+        }
         if (now >= next_check) {
             next_check = now + CHECK_EVERY;
             if (h.interrupted && h.interrupted()) {

@@ -22,11 +22,22 @@ void wait_refused(void);
 void wait_freed(int device);
 
 /* One more try of the refused allocation (ledger.c: cache and deferred frees
- * back to the pool, then reserve and allocate); a bridge_status.  `freed`:
- * a free settled since the last try: the waiter's own stream is synchronized
- * first (not during a capture), so that frees issued on it (the stream a
- * producer and its consumer share) are really back in the pool. */
-typedef int (*wait_retry_fn)(void *ctx, int freed, void **out);
+ * back to the pool, then reserve and allocate); a bridge_status.  `flags`:
+ *   WAIT_RETRY_FREED    a free settled since the last try: the waiter's own
+ *                       stream is synchronized first (not during a capture),
+ *                       so that frees issued on it (the stream a producer and
+ *                       its consumer share) are really back in the pool;
+ *   WAIT_RETRY_COLLECT  the pressure hook's garbage collection runs first
+ *                       (BRIDGE_RELIEVE_COLLECT), once a wait: past the grace,
+ *                       or before the wait ends in a refusal. */
+enum { WAIT_RETRY_FREED = 1, WAIT_RETRY_COLLECT = 2 };
+typedef int (*wait_retry_fn)(void *ctx, int flags, void **out);
+
+/* Whether a refused allocation of `size` on this thread would wait (its wait
+ * time above 0, no capture on the device, a request a free could satisfy):
+ * the recovery chain before it then leaves the garbage collection to the
+ * wait (BRIDGE_RELIEVE_CACHES). */
+int wait_would_wait(device_state *d, size_t size);
 
 /* The refusal path of bridge_alloc: `rc` is the refusal after the recovery
  * chain.  Waits for room as the calling thread's setting says, retrying with

@@ -485,10 +485,11 @@ static void phase_cross(void)
 static atomic_int limits_stop;
 static atomic_int hook_calls;
 
-static int pressure_hook(int device, size_t size, int tag)
+static int pressure_hook(int device, size_t size, int tag, int stage)
 {
     (void)size;
     (void)tag;
+    (void)stage;
     atomic_fetch_add(&hook_calls, 1);
     standin.sync_all(device); /* "a framework dropped its cache": queued frees land */
     return 1;
