@@ -246,16 +246,19 @@ for free_after in (0.02, 0.4):
     bridge.pool(0).set_limit(0)
     bridge.pool(0).free_all_blocks()
     bridge.pool(0).set_limit(bridge.stats(0).used + 600 * MIB)
-    held = [torch.ones(512 * MIB, dtype=torch.uint8, device="cuda")]  # the trainer's batch
-    torch.cuda.synchronize()
+    ready = threading.Event()
     def trainer():
+        batch = torch.ones(512 * MIB, dtype=torch.uint8, device="cuda")  # its own
+        torch.cuda.synchronize()
+        ready.set()
         while core.stats(0)[1]["waiting"] == 0:
             time.sleep(0.001)
         time.sleep(free_after)
-        held.clear()  # its step is done: the batch goes
+        del batch  # its step is done: the batch goes
     t = threading.Thread(target=trainer, name="trainer")
     n0, w0 = len(collects), bridge.stats(0).num_waits
     t.start()
+    ready.wait()
     a = cp.full(512 * MIB, 7, dtype=cp.uint8)  # waits for the trainer's free
     t.join()
     out[str(free_after)] = dict(collects=collects[n0:], waits=bridge.stats(0).num_waits - w0,
