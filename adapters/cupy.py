@@ -85,12 +85,19 @@ def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
     raise BridgeError(f"cupy allocation of {size} bytes failed with status {rc}")
 
 
-def _release_caches(device: int, tag: int) -> None:
-    """Under pressure: CuPy's FFT plans and its own MemoryPool's cached blocks.
+def _release_pool(device: int, tag: int) -> None:
+    """Under pressure: the blocks cached by CuPy's own MemoryPool (from before unify)."""
+    cupy.get_default_memory_pool().free_all_blocks()
 
-    The plan cache (this thread's, for ``device``) is cleared only when it
-    holds plans: ``PlanCache.clear()`` runs a full ``gc.collect()`` even on
-    an empty cache, about 0.1 s holding the GIL with torch loaded.
+
+def _release_fft_plans(device: int, tag: int) -> None:
+    """Under pressure: this thread's FFT plans for ``device`` (their work areas).
+
+    Registered as collecting garbage: ``PlanCache.clear()`` runs a full
+    ``gc.collect()``, even on an empty cache, and asking for the cache
+    creates one in a thread that has none, whose end runs another.  So it is
+    cleared only when it holds plans, and with the chain's own collection
+    (never before a wait: the partner's free usually comes sooner).
     """
     try:
         with cupy.cuda.Device(device):
@@ -99,7 +106,6 @@ def _release_caches(device: int, tag: int) -> None:
                 cache.clear()
     except Exception:  # noqa: BLE001 - no cache for this thread/device
         pass
-    cupy.get_default_memory_pool().free_all_blocks()
 
 
 def _stream_device(stream: Any) -> int:
@@ -245,4 +251,5 @@ def install(devices: Iterable[int]) -> None:
     cupy.cuda.set_allocator(_allocator)
     _tell_captures()
     cupy.cuda.set_pinned_memory_allocator(pinned_allocator())
-    recovery.register_releaser("cupy", _release_caches)
+    recovery.register_releaser("cupy", _release_pool)
+    recovery.register_releaser("cupy-fft-plans", _release_fft_plans, collects=True)

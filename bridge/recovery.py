@@ -30,7 +30,7 @@ Releaser = Callable[[int, int], object]  # (device, tag of the request) -> anyth
 
 _lock = threading.Lock()
 _callbacks: list[PressureCallback] = []
-_releasers: dict[str, Releaser] = {}
+_releasers: dict[str, tuple[Releaser, bool]] = {}  # name -> (fn, it collects garbage itself)
 _installed = False
 _in_progress = threading.local()
 _reliever: threading.Thread | None = None
@@ -69,10 +69,14 @@ def remove_pressure_callback(fn: PressureCallback) -> None:
             _callbacks.remove(fn)
 
 
-def register_releaser(name: str, fn: Releaser) -> None:
-    """An adapter's way to drop its framework's caches under pressure."""
+def register_releaser(name: str, fn: Releaser, *, collects: bool = False) -> None:
+    """An adapter's way to drop its framework's caches under pressure.
+
+    ``collects``: releasing runs a full garbage collection itself (CuPy's FFT
+    plan cache): it runs with the chain's collection, not before a wait.
+    """
     with _lock:
-        _releasers[name] = fn
+        _releasers[name] = (fn, collects)
     install()
 
 
@@ -80,25 +84,28 @@ def relieve(device: int, nbytes: int, tag: int = 0, stage: int = core.RELIEVE_AL
     """Run the recovery chain once; True when a retry is worth it.
 
     ``stage`` says which part: ``core.RELIEVE_ALL`` (framework caches, garbage
-    collection, callbacks), ``RELIEVE_CACHES`` (before a wait: all but the
-    collection) or ``RELIEVE_COLLECT`` (during a wait: the collection only).
+    collection, callbacks), ``RELIEVE_CACHES`` (before a wait: the caches whose
+    release collects no garbage, and the callbacks) or ``RELIEVE_COLLECT``
+    (during a wait: the caches whose release collects, and the collection).
     """
     if getattr(_in_progress, "active", False):
         return False  # an allocation made by a callback: no recursion
     _in_progress.active = True
     try:
-        if stage == core.RELIEVE_COLLECT:
-            gc.collect()
-            return True
+        collect = stage != core.RELIEVE_CACHES
         with _lock:
-            releasers = list(_releasers.items())
-            callbacks = list(_callbacks)
+            releasers = [
+                (name, fn)
+                for name, (fn, collects) in _releasers.items()
+                if (collects if stage == core.RELIEVE_COLLECT else collect or not collects)
+            ]
+            callbacks = list(_callbacks) if stage != core.RELIEVE_COLLECT else []
         for name, release in releasers:
             try:
                 release(device, tag)
             except Exception:  # noqa: BLE001 - recovery never raises into an allocation
                 log.exception("bridge: releasing %s's caches failed", name)
-        if stage != core.RELIEVE_CACHES:
+        if collect:
             gc.collect()
         for fn in callbacks:
             try:

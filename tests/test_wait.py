@@ -579,9 +579,9 @@ def test_a_torch_waiter_without_the_gil_gets_its_stages_from_the_reliever(led):
 @pytest.mark.parametrize(
     ("stage", "ran"),
     [
-        ("RELIEVE_ALL", ["releaser", "gc", "callback"]),
+        ("RELIEVE_ALL", ["releaser", "collecting releaser", "gc", "callback"]),
         ("RELIEVE_CACHES", ["releaser", "callback"]),
-        ("RELIEVE_COLLECT", ["gc"]),
+        ("RELIEVE_COLLECT", ["collecting releaser", "gc"]),
     ],
 )
 def test_relieve_runs_the_part_of_the_chain_its_stage_names(standin, monkeypatch, stage, ran):
@@ -595,7 +595,11 @@ def test_relieve_runs_the_part_of_the_chain_its_stage_names(standin, monkeypatch
             seen.append("gc")
 
     monkeypatch.setattr(recovery, "gc", Gc)
-    monkeypatch.setattr(recovery, "_releasers", {"x": lambda d, t: seen.append("releaser")})
+    monkeypatch.setattr(recovery, "_releasers", {})
+    recovery.register_releaser("x", lambda d, t: seen.append("releaser"))
+    recovery.register_releaser(  # CuPy's FFT plan cache: its clear() collects
+        "y", lambda d, t: seen.append("collecting releaser"), collects=True
+    )
     monkeypatch.setattr(recovery, "_callbacks", [lambda d, n: seen.append("callback")])
     assert recovery.relieve(DEV, MIB, TAG_CUPY, getattr(core, stage)) is True
     assert seen == ran
