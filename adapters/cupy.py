@@ -95,9 +95,10 @@ def _release_fft_plans(device: int, tag: int) -> None:
 
     Registered as collecting garbage: ``PlanCache.clear()`` runs a full
     ``gc.collect()``, even on an empty cache, and asking for the cache
-    creates one in a thread that has none, whose end runs another.  So it is
-    cleared only when it holds plans, and with the chain's own collection
-    (never before a wait: the partner's free usually comes sooner).
+    creates one in a thread that has none (on the H200 one more collection
+    followed in such a thread, most likely when it ended).  So it is cleared
+    only when it holds plans, and with the chain's own collection (never
+    before a wait: the partner's free usually comes sooner).
     """
     try:
         with cupy.cuda.Device(device):
