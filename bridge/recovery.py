@@ -92,14 +92,15 @@ def relieve(device: int, nbytes: int, tag: int = 0, stage: int = core.RELIEVE_AL
         return False  # an allocation made by a callback: no recursion
     _in_progress.active = True
     try:
-        collect = stage != core.RELIEVE_CACHES
+        collect = stage != core.RELIEVE_CACHES  # gc.collect() and the releasers that collect
+        plain = stage != core.RELIEVE_COLLECT  # the other releasers and the callbacks
         with _lock:
             releasers = [
                 (name, fn)
                 for name, (fn, collects) in _releasers.items()
-                if (collects if stage == core.RELIEVE_COLLECT else collect or not collects)
+                if (collect if collects else plain)
             ]
-            callbacks = list(_callbacks) if stage != core.RELIEVE_COLLECT else []
+            callbacks = list(_callbacks) if plain else []
         for name, release in releasers:
             try:
                 release(device, tag)

@@ -199,8 +199,8 @@ int bridge_captures_active(int device);
  * wait goes on past a grace or is about to end in a refusal. */
 enum {
     BRIDGE_RELIEVE_ALL = 0,     /* framework caches, garbage collection, callbacks */
-    BRIDGE_RELIEVE_CACHES = 1,  /* before a wait: framework caches and callbacks */
-    BRIDGE_RELIEVE_COLLECT = 2, /* during a wait: the garbage collection only */
+    BRIDGE_RELIEVE_CACHES = 1,  /* before a wait: caches that collect nothing, callbacks */
+    BRIDGE_RELIEVE_COLLECT = 2, /* during a wait: the collection, caches that collect */
 };
 /* Returns nonzero when it freed something worth a retry. */
 typedef int (*bridge_pressure_fn)(int device, size_t size, int tag, int stage);

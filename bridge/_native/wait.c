@@ -46,13 +46,13 @@
 
 #include "cache.h"
 
-#define MS          1000000ull
-#define POLL_MIN    (1 * MS)   /* first re-read after a refusal */
-#define POLL_MAX    (16 * MS)  /* the interval doubles up to this while nothing is freed */
-#define CHECK_EVERY (50 * MS)  /* all-waiting check and Ctrl-C check */
-#define CONFIRM     (100 * MS) /* all waiting, and no free on the device, for this long */
+#define MS            1000000ull
+#define POLL_MIN      (1 * MS)   /* first re-read after a refusal */
+#define POLL_MAX      (16 * MS)  /* the interval doubles up to this while nothing is freed */
+#define CHECK_EVERY   (50 * MS)  /* all-waiting check and Ctrl-C check */
+#define CONFIRM       (100 * MS) /* all waiting, and no free on the device, for this long */
 #define COLLECT_AFTER (100 * MS) /* waited this long: run the garbage collection */
-#define MAX_HOLDERS 256        /* distinct threads counted; beyond: "not all waiting" */
+#define MAX_HOLDERS   256        /* distinct threads counted; beyond: "not all waiting" */
 
 typedef struct waiter {
     struct waiter *next;
