@@ -1,19 +1,34 @@
 # SPDX-License-Identifier: Apache-2.0
-"""PyTorch on the shared pool: a ``CUDAPluggableAllocator`` backed by the core.
+"""PyTorch on the shared pool: the bridge's own torch allocator, over the core.
 
-Every CUDA tensor's memory comes from ``bridge_torch_alloc`` in the compiled
-core (C++, no GIL, no Python); OOM throws ``CUDA out of memory. ...`` from
-C++, which torch raises as a ``RuntimeError``. The hooks torch offers are all
-connected (empty_cache, memory fraction, record_stream, CUDA graph pools), and
-``torch.cuda.memory_stats`` & co. are answered from the ledger.
+The allocator is a C++ class of torch's whole ``CUDAAllocator`` interface
+(``_torch_allocator.cpp``), built against the installed torch on the first
+start (``torch_build``) and installed with torch's ``changeCurrentAllocator``:
+every CUDA tensor's memory comes from the core with no GIL and no Python, an
+OOM is ``torch.cuda.OutOfMemoryError``, and torch's own figures, snapshot,
+OOM observers, ``MemPool``, CUDA graphs and graph trees answer from the core.
+
+Where that module cannot be built (no compiler, no ninja, no CUDA headers,
+``BRIDGE_TORCH_PLUGGABLE=1``), torch's ``CUDAPluggableAllocator`` over the
+core's C entry points stands in, with Python stand-ins for torch's figures, and
+the bridge says so once (``path()`` and ``path_reason()`` tell which runs).
 """
 
 from __future__ import annotations
 
-__all__ = ["install", "installed", "memory_stats", "install_views", "remove_views"]
+__all__ = [
+    "install",
+    "installed",
+    "memory_stats",
+    "install_views",
+    "remove_views",
+    "path",
+    "path_reason",
+]
 
 import ctypes
 import functools
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +39,8 @@ from bridge._errors import BridgeError, check
 from bridge._runtime import core
 
 _allocator: Any = None
+_path = ""  # "bridge" (the C++ allocator) or "pluggable" once installed
+_path_reason = ""  # why the pluggable path runs
 _HOOKS = (
     ("set_init_fn", "bridge_torch_init"),
     ("set_reset_fn", "bridge_torch_empty_cache"),
@@ -38,6 +55,16 @@ _HOOKS = (
 def installed() -> bool:
     """Whether torch allocates from the shared pool."""
     return _allocator is not None
+
+
+def path() -> str:
+    """Which torch allocator runs: ``"bridge"`` (the C++ one), ``"pluggable"``, or ``""``."""
+    return _path
+
+
+def path_reason() -> str:
+    """Why torch's ``CUDAPluggableAllocator`` stands in (empty on the C++ path)."""
+    return _path_reason
 
 
 def _device_index(device: Any) -> int:
@@ -216,16 +243,17 @@ def _check_order() -> None:
         )
 
 
-def install(devices: Iterable[int], *, library: str | None = None) -> None:
-    """Make the compiled core torch's CUDA allocator. Must run before torch starts CUDA."""
-    global _allocator
-    if _allocator is not None:
-        return
-    _check_order()
-    devices_list = list(devices)
-    for d in devices_list:
-        _runtime.ensure_device(d)
-    path = library or core.__file__
+def _install_native(module: Any) -> None:
+    try:
+        module.install(core.__file__)
+    except RuntimeError as exc:
+        raise BridgeError(
+            "call bridge.unify(torch=True) before the first CUDA tensor: torch refused to swap "
+            f"its allocator ({exc})."
+        ) from exc
+
+
+def _install_pluggable(path: str) -> Any:
     alloc = torch.cuda.memory.CUDAPluggableAllocator(
         path, "bridge_torch_alloc", "bridge_torch_free"
     )
@@ -240,15 +268,6 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
             "call bridge.unify(torch=True) before the first CUDA tensor: torch refused to swap "
             f"its allocator ({exc})."
         ) from exc
-    _allocator = alloc
-    # Only the current device's: creating torch streams on another device
-    # would make that device's context current and then put the caller's
-    # back, starting a context on a GPU the process may never use (a
-    # torchrun rank that unified its own device before set_device).  Blocks
-    # freed on other devices' non-default streams go back to the pool.
-    current = _runtime.current_device()
-    if current in devices_list:
-        register_pool_streams(current)
     _graphs_without_trees()
     # torch.cuda.memory_stats & co. read these; a bare pluggable allocator raises.
     torch._C._cuda_memoryStats = memory_stats
@@ -259,4 +278,51 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
     torch._C._cuda_record_memory_history = snapshot.torch_record_history
     torch._C._cuda_record_memory_history_legacy = snapshot.torch_record_history_legacy
     torch._C._cuda_memorySnapshot = snapshot.torch_memory_snapshot
+    return alloc
+
+
+def install(devices: Iterable[int], *, library: str | None = None) -> None:
+    """Make the core torch's CUDA allocator. Must run before torch starts CUDA.
+
+    The C++ allocator where it builds (``torch_build.load``); torch's
+    ``CUDAPluggableAllocator`` over ``library`` (default: the core) otherwise,
+    or when ``library`` is given.
+    """
+    global _allocator, _path, _path_reason
+    if _allocator is not None:
+        return
+    _check_order()
+    devices_list = list(devices)
+    for d in devices_list:
+        _runtime.ensure_device(d)
+    module = None
+    if library is None:
+        from . import torch_build
+
+        module = torch_build.load()
+        reason = torch_build.reason
+    else:
+        reason = f"a core library was named ({library})"
+    if module is not None:
+        _install_native(module)
+        _allocator, _path, _path_reason = module, "bridge", ""
+    else:
+        _allocator = _install_pluggable(library or core.__file__)
+        _path, _path_reason = "pluggable", reason
+        warnings.warn(
+            "bridge: torch runs on torch's CUDAPluggableAllocator, not the bridge's own torch "
+            f"allocator, because {reason}. On this path an OOM is a plain RuntimeError, and "
+            "cudnn.benchmark, torch.cuda.MemPool, CUDA graph trees and CUDA IPC do not work. "
+            "`python -m bridge build-torch` builds the allocator and says what it needs.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    # Only the current device's: creating torch streams on another device
+    # would make that device's context current and then put the caller's
+    # back, starting a context on a GPU the process may never use (a
+    # torchrun rank that unified its own device before set_device).  Blocks
+    # freed on other devices' non-default streams go back to the pool.
+    current = _runtime.current_device()
+    if current in devices_list:
+        register_pool_streams(current)
     recovery.register_releaser("torch", _release_caches)

@@ -38,6 +38,8 @@ class TagStats(TypedDict):
     num_frees: int
     num_ooms: int
     limit: int
+    count: int  # live allocations now (reset_accumulated leaves it)
+    count_peak: int  # highest count since the last peak reset
 
 class RawStats(TypedDict):
     """One device's figures (``bridge_stats`` in bridge.h)."""

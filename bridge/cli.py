@@ -24,12 +24,13 @@ from __future__ import annotations
 __all__ = ["main", "format_table", "format_shares", "snapshot"]
 
 import argparse
+import importlib
 import json
 import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from bridge import _doctor, _runtime, demo
 from bridge import share as _share
@@ -257,8 +258,41 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="print one JSON object per refresh: {time, devices: [stats...], shares: [...]}",
     )
     s.add_argument("--device", type=int, default=None, help="only this device")
+    b = sub.add_parser(
+        "build-torch",
+        help="build the bridge's torch allocator for the installed torch",
+        description="Compile the bridge's torch allocator (C++ over torch's allocator "
+        "interface) for the installed torch into the cache, so the first "
+        "bridge.unify(torch=True) does not; say where it is, or what the build lacks. "
+        "Exits 1 when it cannot be built (the pluggable fallback would run).",
+    )
+    b.add_argument("--verbose", action="store_true", help="show the compiler's output")
     demo.add_parser(sub)
     return p
+
+
+def _build_torch_cmd(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        torch_build: Any = importlib.import_module("bridge.adapters.torch_build")
+    except ImportError as exc:
+        print(f"torch is not importable ({exc}): install torch first.", file=out)
+        return EXIT_ERROR
+    module = torch_build.load(verbose=args.verbose)
+    if module is None:
+        print(f"the bridge's torch allocator is not available: {torch_build.reason}.", file=out)
+        print("bridge.unify(torch=True) would use torch's CUDAPluggableAllocator.", file=out)
+        return EXIT_ERROR
+    how = (
+        "found in the cache"
+        if torch_build.built_from_cache
+        else (f"built in {torch_build.build_seconds:.1f} s")
+    )
+    print(
+        f"the bridge's torch allocator for torch {torch_build.torch.__version__}: {how}, "
+        f"in {torch_build.location}",
+        file=out,
+    )
+    return 0
 
 
 def main(
@@ -301,6 +335,8 @@ def main(
             return _stats_cmd(args, out, err)
         if args.command == "demo":
             return demo.run(args, out, err)
+        if args.command == "build-torch":
+            return _build_torch_cmd(args, out)
         parser.print_help(out)
         return EXIT_USAGE
     except BrokenPipeError:

@@ -185,6 +185,15 @@ int bridge_graph_end(int device, uint64_t id0, uint64_t id1);
 int bridge_graph_release(int device, uint64_t id0, uint64_t id1);
 int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
                        void **out);
+/* A pool's users without a capture: torch.cuda.MemPool's creation counts one
+ * (bridge_graph_release ends it), as torch's createOrIncrefPool does. */
+int bridge_graph_incref(int device, uint64_t id0, uint64_t id1);
+/* The pool's users now (0 when it does not exist). */
+int bridge_graph_uses(int device, uint64_t id0, uint64_t id1);
+/* A graph block the user freed becomes live again for `tag` (off its pool's
+ * free list): torch's graph trees restoring a checkpointed pool state.
+ * BRIDGE_E_INVALID when `ptr` is not a freed graph block. */
+int bridge_graph_adopt(void *ptr, int tag);
 /* A capture the bridge would not otherwise see (CuPy's Stream.begin_capture):
  * nothing is freed, synchronized or allocated on a capturing stream. */
 int bridge_capture_begin(int device);
@@ -261,6 +270,8 @@ typedef struct bridge_tag_stats {
     uint64_t num_frees;  /* frees, cumulative */
     uint64_t num_ooms;   /* refused requests */
     uint64_t limit;      /* the tag's own cap (0 = none) */
+    uint64_t count;      /* live allocations now (not reset by reset_accumulated) */
+    uint64_t count_peak; /* highest `count` since the last peak reset */
 } bridge_tag_stats;
 
 typedef struct bridge_stats {
@@ -473,6 +484,11 @@ int bridge_pinned_get_stats(bridge_pinned_stats *out);
 /* ---- torch's CUDAPluggableAllocator ABI (torch_abi.cpp) ---- */
 void *bridge_torch_alloc(size_t size, int device, void *stream);
 void bridge_torch_free(void *ptr, size_t size, int device, void *stream);
+/* The words of a refused torch allocation, for both torch paths: into buf
+ * (NUL-terminated within len); returns the message's length; *oom is 1 for an
+ * out-of-memory (torch.cuda.OutOfMemoryError), 0 for another CUDA error. */
+size_t bridge_torch_failure_message(int rc, size_t size, int device, char *buf, size_t len,
+                                    int *oom);
 
 #ifdef __cplusplus
 }

@@ -417,3 +417,84 @@ void graph_block_freed(device_state *d, const record *rec)
     }
     pthread_mutex_unlock(&d->capture_lock);
 }
+
+/* ---- torch.cuda.MemPool and CUDA graph trees (the torch allocator) ---- */
+int bridge_graph_incref(int device, uint64_t id0, uint64_t id1)
+{
+    int rc;
+    device_state *d = device_use(device, &rc);
+    if (!d)
+        return rc;
+    rc = BRIDGE_OK;
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, id0, id1);
+    if (!p)
+        p = add_pool(d, id0, id1);
+    if (p)
+        p->uses++;
+    else
+        rc = BRIDGE_E_OOM;
+    pthread_mutex_unlock(&d->capture_lock);
+    return rc;
+}
+
+int bridge_graph_uses(int device, uint64_t id0, uint64_t id1)
+{
+    device_state *d = device_of(device);
+    if (!d)
+        return 0;
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, id0, id1);
+    int uses = p ? p->uses : 0;
+    pthread_mutex_unlock(&d->capture_lock);
+    return uses;
+}
+
+typedef struct retake {
+    int tag;
+    int device;
+    uint64_t size, id0, id1;
+} retake;
+
+/* records_update's fn for bridge_graph_adopt: a freed graph block becomes live. */
+static int retake_block(record *r, void *arg)
+{
+    retake *a = arg;
+    if ((r->flags & (REC_GRAPH | REC_USER_FREED)) != (REC_GRAPH | REC_USER_FREED))
+        return 1;
+    r->flags = REC_GRAPH;
+    r->tag = (uint8_t)a->tag;
+    a->device = r->device;
+    a->size = r->size;
+    a->id0 = r->graph0;
+    a->id1 = r->graph1;
+    return 0;
+}
+
+int bridge_graph_adopt(void *ptr, int tag)
+{
+    if (tag < 0 || tag >= BRIDGE_NTAGS || !ptr)
+        return BRIDGE_E_INVALID;
+    /* The record first (its shard lock), then the pool's free list (the
+     * capture lock): a reuse() that meets the entry meanwhile finds the record
+     * live and drops the entry itself, as it drops any stale one. */
+    retake a = {.tag = tag};
+    if (records_update((uintptr_t)ptr, retake_block, &a) != 0)
+        return BRIDGE_E_INVALID;
+    device_state *d = &bridge_devices[a.device];
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, a.id0, a.id1);
+    for (size_t i = 0; p && i < p->nfree; i++) {
+        if (p->free[i].ptr == (uintptr_t)ptr) {
+            p->free[i] = p->free[--p->nfree];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+    atomic_fetch_sub_explicit(&d->graph_bytes, a.size, RELAXED);
+    tag_state *t = &d->tag[tag];
+    uint64_t cur = atomic_fetch_add_explicit(&t->current, a.size, RELAXED) + a.size;
+    atomic_max(&t->peak, cur);
+    ledger_count_alloc(d, tag, a.size);
+    return BRIDGE_OK;
+}

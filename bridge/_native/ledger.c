@@ -293,6 +293,11 @@ void ledger_count_alloc(device_state *d, int tag, uint64_t size)
     atomic_fetch_add_explicit(&t->allocated, size, RELAXED);
     atomic_fetch_add_explicit(&t->num_allocs, 1, RELAXED);
     atomic_fetch_add_explicit(&d->num_allocs, 1, RELAXED);
+    int64_t live = atomic_fetch_add_explicit(&t->count, 1, RELAXED) + 1;
+    int64_t peak = atomic_load_explicit(&t->count_peak, RELAXED);
+    while (peak < live &&
+           !atomic_compare_exchange_weak_explicit(&t->count_peak, &peak, live, RELAXED, RELAXED))
+        ;
 }
 
 /* A free's accumulated figures (ledger_count_free less the tag's current bytes). */
@@ -302,6 +307,7 @@ static inline void count_freed(device_state *d, const record *rec)
     atomic_fetch_add_explicit(&t->freed, rec->size, RELAXED);
     atomic_fetch_add_explicit(&t->num_frees, 1, RELAXED);
     atomic_fetch_add_explicit(&d->num_frees, 1, RELAXED);
+    atomic_fetch_sub_explicit(&t->count, 1, RELAXED);
 }
 
 void ledger_count_free(device_state *d, const record *rec)
@@ -1049,7 +1055,9 @@ int bridge_get_stats(int device, bridge_stats *out)
         out->tag[i] = (bridge_tag_stats){atomic_load(&t->current),    atomic_load(&t->peak),
                                          atomic_load(&t->allocated),  atomic_load(&t->freed),
                                          atomic_load(&t->num_allocs), atomic_load(&t->num_frees),
-                                         atomic_load(&t->num_ooms),   atomic_load(&t->limit)};
+                                         atomic_load(&t->num_ooms),   atomic_load(&t->limit),
+                                         (uint64_t)atomic_load(&t->count),
+                                         (uint64_t)atomic_load(&t->count_peak)};
     }
     CUresult r;
     if ((r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
@@ -1070,8 +1078,10 @@ int bridge_reset_peak(int device, int tag)
     if (tag < -1 || tag >= BRIDGE_NTAGS)
         return BRIDGE_E_INVALID;
     for (int i = 0; i < BRIDGE_NTAGS; i++)
-        if (tag == -1 || tag == i)
+        if (tag == -1 || tag == i) {
             atomic_store(&d->tag[i].peak, atomic_load(&d->tag[i].current));
+            atomic_store(&d->tag[i].count_peak, atomic_load(&d->tag[i].count));
+        }
     if (tag == -1)
         atomic_store(&d->peak, atomic_load(&d->reserved));
     return BRIDGE_OK;

@@ -10,6 +10,7 @@
 // hooks have the exact types torch's set_begin_allocate_to_pool & co. cast to.
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <stdexcept>
@@ -31,9 +32,11 @@ struct Capture {
     int device;
     MempoolId id;
     StreamFilter filter; // true for streams capturing into this pool
+    uint64_t serial;     // which begin added it (a failed begin removes its own)
 };
 std::mutex capture_mu;
 std::vector<Capture> captures; // under capture_mu
+uint64_t capture_serial;       // under capture_mu
 
 // The capture that claims `stream`, if any.
 bool route_to_graph(int device, void *stream, MempoolId *id)
@@ -91,21 +94,18 @@ std::string wait_note(int device)
     return note;
 }
 
-[[noreturn]] void throw_failure(int rc, size_t size, int device)
+// The words of a refused torch allocation; *oom: whether it is an out-of-memory
+// (torch.cuda.OutOfMemoryError) rather than another CUDA error.
+std::string failure_message(int rc, size_t size, int device, bool *oom)
 {
-    bridge_stats s;
-    bridge_get_stats(device, &s);
-    uint64_t others = 0;
-    bridge_others(device, &others);
-    std::string msg;
+    *oom = false;
     if (rc == BRIDGE_E_FORKED)
-        throw std::runtime_error(
-            "CUDA error: this process was forked from one that had started CUDA, and CUDA "
-            "cannot be used in a forked child: start workers with the 'spawn' method");
+        return "CUDA error: this process was forked from one that had started CUDA, and CUDA "
+               "cannot be used in a forked child: start workers with the 'spawn' method";
     if (rc == BRIDGE_E_DRIVER || rc == BRIDGE_E_DEVICE || rc == BRIDGE_E_NOTINIT ||
         rc == BRIDGE_E_NOPOOLS || rc == BRIDGE_E_INVALID) {
-        msg = "CUDA error: bridge could not allocate " + std::to_string(size) +
-              " bytes on device " + std::to_string(device) + ": ";
+        std::string msg = "CUDA error: bridge could not allocate " + std::to_string(size) +
+                          " bytes on device " + std::to_string(device) + ": ";
         int code = bridge_last_driver_error();
         if (rc == BRIDGE_E_DRIVER && code != 0)
             msg += std::string("the driver said ") + bridge_driver_error_name(code) + " (code " +
@@ -117,10 +117,15 @@ std::string wait_note(int device)
         else
             msg += "no such device, or it could not be set up (bridge status " +
                    std::to_string(rc) + ")";
-        throw std::runtime_error(msg);
+        return msg;
     }
-    msg = "CUDA out of memory. Tried to allocate " + gib(size) + " (" + std::to_string(size) +
-          " bytes) on device " + std::to_string(device) + ". ";
+    *oom = true;
+    bridge_stats s;
+    bridge_get_stats(device, &s);
+    uint64_t others = 0;
+    bridge_others(device, &others);
+    std::string msg = "CUDA out of memory. Tried to allocate " + gib(size) + " (" +
+                      std::to_string(size) + " bytes) on device " + std::to_string(device) + ". ";
     if (rc == BRIDGE_E_TAG_LIMIT)
         msg += "torch's share is capped at " + gib(s.tag[BRIDGE_TAG_TORCH].limit) +
                " by torch.cuda.set_per_process_memory_fraction. ";
@@ -136,12 +141,35 @@ std::string wait_note(int device)
            gib(others) + ", pool reserved " + gib(s.pool_reserved) + ". " + wait_note(device) +
            "Free tensors or arrays you no longer need, lower the batch size, or raise the "
            "budget (bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT).";
-    throw std::runtime_error(msg);
+    return msg;
+}
+
+[[noreturn]] void throw_failure(int rc, size_t size, int device)
+{
+    bool oom;
+    throw std::runtime_error(failure_message(rc, size, device, &oom));
 }
 
 } // namespace
 
 extern "C" {
+
+// The message of a refused torch allocation (the same words on both torch
+// paths): copied into buf (NUL-terminated within len); returns its length, and
+// *oom is 1 for an out-of-memory, 0 for another CUDA error.
+size_t bridge_torch_failure_message(int rc, size_t size, int device, char *buf, size_t len,
+                                    int *oom)
+{
+    bool is_oom = false;
+    std::string msg = failure_message(rc, size, device, &is_oom);
+    *oom = is_oom ? 1 : 0;
+    if (len) {
+        size_t n = msg.size() < len - 1 ? msg.size() : len - 1;
+        std::memcpy(buf, msg.data(), n);
+        buf[n] = 0;
+    }
+    return msg.size();
+}
 
 // fast path: one atomic load, then bridge_alloc (no lock taken here)
 void *bridge_torch_alloc(size_t size, int device, void *stream)
@@ -194,13 +222,20 @@ void bridge_torch_record_stream(void *ptr, CUstream_st *stream)
 
 void bridge_torch_begin_allocate_to_pool(int device, MempoolId id, StreamFilter filter)
 {
+    uint64_t serial;
     {
         std::lock_guard<std::mutex> lock(capture_mu);
-        captures.push_back(Capture{device, id, std::move(filter)});
+        serial = ++capture_serial;
+        captures.push_back(Capture{device, id, std::move(filter), serial});
     }
     if (bridge_graph_begin(device, id.first, id.second) != BRIDGE_OK) {
         std::lock_guard<std::mutex> lock(capture_mu);
-        captures.pop_back();
+        for (auto it = captures.begin(); it != captures.end(); ++it) {
+            if (it->serial == serial) {
+                captures.erase(it);
+                break;
+            }
+        }
         // torch raises this as a RuntimeError from capture_begin
         throw std::runtime_error("bridge: no host memory to open a CUDA graph pool on device " +
                                  std::to_string(device));

@@ -1,0 +1,749 @@
+// SPDX-License-Identifier: Apache-2.0
+// _torch_allocator.cpp: torch's whole CUDA allocator interface over bridge's core.
+//
+// One class, BridgeAllocator, derives from torch's
+// c10::cuda::CUDACachingAllocator::CUDAAllocator and is installed with torch's
+// own changeCurrentAllocator, so every CUDA tensor, torch's C++ callers
+// (cuDNN's workspace search, cuBLAS, NCCL) and torch's Python figures reach
+// the core directly: one ledger, one budget, the same cache, graph pools,
+// waiting, share, views and history as the other frameworks.  It is built
+// against the installed torch (adapters/torch_build.py) and talks to the core
+// through the core's exported C functions, found in the already-loaded
+// bridge._core with dlsym (no link-time dependency on where bridge lives).
+//
+// The hot path (allocate, the deleter): no GIL, no Python, no lock of its own:
+// the current device and stream (as torch's own allocator reads them), one
+// atomic load (is a capture or MemPool routing allocations?), bridge_alloc;
+// one atomic load (is the history on?) and bridge_free.
+//
+// Out of memory: the core's recovery chain (cache flush, sync, framework
+// caches, callbacks, waiting) runs inside bridge_alloc; a refusal then calls
+// torch's OOM observers and throws c10::OutOfMemoryError from this C++ frame
+// (torch.cuda.OutOfMemoryError in Python; cuDNN's and cuBLAS's smaller
+// workspace fallbacks catch it in C++).
+//
+// Pools (CUDA graphs, torch.cuda.MemPool, graph trees): torch's pool calls map
+// onto the core's graph pools (graph.c): begin/end/release count users and
+// route the claimed streams' allocations to the pool; createOrIncrefPool is a
+// use without routing; the checkpoint calls of CUDA graph trees read and set
+// which of a pool's blocks are live.
+//
+// Locks: route_mu (the routes torch announced) and hist_mu (history,
+// observers) are leaves: nothing else is taken while either is held, except
+// the core's own leaf locks from bridge_free inside setCheckpointPoolState.
+#include <dlfcn.h>
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/ApproximateClock.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+#include <torch/extension.h>
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "bridge.h"
+
+namespace
+{
+namespace CCA = c10::cuda::CUDACachingAllocator;
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::TraceEntry;
+using MempoolId = c10::MempoolId_t;
+
+// ---- the core's functions, from the loaded bridge._core ----
+#define BRIDGE_CORE_FUNCTIONS(X)                                                                   \
+    X(bridge_alloc)                                                                                \
+    X(bridge_free)                                                                                 \
+    X(bridge_alloc_graph)                                                                          \
+    X(bridge_captures_active)                                                                      \
+    X(bridge_record_stream)                                                                        \
+    X(bridge_lookup)                                                                               \
+    X(bridge_get_stats)                                                                            \
+    X(bridge_get_mem_info)                                                                         \
+    X(bridge_reset_peak)                                                                           \
+    X(bridge_reset_accumulated)                                                                    \
+    X(bridge_trim)                                                                                 \
+    X(bridge_device_ready)                                                                         \
+    X(bridge_set_tag_limit)                                                                        \
+    X(bridge_graph_begin)                                                                          \
+    X(bridge_graph_end)                                                                            \
+    X(bridge_graph_release)                                                                        \
+    X(bridge_graph_incref)                                                                         \
+    X(bridge_graph_uses)                                                                           \
+    X(bridge_graph_adopt)                                                                          \
+    X(bridge_live_blocks)                                                                          \
+    X(bridge_grant_peer_access)                                                                    \
+    X(bridge_torch_failure_message)
+
+namespace core
+{
+#define BRIDGE_DECLARE(name) decltype(&::name) name = nullptr;
+BRIDGE_CORE_FUNCTIONS(BRIDGE_DECLARE)
+#undef BRIDGE_DECLARE
+} // namespace core
+
+void load_core(const std::string &path)
+{
+    void *lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    TORCH_CHECK(lib, "bridge: the core ", path, " is not loaded in this process (", dlerror(),
+                "): import bridge before installing the torch allocator");
+#define BRIDGE_RESOLVE(name)                                                                       \
+    core::name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));                           \
+    TORCH_CHECK(core::name, "bridge: the core ", path, " has no ", #name,                          \
+                ": rebuild bridge (pip install -e .) so that the core and this module match");
+    BRIDGE_CORE_FUNCTIONS(BRIDGE_RESOLVE)
+#undef BRIDGE_RESOLVE
+}
+
+// ---- the history torch's _record_memory_history asks for ----
+struct History {
+    std::atomic<bool> on{false};        // recording allocations and frees
+    std::atomic<int64_t> n_contexts{0}; // == contexts.size(), readable without hist_mu
+    std::mutex mu;                      // guards everything below
+    CCA::CreateContextFn recorder = nullptr;
+    CCA::RecordContext when = CCA::RecordContext::NEVER;
+    size_t max_entries = 0;
+    std::deque<TraceEntry> trace;
+    std::unordered_set<int> skip; // TraceEntry::Action values not recorded
+    std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> contexts; // live blocks
+    std::vector<CCA::OutOfMemoryObserver> oom_observers;
+    std::vector<CCA::AllocatorTraceTracker> trackers;
+};
+History history;
+std::atomic<bool> tracking{false}; // a trace tracker is attached
+
+void note(TraceEntry::Action action, int device, void *ptr, size_t size, cudaStream_t stream,
+          MempoolId pool)
+{
+    bool on = history.on.load(std::memory_order_relaxed);
+    if (!on && !tracking.load(std::memory_order_relaxed))
+        return;
+    std::shared_ptr<c10::GatheredContext> ctx;
+    CCA::CreateContextFn recorder = nullptr;
+    CCA::RecordContext when;
+    {
+        std::lock_guard<std::mutex> lock(history.mu);
+        recorder = history.recorder;
+        when = history.when;
+    }
+    bool is_alloc = action == TraceEntry::ALLOC;
+    bool want_ctx = recorder && on &&
+                    ((is_alloc && when >= CCA::RecordContext::STATE) ||
+                     (action == TraceEntry::FREE_REQUESTED && when == CCA::RecordContext::ALL) ||
+                     (action == TraceEntry::OOM && when >= CCA::RecordContext::ALLOC));
+    if (want_ctx)
+        ctx = recorder(); // outside the lock: it may take the GIL (Python stacks)
+    TraceEntry entry(action, static_cast<c10::DeviceIndex>(device),
+                     reinterpret_cast<size_t>(ptr), size, stream, pool, c10::getApproximateTime(),
+                     (is_alloc && when < CCA::RecordContext::ALLOC) ? nullptr : ctx);
+    std::vector<CCA::AllocatorTraceTracker> trackers;
+    {
+        std::lock_guard<std::mutex> lock(history.mu);
+        if (on) {
+            if (is_alloc && ctx && ptr) {
+                if (history.contexts.emplace(ptr, ctx).second)
+                    history.n_contexts.fetch_add(1, std::memory_order_relaxed);
+            } else if (action == TraceEntry::FREE_REQUESTED) {
+                if (history.contexts.erase(ptr))
+                    history.n_contexts.fetch_sub(1, std::memory_order_relaxed);
+            }
+            if (!history.skip.count(static_cast<int>(action)) && history.max_entries > 0) {
+                history.trace.push_back(entry);
+                while (history.trace.size() > history.max_entries)
+                    history.trace.pop_front();
+            }
+        }
+        trackers = history.trackers;
+    }
+    for (auto &t : trackers)
+        t(entry);
+}
+
+// A context kept for a block freed while the history was off.
+void forget_context(void *ptr)
+{
+    std::lock_guard<std::mutex> lock(history.mu);
+    if (history.contexts.erase(ptr))
+        history.n_contexts.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// ---- the deleter of every tensor's memory (the free hot path) ----
+void bridge_delete(void *ptr)
+{
+    if (!ptr)
+        return;
+    if (history.on.load(std::memory_order_relaxed) || tracking.load(std::memory_order_relaxed)) {
+        size_t size = 0;
+        int device = 0, tag = 0;
+        core::bridge_lookup(ptr, &size, &device, &tag);
+        note(TraceEntry::FREE_REQUESTED, device, ptr, size, nullptr, {0, 0});
+        note(TraceEntry::FREE_COMPLETED, device, ptr, size, nullptr, {0, 0});
+    } else if (history.n_contexts.load(std::memory_order_relaxed) > 0) {
+        forget_context(ptr);
+    }
+    core::bridge_free(ptr); // never fails: an unknown pointer is counted
+}
+
+// ---- routes: streams torch sends to a pool (captures, use_mem_pool, trees) ----
+struct Route {
+    int device;
+    MempoolId id;
+    std::function<bool(cudaStream_t)> filter;
+    uint64_t serial;
+};
+std::mutex route_mu;
+std::vector<Route> routes; // under route_mu
+uint64_t route_serial = 0; // under route_mu
+
+bool route_of(int device, cudaStream_t stream, MempoolId *id)
+{
+    std::lock_guard<std::mutex> lock(route_mu);
+    for (const Route &r : routes) {
+        if (r.device == device && r.filter && r.filter(stream)) {
+            *id = r.id;
+            return true;
+        }
+    }
+    return false;
+}
+
+struct PoolBlock {
+    uint64_t ptr, size, stream;
+    bool live; // allocated (not a block the pool keeps after its tensor's free)
+    int tag;
+};
+
+// The blocks of one pool (graph blocks of `id` on `device`), live or freed.
+std::vector<PoolBlock> pool_blocks(int device, MempoolId id)
+{
+    std::vector<bridge_block_info> all(256);
+    size_t count = 0;
+    for (;;) {
+        core::bridge_live_blocks(all.data(), all.size(), &count);
+        if (count <= all.size())
+            break;
+        all.resize(count + count / 4 + 16);
+    }
+    std::vector<PoolBlock> out;
+    for (size_t i = 0; i < count; i++) {
+        const bridge_block_info &b = all[i];
+        if (b.device == device && (b.flags & 1u) && b.graph0 == id.first && b.graph1 == id.second)
+            out.push_back({b.ptr, b.size, b.stream, !(b.flags & 2u), b.tag});
+    }
+    return out;
+}
+
+struct PoolState : CCA::AllocatorState {
+    int device = 0;
+    MempoolId id{0, 0};
+    std::unordered_map<uint64_t, bool> live; // ptr -> live when the state was taken
+};
+
+int device_count()
+{
+    return static_cast<int>(c10::cuda::device_count());
+}
+
+class BridgeAllocator final : public CCA::CUDAAllocator
+{
+  public:
+    // ---- allocation ----
+    void *malloc(size_t size, int device, cudaStream_t stream)
+    {
+        void *p = nullptr;
+        if (size == 0)
+            return nullptr;
+        MempoolId id;
+        int rc;
+        if (core::bridge_captures_active(device) && route_of(device, stream, &id))
+            rc = core::bridge_alloc_graph(device, size, BRIDGE_TAG_TORCH, id.first, id.second,
+                                          stream, &p);
+        else
+            rc = core::bridge_alloc(device, size, stream, BRIDGE_TAG_TORCH, &p);
+        if (rc != BRIDGE_OK)
+            fail(rc, size, device, stream);
+        if (history.on.load(std::memory_order_relaxed) || tracking.load(std::memory_order_relaxed))
+            note(TraceEntry::ALLOC, device, p, size, stream, {0, 0});
+        return p;
+    }
+
+    [[noreturn]] void fail(int rc, size_t size, int device, cudaStream_t stream)
+    {
+        std::string msg(4096, '\0');
+        int oom = 0;
+        size_t n = core::bridge_torch_failure_message(rc, size, device, msg.data(), msg.size(),
+                                                      &oom);
+        msg.resize(std::min(n, msg.size() - 1));
+        if (!oom)
+            TORCH_CHECK(false, msg);
+        bridge_mem_info mi{};
+        core::bridge_get_mem_info(device, &mi);
+        bridge_stats s{};
+        core::bridge_get_stats(device, &s);
+        note(TraceEntry::OOM, device, reinterpret_cast<void *>(mi.free), size, stream, {0, 0});
+        std::vector<CCA::OutOfMemoryObserver> observers;
+        {
+            std::lock_guard<std::mutex> lock(history.mu);
+            observers = history.oom_observers;
+        }
+        for (auto &o : observers)
+            o(device, s.tag[BRIDGE_TAG_TORCH].current, mi.total, mi.free);
+        TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+    }
+
+    c10::DataPtr allocate(size_t size) override
+    {
+        c10::DeviceIndex device = c10::cuda::current_device();
+        cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+        void *p = malloc(size, device, stream);
+        return {p, p, &bridge_delete, c10::Device(c10::DeviceType::CUDA, device)};
+    }
+    c10::DeleterFnPtr raw_deleter() const override
+    {
+        return &bridge_delete;
+    }
+    void copy_data(void *dest, const void *src, std::size_t count) const final
+    {
+        C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+    }
+    void *raw_alloc(size_t nbytes) override
+    {
+        c10::DeviceIndex device = c10::cuda::current_device();
+        return malloc(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+    }
+    void *raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override
+    {
+        return malloc(nbytes, c10::cuda::current_device(), stream);
+    }
+    void raw_delete(void *ptr) override
+    {
+        bridge_delete(ptr);
+    }
+
+    // ---- set-up and settings ----
+    void init(int) override
+    {
+        initialized_.store(true);
+    }
+    bool initialized() override
+    {
+        return initialized_.load();
+    }
+    double getMemoryFraction(c10::DeviceIndex device) override
+    {
+        std::lock_guard<std::mutex> lock(settings_mu_);
+        auto it = fraction_.find(device);
+        return it == fraction_.end() ? 1.0 : it->second;
+    }
+    void setMemoryFraction(double fraction, c10::DeviceIndex device) override
+    {
+        TORCH_CHECK(fraction >= 0 && fraction <= 1, "invalid fraction: ", fraction,
+                    ". Please set within [0, 1].");
+        bridge_stats s{};
+        {
+            std::lock_guard<std::mutex> lock(settings_mu_);
+            fraction_[device] = fraction;
+        }
+        if (core::bridge_get_stats(device, &s) != BRIDGE_OK)
+            return; // a device the bridge never set up: nothing of torch's there to cap
+        uint64_t cap =
+            fraction >= 1.0 ? 0 : static_cast<uint64_t>(fraction * static_cast<double>(s.total));
+        core::bridge_set_tag_limit(device, BRIDGE_TAG_TORCH, cap);
+    }
+    std::vector<CCA::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override
+    {
+        return {}; // the pool grows in the driver; no expandable segments of ours
+    }
+    void enable(bool value) override
+    {
+        enabled_.store(value);
+    }
+    bool isEnabled() const override
+    {
+        return enabled_.load();
+    }
+    std::string name() override
+    {
+        return "bridge";
+    }
+
+    // ---- caches ----
+    void emptyCache(MempoolId id) override
+    {
+        if (id.first != 0 || id.second != 0)
+            return; // a pool's memory goes back when its last user releases it
+        for (int d = 0; d < BRIDGE_MAX_DEVICES; d++)
+            if (core::bridge_device_ready(d))
+                core::bridge_trim(d, 0);
+    }
+    // The largest block a request could get now: what the budget and the
+    // device leave (cuDNN sizes its benchmark workspaces by it).
+    void cacheInfo(c10::DeviceIndex device, size_t *largest) override
+    {
+        bridge_mem_info mi{};
+        *largest = core::bridge_get_mem_info(device, &mi) == BRIDGE_OK ? mi.free : 0;
+    }
+    void *getBaseAllocation(void *ptr, size_t *size) override
+    {
+        int device = 0, tag = 0;
+        size_t n = 0;
+        TORCH_CHECK(core::bridge_lookup(ptr, &n, &device, &tag) == BRIDGE_OK, "bridge: ", ptr,
+                    " is not the start of a block the bridge handed out");
+        if (size)
+            *size = n;
+        return ptr;
+    }
+    void recordStream(const c10::DataPtr &ptr, c10::cuda::CUDAStream stream) override
+    {
+        if (!ptr.get() || ptr.get_deleter() != &bridge_delete)
+            return; // not ours (an empty tensor, memory from elsewhere)
+        core::bridge_record_stream(ptr.get(), stream.stream());
+    }
+
+    // ---- figures: torch's stats of torch's share, from the ledger ----
+    DeviceStats getDeviceStats(c10::DeviceIndex device) override
+    {
+        DeviceStats out;
+        bridge_stats s{};
+        if (core::bridge_get_stats(device, &s) != BRIDGE_OK)
+            return out; // a device nobody used: all zero
+        const bridge_tag_stats &t = s.tag[BRIDGE_TAG_TORCH];
+        auto fill = [](c10::CachingAllocator::StatArray &a, int64_t current, int64_t peak,
+                       int64_t allocated, int64_t freed) {
+            using c10::CachingAllocator::StatType;
+            for (auto type : {StatType::AGGREGATE, StatType::LARGE_POOL}) {
+                auto &st = a[static_cast<size_t>(type)];
+                st.current = current;
+                st.peak = peak;
+                st.allocated = allocated;
+                st.freed = freed;
+            }
+        };
+        auto i64 = [](uint64_t v) { return static_cast<int64_t>(v); };
+        fill(out.allocated_bytes, i64(t.current), i64(t.peak), i64(t.allocated), i64(t.freed));
+        fill(out.active_bytes, i64(t.current), i64(t.peak), i64(t.allocated), i64(t.freed));
+        fill(out.requested_bytes, i64(t.current), i64(t.peak), i64(t.allocated), i64(t.freed));
+        fill(out.allocation, i64(t.count), i64(t.count_peak), i64(t.num_allocs), i64(t.num_frees));
+        fill(out.active, i64(t.count), i64(t.count_peak), i64(t.num_allocs), i64(t.num_frees));
+        fill(out.segment, i64(t.count), i64(t.count_peak), i64(t.num_allocs), i64(t.num_frees));
+        // reserved: torch's live blocks, the blocks graph pools keep, and the
+        // cache of freed blocks (shared by every framework, and torch's to take)
+        int64_t reserved = i64(t.current + s.graph_bytes + s.cached);
+        fill(out.reserved_bytes, reserved, std::max(reserved, i64(t.peak)), i64(t.allocated),
+             i64(t.freed));
+        out.num_alloc_retries = i64(s.num_retries);
+        out.num_ooms = i64(t.num_ooms);
+        out.num_device_alloc = i64(t.num_allocs);
+        out.num_device_free = i64(t.num_frees);
+        out.max_split_size = -1;
+        return out;
+    }
+    void resetAccumulatedStats(c10::DeviceIndex device) override
+    {
+        core::bridge_reset_accumulated(device, BRIDGE_TAG_TORCH);
+    }
+    void resetPeakStats(c10::DeviceIndex device) override
+    {
+        core::bridge_reset_peak(device, BRIDGE_TAG_TORCH);
+    }
+
+    // ---- history, snapshot, observers ----
+    void recordHistory(bool enabled, CCA::CreateContextFn recorder, size_t max_entries,
+                       CCA::RecordContext when, bool clear,
+                       const std::vector<std::string> &skip_actions) override
+    {
+        std::lock_guard<std::mutex> lock(history.mu);
+        history.recorder = enabled ? recorder : nullptr;
+        history.when = when;
+        history.max_entries = enabled ? max_entries : history.max_entries;
+        history.skip.clear();
+        for (const auto &a : skip_actions)
+            history.skip.insert(static_cast<int>(c10::CachingDeviceAllocator::parseTraceEntryAction(a)));
+        if (clear || !enabled) {
+            if (clear)
+                history.trace.clear();
+            if (!enabled) {
+                history.n_contexts.fetch_sub(static_cast<int64_t>(history.contexts.size()));
+                history.contexts.clear();
+            }
+        }
+        history.on.store(enabled);
+    }
+    bool isHistoryEnabled() override
+    {
+        return history.on.load();
+    }
+    void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override
+    {
+        std::lock_guard<std::mutex> lock(history.mu);
+        history.oom_observers.push_back(std::move(observer));
+    }
+    void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker tracker) override
+    {
+        std::lock_guard<std::mutex> lock(history.mu);
+        history.trackers.push_back(std::move(tracker));
+        tracking.store(true);
+    }
+    CCA::SnapshotInfo snapshot(MempoolId pool, bool include_traces) override
+    {
+        CCA::SnapshotInfo info;
+        std::vector<bridge_block_info> all(256);
+        size_t count = 0;
+        for (;;) {
+            core::bridge_live_blocks(all.data(), all.size(), &count);
+            if (count <= all.size())
+                break;
+            all.resize(count + count / 4 + 16);
+        }
+        bool one_pool = pool.first != 0 || pool.second != 0;
+        std::lock_guard<std::mutex> lock(history.mu);
+        for (size_t i = 0; i < count; i++) {
+            const bridge_block_info &b = all[i];
+            if (b.tag != BRIDGE_TAG_TORCH)
+                continue;
+            bool graph = b.flags & 1u;
+            if (one_pool && !(graph && b.graph0 == pool.first && b.graph1 == pool.second))
+                continue;
+            bool live = !(b.flags & 2u);
+            c10::CachingDeviceAllocator::SegmentInfo seg;
+            seg.device = static_cast<c10::DeviceIndex>(b.device);
+            seg.address = b.ptr;
+            seg.total_size = b.size;
+            seg.requested_size = live ? b.size : 0;
+            seg.allocated_size = live ? b.size : 0;
+            seg.active_size = live ? b.size : 0;
+            seg.stream = reinterpret_cast<void *>(b.stream);
+            seg.is_large = b.size > (1u << 20);
+            seg.owner_private_pool_id = graph ? MempoolId{b.graph0, b.graph1} : MempoolId{0, 0};
+            c10::CachingDeviceAllocator::BlockInfo blk;
+            blk.size = b.size;
+            blk.requested_size = b.size;
+            blk.allocated = live;
+            blk.active = live;
+            auto it = history.contexts.find(reinterpret_cast<void *>(b.ptr));
+            if (it != history.contexts.end())
+                blk.context_when_allocated = it->second;
+            seg.context_when_allocated = blk.context_when_allocated;
+            seg.blocks.push_back(std::move(blk));
+            info.segments.push_back(std::move(seg));
+        }
+        int n = std::max(device_count(), 1);
+        info.device_traces.resize(static_cast<size_t>(n));
+        if (include_traces) {
+            for (const TraceEntry &e : history.trace) {
+                if (e.device_ >= 0 && e.device_ < n)
+                    info.device_traces[static_cast<size_t>(e.device_)].push_back(e);
+            }
+        }
+        info.config_metadata.garbage_collection_threshold = 0;
+        info.config_metadata.max_split_size = std::numeric_limits<size_t>::max();
+        info.config_metadata.pinned_num_register_threads = 1;
+        info.config_metadata.expandable_segments = false;
+        info.config_metadata.release_lock_on_malloc = false;
+        info.config_metadata.pinned_use_host_register = false;
+        info.config_metadata.graph_capture_record_stream_reuse = false;
+        info.config_metadata.last_allocator_settings = "bridge";
+        return info;
+    }
+
+    // ---- pools: CUDA graphs, torch.cuda.MemPool, graph trees ----
+    void beginAllocateToPool(c10::DeviceIndex device, MempoolId id,
+                             std::function<bool(cudaStream_t)> filter) override
+    {
+        uint64_t serial;
+        {
+            std::lock_guard<std::mutex> lock(route_mu);
+            serial = ++route_serial;
+            routes.push_back(Route{device, id, std::move(filter), serial});
+        }
+        if (core::bridge_graph_begin(device, id.first, id.second) != BRIDGE_OK) {
+            drop_route(serial);
+            TORCH_CHECK(false, "bridge: no host memory to open a memory pool on device ", device);
+        }
+    }
+    void endAllocateToPool(c10::DeviceIndex device, MempoolId id) override
+    {
+        {
+            std::lock_guard<std::mutex> lock(route_mu);
+            for (auto it = routes.begin(); it != routes.end(); ++it) {
+                if (it->device == device && it->id == id) {
+                    routes.erase(it);
+                    break;
+                }
+            }
+        }
+        core::bridge_graph_end(device, id.first, id.second);
+    }
+    void releasePool(c10::DeviceIndex device, MempoolId id) override
+    {
+        core::bridge_graph_release(device, id.first, id.second);
+    }
+    int getPoolUseCount(c10::DeviceIndex device, MempoolId id) override
+    {
+        return core::bridge_graph_uses(device, id.first, id.second);
+    }
+    void createOrIncrefPool(c10::DeviceIndex device, MempoolId id,
+                            std::shared_ptr<CUDAAllocator> allocator) override
+    {
+        TORCH_CHECK(!allocator || allocator.get() == this,
+                    "bridge: torch.cuda.MemPool(allocator=...) with an allocator of its own is "
+                    "not supported while bridge serves torch's memory (its blocks would be "
+                    "outside the shared pool and budget). Use torch.cuda.MemPool() without an "
+                    "allocator, or leave torch out of bridge.unify(torch=False) in this process.");
+        TORCH_CHECK(core::bridge_graph_incref(device, id.first, id.second) == BRIDGE_OK,
+                    "bridge: no host memory to open a memory pool on device ", device);
+    }
+    void setUseOnOOM(c10::DeviceIndex, MempoolId, bool) override
+    {
+        // One shared pool: there is no other memory an OOM could fall back to.
+    }
+    void setNoSplit(c10::DeviceIndex, MempoolId) override
+    {
+        // The bridge never splits a block: every block is one pool allocation.
+    }
+    bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId id,
+                                  const std::unordered_set<void *> &expected) override
+    {
+        size_t live = 0;
+        for (const PoolBlock &b : pool_blocks(device, id)) {
+            if (!b.live)
+                continue;
+            if (!expected.count(reinterpret_cast<void *>(b.ptr)))
+                return false;
+            live++;
+        }
+        return live == expected.size();
+    }
+    std::shared_ptr<CCA::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                            MempoolId id) override
+    {
+        auto state = std::make_shared<PoolState>();
+        state->device = device;
+        state->id = id;
+        for (const PoolBlock &b : pool_blocks(device, id))
+            state->live[b.ptr] = b.live;
+        return state;
+    }
+    CCA::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                                std::shared_ptr<CCA::AllocatorState> pps) override
+    {
+        auto state = std::dynamic_pointer_cast<PoolState>(pps);
+        TORCH_CHECK(state && state->device == device,
+                    "bridge: a pool state from another allocator or device");
+        CCA::CheckpointDelta delta;
+        for (const PoolBlock &b : pool_blocks(device, state->id)) {
+            auto it = state->live.find(b.ptr);
+            bool was_live = it != state->live.end() && it->second;
+            void *p = reinterpret_cast<void *>(b.ptr);
+            if (b.live && !was_live) {
+                bridge_delete(p); // back to the pool's free list
+                delta.ptrs_freed.push_back(p);
+            } else if (!b.live && was_live &&
+                       core::bridge_graph_adopt(p, BRIDGE_TAG_TORCH) == BRIDGE_OK) {
+                delta.dataptrs_allocd.emplace_back(
+                    p, p, &bridge_delete, c10::Device(c10::DeviceType::CUDA, device));
+            }
+        }
+        return delta;
+    }
+
+    // ---- several processes and devices ----
+    CCA::ShareableHandle shareIpcHandle(void *) override
+    {
+        TORCH_CHECK(false,
+                    "bridge: this CUDA tensor cannot be sent to another process: bridge serves "
+                    "torch's memory from the CUDA driver's default memory pool, which exports no "
+                    "IPC handles. Send it through host memory instead (tensor.cpu(), then "
+                    ".to('cuda') in the other process), or do not route torch through the bridge "
+                    "in processes that share CUDA tensors (bridge.unify(torch=False)).");
+    }
+    std::shared_ptr<void> getIpcDevPtr(std::string) override
+    {
+        TORCH_CHECK(false,
+                    "bridge: a CUDA tensor from another process cannot be opened here: bridge "
+                    "serves torch's memory from the CUDA driver's default memory pool and opens "
+                    "no CUDA IPC handles. Send tensors between processes through host memory "
+                    "(tensor.cpu()).");
+    }
+    void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override
+    {
+        c10::cuda::CUDAGuard guard(dev);
+        cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+        if (err == cudaErrorPeerAccessAlreadyEnabled)
+            (void)cudaGetLastError();
+        else
+            C10_CUDA_CHECK(err);
+        int granted = 0; // dev reads dev_to_access's pool memory
+        core::bridge_grant_peer_access(dev_to_access, &granted);
+    }
+    cudaError_t memcpyAsync(void *dst, int dst_device, const void *src, int src_device,
+                            size_t count, cudaStream_t stream, bool p2p_enabled) override
+    {
+        // Pool memory of another device is copied with the peer copy unless
+        // peer access was granted (cudaMemcpyAsync would fail otherwise).
+        if (p2p_enabled || dst_device == src_device)
+            return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+        return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+    }
+
+  private:
+    void drop_route(uint64_t serial)
+    {
+        std::lock_guard<std::mutex> lock(route_mu);
+        for (auto it = routes.begin(); it != routes.end(); ++it) {
+            if (it->serial == serial) {
+                routes.erase(it);
+                return;
+            }
+        }
+    }
+
+    std::atomic<bool> initialized_{false};
+    std::atomic<bool> enabled_{true};
+    std::mutex settings_mu_;
+    std::unordered_map<int, double> fraction_; // under settings_mu_
+};
+
+std::shared_ptr<BridgeAllocator> installed;
+
+// Make the bridge torch's CUDA allocator (before torch initializes CUDA).
+void install(const std::string &core_path)
+{
+    if (installed)
+        return;
+    load_core(core_path);
+    auto alloc = std::make_shared<BridgeAllocator>();
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(alloc);
+    installed = alloc;
+}
+
+bool is_installed()
+{
+    return installed && CCA::get() == installed.get();
+}
+
+// What torch's caching layer above us is: its name, for doctor and stats.
+std::string current_name()
+{
+    CCA::CUDAAllocator *a = CCA::get();
+    return a ? a->name() : std::string();
+}
+
+} // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
+{
+    m.doc() = "bridge's torch allocator: torch's CUDAAllocator interface over bridge's core";
+    m.def("install", &install, "Make the bridge torch's CUDA allocator", pybind11::arg("core"));
+    m.def("installed", &is_installed, "Whether torch allocates through this module now");
+    m.def("current_name", &current_name, "The name of torch's current CUDA allocator");
+}
