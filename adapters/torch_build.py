@@ -21,6 +21,7 @@ from __future__ import annotations
 __all__ = [
     "cache_dir",
     "cuda_include_dirs",
+    "describe",
     "key",
     "load",
     "reason",
@@ -38,8 +39,7 @@ import sysconfig
 import time
 from pathlib import Path
 from types import ModuleType
-
-import torch
+from typing import Any
 
 #: The folder of built torch allocators (default ``~/.cache/bridge``).
 CACHE_DIR_ENV = "BRIDGE_CACHE_DIR"
@@ -84,12 +84,13 @@ def cuda_include_dirs() -> list[str]:
     """Folders holding CUDA's runtime headers, toolkit first, then the NVIDIA wheels."""
     found: list[str] = []
     roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    try:
-        from torch.utils.cpp_extension import CUDA_HOME
+    if "torch" in sys.modules:  # torch's own guess, where torch is loaded already
+        try:
+            from torch.utils.cpp_extension import CUDA_HOME
 
-        roots.append(CUDA_HOME)
-    except ImportError:  # a torch without the extension builder
-        pass
+            roots.append(CUDA_HOME)
+        except ImportError:  # a torch without the extension builder
+            pass
     roots.append("/usr/local/cuda")
     for root in roots:
         if root and os.path.isfile(os.path.join(root, "include", "cuda_runtime_api.h")):
@@ -103,8 +104,15 @@ def cuda_include_dirs() -> list[str]:
     return found
 
 
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
 def key() -> str:
     """What the built module depends on, as one short hash (the cache's folder name)."""
+    torch = _torch()
     h = hashlib.sha256()
     h.update(SOURCE.read_bytes())
     h.update((_native_dir() / _HEADER_NAME).read_bytes())
@@ -144,6 +152,7 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
         Show the compiler's output.
     """
     global reason, built_from_cache, build_seconds, location
+    torch = _torch()
     if os.environ.get(PLUGGABLE_ENV, "").strip() not in ("", "0"):
         reason = (
             f"{PLUGGABLE_ENV}={os.environ[PLUGGABLE_ENV]} asks for torch's CUDAPluggableAllocator"
@@ -158,7 +167,7 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
     if not build:
         reason = f"not built yet for torch {torch.__version__} (in {folder})"
         return None
-    problem = _missing_tools()
+    problem = missing_tools()
     if problem:
         reason = problem
         return None
@@ -196,8 +205,44 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
     return module
 
 
-def _missing_tools() -> str:
-    """What the build lacks, in words (empty when nothing)."""
+_FALLBACK = (
+    "torch would run on torch's CUDAPluggableAllocator (an OOM is a plain RuntimeError; "
+    "no cudnn.benchmark, MemPool, graph trees or CUDA IPC)"
+)
+
+
+def describe() -> tuple[str, str]:
+    """Which torch allocator ``unify(torch=True)`` will install here, and why: (level, words).
+
+    The level is doctor's (``"ok"`` or ``"warn"``); imports no framework.
+    """
+    if os.environ.get(PLUGGABLE_ENV, "").strip() not in ("", "0"):
+        return "warn", f"{PLUGGABLE_ENV} is set: {_FALLBACK}."
+    built = cached_builds()
+    missing = missing_tools()
+    if missing and not built:
+        return "warn", f"the bridge's torch allocator cannot be built here: {missing}; {_FALLBACK}."
+    if built:
+        return "ok", (
+            f"the bridge's torch allocator: {len(built)} build(s) in {cache_dir()}; one for "
+            "another torch is compiled on the first unify(torch=True)."
+        )
+    return "ok", (
+        "the bridge's torch allocator is compiled for this torch on the first "
+        "unify(torch=True) (about 30 s, once); `python -m bridge build-torch` does it now."
+    )
+
+
+def cached_builds() -> list[Path]:
+    """The torch allocators built so far (one folder per torch and source version)."""
+    root = cache_dir()
+    return sorted(
+        p for p in root.glob("bridge_torch_*") if p.is_dir() and ".building-" not in p.name
+    )
+
+
+def missing_tools() -> str:
+    """What the build lacks, in words (empty when nothing); imports no framework."""
     if not any(shutil.which(cxx) for cxx in (os.environ.get("CXX") or "c++", "g++", "clang++")):
         return "no C++ compiler (install g++ or clang++)"
     if importlib.util.find_spec("ninja") is None and not shutil.which("ninja"):

@@ -116,11 +116,19 @@ def _torch(dists: dict[str, str], driver: dict) -> Framework:
         fw.usable = True
         fw.add(
             "ok",
-            f"CUDA {cuda} build with CUDAPluggableAllocator; call "
-            "bridge.unify(torch=True) before the first CUDA tensor.",
+            f"CUDA {cuda} build; call bridge.unify(torch=True) before the first CUDA tensor.",
         )
         _cuda_major_check(fw, int(cuda.split(".")[0]), driver)
+        _torch_allocator(fw)
     return fw
+
+
+def _torch_allocator(fw: Framework) -> None:
+    """Which torch allocator unify(torch=True) will install, and why (torch_build)."""
+    import importlib
+
+    level, text = importlib.import_module("bridge.adapters.torch_build").describe()
+    fw.add(level, text)
 
 
 def _cupy(dists: dict[str, str], driver: dict) -> Framework:

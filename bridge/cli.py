@@ -25,6 +25,7 @@ __all__ = ["main", "format_table", "format_shares", "snapshot"]
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -159,12 +160,23 @@ def _doctor_cmd(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_ERROR if report.errors else EXIT_OK
 
 
+def _torch_allocator_line() -> str | None:
+    """Which torch allocator a ``unify(torch=True)`` here installs, and why; None without torch."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    _, text = importlib.import_module("bridge.adapters.torch_build").describe()
+    return text
+
+
 def _print_stats(snaps: list[Stats], args: argparse.Namespace, out: TextIO, tty: bool) -> None:
     shares = _share.list_shares()
+    torch_line = _torch_allocator_line()
     if args.json:
         doc: dict = {"time": time.time(), "devices": [s.as_dict() for s in snaps]}
         if shares:
             doc["shares"] = [sh.as_dict() for sh in shares]
+        if torch_line:
+            doc["torch_allocator"] = torch_line
         out.write(json.dumps(doc, separators=(",", ":")) + "\n")
     else:
         if tty:
@@ -173,6 +185,8 @@ def _print_stats(snaps: list[Stats], args: argparse.Namespace, out: TextIO, tty:
         out.write(format_table(snaps) + "\n")
         if shares:
             out.write("\n" + format_shares(shares) + "\n")
+        if torch_line:
+            out.write(f"torch: {torch_line}\n")
         if args.watching:
             out.write("\n")
     out.flush()
@@ -288,7 +302,7 @@ def _build_torch_cmd(args: argparse.Namespace, out: TextIO) -> int:
         else (f"built in {torch_build.build_seconds:.1f} s")
     )
     print(
-        f"the bridge's torch allocator for torch {torch_build.torch.__version__}: {how}, "
+        f"the bridge's torch allocator for torch {torch_build._torch().__version__}: {how}, "
         f"in {torch_build.location}",
         file=out,
     )

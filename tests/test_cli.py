@@ -368,7 +368,8 @@ def test_doctor_reads_frameworks_without_importing_them(standin, tmp_path):
     r = run_cli(code=code, pythonpath=str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
-    assert "torch        2.11.0" in out and "CUDA 13.0 build with CUDAPluggableAllocator" in out
+    assert "torch        2.11.0" in out and "CUDA 13.0 build; call bridge.unify" in out
+    assert "the bridge's torch allocator" in out  # which torch allocator, and why
     assert "cupy         14.2.0 (cupy-cuda13x)" in out and "has cupy.cuda.set_allocator" in out
     assert "jax          0.11.2 (jaxlib 0.11.2, jax-cuda13-plugin 0.11.2)" in out
     assert "has a CUDA backend" in out
@@ -411,8 +412,44 @@ def test_doctor_torch_verdicts(fake_site):
     (tmp_path / "torch/cuda/memory.py").write_text("class CUDAPluggableAllocator: pass\n")
     (tmp_path / "torch/version.py").write_text("cuda = '14.0'\n")
     fw = _doctor_frameworks._torch({"torch": "3.0.0"}, DRIVER_13)
-    assert fw.usable and fw.findings[-1].level == "warn"
-    assert "built for CUDA 14, but the driver supports CUDA 13.0" in fw.findings[-1].text
+    major = [f for f in fw.findings if "built for CUDA 14" in f.text]
+    assert fw.usable and major and major[0].level == "warn"
+    assert "built for CUDA 14, but the driver supports CUDA 13.0" in major[0].text
+
+
+def test_doctor_says_which_torch_allocator_will_run(fake_site, monkeypatch, tmp_path):
+    from bridge.adapters import torch_build
+
+    _fake_package(
+        fake_site,
+        "torch",
+        "2.11.0",
+        {
+            "torch/__init__.py": POISON,
+            "torch/version.py": "cuda = '13.0'\n",
+            "torch/cuda/memory.py": "class CUDAPluggableAllocator: pass\n",
+        },
+    )
+    monkeypatch.setenv("BRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BRIDGE_TORCH_PLUGGABLE", raising=False)
+
+    def last() -> tuple[str, str]:
+        f = _doctor_frameworks._torch({"torch": "2.11.0"}, DRIVER_13).findings[-1]
+        return f.level, f.text
+
+    monkeypatch.setattr(torch_build, "missing_tools", lambda: "ninja is not installed (pip x)")
+    level, text = last()
+    assert level == "warn" and "cannot be built here: ninja is not installed" in text
+    assert "CUDAPluggableAllocator" in text
+    monkeypatch.setattr(torch_build, "missing_tools", lambda: "")
+    level, text = last()
+    assert level == "ok" and "compiled for this torch on the first" in text
+    (tmp_path / "cache" / "bridge_torch_0123456789abcdef").mkdir(parents=True)
+    level, text = last()
+    assert level == "ok" and "1 build(s) in" in text
+    monkeypatch.setenv("BRIDGE_TORCH_PLUGGABLE", "1")
+    level, text = last()
+    assert level == "warn" and "BRIDGE_TORCH_PLUGGABLE is set" in text
 
 
 def test_doctor_flags_two_cupy_packages_and_a_cpu_only_jax(fake_site):
