@@ -734,3 +734,17 @@ def test_doctor_warns_about_two_cuda_majors(standin, tmp_path):
     assert "(CUDA 12: cupy-cuda12x; CUDA 13: torch (CUDA 13.0), nvidia-*-cu13 (1 package))" in line
     assert "pip install 'bridge[cuda12]' or 'bridge[cuda13]'" in line
     assert "Summary: 1 thing(s) to look at above" in r.stdout
+
+
+def test_stats_says_which_torch_allocator_runs(allocations, monkeypatch):
+    from bridge import cli
+
+    monkeypatch.setattr(cli, "_torch_allocator_line", lambda: None)  # no torch installed
+    rc, out, _ = run_main("stats")
+    assert rc == 0 and not any(line.startswith("torch: ") for line in out.splitlines())
+    assert "torch_allocator" not in json.loads(run_main("stats", "--json")[1])
+    monkeypatch.setattr(cli, "_torch_allocator_line", lambda: "the bridge's torch allocator: x")
+    rc, out, _ = run_main("stats")
+    assert rc == 0 and "torch: the bridge's torch allocator: x" in out.splitlines()
+    doc = json.loads(run_main("stats", "--json")[1])
+    assert doc["torch_allocator"] == "the bridge's torch allocator: x"
