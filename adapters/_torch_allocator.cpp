@@ -738,6 +738,21 @@ std::string current_name()
     return a ? a->name() : std::string();
 }
 
+// For the stand-in tests, which cannot start CUDA in torch: the allocation
+// path on an explicit device and stream (allocate() reads them from torch's
+// runtime), its refusal included, and the deleter.
+uintptr_t alloc_on(size_t size, int device, uintptr_t stream)
+{
+    TORCH_CHECK(installed, "bridge: install() first");
+    return reinterpret_cast<uintptr_t>(
+        installed->malloc(size, device, reinterpret_cast<cudaStream_t>(stream)));
+}
+
+void free_ptr(uintptr_t ptr)
+{
+    bridge_delete(reinterpret_cast<void *>(ptr));
+}
+
 } // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
@@ -746,4 +761,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("install", &install, "Make the bridge torch's CUDA allocator", pybind11::arg("core"));
     m.def("installed", &is_installed, "Whether torch allocates through this module now");
     m.def("current_name", &current_name, "The name of torch's current CUDA allocator");
+    m.def("_alloc_on", &alloc_on, "For tests: allocate on (device, stream) as allocate() does",
+          pybind11::arg("size"), pybind11::arg("device"), pybind11::arg("stream"));
+    m.def("_free", &free_ptr, "For tests: the deleter of every tensor's memory");
 }

@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 SCENARIO = r"""
-import json, torch
+import json, os, torch
 import bridge
 from bridge import _runtime
 from bridge._runtime import core
@@ -85,6 +85,33 @@ out["graph_bytes_released"] = core.stats(0)[1]["graph_bytes"]
 torch._C._cuda_setMemoryFraction(0.25, 0)
 out["tag_limit"] = core.stats(0)[1]["tags"][T]["limit"]
 out["total"] = core.stats(0)[1]["total"]
+# the allocation path and its refusals (on an explicit device and stream)
+q = mod._alloc_on(1 << 16, 0, 0)
+out["alloc_on"] = [q != 0, core.stats(0)[1]["tags"][T]["current"]]
+mod._free(q)
+core.set_limit(0, core.stats(0)[1]["used"] + (1 << 20))
+try:
+    mod._alloc_on(8 << 20, 0, 0)
+    out["oom"] = "no error"
+except torch.cuda.OutOfMemoryError as e:
+    out["oom"] = ["OutOfMemoryError", isinstance(e, RuntimeError), str(e).splitlines()[0]]
+out["num_ooms"] = torch._C._cuda_memoryStats(0)["num_ooms"]
+core.set_limit(0, 0)
+import ctypes
+standin = ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"])
+standin.standin_fail.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+standin.standin_fail(b"cuMemAllocFromPoolAsync", 999, 4)  # CUDA_ERROR_UNKNOWN
+try:
+    mod._alloc_on(1 << 20, 0, 0)
+    out["driver_error"] = "no error"
+except torch.cuda.OutOfMemoryError as e:
+    out["driver_error"] = ["OutOfMemoryError", str(e)]
+except RuntimeError as e:
+    out["driver_error"] = ["RuntimeError", str(e).splitlines()[0]]
+standin.standin_clear_faults()
+q = mod._alloc_on(4096, 0, 0)   # torch keeps working
+out["after"] = q != 0
+mod._free(q)
 torch._C._cuda_cudaCachingAllocator_raw_delete(p2)
 core.free(pc)
 torch._C._cuda_cudaCachingAllocator_raw_delete(p2)  # a double free: counted, never raised
@@ -162,6 +189,25 @@ def test_graph_pool_live_allocations_and_checkpoint_state(result):
 
 def test_memory_fraction_caps_torchs_tag(result):
     assert result["tag_limit"] == result["total"] // 4
+
+
+def test_a_refusal_is_torchs_oom(result):
+    assert result["alloc_on"] == [True, (1 << 20) + (1 << 16)]
+    kind, is_runtime, msg = result["oom"]
+    assert kind == "OutOfMemoryError" and is_runtime, result["oom"]
+    assert msg.startswith(
+        "CUDA out of memory. Tried to allocate 0.01 GiB (8388608 bytes) on device 0"
+    )
+    for words in ("The bridge budget is", "In use: torch", "cupy", "jax"):
+        assert words in msg, (words, msg)
+    assert result["num_ooms"] == 1
+
+
+def test_a_driver_error_is_a_runtime_error_not_an_oom_and_torch_goes_on(result):
+    kind, msg = result["driver_error"]
+    assert kind == "RuntimeError" and msg.startswith("CUDA error: bridge could not allocate")
+    assert "the driver said" in msg
+    assert result["after"] is True
 
 
 def test_frees_end_balanced_and_a_double_free_is_counted(result):
