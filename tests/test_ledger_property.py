@@ -108,6 +108,7 @@ class Dev:
     tag_allocated: list[int] = field(default_factory=lambda: [0, 0, 0])
     tag_freed: list[int] = field(default_factory=lambda: [0, 0, 0])
     tag_ooms: list[int] = field(default_factory=lambda: [0, 0, 0])
+    base_count: list[int] = field(default_factory=lambda: [0, 0, 0])  # live blocks before
     cache_limit: int = 0  # the conftest fixture turns the cache off
     cache_max_block: int = MAX_BLOCK
     cache: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # LIFO per key
@@ -170,6 +171,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 tag_peak=list(tag_cur),
             )
             d_ = self.dev[d]
+            d_.base_count = [t["count"] for t in s["tags"]]
             d_.num_allocs, d_.num_frees = s["num_allocs"], s["num_frees"]
             d_.num_ooms, d_.num_retries = s["num_ooms"], s["num_retries"]
             d_.num_driver_errors = s["num_driver_errors"]
@@ -634,6 +636,10 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert ts["freed"] == m.tag_freed[t]
                 assert ts["num_ooms"] == m.tag_ooms[t]
                 assert ts["limit"] == m.tag_limit[t]
+                # live blocks (what torch's allocation.current reads): never reset
+                live = sum(1 for b in self.live.values() if b.dev == d and b.tag == t)
+                assert ts["count"] == m.base_count[t] + live, f"device {d} tag {t}"
+                assert ts["count_peak"] >= ts["count"]
             assert s["limit"] == m.limit
             assert (s["num_allocs"], s["num_frees"]) == (m.num_allocs, m.num_frees)
             assert (s["num_ooms"], s["num_retries"]) == (m.num_ooms, m.num_retries)
