@@ -60,28 +60,28 @@ using c10::CachingDeviceAllocator::TraceEntry;
 using MempoolId = c10::MempoolId_t;
 
 // ---- the core's functions, from the loaded bridge._core ----
-#define BRIDGE_CORE_FUNCTIONS(X)                                                                   \
-    X(bridge_alloc)                                                                                \
-    X(bridge_free)                                                                                 \
-    X(bridge_alloc_graph)                                                                          \
-    X(bridge_captures_active)                                                                      \
-    X(bridge_record_stream)                                                                        \
-    X(bridge_lookup)                                                                               \
-    X(bridge_get_stats)                                                                            \
-    X(bridge_get_mem_info)                                                                         \
-    X(bridge_reset_peak)                                                                           \
-    X(bridge_reset_accumulated)                                                                    \
-    X(bridge_trim)                                                                                 \
-    X(bridge_device_ready)                                                                         \
-    X(bridge_set_tag_limit)                                                                        \
-    X(bridge_graph_begin)                                                                          \
-    X(bridge_graph_end)                                                                            \
-    X(bridge_graph_release)                                                                        \
-    X(bridge_graph_incref)                                                                         \
-    X(bridge_graph_uses)                                                                           \
-    X(bridge_graph_adopt)                                                                          \
-    X(bridge_live_blocks)                                                                          \
-    X(bridge_grant_peer_access)                                                                    \
+#define BRIDGE_CORE_FUNCTIONS(X) \
+    X(bridge_alloc)              \
+    X(bridge_free)               \
+    X(bridge_alloc_graph)        \
+    X(bridge_captures_active)    \
+    X(bridge_record_stream)      \
+    X(bridge_lookup)             \
+    X(bridge_get_stats)          \
+    X(bridge_get_mem_info)       \
+    X(bridge_reset_peak)         \
+    X(bridge_reset_accumulated)  \
+    X(bridge_trim)               \
+    X(bridge_device_ready)       \
+    X(bridge_set_tag_limit)      \
+    X(bridge_graph_begin)        \
+    X(bridge_graph_end)          \
+    X(bridge_graph_release)      \
+    X(bridge_graph_incref)       \
+    X(bridge_graph_uses)         \
+    X(bridge_graph_adopt)        \
+    X(bridge_live_blocks)        \
+    X(bridge_grant_peer_access)  \
     X(bridge_torch_failure_message)
 
 namespace core
@@ -96,9 +96,9 @@ void load_core(const std::string &path)
     void *lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
     TORCH_CHECK(lib, "bridge: the core ", path, " is not loaded in this process (", dlerror(),
                 "): import bridge before installing the torch allocator");
-#define BRIDGE_RESOLVE(name)                                                                       \
-    core::name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));                           \
-    TORCH_CHECK(core::name, "bridge: the core ", path, " has no ", #name,                          \
+#define BRIDGE_RESOLVE(name)                                              \
+    core::name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));  \
+    TORCH_CHECK(core::name, "bridge: the core ", path, " has no ", #name, \
                 ": rebuild bridge (pip install -e .) so that the core and this module match");
     BRIDGE_CORE_FUNCTIONS(BRIDGE_RESOLVE)
 #undef BRIDGE_RESOLVE
@@ -118,7 +118,9 @@ struct History {
     std::vector<CCA::OutOfMemoryObserver> oom_observers;
     std::vector<CCA::AllocatorTraceTracker> trackers;
 };
-History history;
+// Never destroyed: torch frees tensors until the very end of the process,
+// after static destructors may have run (the same holds for the routes below).
+History &history = *new History;
 std::atomic<bool> tracking{false}; // a trace tracker is attached
 
 void note(TraceEntry::Action action, int device, void *ptr, size_t size, cudaStream_t stream,
@@ -142,8 +144,8 @@ void note(TraceEntry::Action action, int device, void *ptr, size_t size, cudaStr
                      (action == TraceEntry::OOM && when >= CCA::RecordContext::ALLOC));
     if (want_ctx)
         ctx = recorder(); // outside the lock: it may take the GIL (Python stacks)
-    TraceEntry entry(action, static_cast<c10::DeviceIndex>(device),
-                     reinterpret_cast<size_t>(ptr), size, stream, pool, c10::getApproximateTime(),
+    TraceEntry entry(action, static_cast<c10::DeviceIndex>(device), reinterpret_cast<size_t>(ptr),
+                     size, stream, pool, c10::getApproximateTime(),
                      (is_alloc && when < CCA::RecordContext::ALLOC) ? nullptr : ctx);
     std::vector<CCA::AllocatorTraceTracker> trackers;
     {
@@ -200,9 +202,9 @@ struct Route {
     std::function<bool(cudaStream_t)> filter;
     uint64_t serial;
 };
-std::mutex route_mu;
-std::vector<Route> routes; // under route_mu
-uint64_t route_serial = 0; // under route_mu
+std::mutex &route_mu = *new std::mutex;
+std::vector<Route> &routes = *new std::vector<Route>; // under route_mu
+uint64_t route_serial = 0;                            // under route_mu
 
 bool route_of(int device, cudaStream_t stream, MempoolId *id)
 {
@@ -280,8 +282,8 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     {
         std::string msg(4096, '\0');
         int oom = 0;
-        size_t n = core::bridge_torch_failure_message(rc, size, device, msg.data(), msg.size(),
-                                                      &oom);
+        size_t n =
+            core::bridge_torch_failure_message(rc, size, device, msg.data(), msg.size(), &oom);
         msg.resize(std::min(n, msg.size() - 1));
         if (!oom)
             TORCH_CHECK(false, msg);
@@ -467,7 +469,8 @@ class BridgeAllocator final : public CCA::CUDAAllocator
         history.max_entries = enabled ? max_entries : history.max_entries;
         history.skip.clear();
         for (const auto &a : skip_actions)
-            history.skip.insert(static_cast<int>(c10::CachingDeviceAllocator::parseTraceEntryAction(a)));
+            history.skip.insert(
+                static_cast<int>(c10::CachingDeviceAllocator::parseTraceEntryAction(a)));
         if (clear || !enabled) {
             if (clear)
                 history.trace.clear();
@@ -649,8 +652,8 @@ class BridgeAllocator final : public CCA::CUDAAllocator
                 delta.ptrs_freed.push_back(p);
             } else if (!b.live && was_live &&
                        core::bridge_graph_adopt(p, BRIDGE_TAG_TORCH) == BRIDGE_OK) {
-                delta.dataptrs_allocd.emplace_back(
-                    p, p, &bridge_delete, c10::Device(c10::DeviceType::CUDA, device));
+                delta.dataptrs_allocd.emplace_back(p, p, &bridge_delete,
+                                                   c10::Device(c10::DeviceType::CUDA, device));
             }
         }
         return delta;
@@ -713,7 +716,8 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     std::unordered_map<int, double> fraction_; // under settings_mu_
 };
 
-std::shared_ptr<BridgeAllocator> installed;
+// The installed allocator; held for the whole process (torch holds it too).
+std::shared_ptr<BridgeAllocator> &installed = *new std::shared_ptr<BridgeAllocator>;
 
 // Make the bridge torch's CUDA allocator (before torch initializes CUDA).
 void install(const std::string &core_path)

@@ -1052,12 +1052,12 @@ int bridge_get_stats(int device, bridge_stats *out)
     wait_fill_stats(device, out);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];
-        out->tag[i] = (bridge_tag_stats){atomic_load(&t->current),    atomic_load(&t->peak),
-                                         atomic_load(&t->allocated),  atomic_load(&t->freed),
-                                         atomic_load(&t->num_allocs), atomic_load(&t->num_frees),
-                                         atomic_load(&t->num_ooms),   atomic_load(&t->limit),
-                                         (uint64_t)atomic_load(&t->count),
-                                         (uint64_t)atomic_load(&t->count_peak)};
+        out->tag[i] = (bridge_tag_stats){
+            atomic_load(&t->current),         atomic_load(&t->peak),
+            atomic_load(&t->allocated),       atomic_load(&t->freed),
+            atomic_load(&t->num_allocs),      atomic_load(&t->num_frees),
+            atomic_load(&t->num_ooms),        atomic_load(&t->limit),
+            (uint64_t)atomic_load(&t->count), (uint64_t)atomic_load(&t->count_peak)};
     }
     CUresult r;
     if ((r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,

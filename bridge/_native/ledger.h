@@ -30,8 +30,8 @@ typedef struct tag_state {
     _Atomic uint64_t num_allocs;
     _Atomic uint64_t num_frees;
     _Atomic uint64_t num_ooms;
-    _Atomic uint64_t limit; /* the framework's own cap; 0 = none */
-    _Atomic int64_t count;  /* live blocks (allocations not yet freed); never reset */
+    _Atomic uint64_t limit;     /* the framework's own cap; 0 = none */
+    _Atomic int64_t count;      /* live blocks (allocations not yet freed); never reset */
     _Atomic int64_t count_peak; /* max of count since the last peak reset */
 } tag_state;
 
