@@ -179,6 +179,12 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
     staging = folder.parent / f"{name}.building-{os.getpid()}"
     staging.mkdir(exist_ok=True)
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    print(
+        f"bridge: compiling its torch allocator for torch {torch.__version__} (once, about 30 s; "
+        f"kept in {folder.parent})",
+        file=sys.stderr,
+        flush=True,
+    )
     start = time.perf_counter()
     try:
         module = cpp_extension.load(
