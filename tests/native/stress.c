@@ -852,6 +852,91 @@ static void phase_graph(void)
     check_idle("graph (release racing free)");
 }
 
+/* ---- phase: pools (torch.cuda.MemPool and graph trees' checkpoints) ---- */
+#define POOL_BLOCKS 32
+static void *pool_blocks[POOL_BLOCKS];
+static atomic_int pools_stop;
+
+/* A graph tree restoring a checkpoint: freed blocks made live again
+ * (bridge_graph_adopt) and freed back, racing allocations in the same pool
+ * that reuse the same free-list entries. */
+static void *adopter(void *arg)
+{
+    (void)arg;
+    uint64_t seed = 0xA5A5A5A5ull;
+    while (!atomic_load(&pools_stop)) {
+        void *p = pool_blocks[rnd(&seed) % POOL_BLOCKS];
+        if (bridge_graph_adopt(p, BRIDGE_TAG_TORCH) == BRIDGE_OK) {
+            sched_yield();
+            bridge_free(p); /* ours now: back onto the pool's free list */
+        }
+    }
+    return NULL;
+}
+
+static void *pool_allocator(void *arg)
+{
+    (void)arg;
+    uint64_t seed = 0x5A5A5A5Aull;
+    for (int i = 0; i < 4000 * scale; i++) {
+        void *p = NULL;
+        size_t size = 4096 * (1 + rnd(&seed) % 2);
+        int rc = bridge_alloc_graph(0, size, BRIDGE_TAG_TORCH, 11, 1, stream_of(32), &p);
+        CHECK(rc == BRIDGE_OK, "alloc in a MemPool: %d", rc);
+        sched_yield();
+        bridge_free(p);
+    }
+    return NULL;
+}
+
+/* Pools made and released while the others run: uses never go wrong. */
+static void *pool_cycler(void *arg)
+{
+    (void)arg;
+    for (uint64_t id = 100; !atomic_load(&pools_stop); id++) {
+        CHECK(bridge_graph_incref(0, 12, id) == BRIDGE_OK, "incref");
+        CHECK(bridge_graph_uses(0, 12, id) == 1, "uses of a new pool");
+        CHECK(bridge_graph_begin(0, 12, id) == BRIDGE_OK, "begin");
+        CHECK(bridge_graph_uses(0, 12, id) == 2, "uses after begin");
+        CHECK(bridge_graph_end(0, 12, id) == BRIDGE_OK, "end");
+        CHECK(bridge_graph_release(0, 12, id) == BRIDGE_OK, "release");
+        CHECK(bridge_graph_release(0, 12, id) == BRIDGE_OK, "release");
+        CHECK(bridge_graph_uses(0, 12, id) == 0, "a released pool");
+    }
+    return NULL;
+}
+
+static void phase_pools(void)
+{
+    reset();
+    CHECK(bridge_graph_incref(0, 11, 1) == BRIDGE_OK, "incref");
+    for (int i = 0; i < POOL_BLOCKS; i++) {
+        CHECK(bridge_alloc_graph(0, 4096 * (size_t)(1 + i % 2), BRIDGE_TAG_TORCH, 11, 1,
+                                 stream_of(32), &pool_blocks[i]) == BRIDGE_OK,
+              "alloc_graph");
+        bridge_free(pool_blocks[i]); /* onto the pool's free list */
+    }
+    CHECK(bridge_graph_adopt(NULL, BRIDGE_TAG_TORCH) == BRIDGE_E_INVALID, "adopt NULL");
+    uint64_t bad0 = stats_of(0).num_bad_frees;
+    atomic_store(&pools_stop, 0);
+    pthread_t a, c;
+    CHECK(pthread_create(&a, NULL, adopter, NULL) == 0, "pthread_create");
+    CHECK(pthread_create(&c, NULL, pool_cycler, NULL) == 0, "pthread_create");
+    worker none[2];
+    run_threads(2, pool_allocator, none, sizeof none[0]);
+    atomic_store(&pools_stop, 1);
+    pthread_join(a, NULL);
+    pthread_join(c, NULL);
+    bridge_stats s = stats_of(0);
+    CHECK(s.tag[BRIDGE_TAG_TORCH].current == 0 && s.tag[BRIDGE_TAG_TORCH].count == 0,
+          "torch holds %" PRIu64 " bytes in %" PRIu64 " blocks with every block freed",
+          s.tag[BRIDGE_TAG_TORCH].current, s.tag[BRIDGE_TAG_TORCH].count);
+    CHECK(s.num_bad_frees == bad0, "%" PRIu64 " bad frees: a block had two owners",
+          s.num_bad_frees - bad0);
+    CHECK(bridge_graph_release(0, 11, 1) == BRIDGE_OK, "release");
+    check_idle("pools");
+}
+
 /* ---- phase: huge (sizes near 2^64 must not wrap the ledger) ---- */
 static void phase_huge(void)
 {
@@ -1166,6 +1251,8 @@ int main(int argc, char **argv)
     phase_cache();
     printf("stress: graph\n");
     phase_graph();
+    printf("stress: pools\n");
+    phase_pools();
     printf("stress: huge\n");
     phase_huge();
     printf("stress: views\n");
