@@ -26,10 +26,12 @@
 // onto the core's graph pools (graph.c): begin/end/release count users and
 // route the claimed streams' allocations to the pool; createOrIncrefPool is a
 // use without routing; the checkpoint calls of CUDA graph trees read and set
-// which of a pool's blocks are live.
+// which of a pool's blocks are live.  A MemPool made with an allocator of its
+// own gets its blocks from that allocator, as natively (outside the budget).
 //
-// Locks: route_mu (the routes torch announced) and hist_mu (history,
-// observers) are leaves: nothing else is taken while either is held, except
+// Locks: route_mu (the routes torch announced), history.mu (history,
+// observers) and foreign.mu (pools with an allocator of their own) are
+// leaves: none is held while another is taken or the core is called, except
 // the core's own leaf locks from bridge_free inside setCheckpointPoolState.
 #include <dlfcn.h>
 
@@ -44,7 +46,9 @@
 
 #include <atomic>
 #include <deque>
+#include <map>
 #include <mutex>
+#include <tuple>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -178,11 +182,58 @@ void forget_context(void *ptr)
         history.n_contexts.fetch_sub(1, std::memory_order_relaxed);
 }
 
+// ---- pools with an allocator of their own: torch.cuda.MemPool(allocator=...) ----
+// As torch's own allocator does, a pool created with another allocator gets
+// its memory from that allocator (NCCL's symmetric memory, vLLM's cuMem
+// allocator): those blocks are outside the shared pool and the budget, by the
+// user's choice.  Under foreign_mu (a leaf).
+using PoolKey = std::tuple<int, uint64_t, uint64_t>;
+struct Foreign {
+    std::mutex mu;
+    std::map<PoolKey, std::shared_ptr<CCA::CUDAAllocator>> pools;
+    std::unordered_map<void *, std::shared_ptr<CCA::CUDAAllocator>> blocks; // live ones
+    std::atomic<int64_t> n_blocks{0}; // == blocks.size(), readable without mu
+};
+Foreign &foreign = *new Foreign;
+
+std::shared_ptr<CCA::CUDAAllocator> foreign_pool(int device, MempoolId id)
+{
+    std::lock_guard<std::mutex> lock(foreign.mu);
+    auto it = foreign.pools.find(PoolKey{device, id.first, id.second});
+    return it == foreign.pools.end() ? nullptr : it->second;
+}
+
+// The allocator of a live block from a pool of its own; nullptr for the bridge's.
+std::shared_ptr<CCA::CUDAAllocator> foreign_owner(void *ptr)
+{
+    if (foreign.n_blocks.load(std::memory_order_relaxed) == 0)
+        return nullptr;
+    std::lock_guard<std::mutex> lock(foreign.mu);
+    auto it = foreign.blocks.find(ptr);
+    return it == foreign.blocks.end() ? nullptr : it->second;
+}
+
 // ---- the deleter of every tensor's memory (the free hot path) ----
 void bridge_delete(void *ptr)
 {
     if (!ptr)
         return;
+    if (foreign.n_blocks.load(std::memory_order_relaxed) > 0) {
+        std::shared_ptr<CCA::CUDAAllocator> owner;
+        {
+            std::lock_guard<std::mutex> lock(foreign.mu);
+            auto it = foreign.blocks.find(ptr);
+            if (it != foreign.blocks.end()) {
+                owner = std::move(it->second);
+                foreign.blocks.erase(it);
+                foreign.n_blocks.fetch_sub(1, std::memory_order_relaxed);
+            }
+        }
+        if (owner) {
+            owner->raw_delete(ptr);
+            return;
+        }
+    }
     if (history.on.load(std::memory_order_relaxed) || tracking.load(std::memory_order_relaxed)) {
         size_t size = 0;
         int device = 0, tag = 0;
@@ -266,15 +317,30 @@ class BridgeAllocator final : public CCA::CUDAAllocator
             return nullptr;
         MempoolId id;
         int rc;
-        if (core::bridge_captures_active(device) && route_of(device, stream, &id))
+        if (core::bridge_captures_active(device) && route_of(device, stream, &id)) {
+            if (auto other = foreign_pool(device, id))
+                return foreign_alloc(other, size, stream);
             rc = core::bridge_alloc_graph(device, size, BRIDGE_TAG_TORCH, id.first, id.second,
                                           stream, &p);
-        else
+        } else
             rc = core::bridge_alloc(device, size, stream, BRIDGE_TAG_TORCH, &p);
         if (rc != BRIDGE_OK)
             fail(rc, size, device, stream);
         if (history.on.load(std::memory_order_relaxed) || tracking.load(std::memory_order_relaxed))
             note(TraceEntry::ALLOC, device, p, size, stream, {0, 0});
+        return p;
+    }
+
+    // A block of a pool with an allocator of its own (that allocator's errors are its own).
+    void *foreign_alloc(const std::shared_ptr<CCA::CUDAAllocator> &other, size_t size,
+                        cudaStream_t stream)
+    {
+        void *p = other->raw_alloc_with_stream(size, stream);
+        if (p) {
+            std::lock_guard<std::mutex> lock(foreign.mu);
+            foreign.blocks[p] = other;
+            foreign.n_blocks.fetch_add(1, std::memory_order_relaxed);
+        }
         return p;
     }
 
@@ -396,6 +462,8 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     }
     void *getBaseAllocation(void *ptr, size_t *size) override
     {
+        if (auto owner = foreign_owner(ptr))
+            return owner->getBaseAllocation(ptr, size);
         int device = 0, tag = 0;
         size_t n = 0;
         TORCH_CHECK(core::bridge_lookup(ptr, &n, &device, &tag) == BRIDGE_OK, "bridge: ", ptr,
@@ -408,6 +476,11 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     {
         if (!ptr.get() || ptr.get_deleter() != &bridge_delete)
             return; // not ours (an empty tensor, memory from elsewhere)
+        if (auto owner = foreign_owner(ptr.get())) {
+            // the owner's own record of the stream (its DataPtr is ours: pass the pointer)
+            owner->recordStream(c10::DataPtr(ptr.get(), ptr.device()), stream);
+            return;
+        }
         core::bridge_record_stream(ptr.get(), stream.stream());
     }
 
@@ -589,6 +662,10 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     void releasePool(c10::DeviceIndex device, MempoolId id) override
     {
         core::bridge_graph_release(device, id.first, id.second);
+        if (core::bridge_graph_uses(device, id.first, id.second) == 0) {
+            std::lock_guard<std::mutex> lock(foreign.mu); // its live blocks keep their owner
+            foreign.pools.erase(PoolKey{device, id.first, id.second});
+        }
     }
     int getPoolUseCount(c10::DeviceIndex device, MempoolId id) override
     {
@@ -597,13 +674,12 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     void createOrIncrefPool(c10::DeviceIndex device, MempoolId id,
                             std::shared_ptr<CUDAAllocator> allocator) override
     {
-        TORCH_CHECK(!allocator || allocator.get() == this,
-                    "bridge: torch.cuda.MemPool(allocator=...) with an allocator of its own is "
-                    "not supported while bridge serves torch's memory (its blocks would be "
-                    "outside the shared pool and budget). Use torch.cuda.MemPool() without an "
-                    "allocator, or leave torch out of bridge.unify(torch=False) in this process.");
         TORCH_CHECK(core::bridge_graph_incref(device, id.first, id.second) == BRIDGE_OK,
                     "bridge: no host memory to open a memory pool on device ", device);
+        if (allocator && allocator.get() != this) {
+            std::lock_guard<std::mutex> lock(foreign.mu);
+            foreign.pools[PoolKey{device, id.first, id.second}] = std::move(allocator);
+        }
     }
     void setUseOnOOM(c10::DeviceIndex, MempoolId, bool) override
     {

@@ -176,6 +176,44 @@ def test_mempool_allocations_counted_and_returned_when_the_pool_dies(mode):
     assert r["held_after"] <= 0, r
 
 
+# ---- a MemPool with an allocator of its own (NCCL's, vLLM's): its blocks come from it ----
+MEMPOOL_ALLOCATOR = """
+from bridge import _runtime
+from bridge._runtime import core
+_runtime.ensure_device(0)
+# an allocator of its own: the bridge's C entry points through torch's pluggable class
+other = torch.cuda.memory.CUDAPluggableAllocator(core.__file__, "bridge_torch_alloc",
+                                                 "bridge_torch_free")
+def torch_tag():
+    torch.cuda.synchronize()
+    return core.stats(0)[1]["tags"][core.TAG_TORCH]["current"]
+torch.ones(1, device="cuda")
+base = torch_tag()
+pool = torch.cuda.MemPool(other.allocator())
+with torch.cuda.use_mem_pool(pool):
+    a = torch.arange(1 << 20, device="cuda", dtype=torch.float32)   # 4 MiB
+rc, size, dev, tag = core.lookup(a.data_ptr())
+from_other = rc == 0 and size >= 4 << 20
+checksum = float(a.double().sum().item())
+held = torch_tag() - base
+del a, pool
+gc.collect()
+torch.cuda.empty_cache()
+report(path=path(), from_other=from_other, checksum=checksum, held=held,
+       after=torch_tag() - base)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mempool_with_an_allocator_of_its_own_gets_its_blocks_from_it(mode):
+    r = run(MEMPOOL_ALLOCATOR, mode)
+    check_path(r, mode)
+    n = 1 << 20
+    assert r["checksum"] == float(n * (n - 1) // 2), r
+    assert r["from_other"] is True and r["held"] >= 4 * MIB, r
+    assert r["after"] == 0, r
+
+
 # ---- torch.compile(mode="reduce-overhead") with CUDA graph trees ----
 COMPILE = """
 import copy
