@@ -9,7 +9,8 @@
 // waiting, share, views and history as the other frameworks.  It is built
 // against the installed torch (adapters/torch_build.py) and talks to the core
 // through the core's exported C functions, found in the already-loaded
-// bridge._core with dlsym (no link-time dependency on where bridge lives).
+// bridge._core with dlsym (no link-time dependency on where bridge lives;
+// _torch_history.cpp holds that table, the history and the snapshot).
 //
 // The hot path (allocate, the deleter): no GIL, no Python, no lock of its own:
 // the current device and stream (as torch's own allocator reads them), one
@@ -33,13 +34,10 @@
 // observers) and foreign.mu (pools with an allocator of their own) are
 // leaves: none is held while another is taken or the core is called, except
 // the core's own leaf locks from bridge_free inside setCheckpointPoolState.
-#include <dlfcn.h>
-
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
@@ -54,139 +52,15 @@
 #include <unordered_set>
 #include <vector>
 
-#include "bridge.h"
+#include "_torch_allocator.h"
 
-namespace
+namespace bridge_torch
 {
-namespace CCA = c10::cuda::CUDACachingAllocator;
-using c10::CachingDeviceAllocator::DeviceStats;
-using c10::CachingDeviceAllocator::TraceEntry;
-using MempoolId = c10::MempoolId_t;
-
-// ---- the core's functions, from the loaded bridge._core ----
-#define BRIDGE_CORE_FUNCTIONS(X) \
-    X(bridge_alloc)              \
-    X(bridge_free)               \
-    X(bridge_alloc_graph)        \
-    X(bridge_captures_active)    \
-    X(bridge_record_stream)      \
-    X(bridge_lookup)             \
-    X(bridge_get_stats)          \
-    X(bridge_get_mem_info)       \
-    X(bridge_reset_peak)         \
-    X(bridge_reset_accumulated)  \
-    X(bridge_trim)               \
-    X(bridge_device_ready)       \
-    X(bridge_set_tag_limit)      \
-    X(bridge_graph_begin)        \
-    X(bridge_graph_end)          \
-    X(bridge_graph_release)      \
-    X(bridge_graph_incref)       \
-    X(bridge_graph_uses)         \
-    X(bridge_graph_adopt)        \
-    X(bridge_live_blocks)        \
-    X(bridge_grant_peer_access)  \
-    X(bridge_torch_failure_message)
-
-namespace core
-{
-#define BRIDGE_DECLARE(name) decltype(&::name) name = nullptr;
-BRIDGE_CORE_FUNCTIONS(BRIDGE_DECLARE)
-#undef BRIDGE_DECLARE
-} // namespace core
-
-void load_core(const std::string &path)
-{
-    void *lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-    TORCH_CHECK(lib, "bridge: the core ", path, " is not loaded in this process (", dlerror(),
-                "): import bridge before installing the torch allocator");
-#define BRIDGE_RESOLVE(name)                                              \
-    core::name = reinterpret_cast<decltype(&::name)>(dlsym(lib, #name));  \
-    TORCH_CHECK(core::name, "bridge: the core ", path, " has no ", #name, \
-                ": rebuild bridge (pip install -e .) so that the core and this module match");
-    BRIDGE_CORE_FUNCTIONS(BRIDGE_RESOLVE)
-#undef BRIDGE_RESOLVE
-}
-
-// ---- the history torch's _record_memory_history asks for ----
-struct History {
-    std::atomic<bool> on{false};        // recording allocations and frees
-    std::atomic<int64_t> n_contexts{0}; // == contexts.size(), readable without hist_mu
-    std::mutex mu;                      // guards everything below
-    CCA::CreateContextFn recorder = nullptr;
-    CCA::RecordContext when = CCA::RecordContext::NEVER;
-    size_t max_entries = 0;
-    std::deque<TraceEntry> trace;
-    std::unordered_set<int> skip; // TraceEntry::Action values not recorded
-    std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> contexts; // live blocks
-    std::vector<CCA::OutOfMemoryObserver> oom_observers;
-    std::vector<CCA::AllocatorTraceTracker> trackers;
-};
-// Never destroyed: torch frees tensors until the very end of the process,
-// after static destructors may have run (the same holds for the routes below).
-History &history = *new History;
-std::atomic<bool> tracking{false}; // a trace tracker is attached
-
-void note(TraceEntry::Action action, int device, void *ptr, size_t size, cudaStream_t stream,
-          MempoolId pool)
-{
-    bool on = history.on.load(std::memory_order_relaxed);
-    if (!on && !tracking.load(std::memory_order_relaxed))
-        return;
-    std::shared_ptr<c10::GatheredContext> ctx;
-    CCA::CreateContextFn recorder = nullptr;
-    CCA::RecordContext when;
-    {
-        std::lock_guard<std::mutex> lock(history.mu);
-        recorder = history.recorder;
-        when = history.when;
-    }
-    bool is_alloc = action == TraceEntry::ALLOC;
-    bool want_ctx = recorder && on &&
-                    ((is_alloc && when >= CCA::RecordContext::STATE) ||
-                     (action == TraceEntry::FREE_REQUESTED && when == CCA::RecordContext::ALL) ||
-                     (action == TraceEntry::OOM && when >= CCA::RecordContext::ALLOC));
-    if (want_ctx)
-        ctx = recorder(); // outside the lock: it may take the GIL (Python stacks)
-    TraceEntry entry(action, static_cast<c10::DeviceIndex>(device), reinterpret_cast<size_t>(ptr),
-                     size, stream, pool, c10::getApproximateTime(),
-                     (is_alloc && when < CCA::RecordContext::ALLOC) ? nullptr : ctx);
-    std::vector<CCA::AllocatorTraceTracker> trackers;
-    {
-        std::lock_guard<std::mutex> lock(history.mu);
-        if (on) {
-            if (is_alloc && ctx && ptr) {
-                if (history.contexts.emplace(ptr, ctx).second)
-                    history.n_contexts.fetch_add(1, std::memory_order_relaxed);
-            } else if (action == TraceEntry::FREE_REQUESTED) {
-                if (history.contexts.erase(ptr))
-                    history.n_contexts.fetch_sub(1, std::memory_order_relaxed);
-            }
-            if (!history.skip.count(static_cast<int>(action)) && history.max_entries > 0) {
-                history.trace.push_back(entry);
-                while (history.trace.size() > history.max_entries)
-                    history.trace.pop_front();
-            }
-        }
-        trackers = history.trackers;
-    }
-    for (auto &t : trackers)
-        t(entry);
-}
-
-// A context kept for a block freed while the history was off.
-void forget_context(void *ptr)
-{
-    std::lock_guard<std::mutex> lock(history.mu);
-    if (history.contexts.erase(ptr))
-        history.n_contexts.fetch_sub(1, std::memory_order_relaxed);
-}
-
 // ---- pools with an allocator of their own: torch.cuda.MemPool(allocator=...) ----
 // As torch's own allocator does, a pool created with another allocator gets
 // its memory from that allocator (NCCL's symmetric memory, vLLM's cuMem
 // allocator): those blocks are outside the shared pool and the budget, by the
-// user's choice.  Under foreign_mu (a leaf).
+// user's choice.  Under foreign.mu (a leaf).
 using PoolKey = std::tuple<int, uint64_t, uint64_t>;
 struct Foreign {
     std::mutex mu;
@@ -278,20 +152,10 @@ struct PoolBlock {
 // The blocks of one pool (graph blocks of `id` on `device`), live or freed.
 std::vector<PoolBlock> pool_blocks(int device, MempoolId id)
 {
-    std::vector<bridge_block_info> all(256);
-    size_t count = 0;
-    for (;;) {
-        core::bridge_live_blocks(all.data(), all.size(), &count);
-        if (count <= all.size())
-            break;
-        all.resize(count + count / 4 + 16);
-    }
     std::vector<PoolBlock> out;
-    for (size_t i = 0; i < count; i++) {
-        const bridge_block_info &b = all[i];
+    for (const bridge_block_info &b : live_blocks())
         if (b.device == device && (b.flags & 1u) && b.graph0 == id.first && b.graph1 == id.second)
             out.push_back({b.ptr, b.size, b.stream, !(b.flags & 2u), b.tag});
-    }
     return out;
 }
 
@@ -300,11 +164,6 @@ struct PoolState : CCA::AllocatorState {
     MempoolId id{0, 0};
     std::unordered_map<uint64_t, bool> live; // ptr -> live when the state was taken
 };
-
-int device_count()
-{
-    return static_cast<int>(c10::cuda::device_count());
-}
 
 class BridgeAllocator final : public CCA::CUDAAllocator
 {
@@ -536,23 +395,7 @@ class BridgeAllocator final : public CCA::CUDAAllocator
                        CCA::RecordContext when, bool clear,
                        const std::vector<std::string> &skip_actions) override
     {
-        std::lock_guard<std::mutex> lock(history.mu);
-        history.recorder = enabled ? recorder : nullptr;
-        history.when = when;
-        history.max_entries = enabled ? max_entries : history.max_entries;
-        history.skip.clear();
-        for (const auto &a : skip_actions)
-            history.skip.insert(
-                static_cast<int>(c10::CachingDeviceAllocator::parseTraceEntryAction(a)));
-        if (clear || !enabled) {
-            if (clear)
-                history.trace.clear();
-            if (!enabled) {
-                history.n_contexts.fetch_sub(static_cast<int64_t>(history.contexts.size()));
-                history.contexts.clear();
-            }
-        }
-        history.on.store(enabled);
+        record_history(enabled, recorder, max_entries, when, clear, skip_actions);
     }
     bool isHistoryEnabled() override
     {
@@ -571,64 +414,7 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     }
     CCA::SnapshotInfo snapshot(MempoolId pool, bool include_traces) override
     {
-        CCA::SnapshotInfo info;
-        std::vector<bridge_block_info> all(256);
-        size_t count = 0;
-        for (;;) {
-            core::bridge_live_blocks(all.data(), all.size(), &count);
-            if (count <= all.size())
-                break;
-            all.resize(count + count / 4 + 16);
-        }
-        bool one_pool = pool.first != 0 || pool.second != 0;
-        std::lock_guard<std::mutex> lock(history.mu);
-        for (size_t i = 0; i < count; i++) {
-            const bridge_block_info &b = all[i];
-            if (b.tag != BRIDGE_TAG_TORCH)
-                continue;
-            bool graph = b.flags & 1u;
-            if (one_pool && !(graph && b.graph0 == pool.first && b.graph1 == pool.second))
-                continue;
-            bool live = !(b.flags & 2u);
-            c10::CachingDeviceAllocator::SegmentInfo seg;
-            seg.device = static_cast<c10::DeviceIndex>(b.device);
-            seg.address = b.ptr;
-            seg.total_size = b.size;
-            seg.requested_size = live ? b.size : 0;
-            seg.allocated_size = live ? b.size : 0;
-            seg.active_size = live ? b.size : 0;
-            seg.stream = reinterpret_cast<void *>(b.stream);
-            seg.is_large = b.size > (1u << 20);
-            seg.owner_private_pool_id = graph ? MempoolId{b.graph0, b.graph1} : MempoolId{0, 0};
-            c10::CachingDeviceAllocator::BlockInfo blk;
-            blk.size = b.size;
-            blk.requested_size = b.size;
-            blk.allocated = live;
-            blk.active = live;
-            auto it = history.contexts.find(reinterpret_cast<void *>(b.ptr));
-            if (it != history.contexts.end())
-                blk.context_when_allocated = it->second;
-            seg.context_when_allocated = blk.context_when_allocated;
-            seg.blocks.push_back(std::move(blk));
-            info.segments.push_back(std::move(seg));
-        }
-        int n = std::max(device_count(), 1);
-        info.device_traces.resize(static_cast<size_t>(n));
-        if (include_traces) {
-            for (const TraceEntry &e : history.trace) {
-                if (e.device_ >= 0 && e.device_ < n)
-                    info.device_traces[static_cast<size_t>(e.device_)].push_back(e);
-            }
-        }
-        info.config_metadata.garbage_collection_threshold = 0;
-        info.config_metadata.max_split_size = std::numeric_limits<size_t>::max();
-        info.config_metadata.pinned_num_register_threads = 1;
-        info.config_metadata.expandable_segments = false;
-        info.config_metadata.release_lock_on_malloc = false;
-        info.config_metadata.pinned_use_host_register = false;
-        info.config_metadata.graph_capture_record_stream_reuse = false;
-        info.config_metadata.last_allocator_settings = "bridge";
-        return info;
+        return snapshot_of(pool, include_traces);
     }
 
     // ---- pools: CUDA graphs, torch.cuda.MemPool, graph trees ----
@@ -833,7 +619,9 @@ void free_ptr(uintptr_t ptr)
     bridge_delete(reinterpret_cast<void *>(ptr));
 }
 
-} // namespace
+} // namespace bridge_torch
+
+using namespace bridge_torch;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
 {

@@ -47,7 +47,8 @@ CACHE_DIR_ENV = "BRIDGE_CACHE_DIR"
 PLUGGABLE_ENV = "BRIDGE_TORCH_PLUGGABLE"
 
 _HERE = Path(__file__).resolve().parent
-SOURCE = _HERE / "_torch_allocator.cpp"
+SOURCES = [_HERE / "_torch_allocator.cpp", _HERE / "_torch_history.cpp"]
+HEADER = _HERE / "_torch_allocator.h"
 _NATIVE = _HERE.parent / "_native"  # installed layout: bridge/adapters -> bridge/_native
 _HEADER_NAME = "bridge.h"
 
@@ -114,7 +115,8 @@ def key() -> str:
     """What the built module depends on, as one short hash (the cache's folder name)."""
     torch = _torch()
     h = hashlib.sha256()
-    h.update(SOURCE.read_bytes())
+    for path in (*SOURCES, HEADER):
+        h.update(path.read_bytes())
     h.update((_native_dir() / _HEADER_NAME).read_bytes())
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
     for part in (
@@ -189,7 +191,7 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
     try:
         module = cpp_extension.load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(p) for p in SOURCES],
             extra_include_paths=[str(_native_dir()), *cuda_include_dirs()],
             extra_cflags=["-O2", "-g0"],
             extra_ldflags=[f"-L{torch_lib}", "-lc10_cuda", "-ltorch_cuda", "-s"],

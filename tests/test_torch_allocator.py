@@ -30,9 +30,11 @@ from bridge._runtime import core
 from bridge.adapters import torch_build
 out = {}
 _runtime.ensure_device(0)
+missing = torch_build.missing_tools()
+if missing:  # the build's tools are not here; a build that fails with them is a failure
+    print("RESULT " + json.dumps({"skip": missing})); raise SystemExit
 mod = torch_build.load()
-if mod is None:
-    print("RESULT " + json.dumps({"skip": torch_build.reason})); raise SystemExit
+assert mod is not None, torch_build.reason
 mod.install(core.__file__)
 out["installed"] = mod.installed()
 out["name"] = mod.current_name()
@@ -139,7 +141,7 @@ def result(tmp_path_factory):
     assert r.returncode == 0 and lines, r.stdout[-3000:] + r.stderr[-6000:]
     out = json.loads(lines[-1][len("RESULT ") :])
     if "skip" in out:
-        pytest.skip(f"the C++ torch allocator cannot be built here: {out['skip']}")
+        pytest.skip(f"the C++ torch allocator's build needs what is missing: {out['skip']}")
     return out
 
 
