@@ -37,6 +37,26 @@ extern "C" __global__ void slow_copy(const float* x, float* out, long long n, lo
 }''', "slow_copy")
 """
 
+# For torch scenarios run by run_mode (after `import torch`): replays counts CUDA graph
+# replays (proof that graphs were captured), torch_bytes() is torch's live bytes as the
+# bridge or torch's own allocator counts them (cuBLAS's per-stream workspaces dropped:
+# graphs capture on new streams).
+TORCH_GRAPH_SNIPPET = """
+replays = [0]
+_replay = torch.cuda.CUDAGraph.replay
+def counting_replay(self, *a, **k):
+    replays[0] += 1
+    return _replay(self, *a, **k)
+torch.cuda.CUDAGraph.replay = counting_replay
+
+def torch_bytes():
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    if MODE == "bridge":
+        return bridge.stats(0).by_framework["torch"]
+    return torch.cuda.memory_allocated()
+"""
+
 
 def _cu():
     from cuda.bindings import driver as cu

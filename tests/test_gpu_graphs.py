@@ -8,7 +8,7 @@ Every scenario runs twice, in fresh processes: with the native allocators
 from __future__ import annotations
 
 import pytest
-from gpu_util import run_mode
+from gpu_util import TORCH_GRAPH_SNIPPET, run_mode
 
 pytestmark = pytest.mark.gpu
 MODES = ("native", "bridge")
@@ -25,20 +25,9 @@ COMPILE = (
     + """
 import copy, gc
 import torch.nn as nn
-replays = [0]
-_replay = torch.cuda.CUDAGraph.replay
-def counting_replay(self, *a, **k):
-    replays[0] += 1
-    return _replay(self, *a, **k)
-torch.cuda.CUDAGraph.replay = counting_replay
-
-def torch_bytes():
-    torch.cuda.synchronize()
-    # cuBLAS keeps a workspace per stream it ran on (graphs capture on new ones)
-    torch._C._cuda_clearCublasWorkspaces()
-    if MODE == "bridge":
-        return bridge.stats(0).by_framework["torch"]
-    return torch.cuda.memory_allocated()
+"""
+    + TORCH_GRAPH_SNIPPET
+    + """
 
 def cycle(seed):
     torch.manual_seed(seed)

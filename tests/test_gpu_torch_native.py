@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from gpu_util import MIB, run_mode
+from gpu_util import MIB, TORCH_GRAPH_SNIPPET, run_mode
 
 pytestmark = pytest.mark.gpu
 MODES = ("native", "bridge")
@@ -215,23 +215,13 @@ def test_mempool_with_an_allocator_of_its_own_gets_its_blocks_from_it(mode):
 
 
 # ---- torch.compile(mode="reduce-overhead") with CUDA graph trees ----
-COMPILE = """
+COMPILE = (
+    TORCH_GRAPH_SNIPPET
+    + """
 import copy
 import torch.nn as nn
 from torch._inductor import config as inductor_config
 trees = inductor_config.triton.cudagraph_trees
-replays = [0]
-_replay = torch.cuda.CUDAGraph.replay
-def counting_replay(self, *a, **k):
-    replays[0] += 1
-    return _replay(self, *a, **k)
-torch.cuda.CUDAGraph.replay = counting_replay
-def torch_bytes():
-    torch.cuda.synchronize()
-    torch._C._cuda_clearCublasWorkspaces()
-    if MODE == "bridge":
-        return bridge.stats(0).by_framework["torch"]
-    return torch.cuda.memory_allocated()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda()
 eager = copy.deepcopy(model)
@@ -265,6 +255,7 @@ after_recompile = torch_bytes()
 report(path=path(), trees=trees, err=err, loss_err=loss_err, replays=replays[0],
        after_first=after_first, after_recompile=after_recompile)
 """
+)
 
 
 def test_compile_reduce_overhead_with_graph_trees_matches_eager_and_native_memory():
