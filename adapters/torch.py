@@ -74,25 +74,26 @@ def _device_index(device: Any) -> int:
 
 
 def memory_stats(device: Any = None) -> dict:
-    """torch's nested memory-stats dict for torch's share, from the ledger.
+    """torch's nested memory-stats dict for torch's share, from the ledger (the pluggable path).
 
-    Keys as torch names them: ``allocated_bytes.all.current`` and so on. Every
-    torch block is one pool allocation, so "reserved" is what torch holds
-    (live tensors plus blocks kept for captured graphs).
+    Keys as torch names them: ``allocated_bytes.all.current`` and so on, the
+    same figures the C++ allocator gives torch: every torch block is one pool
+    allocation; "reserved" is torch's live bytes, the blocks graph pools keep
+    and the cache of freed blocks every framework shares.
     """
     dev = _device_index(device)
     rc, raw = core.stats(dev)
     check(rc, what="reading torch's memory figures", device=dev)
     t = raw["tags"][core.TAG_TORCH]
-    graph = raw["graph_bytes"]
 
     def stat(current: int, peak: int, allocated: int, freed: int) -> dict:
         one = {"current": current, "peak": peak, "allocated": allocated, "freed": freed}
         return {"all": one, "small_pool": dict.fromkeys(one, 0), "large_pool": dict(one)}
 
     nbytes = stat(t["current"], t["peak"], t["allocated"], t["freed"])
-    count = stat(t["num_allocs"] - t["num_frees"], 0, t["num_allocs"], t["num_frees"])
-    reserved = stat(t["current"] + graph, t["peak"] + graph, t["allocated"], t["freed"])
+    count = stat(t["count"], t["count_peak"], t["num_allocs"], t["num_frees"])
+    held = t["current"] + raw["graph_bytes"] + raw["cached"]
+    reserved = stat(held, max(held, t["peak"]), t["allocated"], t["freed"])
     zero = stat(0, 0, 0, 0)
     return {
         "allocated_bytes": nbytes,

@@ -48,6 +48,10 @@ rc, p1 = core.alloc(0, 4096, 0, T)
 rc, p2 = core.alloc(0, 1 << 20, 0, T)
 rc, pc = core.alloc(0, 8192, 0, core.TAG_CUPY)       # another framework's: not torch's
 out["two"] = stats()
+from bridge.adapters import torch as torch_adapter  # the pluggable path's Python figures
+py = torch_adapter.memory_stats(0)
+out["py_two"] = {k: py[k]["all"] if isinstance(py[k], dict) and "all" in py[k] else py[k]
+                 for k in out["two"]}
 torch._C._cuda_cudaCachingAllocator_raw_delete(p1)  # torch's raw_delete: the bridge's deleter
 out["one"] = stats()
 torch._C._cuda_resetAccumulatedMemoryStats(0)
@@ -158,6 +162,10 @@ def test_torch_stats_are_torchs_share_of_the_ledger(result):
     one = result["one"]
     assert one["allocated_bytes"]["current"] == 1 << 20
     assert one["allocation"] == {"current": 1, "peak": 2, "allocated": 2, "freed": 1}
+
+
+def test_both_torch_paths_give_the_same_figures(result):
+    assert result["py_two"] == result["two"]
 
 
 def test_reset_accumulated_keeps_live_counts_and_reset_peak_lowers_peaks(result):
