@@ -112,8 +112,10 @@ void bridge_delete(void *ptr)
         size_t size = 0;
         int device = 0, tag = 0;
         core::bridge_lookup(ptr, &size, &device, &tag);
+        // every block is one pool allocation: its own segment, as the snapshot shows it
         note(TraceEntry::FREE_REQUESTED, device, ptr, size, nullptr, {0, 0});
         note(TraceEntry::FREE_COMPLETED, device, ptr, size, nullptr, {0, 0});
+        note(TraceEntry::SEGMENT_FREE, device, ptr, size, nullptr, {0, 0});
     } else if (history.n_contexts.load(std::memory_order_relaxed) > 0) {
         forget_context(ptr);
     }
@@ -185,8 +187,12 @@ class BridgeAllocator final : public CCA::CUDAAllocator
             rc = core::bridge_alloc(device, size, stream, BRIDGE_TAG_TORCH, &p);
         if (rc != BRIDGE_OK)
             fail(rc, size, device, stream);
-        if (history.on.load(std::memory_order_relaxed) || tracking.load(std::memory_order_relaxed))
+        if (history.on.load(std::memory_order_relaxed) ||
+            tracking.load(std::memory_order_relaxed)) {
+            // a segment of its own (NCCL's register hook and memory_viz read segments)
+            note(TraceEntry::SEGMENT_ALLOC, device, p, size, stream, {0, 0});
             note(TraceEntry::ALLOC, device, p, size, stream, {0, 0});
+        }
         return p;
     }
 
