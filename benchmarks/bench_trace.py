@@ -57,11 +57,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import gzip
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,7 +69,17 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import MIB, config_env, median, pin_cpu, run_guarded, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    MIB,
+    config_env,
+    median,
+    pin_cpu,
+    rotated,
+    run_guarded,
+    serve,
+    start_workers,
+    write_json,
+)
 from _native import compile_c  # noqa: E402
 
 ALLOC, FREE = 0, 1
@@ -486,60 +496,208 @@ def replay(path: str, config: str, passes: int, json_path: str | None,
     return run_guarded(json_path, base, body)
 
 
-def run(paths: list[str], configs: list[str], rounds: int, passes: int,
-        out_path: str | None = None, cpu: int | None = None) -> dict:
-    """Every trace under every configuration, one process each, configurations in turns.
+# ---- configurations in turns: one warm worker process each, driven over pipes ----
+#: A round-by-round ratio is a verdict only over this many rounds (issue 34).
+MIN_ROUNDS = 9
 
-    With ``out_path`` the results so far are written after each trace (a run cut
-    short keeps what it measured)."""
-    out: dict[str, Any] = {}
-    for path in paths:
-        name = load(path)["name"]
-        per: dict[str, list[dict]] = {c: [] for c in configs}
+
+def worker_setup(path: str, config: str, cpu: int | None) -> Callable[[dict], dict]:
+    """serve()'s setup for one configuration: the allocator, the trace, its streams.
+
+    Commands: ``warm N`` (N passes, untimed), ``time N`` (N passes: ns per event of
+    each), ``stats`` (the held peak and the allocator's counters, read after the
+    passes). The timing thread is pinned to ``cpu`` after the setup, and the garbage
+    collector is off in every configuration alike."""
+
+    def setup(info: dict) -> dict:
+        trace = load(path)
+        held, extra = _setup(config, trace)
+        pin_cpu(cpu, info)
+        import torch
+
+        streams = [torch.cuda.current_stream()]
+        streams += [torch.cuda.Stream() for _ in range(trace["streams"] - 1)]
+        gc.disable()
+        passes = [0]
+
+        def timed(n: int) -> list[float]:
+            passes[0] += n
+            return replay_events(torch, trace, streams, n)
+
+        def stats() -> dict:
+            peak, live = held(), peak_live(trace)
+            out = {"peak_reserved": peak, "peak_live": live, "passes": passes[0],
+                   "reserved_over_live": (peak / live) if peak else None,
+                   "torch": getattr(torch, "__version__", "?"), "pid": os.getpid(),
+                   **extra()}  # fmt: skip
+            if config.startswith("bridge"):
+                from bridge._runtime import core
+
+                raw = core.stats(0)[1]
+                out.update(allocs=raw["num_allocs"], cache_hits=raw["num_cache_hits"],
+                           cache_limit=raw["cache_limit"])  # fmt: skip
+            return out
+
+        info.update(pid=os.getpid(), config=config)
+        return {"warm": lambda n: (timed(n), None)[1], "time": timed, "stats": stats}
+
+    return setup
+
+
+def worker_specs(path: str, configs: list[str], cpu: int | None) -> dict:
+    """{config: (argv, env)} of one generation of workers (bench_trace.py worker ...)."""
+    specs = {}
+    for config in configs:
+        env = dict(os.environ)
+        env.update(config_env("torch", config))
+        argv = [sys.executable, os.path.abspath(__file__), "worker", path, "--config", config]
+        specs[config] = (argv + (["--cpu", str(cpu)] if cpu is not None else []), env)
+    return specs
+
+
+def take_trace_turns(workers: dict, status: dict, rounds: int, passes: int,
+                     warmup: int, first_round: int = 0) -> dict:  # fmt: skip
+    """Warm every worker, then ``rounds`` rounds: each worker in turn replays the trace
+    ``passes`` times, the order rotating every round. Returns {config: [ns per event of
+    the round's best pass, None where it did not run]}; the workers' stats land in
+    status[config]["process"]. A worker that fails leaves the turns (status says why).
+    The workers are closed at the end."""
+    live = list(workers)
+    best: dict[str, list[float | None]] = {c: [] for c in live}
+
+    def ask(c: str, command: str) -> Any:
+        kind, value = workers[c].ask(command)
+        if kind == "ok":
+            return value
+        status[c].update(status="error", error=f"{command}: {value}"[:2000])
+        live.remove(c)
+        return None
+
+    try:
+        for c in list(live):
+            if warmup:
+                ask(c, f"warm {warmup}")
         for r in range(rounds):
-            order = configs[r % len(configs) :] + configs[: r % len(configs)]
-            for config in order:
-                env = dict(os.environ)
-                env.update(config_env("torch", config))
-                cmd = [sys.executable, __file__, "replay", path, "--config", config,
-                       "--passes", str(passes)]  # fmt: skip
-                if cpu is not None:
-                    cmd += ["--cpu", str(cpu)]
-                p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-                try:
-                    per[config].append(json.loads(p.stdout))
-                except json.JSONDecodeError:
-                    per[config].append({"status": "error", "error": p.stderr[-2000:]})
-        out[name] = {c: _best(v) for c, v in per.items()}
-        _round_ratios(out[name], per, base=configs[0])
-        if out_path:
-            write_json(out_path, out)
+            got: dict[str, float] = {}
+            for c in rotated(list(live), first_round + r):
+                v = ask(c, f"time {passes}")
+                if v:
+                    got[c] = min(v)
+            for c in best:
+                best[c].append(got.get(c))
+        for c in list(live):
+            st = ask(c, "stats")
+            if st is not None:
+                status[c]["process"] = st
+    finally:
+        for w in workers.values():
+            w.close()
+    return best
+
+
+def quartile_spread(values: list[float], digits: int = 4) -> dict:
+    """median, the quartiles (the medians of the lower and upper halves), min, max, n."""
+    v = sorted(values)
+    if not v:
+        raise ValueError("spread of nothing")
+    half = len(v) // 2
+    low, high = v[:half] or v, v[len(v) - half:] or v
+    return {"median": round(median(v), digits), "q1": round(median(low), digits),
+            "q3": round(median(high), digits), "min": round(v[0], digits),
+            "max": round(v[-1], digits), "n": len(v)}  # fmt: skip
+
+
+def turns_summary(per_round: dict[str, list[float | None]], base: str) -> dict:
+    """From each configuration's best pass of every round (None: not run) to its figures:
+    ``ns_per_event`` (best of all rounds), ``ns_per_round``, and against ``base`` (the
+    first configuration) ``round_ratios`` (rounds both ran), their ``ratio_spread`` and
+    ``median_ratio_to_<base>``, the verdict. One slow round (or one slow process of
+    several) moves the median by at most one place in the sorted ratios."""
+    out: dict[str, dict] = {}
+    base_ns = per_round.get(base, [])
+    for config, ns in per_round.items():
+        done = [x for x in ns if x]
+        entry: dict[str, Any] = {"ns_per_round": ns}
+        if done:
+            entry["ns_per_event"] = min(done)
+        if config != base:
+            ratios = [a / b for a, b in zip(ns, base_ns, strict=False) if a and b]
+            entry["round_ratios"] = ratios
+            if ratios:
+                entry[f"median_ratio_to_{base}"] = median(ratios)
+                entry["ratio_spread"] = quartile_spread(ratios)
+        out[config] = entry
     return out
 
 
-def _round_ratios(best: dict[str, dict], per: dict[str, list[dict]], base: str) -> None:
-    """Add each configuration's best ns per event of every round, and the median of
-    its round-by-round ratios to ``base`` (the first configuration): processes
-    differ by up to 2x, so one round's best says little and the median of the
-    rounds' ratios is the verdict (as bench_turns.py gives for single sizes)."""
-    base_ns = [r.get("ns_per_event") for r in per.get(base, [])]
-    for config, results in per.items():
-        ns = [r.get("ns_per_event") for r in results]
-        best[config]["ns_per_round"] = ns
-        if config == base:
-            continue
-        ratios = [a / b for a, b in zip(ns, base_ns, strict=False) if a and b]
-        if ratios:
-            best[config][f"median_ratio_to_{base}"] = median(ratios)
-            best[config]["round_ratios"] = ratios
+def run_trace(path: str, configs: list[str], rounds: int, passes: int, processes: int = 3,
+              warmup: int = 1, cpu: int | None = None,
+              specs: Callable[[str, list[str], int | None, int], dict] | None = None) -> dict:
+    """One trace under every configuration in turns: ``processes`` generations of fresh
+    workers (one per configuration, all started together), ``rounds`` rounds split
+    among them, each round every worker's best of ``passes`` passes in rotating order.
+
+    ``specs(path, configs, cpu, generation)`` gives a generation's workers
+    ({config: (argv, env)}; worker_specs by default). Memory (peak reserved, the
+    cache's counters) is each process's own after all its passes; a configuration's
+    figure is its largest over the processes, every process's kept in ``processes``."""
+    make = specs or (lambda p, c, cpu, g: worker_specs(p, c, cpu))
+    processes = max(1, min(processes, rounds))
+    per_round: dict[str, list[float | None]] = {c: [] for c in configs}
+    status: dict[str, dict] = {c: {"status": "ok", "processes": []} for c in configs}
+    done = 0
+    for g in range(processes):
+        n = (rounds - done) // (processes - g)  # rounds split as evenly as they go
+        st: dict[str, dict] = {}
+        active = [c for c in configs if status[c]["status"] != "skipped"]
+        workers = start_workers(make(path, active, cpu, g), st) if active else {}
+        for c in active:
+            if c not in workers:  # skipped or failed at setup: no rounds this generation
+                status[c].update({k: v for k, v in st[c].items() if k != "info"})
+        live = {c: {"status": "ok"} for c in workers}
+        got = take_trace_turns(workers, live, n, passes, warmup, first_round=done)
+        for c in configs:
+            per_round[c] += got.get(c, [None] * n)
+            if c in live:
+                if live[c]["status"] != "ok":
+                    status[c].update(status="error", error=live[c].get("error"))
+                if "process" in live[c]:
+                    status[c]["processes"].append({**live[c]["process"], "generation": g,
+                                                   "info": st[c].get("info")})  # fmt: skip
+        done += n
+    summary = turns_summary(per_round, base=configs[0])
+    out: dict[str, dict] = {}
+    for c in configs:
+        procs = status[c].pop("processes")
+        entry = {**status[c], **summary[c], "config": c, "rounds": rounds,
+                 "passes_per_round": passes, "warmup_passes": warmup, "processes": procs,
+                 "cpu": cpu}  # fmt: skip
+        if procs:
+            worst = max(procs, key=lambda p: p.get("peak_reserved") or 0)
+            for k in ("peak_reserved", "peak_live", "reserved_over_live", "torch", "allocs",
+                      "cache_hits", "cache_limit", "passes", "null_alloc", "cache_max_block"):
+                if k in worst:
+                    entry[k] = worst[k]
+        if entry["status"] == "ok" and "ns_per_event" not in entry:
+            entry.update(status="error", error="no round ran")
+        if entry["status"] == "error" and "ns_per_event" in entry:
+            entry["status"] = "partial"  # some rounds ran, then it failed
+        out[c] = entry
+    return out
 
 
-def _best(results: list[dict]) -> dict:
-    ok = [r for r in results if r.get("ns_per_event")]
-    if not ok:
-        return results[-1] if results else {}
-    best = min(ok, key=lambda r: r["ns_per_event"])
-    return {**best, "rounds": len(results)}
+def run(paths: list[str], configs: list[str], rounds: int, passes: int,
+        out_path: str | None = None, cpu: int | None = None, processes: int = 3,
+        warmup: int = 1) -> dict:  # fmt: skip
+    """Every trace under every configuration in turns (run_trace); with ``out_path`` the
+    results so far are written after each trace (a run cut short keeps what it measured)."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        name = load(path)["name"]
+        out[name] = run_trace(path, configs, rounds, passes, processes, warmup, cpu)
+        if out_path:
+            write_json(out_path, out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -556,12 +714,24 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--cpu", type=int, default=None, help="the CPU the replay runs on")
     rn = sub.add_parser("run", help="every trace under every configuration, in turns (GPU)")
     rn.add_argument("traces", nargs="+")
-    rn.add_argument("--configs", default=",".join(CONFIGS))
-    rn.add_argument("--rounds", type=int, default=3)
-    rn.add_argument("--passes", type=int, default=5)
+    rn.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma list; the first is the baseline of the ratios")
+    rn.add_argument("--rounds", type=int, default=21,
+                    help=f"rounds in turns, split among the processes (>= {MIN_ROUNDS} for "
+                         "a verdict)")  # fmt: skip
+    rn.add_argument("--passes", type=int, default=3,
+                    help="passes of the trace per worker per round (the best counts)")
+    rn.add_argument("--processes", type=int, default=3,
+                    help="generations of fresh workers the rounds are split among")
+    rn.add_argument("--warmup", type=int, default=1, help="untimed passes per worker first")
     rn.add_argument("--out", default=None)
     rn.add_argument("--cpu", type=int, default=None,
-                    help="the CPU every replay runs on (processes differ by up to 2x unpinned)")
+                    help="the CPU every worker's timing thread runs on (processes differ by "
+                         "up to 2x unpinned)")  # fmt: skip
+    wk = sub.add_parser("worker", help=argparse.SUPPRESS)
+    wk.add_argument("trace")
+    wk.add_argument("--config", choices=CONFIGS, required=True)
+    wk.add_argument("--cpu", type=int, default=None)
     sm = sub.add_parser("summary", help="what a trace holds (CPU)")
     sm.add_argument("traces", nargs="+")
     args = ap.parse_args(argv)
@@ -576,8 +746,17 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.traces:
             print(json.dumps(summary(load(path))))
         return 0
-    result = run(args.traces, args.configs.split(","), args.rounds, args.passes, args.out,
-                 args.cpu)
+    if args.cmd == "worker":
+        return serve(worker_setup(args.trace, args.config, args.cpu))
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad or len(set(configs)) != len(configs) or len(configs) < 2:
+        ap.error(f"--configs: two or more distinct names from {', '.join(CONFIGS)} "
+                 f"(got {configs})")  # fmt: skip
+    if min(args.rounds, args.passes, args.processes) < 1 or args.warmup < 0:
+        ap.error("--rounds, --passes and --processes must be >= 1, --warmup >= 0")
+    result = run(args.traces, configs, args.rounds, args.passes, args.out, args.cpu,
+                 args.processes, args.warmup)  # fmt: skip
     if not args.out:
         write_json(None, result)
     return 0

@@ -68,8 +68,11 @@ class Params:
     e2e_turns: int  # rounds of native and bridge taking turns (the verdict)
     mixed_fraction: float
     budget_s: float
-    trace_rounds: int = 3  # bench_trace.py run: configurations in turns, this many rounds
-    trace_passes: int = 5  # replays of the trace per process (the best counts)
+    # bench_trace.py run: warm workers in turns, pinned to one CPU; the verdict is the median
+    # of the round-by-round ratios (at least report.TRACE_MIN_ROUNDS of them)
+    trace_rounds: int = 21
+    trace_passes: int = 3  # replays of the trace per worker per round (the round's best counts)
+    trace_processes: int = 3  # fresh workers per configuration, the rounds split among them
     capacity_budget: str = "24GiB"
     # CuPy's shares tried natively (its peak a image is near torch's)
     capacity_splits: str = "0.2,0.3,0.35,0.4,0.45,0.5,0.55,0.6,0.7"
@@ -85,7 +88,7 @@ FULL = Params(iters=5000, warmup=2000, repeats=15, alloc_rounds=1, turns_repeats
               mixed_fraction=0.572, budget_s=450)
 QUICK = Params(iters=4000, warmup=500, repeats=5, alloc_rounds=1, turns_repeats=9, e2e_steps=30,
                e2e_repeats=3, e2e_warmup=10, e2e_rounds=1, e2e_turns=4, mixed_fraction=0.15,
-               budget_s=150, trace_rounds=1, trace_passes=2, capacity_budget="8GiB",
+               budget_s=150, trace_rounds=9, trace_passes=1, capacity_budget="8GiB",
                capacity_splits="0.3,0.5,0.7", capacity_steps=1, wait_rounds=1, wait_steps=60,
                share_repeats=7, rmm_quick=True)
 
@@ -185,7 +188,8 @@ def later_sections(p: Params, python: str, quick: bool, rmm_skip: str | None) ->
     tasks = [Task(f"trace-{name}", "trace",
                   [python, bench("bench_trace.py"), "run",
                    os.path.join(HERE, "traces", f"{name}.json.gz"), "--configs", configs,
-                   "--rounds", str(p.trace_rounds), "--passes", str(p.trace_passes)],
+                   "--rounds", str(p.trace_rounds), "--passes", str(p.trace_passes),
+                   "--processes", str(p.trace_processes)],
                   120 if quick else 300, extra={"trace": name}, out_flag="--out", pin=True)
              for name in TRACES]
     tasks.append(Task("capacity", "capacity",
