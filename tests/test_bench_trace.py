@@ -490,8 +490,12 @@ class FakeWorker:
             if ns is None:
                 return "error", "RuntimeError: CUDA error"
             return "ok", [ns, ns * 1.2, ns * 1.05][: int(args[0])]
-        return "ok", {"peak_reserved": 110 + self.gen, "peak_live": 100,
-                      "reserved_over_live": (110 + self.gen) / 100, "pid": 1000 + self.gen}
+        return "ok", {
+            "peak_reserved": 110 + self.gen,
+            "peak_live": 100,
+            "reserved_over_live": (110 + self.gen) / 100,
+            "pid": 1000 + self.gen,
+        }
 
     def close(self) -> None:
         self.closed = True
@@ -526,8 +530,10 @@ def test_rounds_take_turns_in_rotating_order_across_fresh_processes(monkeypatch)
     timed = [(c, g) for c, g, cmd in log if cmd.startswith("time")]
     # three generations of two workers, three rounds each; the order rotates every round
     # and carries on from one generation to the next
-    assert [c for c, _ in timed] == ["native", "bridge", "bridge", "native"] * 4 + ["native",
-                                                                                   "bridge"]
+    assert [c for c, _ in timed] == ["native", "bridge", "bridge", "native"] * 4 + [
+        "native",
+        "bridge",
+    ]
     assert [g for _, g in timed] == [0] * 6 + [1] * 6 + [2] * 6
     assert all(cmd == "time 2" for _, _, cmd in log if cmd.startswith("time"))
     # each worker: warmed before its first timed pass, asked for its stats after its last
