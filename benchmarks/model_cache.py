@@ -115,11 +115,58 @@ class Heap:
         self.free.insert(i, (s, n))
 
 
+class ChunkedHeap(Heap):
+    """Heap, but a request of up to one CHUNK never straddles a chunk boundary, and a larger
+    one starts on a boundary (a pessimistic pool: the H200's figures for the cached
+    policies lie between this one's and Heap's, see POOLS)."""
+
+    def alloc(self, n: int) -> tuple[int, int]:
+        n = -(-n // 512) * 512
+        best: tuple[int, int, int] | None = None  # (piece size, free range index, start)
+        for i, (s, z) in enumerate(self.free):
+            if n <= CHUNK:  # the range's pieces between chunk boundaries
+                p = s
+                while p < s + z:
+                    q = min(s + z, (p // CHUNK + 1) * CHUNK)
+                    if q - p >= n and (best is None or q - p < best[0]):
+                        best = (q - p, i, p)
+                    p = q
+            else:  # the range from its first chunk boundary
+                p = -(-s // CHUNK) * CHUNK
+                if s + z - p >= n and (best is None or s + z - p < best[0]):
+                    best = (s + z - p, i, p)
+        if best is not None:
+            _, i, p = best
+            s, z = self.free.pop(i)
+            for j, piece in enumerate(x for x in ((s, p - s), (p + n, s + z - p - n)) if x[1]):
+                self.free.insert(i + j, piece)
+            return p, n
+        p = self.top  # grow: a fresh chunk, or (larger requests) the free tail's chunks
+        if n > CHUNK and self.free and sum(self.free[-1]) == self.top:
+            s, z = self.free[-1]
+            if -(-s // CHUNK) * CHUNK < self.top:
+                p = -(-s // CHUNK) * CHUNK
+                self.free.pop()
+                if p > s:
+                    self.free.append((s, p - s))
+        top = -(-(p + n) // CHUNK) * CHUNK
+        if top > p + n:
+            self.free.append((p + n, top - p - n))
+        self.top = max(self.top, top)
+        return p, n
+
+
+#: the pool models: Heap (best fit over coalesced ranges; fits the H200's figures with no
+#: cache and with everything cached) and ChunkedHeap (a pessimistic one); the H200's figures
+#: of the cached policies lie between the two (docs/design.md)
+POOLS = {"heap": Heap, "chunked": ChunkedHeap}
+
+
 class Pool:
     """Small requests (<= 1 MiB) and larger ones in separate heaps."""
 
-    def __init__(self) -> None:
-        self.heaps = (Heap(), Heap())
+    def __init__(self, heap: type[Heap] = Heap) -> None:
+        self.heaps = (heap(), heap())
         self.calls = 0  # driver calls: cuMemAllocFromPoolAsync and cuMemFreeAsync
 
     def reserved(self) -> int:
@@ -176,9 +223,9 @@ POLICIES = {
     "carve-small": Settings(carve=((MIB, 2 * MIB, DEVICE),)),
     # torch's layout: also 1-10 MiB carved from 20 MiB chunks, every empty chunk kept
     "carve-torch": Settings(carve=((MIB, 2 * MIB, DEVICE), (10 * MIB, 20 * MIB, DEVICE))),
-    # the candidate: up to 1 MiB from 2 MiB chunks (kept), 1-10 MiB from 32 MiB chunks (an
+    # the candidate: up to 1 MiB from 2 MiB chunks (kept), 1-10 MiB from 64 MiB chunks (an
     # empty one returned at once), larger ones in the large tier under min(64 MiB, live/16)
-    "carve": Settings(carve=((MIB, 2 * MIB, DEVICE), (10 * MIB, 32 * MIB, 0)),
+    "carve": Settings(carve=((MIB, 2 * MIB, DEVICE), (10 * MIB, 64 * MIB, 0)),
                       large_fraction=1 / 16),
 }
 
@@ -362,7 +409,8 @@ class Carver:
 
 
 def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | None = None,
-           warmup: bool = False, record: list | None = None, **settings: Any) -> dict:  # fmt: skip
+           warmup: bool = False, record: list | None = None, pool_model: str = "heap",
+           **settings: Any) -> dict:  # fmt: skip
     """Replay the trace ``passes`` times as bench_trace.py's replay does, under a policy
     (a POLICIES name; ``depth`` and ``settings``: Settings fields that override it).
 
@@ -371,14 +419,15 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
     0-byte allocations make no allocation; ``warmup``: the replay's ``torch.zeros(1)``
     (4 bytes, freed into the cache) comes first, counted as an allocation as the
     bridge counts it. ``record``: a list that gets the cached bytes after every event
-    and after each pass's last frees (to hold against cache.c's on the stand-in driver)."""
+    and after each pass's last frees (to hold against cache.c's on the stand-in driver).
+    ``pool_model``: a POOLS name."""
     s = POLICIES[policy]
     if depth is not None:
         settings["depth"] = depth
     s = replace(s, **settings)
     if s.carve:  # the tiers see only what no class carves: the large tier takes all of it
         s = replace(s, small_max=max(c[0] for c in s.carve))
-    pool = Pool()
+    pool = Pool(POOLS[pool_model])
     cache = Cache(s)
     carvers = [Carver(pool, *c) for c in s.carve]
     live: dict[int, tuple | None] = {}
@@ -484,19 +533,23 @@ def load(path: str) -> dict:
 
 
 def compare(traces: list[dict]) -> None:
-    """Each policy's hits, reserved / live and driver calls, beside the H200's where measured."""
-    print(f"{'trace':<10} {'policy':<13} {'cache hits':>16} {'reserved / live':>16} "
-          f"{'calls / alloc':>13} {'H200 hits':>16} {'H200 r / l':>11}")  # fmt: skip
+    """Each policy's hits, driver calls and reserved / live under both pool models, beside
+    the H200's figures where measured; each trace's floor last."""
+    print(f"{'trace':<10} {'policy':<13} {'cache hits':>16} {'calls/alloc':>11} "
+          f"{'r/l heap':>9} {'r/l chunked':>11} {'H200 hits':>16} {'H200 r/l':>9}")  # fmt: skip
     for trace in traces:
         for policy in POLICIES:
             r = replay(trace["events"], policy, warmup=True)
+            c = replay(trace["events"], policy, warmup=True, pool_model="chunked")
             gpu, gh, ga = MEASURED.get((trace["name"], policy), (None, None, None))
             print(
                 f"{trace['name']:<10} {policy:<13} {r['cache_hits']:>7,} of {r['allocs']:>6,} "
-                f"{r['reserved_over_live']:>16.3f} {r['driver_calls'] / r['allocs']:>13.2f} "
-                f"{f'{gh:,} of {ga:,}' if gh else '':>16} {f'{gpu:.3f}' if gpu else '':>11}"
+                f"{r['driver_calls'] / r['allocs']:>11.2f} {r['reserved_over_live']:>9.3f} "
+                f"{c['reserved_over_live']:>11.3f} "
+                f"{f'{gh:,} of {ga:,}' if gh else '':>16} {f'{gpu:.3f}' if gpu else '':>9}"
             )
-        print(f"{trace['name']:<10} {'(floor)':<13} {'':>16} {floor(trace['events']):>16.3f}")
+        print(f"{trace['name']:<10} {'(floor)':<13} {'':>16} {'':>11} "
+              f"{floor(trace['events']):>9.3f}")  # fmt: skip
 
 
 def floor(events: list) -> float:
@@ -544,9 +597,9 @@ def carve_grid(traces: list[dict]) -> list[dict]:
         row: dict[str, Any] = {"medium": med_name, "chunk": chunk_name if med else "-",
                                "keep": keep_name if med else "-", "large": cap_name}
         for trace in traces:
-            r = replay(trace["events"], "tiers", warmup=True, carve=carve, large_cap=cap,
-                       large_fraction=frac)  # fmt: skip
-            row[trace["name"]] = (r["hits"], r["reserved_over_live"])
+            r, c = (replay(trace["events"], "tiers", warmup=True, carve=carve, large_cap=cap,
+                           large_fraction=frac, pool_model=m) for m in ("heap", "chunked"))
+            row[trace["name"]] = (r["hits"], r["reserved_over_live"], c["reserved_over_live"])
         rows.append(row)
     return rows
 
@@ -559,9 +612,10 @@ def main(argv: list[str]) -> None:
     names = [t["name"] for t in traces]
     if show_carve:
         print(f"{'MEDIUM':>7} {'CHUNK':>7} {'KEEP':>8} {'LARGE TIER':>13} "
-              + " ".join(f"{n + ' hits, r/l':>20}" for n in names))  # fmt: skip
+              + " ".join(f"{n + ': hits, r/l heap/chunked':>30}" for n in names))  # fmt: skip
         for row in carve_grid(traces):
-            cells = " ".join(f"{row[n][0]:>12.1%} {row[n][1]:>7.3f}" for n in names)
+            cells = " ".join(f"{row[n][0]:>16.1%} {row[n][1]:>6.3f}/{row[n][2]:.3f}"
+                             for n in names)  # fmt: skip
             print(f"{row['medium']:>7} {row['chunk']:>7} {row['keep']:>8} {row['large']:>13} "
                   f"{cells}")  # fmt: skip
         return
