@@ -3,6 +3,7 @@
 
     python benchmarks/model_cache.py [TRACES...]         (default: benchmarks/traces/*.json.gz)
     python benchmarks/model_cache.py --grid [TRACES...]  (the tiers' settings, searched)
+    python benchmarks/model_cache.py --carve-grid        (the carved classes' settings)
 
 Replays each trace as ``bench_trace.py replay`` does: five passes in one process, the pool
 and the cache kept from pass to pass, the blocks still live at the end of a pass freed
@@ -18,7 +19,11 @@ beside the H200's figures where measured (``MEASURED``). Policies (``POLICIES``)
   max(64 MiB, live / 16), 16 blocks a key;
 - ``tiers``: cache.c as built: blocks up to 1 MiB under that cap, larger ones in their
   own order under a fixed 64 MiB, 64 blocks a key;
-- ``onetier`` and ``allhits``: bench_trace.py's ``bridge-onetier`` and ``bridge-allhits``.
+- ``onetier`` and ``allhits``: bench_trace.py's ``bridge-onetier`` and ``bridge-allhits``;
+- ``tiers-live16``, ``carve-small``, ``carve-torch`` and ``carve`` (models only, not in
+  cache.c): the large tier's cap also at most live / 16, and requests carved from pool
+  chunks by size class (``Carver``); ``carve`` is the candidate of docs/design.md ("A cache
+  of carved small blocks: the model's figures").
 
 ``replay(events, policy, **settings)`` overrides any ``Settings`` field (the
 environment's BRIDGE_CACHE_* settings); ``--grid`` searches SMALL_MAX, LARGE_CAP and
@@ -57,7 +62,11 @@ cache exact, these errors are the pool model's: it matches when the cache keeps
 nearly everything (allhits) and underestimates the driver's pool under churn, most on
 ResNet-50, and it does not see why the tiers cost GPT-2 0.048 more than one tier on
 the H200 (the model: the same 1.027). Other pools tried (separate segments per growth,
-first fit, 2 MiB rounding, other heap boundaries, one heap) fit no better.
+first fit, 2 MiB rounding, other heap boundaries, one heap) fit no better. A pessimistic
+pool (``ChunkedHeap``, ``pool_model="chunked"``: no block of up to 32 MiB straddles a
+chunk) errs high instead; the two bracket the H200's figure of every cached policy on
+GPT-2 and ResNet-50 but onetier (tests/test_model_cache.py keeps it so), and the
+comparison prints both.
 """
 
 from __future__ import annotations
