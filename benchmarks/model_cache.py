@@ -336,10 +336,8 @@ class Carver:
     returns every empty chunk. ``mapped`` counts the chunks taken from the pool (each a
     driver call, the class's only misses), ``returned`` those given back."""
 
-    def __init__(self, pool: Pool, largest: int, chunk: int, keep: int,
-                 grow: float = 0.0) -> None:  # fmt: skip
+    def __init__(self, pool: Pool, largest: int, chunk: int, keep: int) -> None:
         self.pool, self.largest, self.chunk, self.keep = pool, largest, chunk, keep
-        self.grow = grow  # a new chunk is at least this share of the class's chunks' bytes
         self.fits: dict[int, list] = defaultdict(list)  # stream -> sorted (size, no, offset)
         self.ranges: dict[int, list] = {}  # chunk no -> its free (offset, size), by offset
         self.info: dict[int, list] = {}  # chunk no -> [pool block, stream, blocks live, bytes]
@@ -362,8 +360,7 @@ class Carver:
         new = i == len(fits)
         if new:
             no, self.next_no = self.next_no, self.next_no + 1
-            size = max(self.chunk, -(-n // CARVE_ROUND) * CARVE_ROUND,
-                       int(self.held * self.grow) // CARVE_ROUND * CARVE_ROUND)
+            size = max(self.chunk, -(-n // CARVE_ROUND) * CARVE_ROUND)
             self.info[no] = [self.pool.alloc(size), stream, 0, size]
             self.ranges[no] = []
             self._link(stream, no, 0, size)
