@@ -18,11 +18,26 @@ Replaying a trace in a fresh process per allocator (``torch.empty``/``del``
 of uint8 tensors, each on its recorded stream):
 
     python benchmarks/bench_trace.py replay traces/gpt2.json.gz --config bridge --json out.json
-    python benchmarks/bench_trace.py run traces/*.json.gz --rounds 5 --out results.json
+    python benchmarks/bench_trace.py run traces/*.json.gz --rounds 21 --cpu 3 --out results.json
 
 reports the time per event (best pass) and the peak memory the allocator held
 (its pool's or cache's reserved high-water mark) against the trace's peak of
-live bytes: ``reserved / live`` is the fragmentation. Configurations:
+live bytes: ``reserved / live`` is the fragmentation.
+
+``run`` times the configurations in turns, as bench_turns.py does for single
+sizes: one warm worker process per configuration (``worker``, started all
+together, its allocator set up, the trace loaded, its timing thread pinned to
+``--cpu``, the garbage collector off), blocked on a pipe while another works. A
+round asks each worker in turn for ``--passes`` passes of the trace, the order
+rotating every round; the round's figure is its best pass. The ``--rounds`` are
+split among ``--processes`` generations of fresh workers (3 by default), so that
+one process that runs slow for its whole life holds a third of the rounds, not
+all of them. Per configuration: ``ns_per_round``, and against the first
+configuration (native) ``round_ratios``, their ``ratio_spread`` (median,
+quartiles, min, max, n) and ``median_ratio_to_native``, the verdict (report.py
+takes it over at least MIN_ROUNDS = 9 rounds); ``ns_per_event`` is the best pass
+of all. Memory is each process's own after all its passes (``processes``); the
+configuration's figure is the largest of them. Configurations:
 
 - ``native``: torch's own caching allocator.
 - ``async``: torch's cudaMallocAsync backend.
