@@ -824,8 +824,9 @@ def _gib(v: Any) -> str:
 def _md_trace(results: dict) -> list[str]:
     out = ["## Allocation traces replayed (bench_trace.py)", "",
            "The committed traces (benchmarks/traces/) replayed with torch.empty / del under "
-           "each allocator, one fresh process per configuration, configurations in turns; "
-           "ns per event of the best pass, and the allocator's peak reserved memory against "
+           "each allocator, one warm worker process per configuration, workers in turns "
+           "(rounds split among generations of fresh workers); ns per event of the best "
+           "pass, and the allocator's peak reserved memory (the largest of its processes) against "
            "the trace's peak of live bytes. Targets: bridge ns per event <= native's (the "
            f"median of at least {TRACE_MIN_ROUNDS} round-by-round ratios, each round's best "
            "pass against native's in the same round, the workers pinned to one CPU and warm, "

@@ -492,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mixed-gib", type=float, default=None,
                     help="N for the mixed phases in GiB (default: 57%% of the device, 15%% quick)")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the children")
+    ap.add_argument("--tables", metavar="DEST", default=None,
+                    help="at the end, write one table per benchmark with figures in this run "
+                         "into DEST (results_tables.py; e.g. benchmarks/results)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     ap.add_argument("--probe", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -587,6 +590,12 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
     results["meta"]["parts"][-1]["wall_s"] = results["meta"]["wall_s"]
     report.write_all(results, out, png=True)
+    if args.tables:
+        import results_tables
+
+        for name, what in results_tables.write_tables(
+                results, args.tables, os.path.relpath(out, os.path.abspath(args.tables))).items():
+            print(f"          table {name}: {what}", flush=True)
     v = results["verdict"]
     print(f"done in {results['meta']['wall_s']:.0f} s: {v['pass']} pass, {v['fail']} fail, "
           f"{v['missing']} missing -> {os.path.join(out, 'results.md')}", flush=True)
