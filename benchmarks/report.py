@@ -54,7 +54,7 @@ WAIT_TARGET = (">=", 0.9)      # bench_wait.py: tight budget with waiting / unli
 SHARE_TARGET = ("<=", 1.05)    # bench_share.py: share / own at cache hits, median per size
 RMM_TARGET = ("<=", 1.05)      # bench_rmm.py: bridge's RMM resource / RMM's async, worst size
 #: The traces run_all.py replays: each has its checks, "missing" when it did not run.
-TRACES = ("gpt2", "resnet50")
+TRACES = ("gpt2", "resnet50", "cupy-fft")
 
 OK_STATUSES = ("ok", "partial")
 

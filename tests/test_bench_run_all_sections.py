@@ -663,3 +663,11 @@ def test_the_wait_check_takes_the_median_of_the_rounds_ratios():
     value, note = report.wait_value({"status": "ok", "data": data})
     assert value == pytest.approx(198 / 284) and note.startswith("median of 3 rounds' ratios")
     assert "best 284.0 / 284.0 steps/s" in note
+
+
+def test_the_report_checks_every_trace_run_all_replays():
+    """A committed trace that did not run shows as missing, never as absent."""
+    assert report.TRACES == run_all.TRACES
+    c = checks_of({})
+    for name in run_all.TRACES:
+        assert c[f"trace.{name}.time"]["status"] == "missing"
