@@ -661,8 +661,10 @@ def run_trace(path: str, configs: list[str], rounds: int, passes: int, processes
     per_round: dict[str, list[float | None]] = {c: [] for c in configs}
     status: dict[str, dict] = {c: {"status": "ok", "processes": []} for c in configs}
     done = 0
+    bounds = [0]  # where each generation's rounds start in per_round
     for g in range(processes):
         n = (rounds - done) // (processes - g)  # rounds split as evenly as they go
+        bounds.append(done + n)
         st: dict[str, dict] = {}
         active = [c for c in configs if status[c]["status"] != "skipped"]
         workers = start_workers(make(path, active, cpu, g), st) if active else {}
@@ -684,6 +686,10 @@ def run_trace(path: str, configs: list[str], rounds: int, passes: int, processes
     out: dict[str, dict] = {}
     for c in configs:
         procs = status[c].pop("processes")
+        if c != configs[0]:  # each generation's own median: a slow process shows here
+            summary[c]["median_ratio_by_process"] = [
+                _median_ratio(per_round[c][lo:hi], per_round[configs[0]][lo:hi])
+                for lo, hi in zip(bounds, bounds[1:], strict=False)]  # fmt: skip
         entry = {**status[c], **summary[c], "config": c, "rounds": rounds,
                  "passes_per_round": passes, "warmup_passes": warmup, "processes": procs,
                  "cpu": cpu}  # fmt: skip
@@ -699,6 +705,12 @@ def run_trace(path: str, configs: list[str], rounds: int, passes: int, processes
             entry["status"] = "partial"  # some rounds ran, then it failed
         out[c] = entry
     return out
+
+
+def _median_ratio(ns: list[float | None], base: list[float | None]) -> float | None:
+    """The median of ns / base over the rounds both ran (None when there is none)."""
+    ratios = [a / b for a, b in zip(ns, base, strict=True) if a and b]
+    return median(ratios) if ratios else None
 
 
 def run(paths: list[str], configs: list[str], rounds: int, passes: int,

@@ -671,3 +671,14 @@ def test_the_report_checks_every_trace_run_all_replays():
     c = checks_of({})
     for name in run_all.TRACES:
         assert c[f"trace.{name}.time"]["status"] == "missing"
+
+
+def test_the_trace_section_defaults_give_a_verdict_of_rounds_in_turns():
+    """Full and quick: at least report.TRACE_MIN_ROUNDS rounds, split among three
+    generations of workers, each trace's child pinned."""
+    for params, quick in ((run_all.FULL, False), (run_all.QUICK, True)):
+        tasks = {t.name: t for t in run_all.plan(params, sys.executable, quick, None)}
+        for name in run_all.TRACES:
+            t = tasks[f"trace-{name}"]
+            assert int(_arg(t, "--rounds")) >= report.TRACE_MIN_ROUNDS
+            assert int(_arg(t, "--processes")) == 3 and t.pin

@@ -585,6 +585,7 @@ def test_one_slow_process_does_not_change_the_verdict(monkeypatch):
     assert b["median_ratio_to_native"] == 0.9
     assert sorted(b["round_ratios"]) == [0.9] * 6 + [4.5] * 3
     assert b["ratio_spread"]["q3"] == 4.5 and b["ratio_spread"]["q1"] == 0.9
+    assert b["median_ratio_by_process"] == [0.9, 0.9, 4.5]  # the slow one, named
 
 
 def test_a_failing_worker_leaves_the_turns_and_the_next_process_goes_on(monkeypatch):
@@ -704,3 +705,19 @@ def test_real_workers_take_turns_pinned_and_a_slow_process_shows_in_the_spread(t
     slow = ratios[3:6]  # the second generation's rounds
     assert min(slow) > 3 * max(ratios[:3] + ratios[6:]), ratios
     assert b["median_ratio_to_native"] < 3 and b["ratio_spread"]["max"] == round(max(slow), 4)
+
+
+def test_run_refuses_settings_that_give_no_verdict_to_compute(tmp_path, capsys):
+    for argv in (
+        ["--configs", "native"],  # nothing to compare against
+        ["--configs", "native,native"],
+        ["--configs", "native,bogus"],
+        ["--rounds", "0"],
+        ["--passes", "0"],
+        ["--processes", "0"],
+        ["--warmup", "-1"],
+    ):
+        with pytest.raises(SystemExit) as e:
+            bt.main(["run", str(tmp_path / "t.json.gz"), *argv])
+        assert e.value.code == 2, argv
+    assert "--configs" in capsys.readouterr().err
