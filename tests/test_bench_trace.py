@@ -721,3 +721,9 @@ def test_run_refuses_settings_that_give_no_verdict_to_compute(tmp_path, capsys):
             bt.main(["run", str(tmp_path / "t.json.gz"), *argv])
         assert e.value.code == 2, argv
     assert "--configs" in capsys.readouterr().err
+
+
+def test_the_harness_and_the_report_ask_for_the_same_number_of_rounds():
+    import report
+
+    assert bt.MIN_ROUNDS == report.TRACE_MIN_ROUNDS == 9
