@@ -53,12 +53,12 @@ def replay(config: str, ns: float, reserved: int, live: int, trace: str = "gpt2"
 
 def turns(ratios: list[float]) -> dict:
     """What bench_trace.py run adds to a configuration's entry: its rounds against native."""
-    import bench_trace
+    import trace_turns
 
     return {
         "round_ratios": ratios,
-        "median_ratio_to_native": bench_trace.median(ratios),
-        "ratio_spread": bench_trace.quartile_spread(ratios),
+        "median_ratio_to_native": trace_turns.median(ratios),
+        "ratio_spread": trace_turns.quartile_spread(ratios),
         "rounds": len(ratios),
     }
 

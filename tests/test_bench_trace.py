@@ -12,6 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_trace as bt  # noqa: E402
+import trace_turns as tt  # noqa: E402
 
 SNAPSHOT = {
     "device_traces": [
@@ -469,7 +470,7 @@ def test_the_null_setup_swaps_torchs_allocator_before_taking_the_region(monkeypa
     assert info["footprint_predicted"] == bt.null_footprint(t)
 
 
-# ---- configurations in turns (run_trace): warm workers, rounds, the verdict ----
+# ---- configurations in turns (trace_turns.run_trace): warm workers, rounds, the verdict ----
 class FakeWorker:
     """A worker answering as serve() does: its passes take ns_of(generation, round) ns per
     event; every command it was sent is logged (with its config) in ``log``."""
@@ -518,14 +519,14 @@ def fake_turns(monkeypatch, ns_of, skip: dict | None = None):
         workers.extend(out.values())
         return out
 
-    monkeypatch.setattr(bt, "start_workers", start)
+    monkeypatch.setattr(tt, "start_workers", start)
     spec = lambda path, configs, cpu, g: {**{c: ([], {}) for c in configs}, "_generation": g}  # noqa: E731
     return log, workers, spec
 
 
 def test_rounds_take_turns_in_rotating_order_across_fresh_processes(monkeypatch):
     log, workers, spec = fake_turns(monkeypatch, lambda c, g, r: 1000.0)
-    out = bt.run_trace("t", ["native", "bridge"], rounds=9, passes=2, processes=3,
+    out = tt.run_trace("t", ["native", "bridge"], rounds=9, passes=2, processes=3,
                        warmup=1, specs=spec)  # fmt: skip
     timed = [(c, g) for c, g, cmd in log if cmd.startswith("time")]
     # three generations of two workers, three rounds each; the order rotates every round
@@ -566,9 +567,9 @@ def bridge_ns(slow: set) -> object:
 
 def test_one_slow_round_does_not_change_the_verdict(monkeypatch):
     _, _, spec = fake_turns(monkeypatch, bridge_ns(set()))
-    quiet = bt.run_trace("t", ["native", "bridge"], 9, 1, 3, specs=spec)["bridge"]
+    quiet = tt.run_trace("t", ["native", "bridge"], 9, 1, 3, specs=spec)["bridge"]
     _, _, spec = fake_turns(monkeypatch, bridge_ns({(1, 2)}))
-    noisy = bt.run_trace("t", ["native", "bridge"], 9, 1, 3, specs=spec)["bridge"]
+    noisy = tt.run_trace("t", ["native", "bridge"], 9, 1, 3, specs=spec)["bridge"]
     assert quiet["median_ratio_to_native"] == noisy["median_ratio_to_native"] == 0.9
     # the slow round shows in the spread, and only there
     assert noisy["ratio_spread"]["max"] == 4.5 and quiet["ratio_spread"]["max"] == 0.9
@@ -581,7 +582,7 @@ def test_one_slow_round_does_not_change_the_verdict(monkeypatch):
 def test_one_slow_process_does_not_change_the_verdict(monkeypatch):
     """A process slow for its whole life (all three of its rounds) among three."""
     _, _, spec = fake_turns(monkeypatch, bridge_ns({(2, None)}))
-    b = bt.run_trace("t", ["native", "bridge"], 9, 1, 3, specs=spec)["bridge"]
+    b = tt.run_trace("t", ["native", "bridge"], 9, 1, 3, specs=spec)["bridge"]
     assert b["median_ratio_to_native"] == 0.9
     assert sorted(b["round_ratios"]) == [0.9] * 6 + [4.5] * 3
     assert b["ratio_spread"]["q3"] == 4.5 and b["ratio_spread"]["q1"] == 0.9
@@ -593,7 +594,7 @@ def test_a_failing_worker_leaves_the_turns_and_the_next_process_goes_on(monkeypa
         return None if (c, g, r) == ("bridge", 0, 1) else 1000.0
 
     log, workers, spec = fake_turns(monkeypatch, ns_of, skip={"rmm": "No module named 'rmm'"})
-    out = bt.run_trace("t", ["native", "rmm", "bridge"], 9, 1, 3, specs=spec)
+    out = tt.run_trace("t", ["native", "rmm", "bridge"], 9, 1, 3, specs=spec)
     b = out["bridge"]
     assert b["status"] == "partial" and "CUDA error" in b["error"]
     assert b["ns_per_round"] == [1000.0, None, None] + [1000.0] * 6  # gone for gen 0 only
@@ -604,12 +605,12 @@ def test_a_failing_worker_leaves_the_turns_and_the_next_process_goes_on(monkeypa
 
 
 def test_quartile_spread():
-    s = bt.quartile_spread([5.0, 1.0, 3.0, 2.0, 4.0, 100.0, 0.5, 2.5, 3.5])
+    s = tt.quartile_spread([5.0, 1.0, 3.0, 2.0, 4.0, 100.0, 0.5, 2.5, 3.5])
     assert s == {"median": 3.0, "q1": 1.5, "q3": 4.5, "min": 0.5, "max": 100.0, "n": 9}
-    assert bt.quartile_spread([2.0]) == {"median": 2.0, "q1": 2.0, "q3": 2.0, "min": 2.0,
+    assert tt.quartile_spread([2.0]) == {"median": 2.0, "q1": 2.0, "q3": 2.0, "min": 2.0,
                                          "max": 2.0, "n": 1}  # fmt: skip
     with pytest.raises(ValueError):
-        bt.quartile_spread([])
+        tt.quartile_spread([])
 
 
 STUB_TORCH = """
@@ -684,13 +685,13 @@ def test_real_workers_take_turns_pinned_and_a_slow_process_shows_in_the_spread(t
     def spec(p, configs, cpu, g):
         out = {}
         for c in configs:
-            argv, env = bt.worker_specs(p, ["native"], cpu)["native"]
+            argv, env = tt.worker_specs(p, ["native"], cpu)["native"]
             env["PYTHONPATH"] = os.pathsep.join([str(stub), env.get("PYTHONPATH", "")])
             env["STUB_TORCH_SPIN"] = "3000" if (c, g) == ("bridge", 1) else "100"
             out[c] = (argv, env)
         return out
 
-    out = bt.run_trace(str(path), ["native", "bridge"], rounds=9, passes=2, processes=3,
+    out = tt.run_trace(str(path), ["native", "bridge"], rounds=9, passes=2, processes=3,
                        cpu=cpu, specs=spec)  # fmt: skip
     n, b = out["native"], out["bridge"]
     assert n["status"] == b["status"] == "ok", (n, b)
@@ -726,4 +727,4 @@ def test_run_refuses_settings_that_give_no_verdict_to_compute(tmp_path, capsys):
 def test_the_harness_and_the_report_ask_for_the_same_number_of_rounds():
     import report
 
-    assert bt.MIN_ROUNDS == report.TRACE_MIN_ROUNDS == 9
+    assert tt.MIN_ROUNDS == bt.MIN_ROUNDS == report.TRACE_MIN_ROUNDS == 9
