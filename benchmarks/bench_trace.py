@@ -18,11 +18,26 @@ Replaying a trace in a fresh process per allocator (``torch.empty``/``del``
 of uint8 tensors, each on its recorded stream):
 
     python benchmarks/bench_trace.py replay traces/gpt2.json.gz --config bridge --json out.json
-    python benchmarks/bench_trace.py run traces/*.json.gz --rounds 5 --out results.json
+    python benchmarks/bench_trace.py run traces/*.json.gz --rounds 21 --cpu 3 --out results.json
 
 reports the time per event (best pass) and the peak memory the allocator held
 (its pool's or cache's reserved high-water mark) against the trace's peak of
-live bytes: ``reserved / live`` is the fragmentation. Configurations:
+live bytes: ``reserved / live`` is the fragmentation.
+
+``run`` times the configurations in turns (trace_turns.py), as bench_turns.py does
+for single sizes: one warm worker process per configuration (``worker``, started all
+together, its allocator set up, the trace loaded, its timing thread pinned to
+``--cpu``, the garbage collector off), blocked on a pipe while another works. A
+round asks each worker in turn for ``--passes`` passes of the trace, the order
+rotating every round; the round's figure is its best pass. The ``--rounds`` are
+split among ``--processes`` generations of fresh workers (3 by default), so that
+one process that runs slow for its whole life holds a third of the rounds, not
+all of them. Per configuration: ``ns_per_round``, and against the first
+configuration (native) ``round_ratios``, their ``ratio_spread`` (median,
+quartiles, min, max, n) and ``median_ratio_to_native``, the verdict (report.py
+takes it over at least MIN_ROUNDS = 9 rounds); ``ns_per_event`` is the best pass
+of all. Memory is each process's own after all its passes (``processes``); the
+configuration's figure is the largest of them. Configurations:
 
 - ``native``: torch's own caching allocator.
 - ``async``: torch's cudaMallocAsync backend.
@@ -57,11 +72,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import gzip
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,8 +84,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import MIB, config_env, median, pin_cpu, run_guarded, write_json  # noqa: E402
+from _common import MIB, config_env, pin_cpu, run_guarded, serve, write_json  # noqa: E402
 from _native import compile_c  # noqa: E402
+from trace_turns import MIN_ROUNDS, run_trace  # noqa: E402
 
 ALLOC, FREE = 0, 1
 CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-allhits",
@@ -486,60 +502,62 @@ def replay(path: str, config: str, passes: int, json_path: str | None,
     return run_guarded(json_path, base, body)
 
 
-def run(paths: list[str], configs: list[str], rounds: int, passes: int,
-        out_path: str | None = None, cpu: int | None = None) -> dict:
-    """Every trace under every configuration, one process each, configurations in turns.
+# ---- configurations in turns: one warm worker process each (trace_turns.py drives them) ----
+def worker_setup(path: str, config: str, cpu: int | None) -> Callable[[dict], dict]:
+    """serve()'s setup for one configuration: the allocator, the trace, its streams.
 
-    With ``out_path`` the results so far are written after each trace (a run cut
-    short keeps what it measured)."""
+    Commands: ``warm N`` (N passes, untimed), ``time N`` (N passes: ns per event of
+    each), ``stats`` (the held peak and the allocator's counters, read after the
+    passes). The timing thread is pinned to ``cpu`` after the setup, and the garbage
+    collector is off in every configuration alike."""
+
+    def setup(info: dict) -> dict:
+        trace = load(path)
+        held, extra = _setup(config, trace)
+        pin_cpu(cpu, info)
+        import torch
+
+        streams = [torch.cuda.current_stream()]
+        streams += [torch.cuda.Stream() for _ in range(trace["streams"] - 1)]
+        gc.disable()
+        passes = [0]
+
+        def timed(n: int) -> list[float]:
+            passes[0] += n
+            return replay_events(torch, trace, streams, n)
+
+        def stats() -> dict:
+            peak, live = held(), peak_live(trace)
+            out = {"peak_reserved": peak, "peak_live": live, "passes": passes[0],
+                   "reserved_over_live": (peak / live) if peak else None,
+                   "torch": getattr(torch, "__version__", "?"), "pid": os.getpid(),
+                   **extra()}  # fmt: skip
+            if config.startswith("bridge"):
+                from bridge._runtime import core
+
+                raw = core.stats(0)[1]
+                out.update(allocs=raw["num_allocs"], cache_hits=raw["num_cache_hits"],
+                           cache_limit=raw["cache_limit"])  # fmt: skip
+            return out
+
+        info.update(pid=os.getpid(), config=config)
+        return {"warm": lambda n: (timed(n), None)[1], "time": timed, "stats": stats}
+
+    return setup
+
+
+def run(paths: list[str], configs: list[str], rounds: int, passes: int,
+        out_path: str | None = None, cpu: int | None = None, processes: int = 3,
+        warmup: int = 1) -> dict:  # fmt: skip
+    """Every trace under every configuration in turns (trace_turns.run_trace); with ``out_path`` the
+    results so far are written after each trace (a run cut short keeps what it measured)."""
     out: dict[str, Any] = {}
     for path in paths:
         name = load(path)["name"]
-        per: dict[str, list[dict]] = {c: [] for c in configs}
-        for r in range(rounds):
-            order = configs[r % len(configs) :] + configs[: r % len(configs)]
-            for config in order:
-                env = dict(os.environ)
-                env.update(config_env("torch", config))
-                cmd = [sys.executable, __file__, "replay", path, "--config", config,
-                       "--passes", str(passes)]  # fmt: skip
-                if cpu is not None:
-                    cmd += ["--cpu", str(cpu)]
-                p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-                try:
-                    per[config].append(json.loads(p.stdout))
-                except json.JSONDecodeError:
-                    per[config].append({"status": "error", "error": p.stderr[-2000:]})
-        out[name] = {c: _best(v) for c, v in per.items()}
-        _round_ratios(out[name], per, base=configs[0])
+        out[name] = run_trace(path, configs, rounds, passes, processes, warmup, cpu)
         if out_path:
             write_json(out_path, out)
     return out
-
-
-def _round_ratios(best: dict[str, dict], per: dict[str, list[dict]], base: str) -> None:
-    """Add each configuration's best ns per event of every round, and the median of
-    its round-by-round ratios to ``base`` (the first configuration): processes
-    differ by up to 2x, so one round's best says little and the median of the
-    rounds' ratios is the verdict (as bench_turns.py gives for single sizes)."""
-    base_ns = [r.get("ns_per_event") for r in per.get(base, [])]
-    for config, results in per.items():
-        ns = [r.get("ns_per_event") for r in results]
-        best[config]["ns_per_round"] = ns
-        if config == base:
-            continue
-        ratios = [a / b for a, b in zip(ns, base_ns, strict=False) if a and b]
-        if ratios:
-            best[config][f"median_ratio_to_{base}"] = median(ratios)
-            best[config]["round_ratios"] = ratios
-
-
-def _best(results: list[dict]) -> dict:
-    ok = [r for r in results if r.get("ns_per_event")]
-    if not ok:
-        return results[-1] if results else {}
-    best = min(ok, key=lambda r: r["ns_per_event"])
-    return {**best, "rounds": len(results)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -556,12 +574,24 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--cpu", type=int, default=None, help="the CPU the replay runs on")
     rn = sub.add_parser("run", help="every trace under every configuration, in turns (GPU)")
     rn.add_argument("traces", nargs="+")
-    rn.add_argument("--configs", default=",".join(CONFIGS))
-    rn.add_argument("--rounds", type=int, default=3)
-    rn.add_argument("--passes", type=int, default=5)
+    rn.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma list; the first is the baseline of the ratios")
+    rn.add_argument("--rounds", type=int, default=21,
+                    help=f"rounds in turns, split among the processes (>= {MIN_ROUNDS} for "
+                         "a verdict)")  # fmt: skip
+    rn.add_argument("--passes", type=int, default=3,
+                    help="passes of the trace per worker per round (the best counts)")
+    rn.add_argument("--processes", type=int, default=3,
+                    help="generations of fresh workers the rounds are split among")
+    rn.add_argument("--warmup", type=int, default=1, help="untimed passes per worker first")
     rn.add_argument("--out", default=None)
     rn.add_argument("--cpu", type=int, default=None,
-                    help="the CPU every replay runs on (processes differ by up to 2x unpinned)")
+                    help="the CPU every worker's timing thread runs on (processes differ by "
+                         "up to 2x unpinned)")  # fmt: skip
+    wk = sub.add_parser("worker", help=argparse.SUPPRESS)
+    wk.add_argument("trace")
+    wk.add_argument("--config", choices=CONFIGS, required=True)
+    wk.add_argument("--cpu", type=int, default=None)
     sm = sub.add_parser("summary", help="what a trace holds (CPU)")
     sm.add_argument("traces", nargs="+")
     args = ap.parse_args(argv)
@@ -576,8 +606,17 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.traces:
             print(json.dumps(summary(load(path))))
         return 0
-    result = run(args.traces, args.configs.split(","), args.rounds, args.passes, args.out,
-                 args.cpu)
+    if args.cmd == "worker":
+        return serve(worker_setup(args.trace, args.config, args.cpu))
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in configs if c not in CONFIGS]
+    if bad or len(set(configs)) != len(configs) or len(configs) < 2:
+        ap.error(f"--configs: two or more distinct names from {', '.join(CONFIGS)} "
+                 f"(got {configs})")  # fmt: skip
+    if min(args.rounds, args.passes, args.processes) < 1 or args.warmup < 0:
+        ap.error("--rounds, --passes and --processes must be >= 1, --warmup >= 0")
+    result = run(args.traces, configs, args.rounds, args.passes, args.out, args.cpu,
+                 args.processes, args.warmup)  # fmt: skip
     if not args.out:
         write_json(None, result)
     return 0

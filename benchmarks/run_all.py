@@ -68,8 +68,11 @@ class Params:
     e2e_turns: int  # rounds of native and bridge taking turns (the verdict)
     mixed_fraction: float
     budget_s: float
-    trace_rounds: int = 3  # bench_trace.py run: configurations in turns, this many rounds
-    trace_passes: int = 5  # replays of the trace per process (the best counts)
+    # bench_trace.py run: warm workers in turns, pinned to one CPU; the verdict is the median
+    # of the round-by-round ratios (at least report.TRACE_MIN_ROUNDS of them)
+    trace_rounds: int = 21
+    trace_passes: int = 3  # replays of the trace per worker per round (the round's best counts)
+    trace_processes: int = 3  # fresh workers per configuration, the rounds split among them
     capacity_budget: str = "24GiB"
     # CuPy's shares tried natively (its peak a image is near torch's)
     capacity_splits: str = "0.2,0.3,0.35,0.4,0.45,0.5,0.55,0.6,0.7"
@@ -85,7 +88,7 @@ FULL = Params(iters=5000, warmup=2000, repeats=15, alloc_rounds=1, turns_repeats
               mixed_fraction=0.572, budget_s=450)
 QUICK = Params(iters=4000, warmup=500, repeats=5, alloc_rounds=1, turns_repeats=9, e2e_steps=30,
                e2e_repeats=3, e2e_warmup=10, e2e_rounds=1, e2e_turns=4, mixed_fraction=0.15,
-               budget_s=150, trace_rounds=1, trace_passes=2, capacity_budget="8GiB",
+               budget_s=150, trace_rounds=9, trace_passes=1, capacity_budget="8GiB",
                capacity_splits="0.3,0.5,0.7", capacity_steps=1, wait_rounds=1, wait_steps=60,
                share_repeats=7, rmm_quick=True)
 
@@ -185,7 +188,8 @@ def later_sections(p: Params, python: str, quick: bool, rmm_skip: str | None) ->
     tasks = [Task(f"trace-{name}", "trace",
                   [python, bench("bench_trace.py"), "run",
                    os.path.join(HERE, "traces", f"{name}.json.gz"), "--configs", configs,
-                   "--rounds", str(p.trace_rounds), "--passes", str(p.trace_passes)],
+                   "--rounds", str(p.trace_rounds), "--passes", str(p.trace_passes),
+                   "--processes", str(p.trace_processes)],
                   120 if quick else 300, extra={"trace": name}, out_flag="--out", pin=True)
              for name in TRACES]
     tasks.append(Task("capacity", "capacity",
@@ -488,6 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mixed-gib", type=float, default=None,
                     help="N for the mixed phases in GiB (default: 57%% of the device, 15%% quick)")
     ap.add_argument("--python", default=sys.executable, help="interpreter for the children")
+    ap.add_argument("--tables", metavar="DEST", default=None,
+                    help="at the end, write one table per benchmark with figures in this run "
+                         "into DEST (results_tables.py; e.g. benchmarks/results)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     ap.add_argument("--probe", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -583,6 +590,12 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"]["wall_s"] = round(time.perf_counter() - t_start, 1)
     results["meta"]["parts"][-1]["wall_s"] = results["meta"]["wall_s"]
     report.write_all(results, out, png=True)
+    if args.tables:
+        import results_tables
+
+        for name, what in results_tables.write_tables(
+                results, args.tables, os.path.relpath(out, os.path.abspath(args.tables))).items():
+            print(f"          table {name}: {what}", flush=True)
     v = results["verdict"]
     print(f"done in {results['meta']['wall_s']:.0f} s: {v['pass']} pass, {v['fail']} fail, "
           f"{v['missing']} missing -> {os.path.join(out, 'results.md')}", flush=True)

@@ -51,6 +51,18 @@ def replay(config: str, ns: float, reserved: int, live: int, trace: str = "gpt2"
     }
 
 
+def turns(ratios: list[float]) -> dict:
+    """What bench_trace.py run adds to a configuration's entry: its rounds against native."""
+    import trace_turns
+
+    return {
+        "round_ratios": ratios,
+        "median_ratio_to_native": trace_turns.median(ratios),
+        "ratio_spread": trace_turns.quartile_spread(ratios),
+        "rounds": len(ratios),
+    }
+
+
 def trace_out(name: str, live: int = 5 * GIB) -> dict:
     """bench_trace.py run --out: {trace name: {config: best replay}}."""
     return {
@@ -66,6 +78,7 @@ def trace_out(name: str, live: int = 5 * GIB) -> dict:
             },
             "bridge": {
                 **replay("bridge", 2400.0, int(live * 1.03), live, name),
+                **turns([2400 / 2500] * 9),
                 "allocs": 19551,
                 "cache_hits": 19000,
                 "cache_limit": 1 << 32,
@@ -501,7 +514,7 @@ def test_report_checks_each_later_section_against_its_target():
 def test_report_fails_what_misses_its_target():
     res = later_results()
     slow = trace_out("gpt2")
-    slow["gpt2"]["bridge"].update(ns_per_event=3000.0, reserved_over_live=1.3)
+    slow["gpt2"]["bridge"].update(ns_per_event=3000.0, reserved_over_live=1.3, **turns([1.2] * 9))
     res["trace"]["gpt2"] = wrapped(slow)
     cap = copy.deepcopy(CAPACITY) | {"bridge_batch": 200, "ratio": 200 / 150}
     res["capacity"] = wrapped(cap)
@@ -608,19 +621,37 @@ def test_markdown_renders_each_later_section(tmp_path):
     json.loads((tmp_path / "results.json").read_text())
 
 
-def test_the_trace_time_check_takes_the_median_of_round_ratios_when_there_is_one():
+def test_the_trace_time_check_takes_the_median_of_round_ratios_over_nine_rounds_or_more():
     """A run whose configurations took turns decides by the median of its rounds'
-    ratios, not by the two best passes (processes differ by up to 2x)."""
+    ratios, not by the two best passes (processes differ by up to 2x); fewer than nine
+    rounds give no verdict, and the note shows the spread."""
     out = trace_out("gpt2")
     out["gpt2"]["bridge"]["ns_per_event"] = 2000.0  # best pass: 0.8 of native's 2500
-    out["gpt2"]["bridge"]["round_ratios"] = [0.8, 1.3, 1.2]
-    out["gpt2"]["bridge"]["median_ratio_to_native"] = 1.2
+    out["gpt2"]["bridge"].update(turns([0.8, 1.3, 1.2, 1.1, 1.25, 1.2, 0.9, 1.4, 1.15]))
     c = {x["id"]: x for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
-    assert c["trace.gpt2.time"]["value"] == 1.2 and c["trace.gpt2.time"]["status"] == "fail"
-    assert c["trace.gpt2.time"]["note"].startswith("median of 3 round-by-round ratios; 2,000 /")
-    del out["gpt2"]["bridge"]["median_ratio_to_native"]  # a run without turns: best passes
+    t = c["trace.gpt2.time"]
+    assert t["value"] == 1.2 and t["status"] == "fail"
+    assert t["note"].startswith(
+        "median 1.200 of 9 round-by-round ratios (quartiles 1.000-1.275, range 0.800-1.400); "
+        "2,000 /"
+    )
+    out["gpt2"]["bridge"].update(turns([0.8, 1.3, 1.2]))  # three rounds: no verdict
     c = {x["id"]: x for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
-    assert c["trace.gpt2.time"]["value"] == 0.8 and c["trace.gpt2.time"]["status"] == "pass"
+    t = c["trace.gpt2.time"]
+    assert t["value"] is None and t["status"] == "missing"
+    assert t["note"].startswith("3 round-by-round ratios, fewer than 9: no verdict; 2,000 /")
+    for k in ("round_ratios", "median_ratio_to_native", "ratio_spread"):
+        del out["gpt2"]["bridge"][k]  # a run without turns: no verdict either
+    c = {x["id"]: x for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
+    assert c["trace.gpt2.time"]["status"] == "missing"
+
+
+def test_the_trace_table_shows_the_spread_hits_and_processes():
+    res = later_results() | {"meta": {}}
+    res["trace"]["gpt2"]["data"]["gpt2"]["bridge"]["processes"] = [{}, {}, {}]
+    md = report.markdown(report.summarize(res))
+    assert "| gpt2 | bridge | 2,400 | 0.960 [0.960-0.960] (0.960-0.960), n=9 |" in md
+    assert "| 1.030 | 97.2% | 9 / 3 |" in md
 
 
 def test_the_wait_check_takes_the_median_of_the_rounds_ratios():
@@ -632,3 +663,22 @@ def test_the_wait_check_takes_the_median_of_the_rounds_ratios():
     value, note = report.wait_value({"status": "ok", "data": data})
     assert value == pytest.approx(198 / 284) and note.startswith("median of 3 rounds' ratios")
     assert "best 284.0 / 284.0 steps/s" in note
+
+
+def test_the_report_checks_every_trace_run_all_replays():
+    """A committed trace that did not run shows as missing, never as absent."""
+    assert report.TRACES == run_all.TRACES
+    c = checks_of({})
+    for name in run_all.TRACES:
+        assert c[f"trace.{name}.time"]["status"] == "missing"
+
+
+def test_the_trace_section_defaults_give_a_verdict_of_rounds_in_turns():
+    """Full and quick: at least report.TRACE_MIN_ROUNDS rounds, split among three
+    generations of workers, each trace's child pinned."""
+    for params, quick in ((run_all.FULL, False), (run_all.QUICK, True)):
+        tasks = {t.name: t for t in run_all.plan(params, sys.executable, quick, None)}
+        for name in run_all.TRACES:
+            t = tasks[f"trace-{name}"]
+            assert int(_arg(t, "--rounds")) >= report.TRACE_MIN_ROUNDS
+            assert int(_arg(t, "--processes")) == 3 and t.pin

@@ -12,6 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_trace as bt  # noqa: E402
+import trace_turns as tt  # noqa: E402
 
 SNAPSHOT = {
     "device_traces": [
@@ -469,25 +470,261 @@ def test_the_null_setup_swaps_torchs_allocator_before_taking_the_region(monkeypa
     assert info["footprint_predicted"] == bt.null_footprint(t)
 
 
-def test_run_gives_each_configuration_the_median_of_its_round_ratios(monkeypatch, tmp_path):
-    """Configurations take turns a round at a time; each round's best pass is divided
-    by the first configuration's in the same round, and the median is the verdict."""
-    path = tmp_path / "t.json.gz"
-    bt.save(bt.make_trace("t", "test", [[bt.ALLOC, 1, 512, 0], [bt.FREE, 1]]), str(path))
-    ns = {"native": iter([1000, 2000, 1000]), "bridge": iter([900, 3000, 1200])}
-    order = []
+# ---- configurations in turns (trace_turns.run_trace): warm workers, rounds, the verdict ----
+class FakeWorker:
+    """A worker answering as serve() does: its passes take ns_of(generation, round) ns per
+    event; every command it was sent is logged (with its config) in ``log``."""
 
-    def fake_run(cmd, **kw):
-        config = cmd[cmd.index("--config") + 1]
-        order.append(config)
-        out = {"config": config, "ns_per_event": next(ns[config])}
-        return types.SimpleNamespace(stdout=bt.json.dumps(out), stderr="")
+    def __init__(self, config: str, gen: int, ns_of, log: list) -> None:
+        self.config, self.gen, self.ns_of, self.log = config, gen, ns_of, log
+        self.round = 0
+        self.closed = False
 
-    monkeypatch.setattr(bt.subprocess, "run", fake_run)
-    out = bt.run([str(path)], ["native", "bridge"], rounds=3, passes=1)["t"]
-    assert order == ["native", "bridge", "bridge", "native", "native", "bridge"]
-    assert out["native"]["ns_per_event"] == 1000
-    assert out["native"]["ns_per_round"] == [1000, 2000, 1000]
-    assert out["bridge"]["round_ratios"] == [0.9, 1.5, 1.2]
-    assert out["bridge"]["median_ratio_to_native"] == 1.2
+    def ask(self, command: str):
+        self.log.append((self.config, self.gen, command))
+        name, *args = command.split()
+        if name == "warm":
+            return "ok", None
+        if name == "time":
+            ns = self.ns_of(self.config, self.gen, self.round)
+            self.round += 1
+            if ns is None:
+                return "error", "RuntimeError: CUDA error"
+            return "ok", [ns, ns * 1.2, ns * 1.05][: int(args[0])]
+        return "ok", {
+            "peak_reserved": 110 + self.gen,
+            "peak_live": 100,
+            "reserved_over_live": (110 + self.gen) / 100,
+            "pid": 1000 + self.gen,
+        }
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def fake_turns(monkeypatch, ns_of, skip: dict | None = None):
+    """run_trace's workers replaced by FakeWorkers; returns the command log."""
+    log: list = []
+    workers: list = []
+
+    def start(specs, status):
+        gen = specs.pop("_generation")
+        out = {}
+        for c in specs:
+            if skip and c in skip:
+                status[c] = {"status": "skipped", "reason": skip[c]}
+                continue
+            status[c] = {"status": "ok", "info": {"gen": gen}}
+            out[c] = FakeWorker(c, gen, ns_of, log)
+        workers.extend(out.values())
+        return out
+
+    monkeypatch.setattr(tt, "start_workers", start)
+    spec = lambda path, configs, cpu, g: {**{c: ([], {}) for c in configs}, "_generation": g}  # noqa: E731
+    return log, workers, spec
+
+
+def test_rounds_take_turns_in_rotating_order_across_fresh_processes(monkeypatch):
+    log, workers, spec = fake_turns(monkeypatch, lambda c, g, r: 1000.0)
+    out = tt.run_trace("t", ["native", "bridge"], rounds=9, passes=2, processes=3,
+                       warmup=1, specs=spec)  # fmt: skip
+    timed = [(c, g) for c, g, cmd in log if cmd.startswith("time")]
+    # three generations of two workers, three rounds each; the order rotates every round
+    # and carries on from one generation to the next
+    assert [c for c, _ in timed] == ["native", "bridge", "bridge", "native"] * 4 + [
+        "native",
+        "bridge",
+    ]
+    assert [g for _, g in timed] == [0] * 6 + [1] * 6 + [2] * 6
+    assert all(cmd == "time 2" for _, _, cmd in log if cmd.startswith("time"))
+    # each worker: warmed before its first timed pass, asked for its stats after its last
+    for g in range(3):
+        mine = [(c, cmd) for c, gg, cmd in log if gg == g]
+        assert mine[:2] == [("native", "warm 1"), ("bridge", "warm 1")]
+        assert mine[-2:] == [("native", "stats"), ("bridge", "stats")]
+    assert len(workers) == 6 and all(w.closed for w in workers)
+    b = out["bridge"]
+    assert b["status"] == "ok" and b["rounds"] == 9 and len(b["processes"]) == 3
+    assert b["ns_per_round"] == [1000.0] * 9 and b["ns_per_event"] == 1000.0
+    assert b["median_ratio_to_native"] == 1.0 and b["ratio_spread"]["n"] == 9
+    # memory: every process's own figure kept, the largest is the configuration's
+    assert [p["peak_reserved"] for p in b["processes"]] == [110, 111, 112]
+    assert b["peak_reserved"] == 112 and b["reserved_over_live"] == 1.12
     assert "median_ratio_to_native" not in out["native"]
+
+
+def bridge_ns(slow: set) -> object:
+    """native at 1000 ns a round; the bridge at 900 ns a round, 5x in the (gen, round)s
+    of slow (a round index counts within its process)."""
+
+    def ns_of(config: str, gen: int, r: int) -> float:
+        if config == "native":
+            return 1000.0
+        return 900.0 * (5 if (gen, r) in slow or (gen, None) in slow else 1)
+
+    return ns_of
+
+
+def test_one_slow_round_does_not_change_the_verdict(monkeypatch):
+    _, _, spec = fake_turns(monkeypatch, bridge_ns(set()))
+    quiet = tt.run_trace("t", ["native", "bridge"], 9, 1, 3, specs=spec)["bridge"]
+    _, _, spec = fake_turns(monkeypatch, bridge_ns({(1, 2)}))
+    noisy = tt.run_trace("t", ["native", "bridge"], 9, 1, 3, specs=spec)["bridge"]
+    assert quiet["median_ratio_to_native"] == noisy["median_ratio_to_native"] == 0.9
+    # the slow round shows in the spread, and only there
+    assert noisy["ratio_spread"]["max"] == 4.5 and quiet["ratio_spread"]["max"] == 0.9
+    assert sorted(noisy["round_ratios"]) == [0.9] * 8 + [4.5]
+    # best against best would not see it either; a mean would (0.9 -> 1.29)
+    assert noisy["ns_per_event"] == 900.0
+    assert sum(noisy["round_ratios"]) / 9 > 1.2
+
+
+def test_one_slow_process_does_not_change_the_verdict(monkeypatch):
+    """A process slow for its whole life (all three of its rounds) among three."""
+    _, _, spec = fake_turns(monkeypatch, bridge_ns({(2, None)}))
+    b = tt.run_trace("t", ["native", "bridge"], 9, 1, 3, specs=spec)["bridge"]
+    assert b["median_ratio_to_native"] == 0.9
+    assert sorted(b["round_ratios"]) == [0.9] * 6 + [4.5] * 3
+    assert b["ratio_spread"]["q3"] == 4.5 and b["ratio_spread"]["q1"] == 0.9
+    assert b["median_ratio_by_process"] == [0.9, 0.9, 4.5]  # the slow one, named
+
+
+def test_a_failing_worker_leaves_the_turns_and_the_next_process_goes_on(monkeypatch):
+    def ns_of(c, g, r):
+        return None if (c, g, r) == ("bridge", 0, 1) else 1000.0
+
+    log, workers, spec = fake_turns(monkeypatch, ns_of, skip={"rmm": "No module named 'rmm'"})
+    out = tt.run_trace("t", ["native", "rmm", "bridge"], 9, 1, 3, specs=spec)
+    b = out["bridge"]
+    assert b["status"] == "partial" and "CUDA error" in b["error"]
+    assert b["ns_per_round"] == [1000.0, None, None] + [1000.0] * 6  # gone for gen 0 only
+    assert len(b["round_ratios"]) == 7 and len(b["processes"]) == 2
+    assert out["rmm"]["status"] == "skipped" and "rmm" in out["rmm"]["reason"]
+    assert not any(c == "rmm" for c, _, _ in log)  # a skipped one is not started again
+    assert out["native"]["status"] == "ok"
+
+
+def test_quartile_spread():
+    s = tt.quartile_spread([5.0, 1.0, 3.0, 2.0, 4.0, 100.0, 0.5, 2.5, 3.5])
+    assert s == {"median": 3.0, "q1": 1.5, "q3": 4.5, "min": 0.5, "max": 100.0, "n": 9}
+    assert tt.quartile_spread([2.0]) == {"median": 2.0, "q1": 2.0, "q3": 2.0, "min": 2.0,
+                                         "max": 2.0, "n": 1}  # fmt: skip
+    with pytest.raises(ValueError):
+        tt.quartile_spread([])
+
+
+STUB_TORCH = """
+import os, time
+__version__ = "0.0+stub"
+uint8 = "uint8"
+SPIN = int(os.environ.get("STUB_TORCH_SPIN", "0"))
+_state = {"live": 0, "peak": 0}
+
+
+class Tensor:
+    def __init__(self, n):
+        self.n = n
+        _state["live"] += n
+        _state["peak"] = max(_state["peak"], _state["live"])
+        for _ in range(SPIN):
+            pass
+
+    def __del__(self):
+        _state["live"] -= self.n
+
+
+def empty(n, dtype=None, device=None):
+    return Tensor(n)
+
+
+class _Cuda:
+    Stream = object
+
+    @staticmethod
+    def current_stream():
+        return "default"
+
+    @staticmethod
+    def set_stream(s):
+        pass
+
+    @staticmethod
+    def synchronize():
+        pass
+
+    @staticmethod
+    def reset_peak_memory_stats():
+        _state["peak"] = _state["live"]
+
+    @staticmethod
+    def max_memory_reserved():  # a perfect allocator: what it holds is what is live
+        return _state["peak"]
+
+
+cuda = _Cuda()
+"""
+
+
+def test_real_workers_take_turns_pinned_and_a_slow_process_shows_in_the_spread(tmp_path):
+    """bench_trace.py worker processes (a stand-in torch on their path, the native setup)
+    driven over their pipes: pinned to one CPU, rounds in turns over three generations;
+    the second generation's "bridge" is made 30x slower per allocation. Its rounds show
+    in the spread; the median stays near 1."""
+    import os
+
+    stub = tmp_path / "stub"
+    (stub / "torch").mkdir(parents=True)
+    (stub / "torch" / "__init__.py").write_text(STUB_TORCH)
+    events = []
+    for i in range(300):
+        events += [[bt.ALLOC, i, 512 * (1 + i % 7), i % 2], [bt.FREE, i]]
+    path = tmp_path / "t.json.gz"
+    bt.save(bt.make_trace("t", "test", events), str(path))
+    cpu = sorted(os.sched_getaffinity(0))[0]
+
+    def spec(p, configs, cpu, g):
+        out = {}
+        for c in configs:
+            argv, env = tt.worker_specs(p, ["native"], cpu)["native"]
+            env["PYTHONPATH"] = os.pathsep.join([str(stub), env.get("PYTHONPATH", "")])
+            env["STUB_TORCH_SPIN"] = "3000" if (c, g) == ("bridge", 1) else "100"
+            out[c] = (argv, env)
+        return out
+
+    out = tt.run_trace(str(path), ["native", "bridge"], rounds=9, passes=2, processes=3,
+                       cpu=cpu, specs=spec)  # fmt: skip
+    n, b = out["native"], out["bridge"]
+    assert n["status"] == b["status"] == "ok", (n, b)
+    assert len(b["processes"]) == 3 and len({p["pid"] for p in b["processes"]}) == 3
+    for p in b["processes"] + n["processes"]:
+        assert p["info"]["cpu"] == cpu  # the timing thread was pinned
+        assert p["passes"] == 1 + 3 * 2  # the warm-up, then two a round
+        assert p["peak_live"] == bt.peak_live(bt.load(str(path)))
+        assert p["reserved_over_live"] == 1.0  # what the stand-in saw live, at its peak
+    ratios = b["round_ratios"]
+    assert len(ratios) == 9
+    slow = ratios[3:6]  # the second generation's rounds
+    assert min(slow) > 3 * max(ratios[:3] + ratios[6:]), ratios
+    assert b["median_ratio_to_native"] < 3 and b["ratio_spread"]["max"] == round(max(slow), 4)
+
+
+def test_run_refuses_settings_that_give_no_verdict_to_compute(tmp_path, capsys):
+    for argv in (
+        ["--configs", "native"],  # nothing to compare against
+        ["--configs", "native,native"],
+        ["--configs", "native,bogus"],
+        ["--rounds", "0"],
+        ["--passes", "0"],
+        ["--processes", "0"],
+        ["--warmup", "-1"],
+    ):
+        with pytest.raises(SystemExit) as e:
+            bt.main(["run", str(tmp_path / "t.json.gz"), *argv])
+        assert e.value.code == 2, argv
+    assert "--configs" in capsys.readouterr().err
+
+
+def test_the_harness_and_the_report_ask_for_the_same_number_of_rounds():
+    import report
+
+    assert tt.MIN_ROUNDS == bt.MIN_ROUNDS == report.TRACE_MIN_ROUNDS == 9

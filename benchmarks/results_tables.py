@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One small table per benchmark: its latest figures, with the versions and the card.
+
+    python3 benchmarks/results_tables.py RUN_DIR [--dest benchmarks/results]
+
+reads RUN_DIR/results.json (run_all.py's; its checks are recomputed by report.py) and
+writes DEST/<benchmark>.md for every benchmark with at least one figure in that run: the
+run's date, git revision, GPU (name, memory, driver), the versions of the frameworks, each
+target with its value and result, then the benchmark's own table from results.md. A
+benchmark the run has no figure for keeps the table it had: a part run (``--only``)
+refreshes only its own sections, so each table holds its benchmark's latest figure and git
+holds the history. A file in DEST that this script did not write (no MARKER line) is
+never overwritten. Pure Python, no GPU, no framework: ``run_all.py --tables DEST`` calls
+it at the end of a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402
+
+#: The first line of every table this script writes (it overwrites only such files).
+MARKER = "<!-- written by benchmarks/results_tables.py from a run's results.json; do not edit -->"
+
+#: benchmark (the file's name) -> (its check groups in report.py, its results.md sections)
+BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[dict], list[str]]]] = {
+    "alloc": (("torch alloc", "cupy alloc"), lambda r: report._md_turns(r) + report._md_alloc(r)),
+    "mixed": (("mixed",), report._md_mixed),
+    "e2e": (("e2e",), report._md_e2e),
+    "pinned": (("pinned",), report._md_pinned),
+    "trace": (("trace",), report._md_trace),
+    "capacity": (("capacity",), report._md_capacity),
+    "wait": (("wait",), report._md_wait),
+    "share": (("share",), report._md_share),
+    "rmm": (("rmm",), report._md_rmm),
+}
+
+#: the distributions a table names, in this order, where the run recorded them
+VERSIONS = ("bridge", "torch", "cupy", "cupy-cuda13x", "cupy-cuda12x", "jax", "jaxlib",
+            "rmm-cu13", "numpy", "cuda-bindings", "cuda-core")  # fmt: skip
+
+
+def card(meta: dict) -> str:
+    """'NVIDIA H200, 139.8 GiB, driver 580.159 (CUDA 13.0 driver API)' from a run's meta."""
+    parts = [str(meta.get("gpu_name") or "GPU unknown")]
+    total = meta.get("gpu_total_bytes")
+    if isinstance(total, (int, float)) and total:
+        parts.append(f"{total / 2**30:.1f} GiB")
+    driver = f"driver {meta['driver_version']}" if meta.get("driver_version") else ""
+    if meta.get("cuda_driver_api"):
+        driver += f" (CUDA {meta['cuda_driver_api']} driver API)"
+    return ", ".join(parts + ([driver.strip()] if driver else []))
+
+
+def versions(meta: dict) -> str:
+    have = dict(meta.get("versions") or {})
+    if meta.get("bridge_version"):
+        have.setdefault("bridge", meta["bridge_version"])
+    names = [n for n in VERSIONS if n in have] + sorted(set(have) - set(VERSIONS))
+    return ", ".join(f"{n} {have[n]}" for n in names) or "not recorded"
+
+
+def table(name: str, results: dict, source: str) -> str | None:
+    """The markdown table of one benchmark, or None when the run has no figure of it."""
+    groups, section = BENCHMARKS[name]
+    checks = [c for c in results.get("checks", []) if c.get("group") in groups]
+    if not any(c.get("value") is not None for c in checks):
+        return None
+    meta = results.get("meta", {})
+    lines = [MARKER, "", f"# {name}: the latest figures", "",
+             f"- run: {meta.get('date', '?')}, git {meta.get('git') or '?'}"
+             f"{', quick' if meta.get('quick') else ''} (from {source})",
+             f"- card: {card(meta)}", f"- versions: {versions(meta)}",
+             f"- command: `{meta.get('command', '?')}`", ""]  # fmt: skip
+    lines += report._table(
+        ["metric", "value", "target", "result", "note"],
+        [[c["label"], "-" if c["value"] is None else f"{c['value']:.3f}",
+          f"{c['op']} {c['target']:g}", c["status"],
+          str(c.get("note", "")).replace("|", "/").replace("\n", " ")[:300]]
+         for c in checks])  # fmt: skip
+    detail = [ln for ln in section(results) if not ln.startswith("Verdict:")]
+    if detail and detail[0].startswith("## "):
+        detail[0] = "#" + detail[0]  # a subsection of this table's page
+    return "\n".join(lines + [""] + detail).rstrip() + "\n"
+
+
+def write_tables(results: dict, dest: str, source: str) -> dict[str, str]:
+    """Write dest/<benchmark>.md for each benchmark with figures in results (summarized
+    here); returns {benchmark: what happened} ("written", "no figure: kept", or why not)."""
+    report.summarize(results)
+    os.makedirs(dest, exist_ok=True)
+    done: dict[str, str] = {}
+    for name in BENCHMARKS:
+        text = table(name, results, source)
+        path = os.path.join(dest, f"{name}.md")
+        if text is None:
+            done[name] = "no figure in this run: kept as it was"
+            continue
+        if os.path.exists(path):
+            with open(path) as f:
+                if f.readline().rstrip("\n") != MARKER:
+                    done[name] = f"not written: {path} was not written by results_tables.py"
+                    continue
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        done[name] = "written"
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", help="a run_all.py --out directory (holding results.json)")
+    ap.add_argument("--dest", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                   "results"),
+                    help="where the tables go (default: benchmarks/results)")  # fmt: skip
+    args = ap.parse_args(argv)
+    with open(os.path.join(args.run, "results.json")) as f:
+        results = json.load(f)
+    source = os.path.relpath(os.path.abspath(args.run), os.path.abspath(args.dest))
+    for name, what in write_tables(results, args.dest, source).items():
+        print(f"{name:>9}: {what}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
