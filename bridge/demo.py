@@ -111,7 +111,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         type=_gib,
         default=None,
         metavar="SIZE",
-        help=f"N: a size with a unit (40GiB, 512MiB) or a number of GiB (default {DEFAULT_SHARE:.0%}% of the GPU, so that the native run "
+        help="N: a size with a unit (40GiB, 512MiB) or a number of GiB (default "
+        f"{DEFAULT_SHARE:.0%}% of the GPU, so that the native run "
         f"runs out; at most {MAX_SHARE:.0%}% of the GPU)",
     )
     p.add_argument(

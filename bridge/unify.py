@@ -15,6 +15,7 @@ from types import ModuleType
 from bridge import _runtime, _wait, recovery, views
 from bridge import share as _share
 from bridge._errors import BridgeError, check, format_bytes
+from bridge._install import TORCH_CUDA12, install_hint
 from bridge._runtime import core
 from bridge.budget import (
     DEVICE_MEMORY,
@@ -81,9 +82,22 @@ def _flag(name: str, value: object) -> bool:
     return value
 
 
+def _default_flag(name: str, value: object) -> bool | None:
+    """True or False as given; None (the default): set up if installed, skipped if not."""
+    return None if value is None else _flag(name, value)
+
+
+def _installed(name: str) -> bool:
+    """Whether a framework's package is installed (found, not imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def unify(
-    cupy: bool = True,
-    torch: bool = True,
+    cupy: bool | None = None,
+    torch: bool | None = None,
     jax: bool = False,
     *,
     budget: SizeLike = None,
@@ -103,8 +117,16 @@ def unify(
 
     Parameters
     ----------
-    cupy, torch, jax : bool
-        Frameworks to put on the shared pool.
+    cupy, torch : bool or None
+        Frameworks to put on the shared pool. ``None`` (the default): the
+        framework if it is installed, skipped if not, so a bare ``unify()``
+        sets up the installed ones. ``True``: set it up, and a framework that
+        is not installed is an error that says how to install it. ``False``:
+        leave it on its own allocator. (The old forms, ``unify(True, True)``,
+        ``unify(cupy=True, torch=False)``, mean what they did.)
+    jax : bool
+        JAX on the shared pool (off unless asked for: it is configured before
+        its GPU backend starts, see bridge.adapters.jax).
     budget : int, float, str or None
         Per device. ``None``: ``BRIDGE_GPU_MEMORY_LIMIT`` if set, else no limit
         (or the limit set earlier). ``int`` bytes; ``float`` in (0, 1] (or
@@ -175,7 +197,8 @@ def unify(
         argument is checked before anything changes: after a ValueError the
         process is as it was (no Bridge, no budget, no framework).
     BridgeError
-        When frameworks are not installed (all of them named at once), a
+        When frameworks asked for with True are not installed (all of them
+        named at once, with the packages to install for CUDA 12 and 13), a
         framework has already started its own allocator (torch's CUDA
         allocator, JAX's GPU backend), there is no CUDA driver or device, or
         the share cannot be joined (its file is another user's, corrupt or
@@ -184,8 +207,9 @@ def unify(
         before the call; frameworks installed before it stay installed.
     """
     global _bridge
-    flags = {"cupy": _flag("cupy", cupy), "torch": _flag("torch", torch), "jax": _flag("jax", jax)}
-    flags.update(numba=_flag("numba", numba), rmm=_flag("rmm", rmm))
+    asked = {"cupy": _default_flag("cupy", cupy), "torch": _default_flag("torch", torch)}
+    flags = {n: _installed(n) if on is None else on for n, on in asked.items()}
+    flags.update(jax=_flag("jax", jax), numba=_flag("numba", numba), rmm=_flag("rmm", rmm))
     _flag("peer_access", peer_access)
     _flag("budget_views", budget_views)
     # reject bad input before any change, and before the driver is needed
@@ -385,6 +409,8 @@ def _not_installed(missing: dict[str, ImportError]) -> BridgeError:
     offs = ", ".join(f"{n}=False" for n in names)
     return BridgeError(
         f"bridge.unify({calls}): {listed} {verb} not installed ({why}). Install "
-        f"{'it' if len(names) == 1 else 'them'} (pip install 'bridge[{','.join(names)}]') "
-        f"or pass {offs}."
+        f"{'it' if len(names) == 1 else 'them'} for the CUDA major of the rest of the "
+        f"environment ({install_hint(names)}; from a checkout, pip install -e '.[cuda13]', "
+        f"or '.[cuda12]' after {TORCH_CUDA12}), or pass {offs}, or leave "
+        f"{'it' if len(names) == 1 else 'them'} out to set up only what is installed."
     )

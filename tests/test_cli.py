@@ -669,7 +669,7 @@ def test_cuda_majors_from_metadata(dists, torch_cuda, expected):
 
 
 def test_doctor_warns_about_two_cuda_majors(standin, tmp_path):
-    # what `pip install 'bridge[torch,cupy]'` gave: torch for CUDA 13, CuPy for CUDA 12
+    # what the old `pip install -e '.[torch,cupy]'` gave: torch for CUDA 13, CuPy for CUDA 12
     _fake_package(
         tmp_path,
         "torch",
@@ -695,5 +695,25 @@ def test_doctor_warns_about_two_cuda_majors(standin, tmp_path):
     line = next(ln for ln in r.stdout.splitlines() if "CUDA versions" in ln)
     assert line.lstrip().startswith("[warn]")
     assert "(CUDA 12: cupy-cuda12x; CUDA 13: torch (CUDA 13.0), nvidia-*-cu13 (1 package))" in line
-    assert "pip install 'bridge[cuda12]' or 'bridge[cuda13]'" in line
+    assert "for CUDA 13, pip install cupy-cuda13x torch 'jax[cuda13]'" in line
+    assert "for CUDA 12, pip install cupy-cuda12x 'jax[cuda12]' and pip install torch " in line
+    assert "--index-url https://download.pytorch.org/whl/cu129" in line
     assert "Summary: 1 thing(s) to look at above" in r.stdout
+
+
+def test_doctor_says_where_a_cuda12_torch_comes_from(standin, tmp_path):
+    _fake_package(
+        tmp_path,
+        "cupy-cuda12x",
+        "14.2.0",
+        {
+            "cupy/__init__.py": POISON,
+            "cupy/cuda/__init__.py": "from cupy.cuda.memory import set_allocator\n",
+        },
+    )
+    r = run_cli("doctor", pythonpath=str(tmp_path))
+    if not re.search(r"^\s+torch\s+not installed", r.stdout, re.M):
+        pytest.skip("torch is installed here")
+    line = next(ln for ln in r.stdout.splitlines() if "torch for CUDA 12" in ln)
+    assert line.lstrip().startswith("[info]")
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cu129" in line
