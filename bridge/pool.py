@@ -51,7 +51,8 @@ class Stats:
     ----------
     device : int
     limit : int
-        The budget in bytes; 0 = no limit.
+        The budget in bytes that refuses first; 0 = no limit. In a share
+        (``unify(share=...)``), the share's budget when it is the smaller.
     used : int
         Bytes in use in the pool by every framework: the driver's
         ``USED_MEM_CURRENT`` less the bridge's cache of freed blocks.
@@ -182,9 +183,10 @@ def _snapshot(device: int) -> Stats:
         "rmm": int(tags[core.TAG_RMM]["current"]),
         "other": int(tags[core.TAG_OTHER]["current"]) + max(0, outside - jax),
     }
+    share = _share_of(device)
     return Stats(
         device=device,
-        limit=raw["limit"],
+        limit=effective_limit(int(raw["limit"]), share),
         used=max(0, raw["pool_used"] - raw["cached"]),
         cached=raw["cached"],
         reserved=raw["pool_reserved"],
@@ -206,8 +208,14 @@ def _snapshot(device: int) -> Stats:
         num_wait_all_waiting=raw["num_wait_all_waiting"],
         waiting=raw["waiting"],
         tags=tuple(dict(t, name=TAG_NAMES[i]) for i, t in enumerate(tags)),
-        share=_share_of(device),
+        share=share,
     )
+
+
+def effective_limit(own: int, share: dict | None) -> int:
+    """The budget that refuses first: this process's own, or its share's (0 = no limit)."""
+    budgets = [b for b in (own, int(share["budget"]) if share else 0) if b]
+    return min(budgets) if budgets else 0
 
 
 def _share_of(device: int) -> dict | None:
@@ -277,7 +285,7 @@ class Pool:
             Bytes, or a size such as ``"40GiB"``, ``"80%"`` or ``"0.8"`` (of
             the device's memory).
         fraction : float, optional
-            Fraction of the device's memory, in [0, 1].
+            Fraction of the device's memory, in (0, 1] (0 removes the limit).
 
         Warns
         -----
@@ -296,8 +304,9 @@ class Pool:
         warn_if_above(limit, total, name=f"bridge.pool({self._device}).set_limit", of=DEVICE_MEMORY)
 
     def get_limit(self) -> int:
-        """The budget in bytes; 0 = no limit."""
-        return int(_raw(self._device)["limit"])
+        """The budget in bytes that refuses first (this process's, or its share's when the
+        device is in a share and that is smaller); 0 = no limit."""
+        return effective_limit(int(_raw(self._device)["limit"]), _share_of(self._device))
 
     def stats(self) -> Stats:
         """A snapshot of this pool (see :func:`bridge.stats`)."""

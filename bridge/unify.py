@@ -222,6 +222,7 @@ def unify(
     # None: BRIDGE_WAIT if set, else what an earlier call set
     seconds = _wait.parse_wait(wait) if wait is not None else _wait.wait_from_env()
     share_name = _share.share_name(share)
+    _share.share_growth_from_env()  # a bad BRIDGE_SHARE_GROWTH is refused as doctor refuses it
     if jax_memory is not None and not flags["jax"]:
         raise ValueError(
             f"jax_memory={jax_memory!r} is a partition for JAX: pass jax=True with it, or drop it"
@@ -250,6 +251,7 @@ def unify(
         limits = {}
         if budget is not None:
             limits = {d: parse_size(budget, total=t, name="budget") or 0 for d, t in totals.items()}
+        _budgets_agree_with_shares(budget, limits)
         threshold = None
         if release_threshold is not None:
             threshold = parse_size(release_threshold, name="release_threshold", of=None) or 0
@@ -303,6 +305,23 @@ def unify(
             _wait.set_wait(seconds)
         _say_what_changed(budget, before, limits, totals, earlier)
         return b
+
+
+def _budgets_agree_with_shares(budget: SizeLike, limits: dict[int, int]) -> None:
+    """A device already in a share keeps the share's budget: another one is refused, naming
+    both (the share's budget is what refuses, so it is the one that stats show)."""
+    for d, limit in limits.items():
+        mine = _share.membership(d)
+        if mine is None or not limit:
+            continue
+        if mine["budget"] not in (limit, limit // _share.SHARE_UNIT * _share.SHARE_UNIT):
+            raise BridgeError(
+                f"bridge.unify(budget={budget!r}): device {d} is in the share "
+                f"{mine['name']!r}, whose budget is {format_bytes(mine['budget'])} "
+                f"({mine['budget']} bytes); this process cannot have a budget of "
+                f"{format_bytes(limit)} ({limit} bytes) there: the share's refuses first. "
+                "Pass the share's budget or none, or run in another share."
+            )
 
 
 def _record(b: Bridge, devices: list[int], installed: list[str]) -> None:
