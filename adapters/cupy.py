@@ -17,6 +17,7 @@ from __future__ import annotations
 __all__ = [
     "install",
     "installed",
+    "malloc",
     "pinned_allocator",
     "OutOfMemoryError",
     "install_views",
@@ -83,6 +84,16 @@ def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
         raise OutOfMemoryError(size, total, limit, oom_message(device, size, rc, framework="cupy"))
     check(rc, what=f"cupy allocation of {size} bytes", device=device)
     raise BridgeError(f"cupy allocation of {size} bytes failed with status {rc}")
+
+
+def malloc(device: int, size: int) -> Any:
+    """``bridge.pool(device).malloc(size)``: a CuPy ``MemoryPointer`` on CuPy's current
+    stream, from the shared pool and counted as ``cupy``, freed when it is gone."""
+    stream = cupy.cuda.get_current_stream()
+    rc, block = core.alloc_block(device, size, stream.ptr, core.TAG_CUPY, stream)
+    if rc != Status.OK or block is None:
+        return _on_failure(size, device, stream.ptr, rc)
+    return _cmem.MemoryPointer(_cmem.UnownedMemory(block.ptr, block.size, block, device), 0)
 
 
 def _release_pool(device: int, tag: int) -> None:
