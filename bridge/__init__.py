@@ -19,7 +19,6 @@ from bridge.recovery import on_pressure, remove_pressure_callback
 from bridge.unify import Bridge, unify
 
 if TYPE_CHECKING:  # loaded on first use (below); typed as what they are
-    from bridge import cli as cli
     from bridge.pinned import (
         PinnedBuffer,
         PinnedPool,
