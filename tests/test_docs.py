@@ -122,3 +122,17 @@ def test_no_file_of_the_repository_points_outside_it():
         text = path.read_text(errors="replace")
         bad += [f"{rel}: {n}" for n in ("/work/", "CONTRACT.md", "PLATFORM.md") if n in text]
     assert not bad, bad
+
+
+def test_the_changelog_has_one_entry_per_release_in_keep_a_changelog_form():
+    text = (REPO / "CHANGELOG.md").read_text()
+    releases = re.split(r"^## ", text, flags=re.M)[1:]
+    assert releases and releases[0].startswith("[Unreleased]")
+    names = [r.split("\n", 1)[0] for r in releases]
+    assert len(names) == len(set(names)), names
+    kinds = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security")
+    for release in releases:
+        heads = re.findall(r"^### (.+)$", release, re.M)
+        assert len(heads) == len(set(heads)), (release.split("\n", 1)[0], heads)
+        assert set(heads) <= set(kinds), heads
+    assert "GPU status" not in text  # run records live in benchmarks/results
