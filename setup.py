@@ -6,10 +6,14 @@ import os
 from setuptools import Extension, setup
 
 flags = ["-O2", "-Wall", "-Wextra", "-fvisibility=default"]
+link = ["-ldl", "-lpthread"]
 if os.environ.get("BRIDGE_WERROR"):
     flags.append("-Werror")
 if os.environ.get("BRIDGE_SANITIZE"):  # e.g. "address" for a sanitizer build
     flags += [f"-fsanitize={os.environ['BRIDGE_SANITIZE']}", "-g", "-fno-omit-frame-pointer"]
+elif not os.environ.get("BRIDGE_DEBUG"):  # what people install: no debug information
+    flags.append("-g0")
+    link.append("-s")
 
 native = "bridge/_native"
 core = Extension(
@@ -21,7 +25,7 @@ core = Extension(
               "torch_abi.cpp")],
     include_dirs=[native],
     extra_compile_args=flags,
-    extra_link_args=["-ldl", "-lpthread"],
+    extra_link_args=link,
     language="c++",
 )
 

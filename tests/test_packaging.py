@@ -107,3 +107,20 @@ def test_the_checks_catch_a_mixed_set():
 def test_dev_installs_what_the_readme_runs_next():
     dev = {r.name for r in expand("dev", extras())}
     assert {"pre-commit", "pytest", "ruff", "mypy"} <= dev
+
+
+def test_the_metadata_is_complete_and_the_classifiers_exist():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for key in ("description", "readme", "requires-python", "license", "classifiers", "keywords"):
+        assert project.get(key), key
+    assert "License :: OSI Approved :: Apache Software License" in project["classifiers"]
+    trove = pytest.importorskip("trove_classifiers")
+    assert set(project["classifiers"]) <= trove.classifiers
+
+
+def test_the_wheel_is_stripped_and_holds_no_c_sources_by_its_configuration():
+    setup = (REPO / "setup.py").read_text()
+    assert '"-g0"' in setup and '"-s"' in setup
+    tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert {"_native/*.c", "_native/*.cpp"} <= set(tool["exclude-package-data"]["bridge"])
+    assert "scripts/build-wheel" in (REPO / ".ci" / "run").read_text()
