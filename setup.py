@@ -21,7 +21,7 @@ core = Extension(
     sources=[f"{native}/{name}" for name in
              ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "wait.c",
               "share.c", "pinned.c", "views.c", "pymod.c", "pypinned.c", "dlpack.c", "pyviews.c",
-              "pycallback.c", "pyshare.c", "cupy_alloc.c", "pyblock.c",
+              "pycallback.c", "pyshare.c", "cupy_alloc.c", "pyblock.c", "managed.c", "pymanaged.c",
               "torch_abi.cpp")],
     include_dirs=[native],
     extra_compile_args=flags,

@@ -18,6 +18,7 @@ __all__ = [
     "install",
     "installed",
     "malloc",
+    "malloc_managed",
     "pinned_allocator",
     "OutOfMemoryError",
     "install_views",
@@ -93,6 +94,22 @@ def malloc(device: int, size: int) -> Any:
     rc, block = core.alloc_block(device, size, stream.ptr, core.TAG_CUPY, stream)
     if rc != Status.OK or block is None:
         return _on_failure(size, device, stream.ptr, rc)
+    return _cmem.MemoryPointer(_cmem.UnownedMemory(block.ptr, block.size, block, device), 0)
+
+
+def malloc_managed(size: int) -> Any:
+    """``bridge.malloc_managed``: CuPy's ``malloc_managed`` on the budget, counted as ``cupy``
+    (managed memory is outside the pool: see bridge.managed)."""
+    from bridge import managed
+    from bridge._errors import OutOfMemoryError as BridgeOOM
+
+    device = int(_current_device_fn()())
+    try:
+        block = managed.allocate(device, size, core.TAG_CUPY)
+    except BridgeOOM as exc:
+        raise OutOfMemoryError(size, exc.by_framework.get("cupy", 0), exc.limit, str(exc)) from None
+    if block is None:  # 0 bytes, as CuPy's
+        return _cmem.MemoryPointer(_cmem.UnownedMemory(0, 0, None, device), 0)
     return _cmem.MemoryPointer(_cmem.UnownedMemory(block.ptr, block.size, block, device), 0)
 
 

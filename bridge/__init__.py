@@ -19,6 +19,7 @@ from bridge.recovery import on_pressure, remove_pressure_callback
 from bridge.unify import Bridge, unify
 
 if TYPE_CHECKING:  # loaded on first use (below); typed as what they are
+    from bridge.managed import malloc_managed
     from bridge.pinned import (
         PinnedBuffer,
         PinnedPool,
@@ -56,6 +57,7 @@ __all__ = [
     "pinned_record",
     "PinnedBuffer",
     "PinnedPool",
+    "malloc_managed",
     "record",
     "mem_get_info",
     "record_memory_history",
@@ -80,6 +82,7 @@ _LAZY = {
             "pinned_record",
         )
     },
+    "malloc_managed": ("bridge.managed", "malloc_managed"),
     "record": ("bridge.timeline", "record"),
     "mem_get_info": ("bridge.views", "mem_get_info"),
     **{
