@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from bridge._errors import BridgeError
+from bridge._install import install_hint
 from bridge.budget import GPU_LIMIT_ENV, parse_size
 
 GIB = 1 << 30
@@ -416,8 +417,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO, *, child: Child | No
     if child is None and missing:
         err.write(
             f"bridge demo: needs CuPy and PyTorch; {' and '.join(missing)} "
-            f"{'is' if len(missing) == 1 else 'are'} not installed (pip install -e "
-            "'.[cuda13]' or '.[cuda12]').\n"
+            f"{'is' if len(missing) == 1 else 'are'} not installed ({install_hint(missing)}).\n"
         )
         return EXIT_ERROR
     png = pathlib.Path(args.out)
