@@ -225,7 +225,7 @@ def _without_prefix(name: str, raw: str, text: str) -> str:
     """An error's words without the ``NAME='raw'`` it starts with (the line names it)."""
     for prefix in (f"{name}={raw!r}", f"{name}={raw}"):
         if text.startswith(prefix):
-            return text[len(prefix) :].lstrip(" :")
+            return text[len(prefix) :].lstrip(" :").removeprefix("is ")
     return text
 
 
