@@ -7,7 +7,9 @@
  * framework's tag, so the budget refuses what would pass it, stats().by_framework
  * shows them and a wait for memory can be ended by their free; they are not in
  * the pool's figures (used, reserved) nor in a share's claims, which follow the
- * pool.
+ * pool.  Waiting (wait.c) does not count a thread that holds only managed memory
+ * among the holders it could wait for: with every other holder waiting, a wait
+ * is refused at once rather than left to hang.
  */
 #ifndef BRIDGE_MANAGED_H
 #define BRIDGE_MANAGED_H
