@@ -6,10 +6,14 @@ import os
 from setuptools import Extension, setup
 
 flags = ["-O2", "-Wall", "-Wextra", "-fvisibility=default"]
+link = ["-ldl", "-lpthread"]
 if os.environ.get("BRIDGE_WERROR"):
     flags.append("-Werror")
 if os.environ.get("BRIDGE_SANITIZE"):  # e.g. "address" for a sanitizer build
     flags += [f"-fsanitize={os.environ['BRIDGE_SANITIZE']}", "-g", "-fno-omit-frame-pointer"]
+elif not os.environ.get("BRIDGE_DEBUG"):  # what people install: no debug information
+    flags.append("-g0")
+    link.append("-s")
 
 native = "bridge/_native"
 core = Extension(
@@ -17,11 +21,11 @@ core = Extension(
     sources=[f"{native}/{name}" for name in
              ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "wait.c",
               "share.c", "pinned.c", "views.c", "pymod.c", "pypinned.c", "dlpack.c", "pyviews.c",
-              "pycallback.c", "pyshare.c", "cupy_alloc.c", "pyblock.c",
+              "pycallback.c", "pyshare.c", "cupy_alloc.c", "pyblock.c", "managed.c", "pymanaged.c",
               "torch_abi.cpp")],
     include_dirs=[native],
     extra_compile_args=flags,
-    extra_link_args=["-ldl", "-lpthread"],
+    extra_link_args=link,
     language="c++",
 )
 

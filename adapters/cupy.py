@@ -17,6 +17,8 @@ from __future__ import annotations
 __all__ = [
     "install",
     "installed",
+    "malloc",
+    "malloc_managed",
     "pinned_allocator",
     "OutOfMemoryError",
     "install_views",
@@ -83,6 +85,32 @@ def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
         raise OutOfMemoryError(size, total, limit, oom_message(device, size, rc, framework="cupy"))
     check(rc, what=f"cupy allocation of {size} bytes", device=device)
     raise BridgeError(f"cupy allocation of {size} bytes failed with status {rc}")
+
+
+def malloc(device: int, size: int) -> Any:
+    """``bridge.pool(device).malloc(size)``: a CuPy ``MemoryPointer`` on CuPy's current
+    stream, from the shared pool and counted as ``cupy``, freed when it is gone."""
+    stream = cupy.cuda.get_current_stream()
+    rc, block = core.alloc_block(device, size, stream.ptr, core.TAG_CUPY, stream)
+    if rc != Status.OK or block is None:
+        return _on_failure(size, device, stream.ptr, rc)
+    return _cmem.MemoryPointer(_cmem.UnownedMemory(block.ptr, block.size, block, device), 0)
+
+
+def malloc_managed(size: int) -> Any:
+    """``bridge.malloc_managed``: CuPy's ``malloc_managed`` on the budget, counted as ``cupy``
+    (managed memory is outside the pool: see bridge.managed)."""
+    from bridge import managed
+    from bridge._errors import OutOfMemoryError as BridgeOOM
+
+    device = int(_current_device_fn()())
+    try:
+        block = managed.allocate(device, size, core.TAG_CUPY)
+    except BridgeOOM as exc:
+        raise OutOfMemoryError(size, exc.by_framework.get("cupy", 0), exc.limit, str(exc)) from None
+    if block is None:  # 0 bytes, as CuPy's
+        return _cmem.MemoryPointer(_cmem.UnownedMemory(0, 0, None, device), 0)
+    return _cmem.MemoryPointer(_cmem.UnownedMemory(block.ptr, block.size, block, device), 0)
 
 
 def _release_pool(device: int, tag: int) -> None:

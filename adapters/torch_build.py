@@ -72,6 +72,22 @@ def _native_dir() -> Path:
     return Path(bridge.__file__).resolve().parent / "_native"
 
 
+def pluggable_from_env() -> bool:
+    """Whether ``BRIDGE_TORCH_PLUGGABLE`` asks for torch's ``CUDAPluggableAllocator``.
+
+    Unset, empty or ``0``: no; ``1``: yes; anything else raises ``ValueError``
+    naming the variable.
+    """
+    raw = os.environ.get(PLUGGABLE_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(
+            f"{PLUGGABLE_ENV}={os.environ[PLUGGABLE_ENV]!r} is not 0 or 1: 1 runs torch on "
+            "torch's CUDAPluggableAllocator instead of the bridge's torch allocator; unset it "
+            "or write 0 for the bridge's."
+        )
+    return raw == "1"
+
+
 def cache_dir() -> Path:
     """The folder of built torch allocators: ``$BRIDGE_CACHE_DIR``, else ``~/.cache/bridge``."""
     root = os.environ.get(CACHE_DIR_ENV, "").strip()
@@ -224,7 +240,11 @@ def describe() -> tuple[str, str]:
 
     The level is doctor's (``"ok"`` or ``"warn"``); imports no framework.
     """
-    if os.environ.get(PLUGGABLE_ENV, "").strip() not in ("", "0"):
+    try:
+        pluggable = pluggable_from_env()
+    except ValueError as exc:
+        return "warn", str(exc)
+    if pluggable:
         return "warn", f"{PLUGGABLE_ENV} is set: {_FALLBACK}."
     built = cached_builds()
     missing = missing_tools()

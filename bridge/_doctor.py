@@ -34,7 +34,7 @@ import pathlib
 import platform
 import sys
 
-from bridge import _runtime
+from bridge import _env, _runtime
 from bridge._doctor_frameworks import (
     Finding,
     Framework,
@@ -44,47 +44,14 @@ from bridge._doctor_frameworks import (
     stack,
 )
 from bridge._errors import BridgeError, format_bytes
-from bridge._pinned_backend import BACKEND_ENV, BACKENDS, host_memory_total
-from bridge._runtime import (
-    CACHE_FLOOR_ENV,
-    CACHE_FRACTION_ENV,
-    CACHE_LARGE_CAP_ENV,
-    CACHE_LIMIT_ENV,
-    CACHE_SMALL_MAX_ENV,
-    DRIVER_LIBRARY_ENV,
-    cache_fraction_from_env,
-    core,
-)
+from bridge._pinned_backend import host_memory_total
+from bridge._runtime import DRIVER_LIBRARY_ENV, core
 from bridge._version import __version__
-from bridge._wait import WAIT_ENV
-from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, HOST_MEMORY, PINNED_LIMIT_ENV, parse_size
-from bridge.share import (
-    DEFAULT_SHARE_GROWTH,
-    SHARE_DIR_ENV,
-    SHARE_ENV,
-    SHARE_GROWTH_ENV,
-    share_growth_valid,
-    share_name,
-)
 
 LEVELS = ("ok", "info", "warn", "error")
 
 # Every variable the library reads (a BRIDGE_* variable not here is a typo or a test's)
-BRIDGE_ENV = (
-    GPU_LIMIT_ENV,
-    CACHE_LIMIT_ENV,
-    CACHE_FRACTION_ENV,
-    CACHE_FLOOR_ENV,
-    CACHE_SMALL_MAX_ENV,
-    CACHE_LARGE_CAP_ENV,
-    PINNED_LIMIT_ENV,
-    BACKEND_ENV,
-    DRIVER_LIBRARY_ENV,
-    WAIT_ENV,
-    SHARE_ENV,
-    SHARE_DIR_ENV,
-    SHARE_GROWTH_ENV,
-)
+BRIDGE_ENV = _env.NAMES
 
 # Variables whose mere presence deserves a sentence: name -> (level, advice).
 CONFLICTING_ENV: dict[str, tuple[str, str]] = {
@@ -254,30 +221,25 @@ def _jax_shared_env() -> dict[str, str]:
     return dict(importlib.import_module("bridge.adapters.jax").SHARED_ENV)
 
 
-def _size_finding(
-    name: str, raw: str, total: int | None, of: str, who: str, device_totals: list[int]
-) -> Finding:
-    """The verdict on a size variable: error when the library would raise on it."""
+def _without_prefix(name: str, raw: str, text: str) -> str:
+    """An error's words without the ``NAME='raw'`` it starts with (the line names it)."""
+    for prefix in (f"{name}={raw!r}", f"{name}={raw}"):
+        if text.startswith(prefix):
+            return text[len(prefix) :].lstrip(" :").removeprefix("is ")
+    return text
+
+
+def _variable_finding(var: _env.Variable, raw: str, totals: _env.Totals) -> Finding:
+    """The verdict on one variable, by the library's own reader: error when it raises."""
+    subject = f"{var.name}={raw}"
     try:
-        size = parse_size(raw, total=total, name=name, of=of)
+        value = var.read(totals)
     except ValueError as exc:
-        return Finding(
-            "error", f"{name}={raw}", f"{exc} {who} raise ValueError on it: fix or unset it."
-        )
-    if name == GPU_LIMIT_ENV and device_totals and size and size > max(device_totals):
-        return Finding(
-            "warn",
-            f"{name}={raw}",
-            f"{format_bytes(size)} is above the GPUs' memory ({format_bytes(max(device_totals))}): "
-            "it limits nothing. Use a size below it or a percentage such as 90%.",
-        )
-    if name == GPU_LIMIT_ENV and device_totals:
-        what = f"a budget of {format_bytes(size)} per device" if size else "no limit"
-    elif name == CACHE_LIMIT_ENV:
-        what = f"a cache of {format_bytes(size)} per device" if size else "no cache"
-    else:
-        what = format_bytes(size) if size else "no limit"
-    return Finding("ok", f"{name}={raw}", f"valid: {what}.")
+        why = _without_prefix(var.name, raw, str(exc)).rstrip(".")
+        text = f"{why}. {var.who}: fix or unset it."
+        return Finding("error", subject, text)
+    level, text = var.describe(value, totals)
+    return Finding(level, subject, text)
 
 
 NUMBA_MANAGER_ENV = "NUMBA_CUDA_MEMORY_MANAGER"
@@ -306,101 +268,16 @@ def _environment(devices: list[dict]) -> list[Finding]:
         have = env.get(name)
         if have is not None and have.lower() != want:
             found.append(Finding("warn", f"{name}={have}", _XLA_ADVICE[name].format(want=want)))
-    totals = [d["total"] for d in devices if d["total"]]
-    device_total = min(totals) if totals else None
-    sizes = (
-        (GPU_LIMIT_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
-        (CACHE_LIMIT_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
-        (CACHE_FLOOR_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
-        (CACHE_SMALL_MAX_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
-        (CACHE_LARGE_CAP_ENV, device_total, DEVICE_MEMORY, "bridge.unify() and bridge.pool()"),
-        (PINNED_LIMIT_ENV, host_memory_total(), HOST_MEMORY, "bridge's pinned-memory functions"),
+    device_totals = tuple(d["total"] for d in devices if d["total"])
+    totals = _env.Totals(
+        device=min(device_totals) if device_totals else None,
+        host=host_memory_total(),
+        devices=device_totals,
     )
-    for name, total, of, who in sizes:
-        raw = env.get(name)
-        if raw is not None and raw.strip():
-            # without a GPU a share of the device is still checked for its form
-            found.append(_size_finding(name, raw, total or 1 << 40, of, who, totals))
-    raw = env.get(CACHE_FRACTION_ENV)
-    if raw is not None and raw.strip():
-        try:
-            fraction = cache_fraction_from_env()
-            found.append(
-                Finding(
-                    "ok",
-                    f"{CACHE_FRACTION_ENV}={raw}",
-                    f"valid: the cache's cap is {fraction:g} of the live bytes.",
-                )
-            )
-        except ValueError as exc:
-            found.append(
-                Finding(
-                    "error",
-                    f"{CACHE_FRACTION_ENV}={raw}",
-                    f"{exc} bridge.unify() and bridge.pool() raise ValueError on it: "
-                    "fix or unset it.",
-                )
-            )
-    backend = env.get(BACKEND_ENV)
-    if backend is not None and backend.strip():
-        if backend.strip().lower() in BACKENDS:
-            found.append(Finding("ok", f"{BACKEND_ENV}={backend}", "valid."))
-        else:
-            found.append(
-                Finding(
-                    "error",
-                    f"{BACKEND_ENV}={backend}",
-                    f"not a pinned backend: use one of {', '.join(sorted(BACKENDS))}. bridge's "
-                    "pinned-memory functions raise ValueError on it: fix or unset it.",
-                )
-            )
-    share = env.get(SHARE_ENV)
-    if share:
-        try:
-            share_name(None)
-            found.append(
-                Finding(
-                    "ok",
-                    f"{SHARE_ENV}={share}",
-                    "valid: bridge.unify() joins this share (one budget for every process "
-                    "that uses it on a GPU).",
-                )
-            )
-        except ValueError as exc:
-            found.append(Finding("error", f"{SHARE_ENV}={share}", f"{exc}: bridge.unify() raises."))
-    growth = env.get(SHARE_GROWTH_ENV)
-    if growth is not None and growth.strip():
-        name = f"{SHARE_GROWTH_ENV}={growth}"
-        if share_growth_valid(growth):
-            chunk = int(growth.lstrip().removeprefix("+")) / (1 << 20)
-            found.append(
-                Finding(
-                    "ok",
-                    name,
-                    f"valid: a share member claims {chunk:g} MiB chunks for an allocation "
-                    "in flight.",
-                )
-            )
-        else:
-            found.append(
-                Finding(
-                    "warn",
-                    name,
-                    "ignored: it must be a number of bytes, a positive multiple of 2 MiB "
-                    "(2097152) up to 1 TiB, so a share member claims the default "
-                    f"{DEFAULT_SHARE_GROWTH >> 20} MiB chunks (the driver pool's growth on an "
-                    "H200). Fix or unset it.",
-                )
-            )
-    share_dir = env.get(SHARE_DIR_ENV)
-    if share_dir and not os.path.isdir(share_dir):
-        found.append(
-            Finding(
-                "error",
-                f"{SHARE_DIR_ENV}={share_dir}",
-                "not a directory: a share cannot be joined. Create it or unset the variable.",
-            )
-        )
+    for var in _env.VARIABLES:  # what the library reads, checked by its own readers
+        raw = env.get(var.name)
+        if raw is not None and raw.strip():  # empty or blank: unset, for every variable
+            found.append(_variable_finding(var, raw, totals))
     for name in sorted(env):
         if name.startswith("BRIDGE_") and name not in BRIDGE_ENV:
             close = difflib.get_close_matches(name, BRIDGE_ENV, n=1, cutoff=0.85)
@@ -418,14 +295,6 @@ def _environment(devices: list[dict]) -> list[Finding]:
                 "info",
                 f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}",
                 "only these GPUs are visible to this process.",
-            )
-        )
-    if env.get(DRIVER_LIBRARY_ENV):
-        found.append(
-            Finding(
-                "info",
-                f"{DRIVER_LIBRARY_ENV}={env[DRIVER_LIBRARY_ENV]}",
-                "the bridge loads this library instead of libcuda.so.1.",
             )
         )
     return found

@@ -23,6 +23,10 @@ import importlib.util
 import pathlib
 import re
 
+from bridge._install import TORCH_CUDA12, install_command
+
+_ALL = ["cupy", "torch", "jax"]
+
 
 @dataclasses.dataclass
 class Finding:
@@ -308,6 +312,16 @@ def cuda_majors(dists: dict[str, str], torch_cuda: str | None) -> dict[int, list
 def stack(dists: dict[str, str]) -> list[Finding]:
     """One warning when the installed frameworks target different CUDA majors."""
     majors = cuda_majors(dists, _torch_cuda() if "torch" in dists else None)
+    if list(majors) == [12] and "torch" not in dists:
+        return [
+            Finding(
+                "info",
+                "torch for CUDA 12",
+                "the frameworks here are CUDA 12 builds and torch is not installed; PyPI's "
+                f"torch is a CUDA 13 build, so take a CUDA 12 torch from PyTorch's index: "
+                f"{TORCH_CUDA12}.",
+            )
+        ]
     if len(majors) < 2:
         return []
     listed = "; ".join(f"CUDA {m}: {', '.join(who)}" for m, who in sorted(majors.items()))
@@ -317,8 +331,10 @@ def stack(dists: dict[str, str]) -> list[Finding]:
             "CUDA versions",
             f"the packages here target different CUDA major versions ({listed}): one process "
             "would load two CUDA runtimes and their libraries, which wastes GPU memory and "
-            "can fail. Install one set: pip install 'bridge[cuda12]' or 'bridge[cuda13]' "
-            "(uninstall the other major's packages first).",
+            "can fail. Install one set (uninstall the other major's packages first): for "
+            f"for CUDA 13, {install_command(_ALL, 13)} (from a checkout: pip install -e "
+            f"'.[cuda13]'); for CUDA 12, {install_command(_ALL, 12)} (from a checkout: "
+            f"{TORCH_CUDA12}, then pip install -e '.[cuda12]').",
         )
     ]
 

@@ -3,7 +3,15 @@
 
 from __future__ import annotations
 
-__all__ = ["PinnedBuffer", "pinned_buffer", "empty_pinned", "zeros_pinned", "pinned_record"]
+__all__ = [
+    "PinnedBuffer",
+    "pinned_buffer",
+    "empty_pinned",
+    "zeros_pinned",
+    "empty_like_pinned",
+    "zeros_like_pinned",
+    "pinned_record",
+]
 
 import math
 from typing import Any
@@ -160,6 +168,91 @@ def zeros_pinned(shape: ShapeLike, dtype: Any = float, order: str = "C") -> nump
     if buf.size:
         numpy.frombuffer(shapes.as_buffer(buf), numpy.uint8).fill(0)
     return numpy.ndarray(dims, dt, buffer=shapes.as_buffer(buf), order=order)
+
+
+def _like(
+    a: Any, dtype: Any, order: str, subok: Any, shape: ShapeLike | None, *, zero: bool
+) -> numpy.ndarray:
+    """The ``*_like_pinned`` functions, with cupyx's rules for the layout."""
+    if subok is not None:  # as cupyx refuses it
+        raise TypeError("subok is not supported yet")
+    dt = numpy.dtype(a.dtype if dtype is None else dtype)
+    dims = tuple(a.shape) if shape is None else shapes.shape(shape)
+    how = order.upper() if isinstance(order, str) else order
+    if how not in ("C", "F", "K", "A"):
+        raise ValueError(f"order={order!r}: use 'C', 'F', 'A' or 'K'")
+    strides = None
+    if how in ("K", "A"):
+        c, f = bool(a.flags.c_contiguous), bool(a.flags.f_contiguous)
+        if how == "K" and shape is not None and len(dims) != a.ndim:
+            how = "C"  # a new number of dimensions has no layout to keep
+        elif c:
+            how = "C"
+        elif f:
+            how = "F"
+        elif how == "A":
+            how = "C"
+        else:  # 'K' of a strided array: its axes in the order of its strides, packed
+            strides = _strides_like(a.strides, dims, dt.itemsize)
+            how = "C"
+    buf = pinned_buffer(math.prod(dims) * dt.itemsize)
+    if zero and buf.size:
+        numpy.frombuffer(shapes.as_buffer(buf), numpy.uint8).fill(0)
+    return numpy.ndarray(
+        dims, dt, buffer=shapes.as_buffer(buf), order=shapes.order(how), strides=strides
+    )
+
+
+def _strides_like(strides: tuple[int, ...], dims: tuple[int, ...], itemsize: int) -> list[int]:
+    """Packed strides that keep the order of ``strides`` (cupy's order='K')."""
+    ranked = sorted((abs(s), -i) for i, s in enumerate(strides))
+    out = [0] * len(dims)
+    step = itemsize
+    for _, i in ranked:
+        out[-i] = step
+        step *= dims[-i]
+    return out
+
+
+def empty_like_pinned(
+    a: Any, dtype: Any = None, order: str = "K", subok: Any = None, shape: ShapeLike | None = None
+) -> numpy.ndarray:
+    """A pinned numpy array from the pool shaped like ``a``, uninitialized
+    (cupyx.empty_like_pinned, with its arguments).
+
+    Parameters
+    ----------
+    a : numpy.ndarray, cupy.ndarray or any array with shape, dtype, strides and flags
+    dtype : numpy dtype-like, optional
+        ``a``'s when None.
+    order : {"K", "C", "F", "A"}
+        ``"K"`` keeps ``a``'s layout (C, F, or the order of its strides for
+        any other layout); ``"A"``: F when ``a`` is F-contiguous only, else C.
+    subok : None
+        Refused unless None, as cupyx refuses it (TypeError).
+    shape : int or sequence of int, optional
+        Another shape (with another number of dimensions, ``"K"`` gives C).
+
+    Returns
+    -------
+    numpy.ndarray
+        On a :class:`PinnedBuffer`, as :func:`empty_pinned`.
+
+    Raises
+    ------
+    TypeError
+        For ``subok`` other than None.
+    bridge.OutOfMemoryError, ValueError, BridgeError
+        As :func:`pinned_buffer`; ValueError for an unknown order.
+    """
+    return _like(a, dtype, order, subok, shape, zero=False)
+
+
+def zeros_like_pinned(
+    a: Any, dtype: Any = None, order: str = "K", subok: Any = None, shape: ShapeLike | None = None
+) -> numpy.ndarray:
+    """As :func:`empty_like_pinned`, filled with zeros (cupyx.zeros_like_pinned)."""
+    return _like(a, dtype, order, subok, shape, zero=True)
 
 
 def pinned_record(obj: Any, stream: Any) -> None:

@@ -67,17 +67,18 @@ def _hint(of: str | None, env: bool) -> str:
     )
 
 
-def _bad(name: str, value: object, why: str = "", *, of: str | None, env: bool) -> ValueError:
-    return ValueError(
-        f"{name}={value!r} is not a valid size{': ' + why if why else ''}. {_hint(of, env)}"
-    )
+def _bad(
+    name: str | None, value: object, why: str = "", *, of: str | None, env: bool
+) -> ValueError:
+    what = f"{name}={value!r}" if name else repr(value)
+    return ValueError(f"{what} is not a valid size{': ' + why if why else ''}. {_hint(of, env)}")
 
 
 def parse_size(
     value: SizeLike,
     *,
     total: int | None = None,
-    name: str = "budget",
+    name: str | None = None,
     of: str | None = DEVICE_MEMORY,
 ) -> int | None:
     """Turn a user's size into bytes.
@@ -91,8 +92,9 @@ def parse_size(
         ``"40GiB"``, ``"512MiB"``, ``"40GB"``, ``"1073741824"``.
     total : int, optional
         The memory that fractions and percentages are of.
-    name : str
-        What the value is called in error messages (an argument or variable).
+    name : str, optional
+        What the value is called in error messages (an argument or variable);
+        when None, messages name the value alone.
     of : str or None
         What ``total`` is, for messages (``"the device's memory"``, ``"the
         host's memory"``); None when the value takes no fraction or
@@ -112,14 +114,14 @@ def parse_size(
 
 
 def _parse(
-    value: SizeLike, *, total: int | None, name: str, of: str | None, env: bool
+    value: SizeLike, *, total: int | None, name: str | None, of: str | None, env: bool
 ) -> int | None:
     def bad(why: str = "") -> ValueError:
         return _bad(name, value, why, of=of, env=env)
 
     def share(fraction: float) -> int:
         if of is None:
-            raise bad(f"{name} takes bytes, not a percentage or fraction")
+            raise bad(f"{name or 'it'} takes bytes, not a percentage or fraction")
         if total is None:
             raise bad(f"a share needs the total memory it is of ({of}), which is unknown here")
         return int(fraction * total)
@@ -240,7 +242,7 @@ def limit_from(
     size : int, str or None
         Bytes or a size such as ``"40GiB"`` or ``"25%"`` (of ``total``).
     fraction : float or None
-        Fraction of ``total``, in [0, 1].
+        Fraction of ``total``, in (0, 1]; 0 removes the limit.
     total : int or None
         The memory that fractions are of; None when it is unknown.
     of : str
@@ -261,7 +263,10 @@ def limit_from(
         or not isinstance(fraction, (int, float))
         or not 0.0 <= float(fraction) <= 1.0
     ):
-        raise ValueError(f"fraction={fraction!r} must be a number in [0, 1]")
+        raise ValueError(
+            f"fraction={fraction!r} must be a number in (0, 1] (a fraction of {of}), or 0 to "
+            "remove the limit"
+        )
     if total is None:
         raise ValueError(f"fraction={fraction!r}: the size of {of} is unknown here; pass size")
     return int(float(fraction) * total)

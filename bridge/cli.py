@@ -118,16 +118,26 @@ def format_shares(shares: Sequence[_share.Share]) -> str:
         if sh.error is not None:
             out.append(f"share file {sh.path}: {sh.error}")
             continue
-        out.append(
+        # a member that ended is no member: listed only while its claim is not yet taken back
+        alive = [m for m in sh.members if m.alive]
+        ended = [m for m in sh.members if not m.alive and m.claim]
+        claimed = sum(m.claim for m in alive)
+        line = (
             f"share {sh.name!r} on {sh.uuid}: budget {format_bytes(sh.budget)}, claimed "
-            f"{format_bytes(sh.claimed)} by {len(sh.members)} process"
-            f"{'' if len(sh.members) == 1 else 'es'}"
+            f"{format_bytes(claimed)} by {len(alive)} process{'' if len(alive) == 1 else 'es'}"
         )
+        if ended:
+            left = sum(m.claim for m in ended)
+            line += (
+                f"; {format_bytes(left)} still claimed by {len(ended)} ended process"
+                f"{'' if len(ended) == 1 else 'es'} (taken back at the next allocation)"
+            )
+        out.append(line)
         rows = [list(SHARE_COLUMNS)] + [
             [str(m.pid), str(m.device), format_bytes(m.claim)]
             + [format_bytes(m.by_framework.get(f, 0)) for f in ("cupy", "torch", "other")]
             + [format_bytes(m.cached), _member_state(m)]
-            for m in sh.members
+            for m in alive + ended
         ]
         widths = [max(len(r[i]) for r in rows) for i in range(len(SHARE_COLUMNS))]
         out += [

@@ -38,7 +38,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from bridge._errors import BridgeError
-from bridge.budget import GPU_LIMIT_ENV
+from bridge._install import install_hint
+from bridge.budget import GPU_LIMIT_ENV, parse_size
 
 GIB = 1 << 30
 DEFAULT_SHARE = 0.6  # of the GPU: native needs 2 x 60% (fails), the bridge 60% (fits)
@@ -71,8 +72,25 @@ def number_arg(
     return parse
 
 
-_gib = number_arg(float, "a number of GiB", lambda v: 0 < v < math.inf,
-                  "the size must be a number of GiB > 0")  # fmt: skip
+def _gib(text: str) -> float:
+    """``--size``: a size as everywhere in the library (``40GiB``, ``512MiB``, bytes with a
+    unit), in GiB; a bare number is a number of GiB (``40``, ``0.5``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        try:
+            n = parse_size(text, name="--size", of=None)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a size: write a number of GiB (40, 0.5) or a size with a "
+                "unit (40GiB, 512MiB, 40GB)"
+            ) from None
+        v = (n or 0) / GIB
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r}: the size must be more than 0")
+    return v
+
+
 _interval = number_arg(float, "a number of seconds", lambda v: 0 < v <= 1,
                        "the interval must be in (0, 1] seconds")  # fmt: skip
 
@@ -93,8 +111,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--size",
         type=_gib,
         default=None,
-        metavar="GIB",
-        help=f"N, in GiB (default {DEFAULT_SHARE:.0%}% of the GPU, so that the native run "
+        metavar="SIZE",
+        help="N: a size with a unit (40GiB, 512MiB) or a number of GiB (default "
+        f"{DEFAULT_SHARE:.0%}% of the GPU, so that the native run "
         f"runs out; at most {MAX_SHARE:.0%}% of the GPU)",
     )
     p.add_argument(
@@ -398,8 +417,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO, *, child: Child | No
     if child is None and missing:
         err.write(
             f"bridge demo: needs CuPy and PyTorch; {' and '.join(missing)} "
-            f"{'is' if len(missing) == 1 else 'are'} not installed (pip install -e "
-            "'.[cuda13]' or '.[cuda12]').\n"
+            f"{'is' if len(missing) == 1 else 'are'} not installed ({install_hint(missing)}).\n"
         )
         return EXIT_ERROR
     png = pathlib.Path(args.out)

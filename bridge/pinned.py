@@ -50,6 +50,8 @@ __all__ = [
     "PinnedPool",
     "empty_pinned",
     "zeros_pinned",
+    "empty_like_pinned",
+    "zeros_like_pinned",
     "pinned_buffer",
     "pinned_pool",
     "pinned_record",
@@ -63,9 +65,11 @@ from bridge import _pinned_backend
 from bridge._pinned_backend import BACKEND_ENV, host_memory_total
 from bridge._pinned_buffer import (
     PinnedBuffer,
+    empty_like_pinned,
     empty_pinned,
     pinned_buffer,
     pinned_record,
+    zeros_like_pinned,
     zeros_pinned,
 )
 from bridge._pinned_pool import PinnedPool, pinned_pool

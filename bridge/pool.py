@@ -6,9 +6,10 @@ from __future__ import annotations
 __all__ = ["Pool", "Stats", "pool", "stats", "register_attribution"]
 
 import dataclasses
+import importlib
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bridge import _errors, _runtime
 from bridge._errors import check, format_bytes
@@ -51,7 +52,8 @@ class Stats:
     ----------
     device : int
     limit : int
-        The budget in bytes; 0 = no limit.
+        The budget in bytes that refuses first; 0 = no limit. In a share
+        (``unify(share=...)``), the share's budget when it is the smaller.
     used : int
         Bytes in use in the pool by every framework: the driver's
         ``USED_MEM_CURRENT`` less the bridge's cache of freed blocks.
@@ -182,9 +184,10 @@ def _snapshot(device: int) -> Stats:
         "rmm": int(tags[core.TAG_RMM]["current"]),
         "other": int(tags[core.TAG_OTHER]["current"]) + max(0, outside - jax),
     }
+    share = _share_of(device)
     return Stats(
         device=device,
-        limit=raw["limit"],
+        limit=effective_limit(int(raw["limit"]), share),
         used=max(0, raw["pool_used"] - raw["cached"]),
         cached=raw["cached"],
         reserved=raw["pool_reserved"],
@@ -206,8 +209,14 @@ def _snapshot(device: int) -> Stats:
         num_wait_all_waiting=raw["num_wait_all_waiting"],
         waiting=raw["waiting"],
         tags=tuple(dict(t, name=TAG_NAMES[i]) for i, t in enumerate(tags)),
-        share=_share_of(device),
+        share=share,
     )
+
+
+def effective_limit(own: int, share: dict | None) -> int:
+    """The budget that refuses first: this process's own, or its share's (0 = no limit)."""
+    budgets = [b for b in (own, int(share["budget"]) if share else 0) if b]
+    return min(budgets) if budgets else 0
 
 
 def _share_of(device: int) -> dict | None:
@@ -237,9 +246,13 @@ def stats(device: int | None = None) -> Stats:
 
 
 class Pool:
-    """The shared (driver default) pool of one device, with CuPy's pool API.
+    """The shared (driver default) pool of one device, with CuPy's ``MemoryPool`` API.
 
-    Figures are pool-wide: they count every framework that allocates from it.
+    Method for method as ``cupy.cuda.MemoryPool``: ``malloc``, ``free_all_blocks``
+    (``stream=`` taken), ``free_all_free``, ``n_free_blocks``, ``used_bytes``,
+    ``free_bytes``, ``total_bytes``, ``set_limit``, ``get_limit``. Figures are
+    pool-wide: they count every framework that allocates from it, not only
+    CuPy, and the limit is the budget every framework shares.
     """
 
     def __init__(self, device: int) -> None:
@@ -264,9 +277,72 @@ class Pool:
         raw = _raw(self._device)
         return max(0, int(raw["pool_reserved"]) - int(raw["pool_used"]) + int(raw["cached"]))
 
-    def free_all_blocks(self) -> None:
-        """Return the pool's idle memory to the driver (synchronizes the device)."""
+    def n_free_blocks(self) -> int:
+        """Freed blocks the bridge keeps for reuse (its cache in front of the driver pool).
+
+        The driver pool's own idle memory (``free_bytes``) is not kept as blocks
+        and is not counted here.
+        """
+        rc, n = core.cached_blocks(self._device)
+        check(rc, what="counting the cached blocks", device=self._device)
+        return int(n)
+
+    def malloc(self, size: int) -> Any:
+        """Allocate ``size`` bytes from the shared pool on the current stream, under the budget.
+
+        Returns
+        -------
+        cupy.cuda.MemoryPointer or bridge._core.Block
+            With CuPy installed, a ``MemoryPointer`` (as ``MemoryPool.malloc``;
+            counted as ``cupy``, on CuPy's current stream); without it, the
+            block itself (``ptr``, ``size``, ``device``; counted as ``other``, on
+            the legacy default stream). The memory goes back when the object
+            is gone.
+
+        Raises
+        ------
+        OutOfMemoryError
+            CuPy's ``OutOfMemoryError`` with CuPy, else ``bridge.OutOfMemoryError``,
+            naming the device, the request, the budget and every framework's bytes.
+        ValueError
+            For a size that is not an int >= 0.
+        """
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ValueError(f"size={size!r}: pass a number of bytes >= 0")
+        try:
+            import cupy
+        except ImportError:
+            cupy = None
+        if cupy is not None:  # the adapter is the one place that knows CuPy
+            return importlib.import_module("bridge.adapters.cupy").malloc(self._device, size)
+        rc, block = core.alloc_block(self._device, size, 0, core.TAG_OTHER, None)
+        if rc in _errors.OOM_STATUSES:
+            s = _snapshot(self._device)
+            raise _errors.OutOfMemoryError(
+                _errors.oom_message(self._device, size, rc, framework="other"),
+                device=self._device,
+                size=size,
+                limit=s.limit,
+                by_framework=s.by_framework,
+            )
+        check(rc, what=f"allocating {size} bytes", device=self._device)
+        return block
+
+    def free_all_blocks(self, stream: Any = None) -> None:
+        """Return the pool's idle memory to the driver (synchronizes the device).
+
+        Parameters
+        ----------
+        stream : optional
+            Taken as CuPy takes it. CuPy's pool keeps an arena per stream and
+            empties only that one; the shared pool keeps none that could be
+            emptied alone, so every idle block goes back, that stream's included.
+        """
         check(core.trim(self._device, 0), what="returning idle memory", device=self._device)
+
+    def free_all_free(self) -> None:
+        """The same as :meth:`free_all_blocks` (CuPy's older name, kept as CuPy keeps it)."""
+        self.free_all_blocks()
 
     def set_limit(self, size: int | str | None = None, fraction: float | None = None) -> None:
         """Set the device's budget.
@@ -277,7 +353,7 @@ class Pool:
             Bytes, or a size such as ``"40GiB"``, ``"80%"`` or ``"0.8"`` (of
             the device's memory).
         fraction : float, optional
-            Fraction of the device's memory, in [0, 1].
+            Fraction of the device's memory, in (0, 1] (0 removes the limit).
 
         Warns
         -----
@@ -296,8 +372,9 @@ class Pool:
         warn_if_above(limit, total, name=f"bridge.pool({self._device}).set_limit", of=DEVICE_MEMORY)
 
     def get_limit(self) -> int:
-        """The budget in bytes; 0 = no limit."""
-        return int(_raw(self._device)["limit"])
+        """The budget in bytes that refuses first (this process's, or its share's when the
+        device is in a share and that is smaller); 0 = no limit."""
+        return effective_limit(int(_raw(self._device)["limit"]), _share_of(self._device))
 
     def stats(self) -> Stats:
         """A snapshot of this pool (see :func:`bridge.stats`)."""

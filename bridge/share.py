@@ -30,8 +30,9 @@ import stat
 import struct
 import time
 
-from bridge._errors import check
+from bridge._errors import BridgeError, check, format_bytes
 from bridge._runtime import core
+from bridge.budget import size_from_env
 from bridge.pool import TAG_NAMES
 
 SHARE_ENV = "BRIDGE_SHARE"  # the share name when unify() is given none
@@ -43,11 +44,28 @@ SHARE_UNIT = 2 << 20  # the claims' granule (share.c's SHARE_UNIT)
 DEFAULT_SHARE_GROWTH = 32 << 20  # share.c's SHARE_GROWTH
 
 
-def share_growth_valid(raw: str) -> bool:
-    """Whether the core takes ``raw`` as BRIDGE_SHARE_GROWTH (else it claims the default):
-    a decimal number of bytes, a positive multiple of SHARE_UNIT, at most 1 TiB."""
-    digits = raw.lstrip().removeprefix("+")
-    return digits.isdigit() and 0 < int(digits) <= 1 << 40 and int(digits) % SHARE_UNIT == 0
+MAX_SHARE_GROWTH = 1 << 40
+
+
+def share_growth_from_env() -> int | None:
+    """``BRIDGE_SHARE_GROWTH`` in bytes (None when unset or empty): a size as every size
+    variable takes it (``4194304``, ``4MiB``), a positive multiple of 2 MiB up to 1 TiB.
+
+    Raises
+    ------
+    ValueError
+        Naming the variable and its value, with the forms it takes.
+    """
+    size = size_from_env(SHARE_GROWTH_ENV, total=None, of=None)
+    if size is None:
+        return None
+    if not 0 < size <= MAX_SHARE_GROWTH or size % SHARE_UNIT:
+        raise ValueError(
+            f"{SHARE_GROWTH_ENV}={os.environ.get(SHARE_GROWTH_ENV)!r} is not a valid growth: "
+            f"it is {format_bytes(size)} ({size} bytes); write a positive multiple of 2 MiB "
+            "up to 1 TiB, as bytes (4194304) or with a unit (4MiB, 32MiB)."
+        )
+    return size
 
 
 DEFAULT_SHARE = "default"  # share=True
@@ -72,7 +90,8 @@ def share_name(share: object) -> str | None:
     """
     where = "share"
     if share is None:
-        share = os.environ.get(SHARE_ENV) or None
+        raw = os.environ.get(SHARE_ENV, "")
+        share = raw if raw.strip() else None  # empty or blank: unset, as every variable
         where = SHARE_ENV
         if share is None:
             return None
@@ -84,9 +103,10 @@ def share_name(share: object) -> str | None:
         raise ValueError(
             f"share={share!r}: pass a name (a string), True for the default share, or None"
         )
-    if not 0 < len(share) <= NAME_MAX or not share.isprintable():
+    if not 0 < len(share) <= NAME_MAX or not share.isprintable() or share != share.strip():
         raise ValueError(
-            f"{where}={share!r}: a share name must be 1 to {NAME_MAX} printable characters"
+            f"{where}={share!r}: a share name must be 1 to {NAME_MAX} printable characters, "
+            "without spaces at either end"
         )
     return share
 
@@ -113,9 +133,30 @@ def join(device: int, name: str, budget: int) -> None:
     BridgeError
         When the share's file cannot be used (another user's, readable by
         others, corrupt, a symbolic link), the budget differs from the
-        share's, the share has no free slot, or this process already uses
-        another share on that GPU. The message says what to do.
+        share's (both named), the share has no free slot, or this process
+        already uses another share on that GPU. The message says what to do.
+    ValueError
+        For a bad ``BRIDGE_SHARE_GROWTH``.
     """
+    growth = share_growth_from_env()
+    mine = membership(device)
+    if mine is not None:
+        if mine["name"] != name:
+            raise BridgeError(
+                f"this process already uses the share {mine['name']!r} on device {device} "
+                f"(budget {format_bytes(mine['budget'])}); a process belongs to one share per "
+                f"GPU, so it cannot join {name!r} too. Use share={mine['name']!r}, or another "
+                "process for the other share."
+            )
+        if budget and mine["budget"] not in (budget, budget // SHARE_UNIT * SHARE_UNIT):
+            raise BridgeError(
+                f"this process is in the share {name!r} on device {device}, whose budget is "
+                f"{format_bytes(mine['budget'])} ({mine['budget']} bytes); a budget of "
+                f"{format_bytes(budget)} ({budget} bytes) cannot apply to it. Pass the share's "
+                "budget or none (the share's applies), or use another share name."
+            )
+        return
+    core.share_set_growth(growth or 0)
     check(
         core.share_join(device, name, share_dir(), budget), what="joining the share", device=device
     )

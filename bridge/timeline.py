@@ -354,6 +354,7 @@ class Recording:
         try:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             from matplotlib.figure import Figure
+            from matplotlib.ticker import MaxNLocator
         except ImportError as exc:
             raise ImportError(
                 "Recording.plot needs matplotlib, which is not installed: "
@@ -366,10 +367,7 @@ class Recording:
             raise ValueError("this recording has no samples to plot")
         devices = sorted({s.device for s in samples})
         peak = max(max(s.used, s.limit, sum(s.by_framework.values())) for s in samples)
-        scale, unit = next(
-            ((1024.0**k, u) for k, u in ((3, "GiB"), (2, "MiB"), (1, "KiB")) if peak >= 1024**k),
-            (1.0, "B"),
-        )
+        scale, unit, top = axis_scale(peak)
         fig = Figure(figsize=(10, 1.2 + 3.0 * len(devices)))
         FigureCanvasAgg(fig)
         axes = fig.subplots(len(devices), 1, squeeze=False, sharex=True)[:, 0]
@@ -426,7 +424,9 @@ class Recording:
                         fontsize=8,
                     )
             ax.set_ylabel(f"device {d} ({unit})")
-            ax.set_ylim(bottom=0)
+            ax.set_ylim(bottom=0, top=top)
+            if unit == "B":  # whole bytes: no 0.05-byte ticks
+                ax.yaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
         axes[0].legend(
             loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, ncol=5, frameon=False
@@ -437,6 +437,18 @@ class Recording:
         path = pathlib.Path(path)
         fig.savefig(path, dpi=dpi, format="png")
         return path
+
+
+def axis_scale(peak: int) -> tuple[float, str, float | None]:
+    """The unit of a plot's byte axis for its highest value: (bytes per unit, unit, top).
+
+    ``top`` is 1 unit for an axis where nothing was ever held (peak 0), which
+    would otherwise be labelled in fractions of a byte; None lets the plot choose.
+    """
+    for k, unit in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if peak >= 1024**k:
+            return 1024.0**k, unit, None
+    return 1.0, "B", (1.0 if peak == 0 else None)
 
 
 def record(interval: float = 0.05, device: DeviceArg = None) -> Recording:

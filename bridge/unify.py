@@ -15,6 +15,7 @@ from types import ModuleType
 from bridge import _runtime, _wait, recovery, views
 from bridge import share as _share
 from bridge._errors import BridgeError, check, format_bytes
+from bridge._install import TORCH_CUDA12, install_hint
 from bridge._runtime import core
 from bridge.budget import (
     DEVICE_MEMORY,
@@ -81,9 +82,22 @@ def _flag(name: str, value: object) -> bool:
     return value
 
 
+def _default_flag(name: str, value: object) -> bool | None:
+    """True or False as given; None (the default): set up if installed, skipped if not."""
+    return None if value is None else _flag(name, value)
+
+
+def _installed(name: str) -> bool:
+    """Whether a framework's package is installed (found, not imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def unify(
-    cupy: bool = True,
-    torch: bool = True,
+    cupy: bool | None = None,
+    torch: bool | None = None,
     jax: bool = False,
     *,
     budget: SizeLike = None,
@@ -103,8 +117,16 @@ def unify(
 
     Parameters
     ----------
-    cupy, torch, jax : bool
-        Frameworks to put on the shared pool.
+    cupy, torch : bool or None
+        Frameworks to put on the shared pool. ``None`` (the default): the
+        framework if it is installed, skipped if not, so a bare ``unify()``
+        sets up the installed ones. ``True``: set it up, and a framework that
+        is not installed is an error that says how to install it. ``False``:
+        leave it on its own allocator. (The old forms, ``unify(True, True)``,
+        ``unify(cupy=True, torch=False)``, mean what they did.)
+    jax : bool
+        JAX on the shared pool (off unless asked for: it is configured before
+        its GPU backend starts, see bridge.adapters.jax).
     budget : int, float, str or None
         Per device. ``None``: ``BRIDGE_GPU_MEMORY_LIMIT`` if set, else no limit
         (or the limit set earlier). ``int`` bytes; ``float`` in (0, 1] (or
@@ -175,7 +197,8 @@ def unify(
         argument is checked before anything changes: after a ValueError the
         process is as it was (no Bridge, no budget, no framework).
     BridgeError
-        When frameworks are not installed (all of them named at once), a
+        When frameworks asked for with True are not installed (all of them
+        named at once, with the packages to install for CUDA 12 and 13), a
         framework has already started its own allocator (torch's CUDA
         allocator, JAX's GPU backend), there is no CUDA driver or device, or
         the share cannot be joined (its file is another user's, corrupt or
@@ -184,8 +207,9 @@ def unify(
         before the call; frameworks installed before it stay installed.
     """
     global _bridge
-    flags = {"cupy": _flag("cupy", cupy), "torch": _flag("torch", torch), "jax": _flag("jax", jax)}
-    flags.update(numba=_flag("numba", numba), rmm=_flag("rmm", rmm))
+    asked = {"cupy": _default_flag("cupy", cupy), "torch": _default_flag("torch", torch)}
+    flags = {n: _installed(n) if on is None else on for n, on in asked.items()}
+    flags.update(jax=_flag("jax", jax), numba=_flag("numba", numba), rmm=_flag("rmm", rmm))
     _flag("peer_access", peer_access)
     _flag("budget_views", budget_views)
     # reject bad input before any change, and before the driver is needed
@@ -198,6 +222,7 @@ def unify(
     # None: BRIDGE_WAIT if set, else what an earlier call set
     seconds = _wait.parse_wait(wait) if wait is not None else _wait.wait_from_env()
     share_name = _share.share_name(share)
+    _share.share_growth_from_env()  # a bad BRIDGE_SHARE_GROWTH is refused as doctor refuses it
     if jax_memory is not None and not flags["jax"]:
         raise ValueError(
             f"jax_memory={jax_memory!r} is a partition for JAX: pass jax=True with it, or drop it"
@@ -226,6 +251,7 @@ def unify(
         limits = {}
         if budget is not None:
             limits = {d: parse_size(budget, total=t, name="budget") or 0 for d, t in totals.items()}
+        _budgets_agree_with_shares(budget, limits)
         threshold = None
         if release_threshold is not None:
             threshold = parse_size(release_threshold, name="release_threshold", of=None) or 0
@@ -279,6 +305,23 @@ def unify(
             _wait.set_wait(seconds)
         _say_what_changed(budget, before, limits, totals, earlier)
         return b
+
+
+def _budgets_agree_with_shares(budget: SizeLike, limits: dict[int, int]) -> None:
+    """A device already in a share keeps the share's budget: another one is refused, naming
+    both (the share's budget is what refuses, so it is the one that stats show)."""
+    for d, limit in limits.items():
+        mine = _share.membership(d)
+        if mine is None or not limit:
+            continue
+        if mine["budget"] not in (limit, limit // _share.SHARE_UNIT * _share.SHARE_UNIT):
+            raise BridgeError(
+                f"bridge.unify(budget={budget!r}): device {d} is in the share "
+                f"{mine['name']!r}, whose budget is {format_bytes(mine['budget'])} "
+                f"({mine['budget']} bytes); this process cannot have a budget of "
+                f"{format_bytes(limit)} ({limit} bytes) there: the share's refuses first. "
+                "Pass the share's budget or none, or run in another share."
+            )
 
 
 def _record(b: Bridge, devices: list[int], installed: list[str]) -> None:
@@ -385,6 +428,8 @@ def _not_installed(missing: dict[str, ImportError]) -> BridgeError:
     offs = ", ".join(f"{n}=False" for n in names)
     return BridgeError(
         f"bridge.unify({calls}): {listed} {verb} not installed ({why}). Install "
-        f"{'it' if len(names) == 1 else 'them'} (pip install 'bridge[{','.join(names)}]') "
-        f"or pass {offs}."
+        f"{'it' if len(names) == 1 else 'them'} for the CUDA major of the rest of the "
+        f"environment ({install_hint(names)}; from a checkout, pip install -e '.[cuda13]', "
+        f"or '.[cuda12]' after {TORCH_CUDA12}), or pass {offs}, or leave "
+        f"{'it' if len(names) == 1 else 'them'} out to set up only what is installed."
     )

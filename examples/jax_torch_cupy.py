@@ -9,9 +9,14 @@ torch being refused when JAX already holds most of the budget.
 
 from __future__ import annotations
 
+import sys
+
 import bridge
 
-bridge.unify(cupy=True, torch=True, jax=True, budget="12GiB")
+try:
+    bridge.unify(cupy=True, torch=True, jax=True, budget="12GiB")
+except bridge.BridgeError as exc:  # no GPU or driver, a framework missing: one line
+    sys.exit(f"jax_torch_cupy.py: {exc}")
 
 import cupy  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

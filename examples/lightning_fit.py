@@ -22,7 +22,10 @@ import bridge
 
 BUDGET = sys.argv[1] if len(sys.argv) > 1 else "3GiB"
 if __name__ == "__main__":  # at program start, before anything can start CUDA in torch
-    bridge.unify(torch=True, cupy=True, budget=BUDGET)
+    try:
+        bridge.unify(torch=True, cupy=True, budget=BUDGET)
+    except bridge.BridgeError as exc:  # no GPU or driver, a framework missing: one line
+        sys.exit(f"lightning_fit.py: {exc}")
 
 import cupy  # noqa: E402
 import lightning as L  # noqa: E402

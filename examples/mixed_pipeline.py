@@ -16,7 +16,10 @@ import sys
 import bridge
 
 # At program start, before the first CUDA array or tensor.
-bridge.unify(cupy=True, torch=True, budget="60%")
+try:
+    bridge.unify(cupy=True, torch=True, budget="60%")
+except bridge.BridgeError as exc:  # no GPU or driver, a framework missing: one line
+    sys.exit(f"mixed_pipeline.py: {exc}")
 
 import cupy  # noqa: E402
 import torch  # noqa: E402

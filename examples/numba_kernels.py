@@ -11,9 +11,14 @@ Numba gets next.
 
 from __future__ import annotations
 
+import sys
+
 import bridge
 
-bridge.unify(cupy=True, torch=False, numba=True, budget="4GiB")
+try:
+    bridge.unify(cupy=True, torch=False, numba=True, budget="4GiB")
+except bridge.BridgeError as exc:  # no GPU or driver, a framework missing: one line
+    sys.exit(f"numba_kernels.py: {exc}")
 
 import cupy  # noqa: E402
 import numpy as np  # noqa: E402

@@ -10,9 +10,14 @@ each framework holds; the loop halves the batch and carries on.
 
 from __future__ import annotations
 
+import sys
+
 import bridge
 
-bridge.unify(cupy=True, torch=True, budget="8GiB")
+try:
+    bridge.unify(cupy=True, torch=True, budget="8GiB")
+except bridge.BridgeError as exc:  # no GPU or driver, a framework missing: one line
+    sys.exit(f"oom_handled.py: {exc}")
 
 import cupy  # noqa: E402
 import torch  # noqa: E402

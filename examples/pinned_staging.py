@@ -10,13 +10,17 @@ host-to-device rate from a pooled pinned buffer, and the pinned pool's figures
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
 
 import bridge
 
-bridge.unify(cupy=True, torch=True, jax=True)
+try:
+    bridge.unify(cupy=True, torch=True, jax=True)
+except bridge.BridgeError as exc:  # no GPU or driver, a framework missing: one line
+    sys.exit(f"pinned_staging.py: {exc}")
 
 import cupy  # noqa: E402
 import jax  # noqa: E402

@@ -11,9 +11,14 @@ message.
 
 from __future__ import annotations
 
+import sys
+
 import bridge
 
-bridge.unify(cupy=False, torch=True, rmm=True, budget="6GiB")
+try:
+    bridge.unify(cupy=False, torch=True, rmm=True, budget="6GiB")
+except bridge.BridgeError as exc:  # no GPU or driver, a framework missing: one line
+    sys.exit(f"rmm_buffers.py: {exc}")
 
 import cupy  # noqa: E402
 import rmm  # noqa: E402

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import sysconfig
@@ -173,3 +174,36 @@ def pytest_runtest_logreport(report):
         out = sys.__stderr__
         out.write(f"\n===== FAILED {report.nodeid} ({report.when})\n{report.longreprtext}\n")
         out.flush()
+
+
+def _skip_kind(reason: str) -> str:
+    """What a skip reason is about, in a word: ``gpu``, a missing module, or ``other``."""
+    if reason.startswith("no GPU in this run") or "GPU run" in reason:
+        return "gpu"
+    m = re.match(r"could not import '([^'.]+)", reason)
+    return f"module {m.group(1)}" if m else "other"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line for the skips (``-rs`` lists each), instead of a line per skip."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped or "s" in (config.option.reportchars or "").replace("fE", ""):
+        return
+    kinds: dict[str, int] = {}
+    for rep in skipped:
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        kind = _skip_kind(reason.removeprefix("Skipped: "))
+        kinds[kind] = kinds.get(kind, 0) + 1
+    gpu = kinds.pop("gpu", 0)
+    modules = sorted(k.split(" ", 1)[1] for k in kinds if k.startswith("module "))
+    parts = []
+    if gpu:
+        parts.append(f"{gpu} need a GPU (scripts/gpu-test runs them on a GPU machine)")
+    n_mod = sum(v for k, v in kinds.items() if k.startswith("module "))
+    if n_mod:
+        parts.append(f"{n_mod} need a module not installed here ({', '.join(modules)})")
+    if kinds.get("other"):
+        parts.append(f"{kinds['other']} for other reasons")
+    terminalreporter.write_line(
+        f"skipped {len(skipped)}: {'; '.join(parts)}. `pytest -rs` lists each reason."
+    )

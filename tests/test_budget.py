@@ -91,7 +91,7 @@ def test_a_decimal_string_is_a_fraction_as_the_float_is(value, expected):
 
 def test_the_hint_never_suggests_what_was_refused():
     with pytest.raises(ValueError) as info:
-        parse_size("1.5", total=TOTAL)
+        parse_size("1.5", total=TOTAL, name="budget")
     msg = str(info.value)
     assert "budget='1.5'" in msg and "must be in (0, 1]" in msg
     assert "write bytes as a whole number" in msg
@@ -236,3 +236,20 @@ def test_limit_from_names_what_the_fraction_is_of():
         limit_from(None, 0.5, total=None, of=HOST_MEMORY)
     with pytest.raises(ValueError, match="not both"):
         limit_from("1GiB", 0.5, total=TOTAL)
+
+
+def test_without_a_name_the_message_names_the_value_alone():
+    with pytest.raises(ValueError) as info:
+        parse_size("80%")
+    msg = str(info.value)
+    assert msg.startswith("'80%' is not a valid size: a share needs the total memory")
+    assert "budget" not in msg
+
+
+def test_a_fraction_out_of_range_says_the_range_budgets_take():
+    from bridge.budget import limit_from
+
+    with pytest.raises(ValueError) as info:
+        limit_from(None, 1.5, total=TOTAL)
+    assert "(0, 1]" in str(info.value) and "[0, 1]" not in str(info.value)
+    assert limit_from(None, 0, total=TOTAL) == 0

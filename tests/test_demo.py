@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from bridge import demo
+from bridge import cli, demo
 from bridge.cli import main
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -100,7 +100,7 @@ def test_help_names_the_options_and_the_exit_status(standin, capsys):
     rc, _, _ = run_main("demo", "--help", child=never)
     assert rc == 0
     out = capsys.readouterr().out
-    for word in ("--size GIB", "--out PNG", "--interval", "60% of the GPU", "Exits 0"):
+    for word in ("--size SIZE", "--out PNG", "--interval", "60% of the GPU", "Exits 0"):
         assert word in " ".join(out.split()), word
 
 
@@ -126,6 +126,28 @@ def test_a_size_the_gpu_cannot_hold_is_refused_before_any_run(standin):
     assert rc == 1 and out == ""
     assert "--size 15 is 15.0 GiB, more than 90% of this GPU's 16.0 GiB" in err
     assert "Pass --size 14.4 or less" in err
+
+
+@pytest.mark.parametrize(
+    "text, gib", [("40GiB", 40.0), ("512MiB", 0.5), ("40", 40.0), ("0.5", 0.5), ("8 GiB", 8.0)]
+)
+def test_size_takes_units_as_everywhere_and_a_bare_number_is_gib(text, gib):
+    ns = cli._parser("bridge").parse_args(["demo", "--size", text])
+    assert ns.size == gib
+
+
+@pytest.mark.parametrize("text", ["40Gbits", "50%", "0GiB"])
+def test_a_size_that_is_no_size_is_refused_with_the_forms_it_takes(text, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli._parser("bridge").parse_args(["demo", "--size", text])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert repr(text) in err
+
+
+def test_a_size_with_a_unit_too_large_for_the_gpu_is_refused_before_any_run(standin):
+    rc, out, err = run_main("demo", "--size", "15GiB", child=never)
+    assert rc == 1 and "more than 90% of this GPU's 16.0 GiB" in err
 
 
 def test_missing_frameworks_are_named(standin, monkeypatch):

@@ -2,8 +2,11 @@
 """The docs stand on their own and their recipes run as written.
 
 Every ```` ```python cpu ```` block of the Markdown files runs here, in a fresh
-process on the stand-in driver, with warnings as errors; every other Python
-block must at least compile (it needs a GPU and the frameworks).
+process without any CUDA driver, as on a user's machine without a GPU; every
+```` ```python standin ```` block runs on the stand-in driver (what a user gets by
+following the user guide's "Trying it without a GPU"), and says so in its first
+line; both with warnings as errors. Every other Python block must at least
+compile (it needs a GPU and the frameworks).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ def _blocks() -> list[tuple[str, int, str, str]]:
 
 
 BLOCKS = _blocks()
-CPU = [b for b in BLOCKS if b[2] == "cpu"]
+CPU = [b for b in BLOCKS if b[2] in ("cpu", "standin")]
+STANDIN_NOTE = "# without a GPU: on the stand-in driver (user guide, Trying it without a GPU)"
 
 
 def test_the_docs_have_cpu_recipes():
@@ -47,9 +51,19 @@ def test_the_docs_have_cpu_recipes():
     assert "docs/user-guide.md" in files and len(CPU) >= 5
 
 
+def test_a_recipe_that_needs_the_stand_in_says_so_where_the_reader_sees_it():
+    for path, line, kind, code in CPU:
+        if kind == "standin":
+            assert code.splitlines()[0] == STANDIN_NOTE, f"{path}:{line}"
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    assert "## Trying it without a GPU" in guide and "BRIDGE_CUDA_LIBRARY" in guide
+
+
 @pytest.mark.parametrize("path, line, kind, code", CPU, ids=[f"{f}:{n}" for f, n, *_ in CPU])
 def test_cpu_recipe_runs_as_written(standin, tmp_path, path, line, kind, code):
     env = dict(os.environ)  # the stand-in driver (conftest), two 16 GiB GPUs
+    if kind == "cpu":  # no driver at all, as on a machine without a GPU
+        env["BRIDGE_CUDA_LIBRARY"] = str(tmp_path / "no-libcuda.so.1")
     r = subprocess.run(
         [sys.executable, "-W", "error", "-c", code],
         cwd=tmp_path,
@@ -63,7 +77,7 @@ def test_cpu_recipe_runs_as_written(standin, tmp_path, path, line, kind, code):
 
 @pytest.mark.parametrize("path, line, kind, code", BLOCKS, ids=[f"{f}:{n}" for f, n, *_ in BLOCKS])
 def test_every_python_block_compiles(path, line, kind, code):
-    assert kind in ("", "cpu"), f"{path}:{line}: unknown block kind {kind!r}"
+    assert kind in ("", "cpu", "standin"), f"{path}:{line}: unknown block kind {kind!r}"
     compile(code, f"{path}:{line}", "exec")
 
 
@@ -108,3 +122,17 @@ def test_no_file_of_the_repository_points_outside_it():
         text = path.read_text(errors="replace")
         bad += [f"{rel}: {n}" for n in ("/work/", "CONTRACT.md", "PLATFORM.md") if n in text]
     assert not bad, bad
+
+
+def test_the_changelog_has_one_entry_per_release_in_keep_a_changelog_form():
+    text = (REPO / "CHANGELOG.md").read_text()
+    releases = re.split(r"^## ", text, flags=re.M)[1:]
+    assert releases and releases[0].startswith("[Unreleased]")
+    names = [r.split("\n", 1)[0] for r in releases]
+    assert len(names) == len(set(names)), names
+    kinds = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security")
+    for release in releases:
+        heads = re.findall(r"^### (.+)$", release, re.M)
+        assert len(heads) == len(set(heads)), (release.split("\n", 1)[0], heads)
+        assert set(heads) <= set(kinds), heads
+    assert "GPU status" not in text  # run records live in benchmarks/results

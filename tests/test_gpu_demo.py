@@ -89,3 +89,29 @@ def test_default_size_native_runs_out_and_the_bridge_finishes(tmp_path):
     assert re.search(r"native runs out at \d+\.\d GiB in use: torch could not get", r.stdout)
     assert re.search(r"the bridge finishes at \d+\.\d GiB in use: torch got its", r.stdout)
     check_png_and_csv(png)
+
+
+def test_size_with_a_unit_as_everywhere(tmp_path):
+    """`--size 40GiB` (issue 31): a size with a unit, as every size of the library; on a
+    card of less than 48 GiB the same in MiB of a tenth of it."""
+    total = _device_total_gib()
+    arg, want = ("40GiB", 40.0) if total > 90 else (f"{int(total * 102.4)}MiB", None)
+    r, png = demo(tmp_path, "--size", arg)
+    assert r.returncode == 0, r.stderr
+    size = gib(re.search(r"CuPy holds (\d+\.\d GiB) and frees it", r.stdout).group(1))
+    if want is not None:
+        assert size == want
+    assert row(r.stdout, f"torch asks for {size:.1f} GiB")[1] == "done"  # the bridge run
+    check_png_and_csv(png)
+
+
+def _device_total_gib() -> float:
+    pytest.importorskip("cupy")
+    r = subprocess.run(
+        [sys.executable, "-c", "import cupy; print(cupy.cuda.runtime.memGetInfo()[1])"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout) / GIB

@@ -85,27 +85,6 @@ def test_one_version():
     assert 'attr = "bridge._version.__version__"' in pyproject
 
 
-def _extras() -> dict[str, list[str]]:
-    text = (REPO / "pyproject.toml").read_text()
-    block = text.split("[project.optional-dependencies]")[1].split("\n[")[0]
-    return {
-        m.group(1): re.findall(r'"([^"]+)"', m.group(2))
-        for m in re.finditer(r"^(\w[\w-]*)\s*=\s*\[(.*)\]\s*$", block, re.M)
-    }
-
-
-def test_cuda_extras_are_coherent_sets():
-    extras = _extras()
-    for major in (12, 13):
-        got = extras[f"cuda{major}"]
-        assert got == [f"cupy-cuda{major}x", "torch", f"jax[cuda{major}]"], got
-    assert extras["cupy"] == ["cupy-cuda12x"]  # kept for those who ask for it
-    # every CUDA-specific requirement of a set names that set's major
-    for name, reqs in extras.items():
-        majors = {int(m) for r in reqs for m in re.findall(r"cuda(\d+)", r)}
-        assert len(majors) <= 1, (name, reqs)
-
-
 # Files of the core rewrite in progress: they take their SPDX line with it.
 SPDX_PENDING: set[str] = set()  # every source file carries its header
 
@@ -119,7 +98,9 @@ def _sources() -> list[pathlib.Path]:
             if not any(part in ("build", ".git") or part.startswith(".") for part in p.parts)
             and "site-packages" not in p.parts
         ]
-    out += [REPO / "scripts" / n for n in ("gpu-test", "sanitize")] + [REPO / ".ci" / "run"]
+    out += [REPO / "scripts" / n for n in ("gpu-test", "sanitize", "build-wheel")] + [
+        REPO / ".ci" / "run"
+    ]
     return sorted(out)
 
 

@@ -740,3 +740,51 @@ def test_threads_share_the_pool(pp, lib):
     st = pp.stats()
     assert st["used"] == 0 and st["n_live_blocks"] == 0
     assert st["total"] == st["free"]
+
+
+# ---- empty_like_pinned / zeros_like_pinned: cupyx's arguments ----
+def _is_pinned(arr) -> bool:
+    base = arr
+    while getattr(base, "base", None) is not None and not isinstance(base, bridge.PinnedBuffer):
+        base = base.base
+    return isinstance(base, bridge.PinnedBuffer)
+
+
+@pytest.mark.parametrize("fn", ["empty_like_pinned", "zeros_like_pinned"])
+def test_like_pinned_keeps_the_sources_layout_with_order_k(pp, fn):
+    like = getattr(bridge, fn)
+    c = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    f = np.asfortranarray(c)
+    t = c.transpose(1, 2, 0)  # neither C nor F: the order of its strides is kept, packed
+    for src in (c, f, t):
+        out = like(src)
+        assert out.shape == src.shape and out.dtype == src.dtype and _is_pinned(out)
+        assert np.argsort(out.strides).tolist() == np.argsort(src.strides).tolist()
+        assert out.nbytes == src.nbytes
+    assert like(f).flags.f_contiguous and like(c).flags.c_contiguous
+    assert like(t).strides == (16, 4, 48)
+    assert like(t, order="C").flags.c_contiguous
+    assert like(c, order="F").flags.f_contiguous
+    assert like(f, order="A").flags.f_contiguous and like(t, order="A").flags.c_contiguous
+    assert like(f, shape=(6, 4)).flags.c_contiguous  # another number of dimensions: C
+    out = like(c, dtype=np.int64, shape=(5,))
+    assert out.shape == (5,) and out.dtype == np.int64
+
+
+def test_zeros_like_pinned_is_zeros_and_empty_like_reuses_the_pool(pp):
+    src = np.ones((64, 64))
+    z = bridge.zeros_like_pinned(src)
+    assert not z.any() and z.shape == src.shape
+    e = bridge.empty_like_pinned(src)
+    e[...] = 3
+    assert (e == 3).all()
+
+
+@pytest.mark.parametrize("fn", ["empty_like_pinned", "zeros_like_pinned"])
+def test_like_pinned_refuses_subok_as_cupyx_does(pp, fn):
+    with pytest.raises(TypeError, match="subok is not supported"):
+        getattr(bridge, fn)(np.zeros(3), subok=True)
+    with pytest.raises(TypeError, match="subok is not supported"):
+        getattr(bridge, fn)(np.zeros(3), subok=False)
+    with pytest.raises(ValueError, match="order"):
+        getattr(bridge, fn)(np.zeros(3), order="X")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import sys
 
 import pytest
 
@@ -395,3 +396,78 @@ def test_oom_message_never_fails(sd, monkeypatch):
     monkeypatch.setattr(_errors, "_figures", broken)
     msg = _errors.oom_message(0, MIB, Status.OOM, framework="cupy")
     assert "the device is full (bridge budget unknown)" in msg and "In use: unknown" in msg
+
+
+# ---- CuPy's MemoryPool API, method for method ----
+CUPY_MEMORYPOOL_METHODS = (
+    "malloc",
+    "free_all_blocks",
+    "free_all_free",
+    "n_free_blocks",
+    "used_bytes",
+    "free_bytes",
+    "total_bytes",
+    "set_limit",
+    "get_limit",
+)
+
+
+def test_the_pool_has_every_method_of_cupys_memorypool(standin):
+    p = bridge.pool(0)
+    for name in CUPY_MEMORYPOOL_METHODS:
+        assert callable(getattr(p, name)), name
+        assert getattr(bridge.Pool, name).__doc__, name
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:  # where CuPy is installed, nothing of its pool's API is missing
+        ours = {n for n in dir(bridge.Pool) if not n.startswith("_")}
+        theirs = {n for n in dir(cupy.cuda.MemoryPool) if not n.startswith("_")}
+        assert theirs <= ours
+
+
+def test_malloc_without_cupy_gives_a_block_on_the_budget_freed_when_dropped(standin, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    p = bridge.pool(0)
+
+    def other() -> int:
+        return next(t["current"] for t in bridge.stats(0).tags if t["name"] == "other")
+
+    before = other()
+    block = p.malloc(3 << 20)
+    assert block.size == 3 << 20 and block.ptr and block.device == 0
+    assert other() == before + (3 << 20)
+    del block
+    assert other() == before
+    with pytest.raises(ValueError, match="size"):
+        p.malloc(-1)
+
+
+def test_malloc_past_the_budget_is_an_oom_naming_the_budget(standin, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    p = bridge.pool(0)
+    p.set_limit(size="64MiB")
+    try:
+        with pytest.raises(bridge.OutOfMemoryError) as info:
+            p.malloc(128 << 20)
+        assert "64.00 MiB" in str(info.value) and "device 0" in str(info.value)
+    finally:
+        p.set_limit(0)
+
+
+def test_n_free_blocks_counts_the_blocks_kept_for_reuse_and_free_all_blocks_takes_a_stream(
+    standin, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    p = bridge.pool(0)
+    core.set_cache(0, 1 << 30)  # the stand-in's tests run without the cache unless they ask
+    p.free_all_blocks()
+    assert p.n_free_blocks() == 0
+    blocks = [p.malloc(1 << 20) for _ in range(3)]
+    del blocks  # freed into the bridge's cache of freed blocks
+    assert p.n_free_blocks() == 3
+    p.free_all_blocks(stream=None)
+    assert p.n_free_blocks() == 0
+    kept = p.malloc(1 << 20)
+    del kept
+    p.free_all_blocks(stream=object())  # CuPy's keyword: the shared pool empties every stream
+    assert p.n_free_blocks() == 0
+    p.free_all_free()

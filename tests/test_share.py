@@ -600,15 +600,81 @@ def test_an_allocation_claims_the_pools_growth_chunk_while_in_flight(workers, sh
     """A GPU's default pool grows in 32 MiB chunks (H200): by default a 1 MiB
     allocation must be able to claim 32 MiB, so a share of 16 MiB refuses it;
     with BRIDGE_SHARE_GROWTH at 2 MiB (this stand-in's pool grows by what is
-    allocated) it fits; a setting that is not a multiple of 2 MiB is ignored."""
+    allocated) it fits, written in bytes or with a unit as every size; a setting that is not
+    a multiple of 2 MiB is refused at join (as doctor refuses it), never ignored."""
     name = _name()
     default = workers(BRIDGE_SHARE_GROWTH="")
     default.call("join", name=name, budget=16 * MIB)
     assert default.call("alloc", size=MIB)["rc"] == Status.BUDGET
-    odd = workers(BRIDGE_SHARE_GROWTH=str(3 << 20))
-    odd.call("join", name=name, budget=16 * MIB)
-    assert odd.call("alloc", size=MIB)["rc"] == Status.BUDGET  # ignored: 32 MiB
-    small = workers(BRIDGE_SHARE_GROWTH=str(2 << 20))
-    small.call("join", name=name, budget=16 * MIB)
-    assert small.call("alloc", size=MIB)["rc"] == Status.OK
-    assert small.call("stats")["share"]["claim"] <= 4 * MIB
+    odd = workers(BRIDGE_SHARE_GROWTH="3MiB")
+    odd.send("join", name=name, budget=16 * MIB)
+    err = odd._read(60)["error"]
+    assert err.startswith("ValueError: BRIDGE_SHARE_GROWTH='3MiB' is not a valid growth")
+    assert odd.call("stats")["share"] is None  # refused before joining
+    for growth in (str(2 << 20), "2MiB"):
+        small = workers(BRIDGE_SHARE_GROWTH=growth)
+        small.call("join", name=name, budget=16 * MIB)
+        assert small.call("alloc", size=MIB)["rc"] == Status.OK
+        assert small.call("stats")["share"]["claim"] <= 4 * MIB
+
+
+def test_one_truth_in_a_share_what_stats_show_is_what_refuses(share_dir):
+    """In a share of 2 GiB, a later budget of 8 GiB is refused naming both budgets (it
+    could not apply: the share refuses first), and stats show the share's 2 GiB."""
+    script = (
+        "import bridge, pytest\n"
+        "from bridge import BridgeError\n"
+        "b = bridge.unify(cupy=False, torch=False, budget='2GiB', share='s1')\n"
+        "assert bridge.stats(0).limit == 2 << 30 and bridge.pool(0).get_limit() == 2 << 30\n"
+        "for call in (dict(budget='8GiB'), dict(budget='3GiB', share='s1')):\n"
+        "    with pytest.raises(BridgeError) as info:\n"
+        "        bridge.unify(cupy=False, torch=False, **call)\n"
+        "    msg = str(info.value)\n"
+        "    assert \"the share 's1'\" in msg and '2.00 GiB' in msg, msg\n"
+        "    assert ('8.00 GiB' in msg) or ('3.00 GiB' in msg), msg\n"
+        "    assert bridge.stats(0).limit == 2 << 30\n"
+        "with pytest.raises(BridgeError, match=\"already uses the share 's1'.*2.00 GiB\"):\n"
+        "    bridge.unify(cupy=False, torch=False, share='s2')\n"
+        "assert bridge.unify(cupy=False, torch=False, budget='2GiB', share='s1') is b\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, BRIDGE_SHARE_DIR=str(share_dir))
+    env.pop("BRIDGE_SHARE", None)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_a_member_joining_without_a_budget_shows_the_shares_budget(workers, share_dir):
+    a, b = workers(), workers()
+    name = _name()
+    a.call("join", name=name, budget=64 * MIB)
+    b.call("join", name=name)  # adopts the share's budget; its own limit stays 0
+    assert b.call("stats")["share"]["budget"] == 64 * MIB
+    from bridge.pool import effective_limit
+
+    assert effective_limit(0, {"budget": 64 * MIB}) == 64 * MIB
+    assert effective_limit(8 << 30, {"budget": 64 * MIB}) == 64 * MIB
+    assert effective_limit(32 * MIB, {"budget": 64 * MIB}) == 32 * MIB
+    assert effective_limit(0, None) == 0
+
+
+def test_stats_do_not_list_an_ended_process_as_a_member(workers, share_dir):
+    from bridge import cli
+
+    a, b = workers(), workers()
+    name = _name()
+    a.call("join", name=name, budget=64 * MIB)
+    b.call("join", name=name)
+    a.call("alloc", size=6 * MIB)
+    time.sleep(0.6)
+    b.proc.kill()
+    b.proc.wait()
+    (sh,) = [s for s in share.list_shares(str(share_dir)) if s.name == name]
+    text = cli.format_shares([sh])
+    head = text.splitlines()[0]
+    assert "by 1 process" in head, text
+    ended = [m for m in sh.members if not m.alive]
+    if any(m.claim for m in ended):  # not yet taken back: said apart, never as a member
+        assert "ended process" in head
+    else:
+        assert str(b.pid) not in text

@@ -291,3 +291,20 @@ def test_timeline_sees_real_framework_allocations():
     assert s.cupy >= 64 * MIB and s.used >= s.cupy
     assert s.torch >= (32 * MIB if with_torch else 0)
     assert marked(rec, "freed").cupy <= s.cupy - 64 * MIB
+
+
+def test_an_axis_where_nothing_was_held_is_not_labelled_in_fractions_of_a_byte():
+    from bridge.timeline import axis_scale
+
+    assert axis_scale(0) == (1.0, "B", 1.0)
+    assert axis_scale(512) == (1.0, "B", None)
+    assert axis_scale(3 << 20) == (1024.0**2, "MiB", None)
+    assert axis_scale(40 << 30)[1] == "GiB"
+
+
+def test_plot_of_an_idle_recording_has_whole_byte_ticks(standin, tmp_path):
+    pytest.importorskip("matplotlib")
+    with bridge.record(interval=10) as rec:
+        pass
+    fig_path = rec.plot(tmp_path / "idle.png")
+    assert fig_path.read_bytes()[:4] == b"\x89PNG"

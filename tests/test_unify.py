@@ -304,7 +304,10 @@ def test_framework_not_installed_raises_bridgeerror_saying_how_to_fix(fresh, not
     msg = str(info.value)
     assert isinstance(info.value, RuntimeError)
     assert f"{name} is not installed" in msg
-    assert f"pip install 'bridge[{name}]'" in msg
+    # packages that exist, one CUDA major per command (no 'bridge[...]' that finds nothing)
+    assert "bridge[" not in msg
+    assert "for CUDA 13: pip install " in msg and "for CUDA 12: pip install " in msg
+    assert "pip install -e '.[cuda13]'" in msg
     assert f"{name}=False" in msg
     # the way out works
     b = bridge.unify(cupy=False, torch=False, jax=False)
@@ -317,9 +320,41 @@ def test_missing_frameworks_are_named_in_one_error(fresh, not_installed):
         bridge.unify(cupy=True, torch=True, budget="1GiB")
     msg = str(info.value)
     assert msg.startswith("bridge.unify(torch=True, cupy=True): torch and cupy are not installed")
-    assert "pip install 'bridge[torch,cupy]'" in msg
+    assert (
+        "for CUDA 13: pip install torch cupy-cuda13x; for CUDA 12: pip install cupy-cuda12x "
+        "and pip install torch --index-url https://download.pytorch.org/whl/cu129" in msg
+    )
     assert "pass torch=False, cupy=False" in msg
     assert limits() == (0, 0) and unify_mod.current() is None  # nothing changed
+
+
+def test_bare_unify_sets_up_the_frameworks_that_are_installed(fresh, not_installed):
+    not_installed("cupy", "torch")
+    b = bridge.unify(budget="1GiB")  # neither installed: no error, the budget still holds
+    assert b.frameworks == frozenset()
+    assert limits() == (GIB, GIB)
+
+
+def test_bare_unify_takes_an_installed_framework_and_skips_a_missing_one(
+    fake_adapters, monkeypatch
+):
+    monkeypatch.setattr(unify_mod, "_installed", lambda name: name == "torch")
+    b = bridge.unify()
+    assert b.frameworks == frozenset({"torch"}) and fake_adapters == [("torch", (0, 1))]
+    # the same frameworks named explicitly are the same call: nothing changes
+    assert bridge.unify(torch=True, cupy=False) is b and len(fake_adapters) == 1
+
+
+def test_an_explicit_true_for_a_missing_framework_stays_an_error(fresh, not_installed):
+    not_installed("cupy")
+    with pytest.raises(BridgeError, match="cupy is not installed"):
+        bridge.unify(cupy=True)
+    assert unify_mod.current() is None
+
+
+def test_the_old_positional_form_still_works(fake_adapters):
+    b = bridge.unify(True, False, False)
+    assert b.frameworks == frozenset({"cupy"})
 
 
 def test_frameworks_are_installed_once_in_order(fake_adapters):

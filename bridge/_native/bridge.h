@@ -386,6 +386,10 @@ void bridge_set_stack_hook(bridge_stack_fn fn);
  * same share again is a no-op.  BRIDGE_E_SHARE: bridge_share_error() says
  * why, in words. */
 int bridge_share_join(int device, const char *name, const char *dir, uint64_t budget);
+/* The pool growth the next joins claim for an allocation in flight: bytes, a
+ * multiple of 2 MiB up to 1 TiB (0: BRIDGE_SHARE_GROWTH as bytes, else 32 MiB).
+ * BRIDGE_E_INVALID for another value. */
+int bridge_share_set_growth(uint64_t bytes);
 const char *bridge_share_error(void);
 
 typedef struct bridge_share_stats {

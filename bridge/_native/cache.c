@@ -466,6 +466,18 @@ void cache_hold(int device, int on)
     pthread_mutex_unlock(&c->lock);
 }
 
+uint64_t cache_blocks(int device)
+{
+    dcache *c = &caches[device];
+    uint64_t n = 0;
+    pthread_mutex_lock(&c->lock);
+    for (int t = 0; c->nodes && t < TIERS; t++)
+        for (uint32_t i = c->tiers[t].oldest; i != NONE; i = c->nodes[i].newer)
+            n++;
+    pthread_mutex_unlock(&c->lock);
+    return n;
+}
+
 uint64_t cache_bytes(int device)
 {
     return atomic_load(&caches[device].bytes);

@@ -77,6 +77,8 @@ uint64_t cache_flush(int device, cache_release_fn release);
 /* Hand the cached blocks of one stream to `release`; returns the bytes. */
 uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn release);
 uint64_t cache_bytes(int device);
+/* The number of cached blocks of `device` (walks them under the lock: for figures). */
+uint64_t cache_blocks(int device);
 /* A thread starts (on 1) or stops (0) waiting for memory on `device`: while
  * any waits, cache_put keeps nothing, so what is freed goes to the pool. */
 void cache_hold(int device, int on);

@@ -960,6 +960,8 @@ int bridge_pycallback_add(PyObject *m);
 int bridge_pyshare_add(PyObject *m);
 /* CuPy's allocator type (cupy_alloc.c). */
 int bridge_pycupy_add(PyObject *m);
+/* Managed memory on the budget (pymanaged.c). */
+int bridge_pymanaged_add(PyObject *m);
 
 PyMODINIT_FUNC PyInit__core(void)
 {
@@ -986,6 +988,10 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "TAG_RMM", BRIDGE_TAG_RMM) < 0 ||
         PyModule_AddIntConstant(m, "NTAGS", BRIDGE_NTAGS) < 0 || bridge_pypinned_add(m) < 0 ||
         bridge_pyviews_add(m) < 0 || bridge_pycallback_add(m) < 0 || bridge_pyshare_add(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (bridge_pymanaged_add(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -20,6 +20,15 @@ static PyObject *py_share_join(PyObject *m, PyObject *args)
     return PyLong_FromLong(rc);
 }
 
+static PyObject *py_share_set_growth(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long bytes;
+    if (!PyArg_ParseTuple(args, "K", &bytes))
+        return NULL;
+    return PyLong_FromLong(bridge_share_set_growth(bytes));
+}
+
 static PyObject *py_share_error(PyObject *m, PyObject *a)
 {
     (void)m;
@@ -102,6 +111,8 @@ static PyMethodDef share_methods[] = {
     {"share_join", py_share_join, METH_VARARGS,
      "share_join(device, name, dir, budget) -> status: join the share of the device's GPU"},
     {"share_error", py_share_error, METH_NOARGS, "Why the last share_join failed."},
+    {"share_set_growth", py_share_set_growth, METH_VARARGS,
+     "share_set_growth(bytes) -> status: the growth the next joins claim (0: the default)"},
     {"share_stats", py_share_stats, METH_VARARGS,
      "share_stats(device) -> (status, dict | None): this process's membership"},
     {"share_layout", py_share_layout, METH_NOARGS, "The share file's layout (offsets, sizes)."},

@@ -5,6 +5,7 @@
  *   live_blocks     every live allocation of the table
  *   history         start / stop recording allocation events
  *   history_events  the events kept, oldest first
+ *   cached_blocks   how many freed blocks the cache keeps (bridge.pool().n_free_blocks)
  *   set_stack_callback
  *                   the Python callable that names the caller's stack for
  *                   each event while stacks are on; called on threads that
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 
 #include "bridge.h"
+#include "cache.h"
 
 static PyObject *py_mem_info(PyObject *m, PyObject *args)
 {
@@ -191,6 +193,17 @@ static PyObject *py_set_stack_callback(PyObject *m, PyObject *cb)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_cached_blocks(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    if (!PyArg_ParseTuple(args, "i", &dev))
+        return NULL;
+    if (dev < 0 || dev >= BRIDGE_MAX_DEVICES)
+        return Py_BuildValue("iK", BRIDGE_E_DEVICE, 0ull);
+    return Py_BuildValue("iK", BRIDGE_OK, (unsigned long long)cache_blocks(dev));
+}
+
 static PyMethodDef views_methods[] = {
     {"mem_info", py_mem_info, METH_VARARGS,
      "mem_info(device) -> (status, dict): free and total memory under the budget"},
@@ -201,6 +214,8 @@ static PyMethodDef views_methods[] = {
     {"history_events", py_history_events, METH_NOARGS,
      "The events kept, oldest first: (time_us, action, device, ptr, size, stream, stack, tag, "
      "extra)."},
+    {"cached_blocks", py_cached_blocks, METH_VARARGS,
+     "cached_blocks(device) -> (status, n): the freed blocks the cache keeps for reuse"},
     {"set_stack_callback", py_set_stack_callback, METH_O,
      "The callable naming the caller's stack for each event (or None)."},
     {NULL, NULL, 0, NULL},

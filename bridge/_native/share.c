@@ -193,8 +193,22 @@ static uint64_t growth_of(const share_member *m, uint64_t size)
     return size / g * g + (size % g ? g : 0);
 }
 
+/* BRIDGE_SHARE_GROWTH as Python parsed it (units allowed; 0: not given), for the next join. */
+static _Atomic uint64_t growth_given;
+
+int bridge_share_set_growth(uint64_t bytes)
+{
+    if (bytes && (bytes % SHARE_UNIT || bytes > (1ull << 40)))
+        return BRIDGE_E_INVALID;
+    atomic_store(&growth_given, bytes);
+    return BRIDGE_OK;
+}
+
 static uint64_t growth_setting(void)
 {
+    uint64_t given = atomic_load(&growth_given);
+    if (given)
+        return given;
     const char *e = getenv("BRIDGE_SHARE_GROWTH");
     char *end = NULL;
     unsigned long long v = e && *e ? strtoull(e, &end, 10) : 0;

@@ -856,6 +856,77 @@ CUresult cuMemFreeHost(void *p)
     return r;
 }
 
+/* ---- managed memory: host memory (the CPU may touch it, as a GPU's), outside the
+ * pools, counted per device against the device's capacity as a GPU counts it ---- */
+typedef struct managed {
+    CUdeviceptr ptr;
+    size_t size;
+    int dev;
+} managed;
+static managed *manageds;
+static size_t nmanaged, capmanaged;
+static uint64_t managed_bytes[MAXDEV];
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemAllocManaged");
+    int dev = dev_of_ctx(current_ctx);
+    CUresult r = OK;
+    if (dev < 0)
+        r = E_INVALID_CONTEXT;
+    else if (size == 0 || (flags != 1 && flags != 2)) /* CU_MEM_ATTACH_GLOBAL or _HOST */
+        r = E_INVALID_VALUE;
+    else if (devs[dev].used + managed_bytes[dev] + size > devs[dev].capacity)
+        r = E_OUT_OF_MEMORY;
+    else {
+        if (nmanaged == capmanaged) {
+            size_t ncap = capmanaged * 2 + 16;
+            managed *grown = realloc(manageds, ncap * sizeof *grown);
+            if (grown) {
+                manageds = grown;
+                capmanaged = ncap;
+            }
+        }
+        void *p = nmanaged < capmanaged ? calloc(1, size) : NULL;
+        if (!p) {
+            r = E_OUT_OF_MEMORY;
+        } else {
+            manageds[nmanaged++] = (managed){(CUdeviceptr)(uintptr_t)p, size, dev};
+            managed_bytes[dev] += size;
+            *dptr = (CUdeviceptr)(uintptr_t)p;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* cuMemFree of a managed block (the only kind the bridge frees synchronously). */
+CUresult cuMemFree_v2(CUdeviceptr p)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemFree_v2");
+    CUresult r = E_INVALID_VALUE;
+    for (size_t i = 0; i < nmanaged; i++)
+        if (manageds[i].ptr == p) {
+            managed_bytes[manageds[i].dev] -= manageds[i].size;
+            free((void *)(uintptr_t)p);
+            manageds[i] = manageds[--nmanaged];
+            r = OK;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+uint64_t standin_managed_bytes(int dev)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t b = dev >= 0 && dev < MAXDEV ? managed_bytes[dev] : 0;
+    pthread_mutex_unlock(&mu);
+    return b;
+}
+
 /* Only host-located pinned pools: the ledger uses the default pools. */
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props)
 {

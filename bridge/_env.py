@@ -1,0 +1,195 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Every environment variable the library reads, in one table, with the library's own reader.
+
+``bridge doctor`` walks this table and calls each variable's reader, the very
+function the library calls, so that the doctor refuses exactly what the
+library refuses (a ``ValueError`` naming the variable) and cannot drift from
+it; ``tests/test_env.py`` walks it too, and checks that no variable read in the
+code is missing from it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Totals", "Variable", "VARIABLES", "NAMES", "variable"]
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from bridge import _runtime, _wait, share
+from bridge._errors import format_bytes
+from bridge._pinned_backend import BACKEND_ENV, backend_from_env
+from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, HOST_MEMORY, PINNED_LIMIT_ENV, size_from_env
+
+
+@dataclasses.dataclass(frozen=True)
+class Totals:
+    """The memory that shares and percentages are of, where known."""
+
+    device: int | None = None  # the smallest GPU's memory
+    host: int | None = None
+    devices: tuple[int, ...] = ()  # every GPU's memory
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    """One variable: its name, who reads it, and how.
+
+    ``read(totals)`` is what the library calls (it reads ``os.environ``):
+    the value, or a ``ValueError`` naming the variable and the value.
+    ``describe(value, totals)`` says in words what a valid value does, as
+    ``(level, text)``.
+    """
+
+    name: str
+    who: str  # what a bad value does ("bridge.unify() and bridge.pool() raise ValueError on it")
+    read: Callable[[Totals], object]
+    describe: Callable[[Any, Totals], tuple[str, str]]
+
+
+def _valid(text: str) -> tuple[str, str]:
+    return "ok", f"valid: {text}."
+
+
+def _budget(size: Any, t: Totals) -> tuple[str, str]:
+    if t.devices and size and size > max(t.devices):
+        return "warn", (
+            f"{format_bytes(size)} is above the GPUs' memory ({format_bytes(max(t.devices))}): "
+            "it limits nothing. Use a size below it or a percentage such as 90%."
+        )
+    if not t.devices:
+        return _valid(format_bytes(size) if size else "no limit")
+    return _valid(f"a budget of {format_bytes(size)} per device" if size else "no limit")
+
+
+def _device_size(name: str) -> Callable[[Totals], object]:
+    # without a GPU a share of the device is still checked for its form
+    return lambda t: size_from_env(name, total=t.device or 1 << 40, of=DEVICE_MEMORY)
+
+
+def _bytes(size: Any, t: Totals) -> tuple[str, str]:
+    return _valid(format_bytes(size) if size else "no limit")
+
+
+def _cache(size: Any, t: Totals) -> tuple[str, str]:
+    return _valid(f"a cache of {format_bytes(size)} per device" if size else "no cache")
+
+
+def _share_dir(t: Totals) -> str:
+    path = share.share_dir()
+    if not os.path.isdir(path):
+        raise ValueError(
+            f"{share.SHARE_DIR_ENV}={os.environ.get(share.SHARE_DIR_ENV)!r} is not a directory: "
+            "a share cannot be joined. Create it or unset the variable."
+        )
+    return path
+
+
+POOL = "bridge.unify() and bridge.pool() raise ValueError on it"
+PINNED = "bridge's pinned-memory functions raise ValueError on it"
+UNIFY = "bridge.unify() raises ValueError on it"
+VARIABLES: tuple[Variable, ...] = (
+    Variable(GPU_LIMIT_ENV, POOL, _device_size(GPU_LIMIT_ENV), _budget),
+    Variable(_runtime.CACHE_LIMIT_ENV, POOL, _device_size(_runtime.CACHE_LIMIT_ENV), _cache),
+    Variable(
+        _runtime.CACHE_FRACTION_ENV,
+        POOL,
+        lambda t: _runtime.cache_fraction_from_env(),
+        lambda v, t: _valid(f"the cache's cap is {v:g} of the live bytes"),
+    ),
+    Variable(_runtime.CACHE_FLOOR_ENV, POOL, _device_size(_runtime.CACHE_FLOOR_ENV), _bytes),
+    Variable(
+        _runtime.CACHE_SMALL_MAX_ENV, POOL, _device_size(_runtime.CACHE_SMALL_MAX_ENV), _bytes
+    ),
+    Variable(
+        _runtime.CACHE_LARGE_CAP_ENV, POOL, _device_size(_runtime.CACHE_LARGE_CAP_ENV), _bytes
+    ),
+    Variable(
+        PINNED_LIMIT_ENV,
+        PINNED,
+        lambda t: size_from_env(PINNED_LIMIT_ENV, total=t.host, of=HOST_MEMORY),
+        _bytes,
+    ),
+    Variable(
+        BACKEND_ENV,
+        PINNED,
+        lambda t: backend_from_env(),
+        lambda v, t: ("ok", "valid."),
+    ),
+    Variable(
+        _runtime.DRIVER_LIBRARY_ENV,
+        UNIFY,
+        lambda t: os.environ.get(_runtime.DRIVER_LIBRARY_ENV),
+        lambda v, t: ("info", "the bridge loads this library instead of libcuda.so.1."),
+    ),
+    Variable(
+        _wait.WAIT_ENV,
+        UNIFY,
+        lambda t: _wait.wait_from_env(),
+        lambda v, t: _valid(
+            f"an allocation the budget refuses waits up to {v:g} s for memory others free"
+            if v
+            else "an allocation the budget refuses fails at once"
+        ),
+    ),
+    Variable(
+        share.SHARE_ENV,
+        UNIFY,
+        lambda t: share.share_name(None),
+        lambda v, t: _valid(
+            f"bridge.unify() joins the share {v!r} (one budget for every process that uses it "
+            "on a GPU)"
+        ),
+    ),
+    Variable(
+        share.SHARE_DIR_ENV,
+        "bridge.unify(share=...) cannot join a share with it",
+        _share_dir,
+        lambda v, t: _valid(f"share files live in {v}"),
+    ),
+    Variable(
+        share.SHARE_GROWTH_ENV,
+        UNIFY,
+        lambda t: share.share_growth_from_env(),
+        lambda v, t: _valid(
+            f"a share member claims {int(v) >> 20} MiB chunks for an allocation in flight"
+        ),
+    ),
+)
+
+
+def _torch_build() -> Any:
+    # the torch adapter's build of its allocator; importing it imports no framework
+    import importlib
+
+    return importlib.import_module("bridge.adapters.torch_build")
+
+
+VARIABLES += (
+    Variable(
+        "BRIDGE_TORCH_PLUGGABLE",
+        "bridge.unify(torch=True) raises ValueError on it",
+        lambda t: _torch_build().pluggable_from_env(),
+        lambda v, t: (
+            ("info", "torch runs on torch's CUDAPluggableAllocator, not the bridge's own.")
+            if v
+            else _valid("torch runs on the bridge's own torch allocator where it builds")
+        ),
+    ),
+    Variable(
+        "BRIDGE_CACHE_DIR",
+        "the bridge's torch allocator is built and kept there",
+        lambda t: str(_torch_build().cache_dir()),
+        lambda v, t: ("info", f"the bridge's torch allocator is built and kept in {v}."),
+    ),
+)
+NAMES: tuple[str, ...] = tuple(v.name for v in VARIABLES)
+
+
+def variable(name: str) -> Variable:
+    """The table's entry for a variable (KeyError when the library reads no such one)."""
+    for v in VARIABLES:
+        if v.name == name:
+            return v
+    raise KeyError(name)

@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Managed memory on the budget (bridge.malloc_managed), on the stand-in driver."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import sys
+
+import pytest
+
+import bridge
+from bridge import managed
+from bridge._runtime import core
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def no_cupy(standin, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    standin.standin_managed_bytes.restype = ctypes.c_uint64
+    standin.standin_managed_bytes.argtypes = [ctypes.c_int]
+    gc.collect()  # blocks an earlier test's traceback kept
+    yield standin
+    gc.collect()
+
+
+def _tag(name: str) -> dict:
+    return next(t for t in bridge.stats(0).tags if t["name"] == name)
+
+
+def test_managed_memory_counts_under_its_framework_and_is_freed_like_the_rest(no_cupy):
+    before = _tag("other")["current"]
+    s0 = bridge.stats(0)
+    block = bridge.malloc_managed(4 * MIB)
+    try:
+        assert block.size == 4 * MIB and block.ptr and block.device == 0
+        assert no_cupy.standin_managed_bytes(0) == 4 * MIB  # the driver's managed memory
+        assert _tag("other")["current"] == before + 4 * MIB
+        s = bridge.stats(0)
+        assert s.ledger == s0.ledger + 4 * MIB
+        assert managed.managed_stats(0) == (4 * MIB, 1)
+        # outside the stream-ordered pool: the pool's figures do not move
+        assert (s.reserved, s.used) == (s0.reserved, s0.used)
+        ctypes.memset(block.ptr, 7, 16)  # host-accessible, as managed memory is
+    finally:
+        del block
+    gc.collect()
+    assert no_cupy.standin_managed_bytes(0) == 0
+    assert _tag("other")["current"] == before
+    assert managed.managed_stats(0) == (0, 0)
+
+
+def test_the_budget_refuses_managed_memory_past_it_naming_the_budget(no_cupy):
+    bridge.pool(0).set_limit(size="8MiB")
+    kept = bridge.malloc_managed(6 * MIB)
+    with pytest.raises(bridge.OutOfMemoryError) as info:
+        bridge.malloc_managed(4 * MIB)
+    msg = str(info.value)
+    del info  # its traceback would keep this frame, and `kept`, alive
+    assert "managed memory" in msg and "8.00 MiB" in msg and "device 0" in msg
+    assert no_cupy.standin_managed_bytes(0) == 6 * MIB  # the driver was not asked
+    assert bridge.stats(0).num_ooms >= 1
+    del kept
+    again = bridge.malloc_managed(8 * MIB)  # the freed bytes are the budget's again
+    assert again.size == 8 * MIB
+
+
+def test_managed_and_pool_memory_share_one_budget(no_cupy):
+    bridge.pool(0).set_limit(size="8MiB")
+    rc, pooled = core.alloc_block(0, 6 * MIB, 0, core.TAG_OTHER, None)
+    assert rc == 0
+    with pytest.raises(bridge.OutOfMemoryError):
+        bridge.malloc_managed(4 * MIB)
+    del pooled
+    assert bridge.malloc_managed(4 * MIB).size == 4 * MIB
+
+
+def test_a_driver_refusal_gives_the_budget_back(no_cupy):
+    no_cupy.standin_fail(b"cuMemAllocManaged", 2, 2)  # CUDA_ERROR_OUT_OF_MEMORY, twice
+    before = bridge.stats(0).ledger
+    with pytest.raises(bridge.OutOfMemoryError):
+        bridge.malloc_managed(MIB)
+    assert bridge.stats(0).ledger == before
+
+
+def test_bad_sizes_and_zero(no_cupy):
+    with pytest.raises(ValueError, match="size"):
+        bridge.malloc_managed(-1)
+    with pytest.raises(ValueError, match="size"):
+        bridge.malloc_managed(1.5)  # type: ignore[arg-type]
+    assert managed.allocate(0, 0, core.TAG_OTHER) is None
+    assert core.alloc_managed(0, MIB, 99)[0] != 0  # a bad tag
