@@ -123,32 +123,43 @@ def test_forgetting_a_stream_returns_its_cached_blocks_on_it(sd):
 
 
 # ---- ordering a free after recorded streams ----
-def test_a_failing_event_record_falls_back_to_a_device_sync_and_counts_it(sd):
+def test_a_failing_event_record_falls_back_to_the_legacy_stream_and_counts_it(sd):
     """Issue: event record or wait failures before a free were ignored: the free
-    went ahead unordered."""
+    went ahead unordered.  Then (issue 30) the fallback was a device-wide
+    synchronization, a host wait that invalidates captures: now the free goes
+    to the legacy stream, after every blocking stream's queued work."""
     core.set_cache(DEV, 0)
-    rc, p = core.alloc(DEV, MIB, 0, TORCH)
-    assert core.record_stream(p, USER) == Status.OK
-    s0 = stats()
-    syncs = sd.standin_counter(2)
-    sd.standin_fail(b"cuEventRecord", 400, 1)  # e.g. the recorded stream was destroyed
-    core.free(p)
-    s = stats()
-    assert s["num_order_fallbacks"] == s0["num_order_fallbacks"] + 1
-    assert sd.standin_counter(2) == syncs + 1  # the whole device, then the free
-    assert s["used"] == 0
+    core.register_stream(USER)  # torch's streams are registered (adapters/torch.py)
+    try:
+        rc, p = core.alloc(DEV, MIB, 0, TORCH)
+        assert core.record_stream(p, USER) == Status.OK
+        s0 = stats()
+        syncs = sd.standin_counter(2)
+        sd.standin_fail(b"cuEventRecord", 400, 1)  # e.g. the recorded stream was destroyed
+        core.free(p)
+        s = stats()
+        assert s["num_order_fallbacks"] == s0["num_order_fallbacks"] + 1
+        assert sd.standin_counter(2) == syncs  # no host wait
+        assert sd.standin_pending_on(DEV, 1) == MIB  # on the legacy stream
+        assert s["used"] == 0
+    finally:
+        core.forget_stream(USER)
 
 
 def test_a_recorded_stream_that_is_capturing_defers_the_free(sd):
     core.set_cache(DEV, 0)
-    rc, p = core.alloc(DEV, MIB, 0, TORCH)
-    assert core.record_stream(p, USER) == Status.OK
-    sd.standin_set_capturing(USER)
-    core.free(p)
-    assert stats()["num_deferred"] == 1
-    sd.standin_set_capturing(None)
-    core.free(core.alloc(DEV, MIB, 0, TORCH)[1])
-    assert stats()["num_deferred"] == 0 and stats()["used"] == 0
+    core.register_stream(USER)
+    try:
+        rc, p = core.alloc(DEV, MIB, 0, TORCH)
+        assert core.record_stream(p, USER) == Status.OK
+        sd.standin_set_capturing(USER)
+        core.free(p)
+        assert stats()["num_deferred"] == 1
+        sd.standin_set_capturing(None)
+        core.free(core.alloc(DEV, MIB, 0, TORCH)[1])
+        assert stats()["num_deferred"] == 0 and stats()["used"] == 0
+    finally:
+        core.forget_stream(USER)
 
 
 # ---- the budget never fails open ----

@@ -87,6 +87,13 @@ static _Thread_local uint64_t tl_wait_ns;
 static _Thread_local int tl_priority;
 static _Thread_local double tl_last_waited;
 static _Thread_local int tl_last_outcome;
+static _Thread_local uint64_t tl_wait_now; /* wait_current */
+static _Atomic uint64_t wait_serial;
+
+uint64_t wait_current(void)
+{
+    return tl_wait_now;
+}
 static bridge_wait_hooks hooks; /* set once by pymod.c before any wait */
 
 static void init_cv(void)
@@ -375,6 +382,7 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
     atomic_fetch_add_explicit(&num_waits[device], 1, RELAXED);
     void *gil = h.release_gil ? h.release_gil() : NULL;
 
+    tl_wait_now = atomic_fetch_add_explicit(&wait_serial, 1, RELAXED) + 1;
     uint64_t t0 = now_ns(), now = t0, deadline = t0 + budget_ns;
     if (deadline < t0)
         deadline = UINT64_MAX;
@@ -446,6 +454,7 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
         poll = woke ? POLL_MIN : (poll * 2 > POLL_MAX ? POLL_MAX : poll * 2);
     }
     leave(&w);
+    tl_wait_now = 0;
     now = now_ns();
     if (h.reacquire_gil && gil)
         h.reacquire_gil(gil);
