@@ -125,6 +125,7 @@ def standin():
     STANDIN.standin_clear_faults()
     STANDIN.standin_set_capturing(None)
     STANDIN.standin_set_global_capture(0, None)
+    STANDIN.standin_hold_syncs(0)
     _runtime.reset_process_state()  # every module singleton: devices, Bridge, recovery
     n = _runtime.device_count()
     for d in range(n):

@@ -151,6 +151,19 @@ static int unsafe_call(int device_wide)
         }                              \
     } while (0)
 
+/* standin_hold_syncs(1): synchronizations wait inside the driver until it is
+ * called with 0 (a long synchronization, to race captures against). */
+static int hold_syncs, syncs_waiting;
+static pthread_cond_t sync_cv = PTHREAD_COND_INITIALIZER;
+
+static void held_sync(void) /* under mu */
+{
+    syncs_waiting++;
+    while (hold_syncs)
+        pthread_cond_wait(&sync_cv, &mu);
+    syncs_waiting--;
+}
+
 static int dev_of_ctx(CUcontext c)
 {
     for (int i = 0; i < ndev; i++)
@@ -586,6 +599,7 @@ CUresult cuCtxSynchronize(void)
 {
     pthread_mutex_lock(&mu);
     UNSAFE(1);
+    held_sync();
     int dev = dev_of_ctx(current_ctx);
     if (dev >= 0) {
         complete(dev, NULL, 1);
@@ -856,6 +870,7 @@ CUresult cuStreamSynchronize(CUstream s)
         pthread_mutex_unlock(&mu);
         return E_INVALID_HANDLE;
     }
+    held_sync();
     int dev = dev_of_ctx(current_ctx);
     if (dev >= 0)
         complete(dev, s, 0);
@@ -1238,4 +1253,23 @@ CUstream standin_last_wait(int *dev)
     *dev = last_wait_dev;
     pthread_mutex_unlock(&mu);
     return s;
+}
+
+/* Synchronizations wait in the driver from now (1) until released (0). */
+void standin_hold_syncs(int on)
+{
+    pthread_mutex_lock(&mu);
+    hold_syncs = on;
+    if (!on)
+        pthread_cond_broadcast(&sync_cv);
+    pthread_mutex_unlock(&mu);
+}
+
+/* Synchronizations waiting in the driver now. */
+int standin_syncs_waiting(void)
+{
+    pthread_mutex_lock(&mu);
+    int n = syncs_waiting;
+    pthread_mutex_unlock(&mu);
+    return n;
 }
