@@ -253,3 +253,31 @@ def test_releasing_a_pool_during_another_capture_waits_for_it(sd):
     assert stats()["graph_bytes"] == 0
     core.graph(RELEASE, DEV, *g2)
     core.forget_stream(CAP)
+
+
+def test_a_cupy_captures_temporaries_stay_with_its_graph_until_it_is_released(sd):
+    """Issue 30, item 3: arrays a CuPy capture allocated and freed (temporaries) went
+    back to the pool at end_capture while Graph.launch() still read and wrote them;
+    CuPy's own MemoryAsyncPool keeps them for the graph.  A CuPy capture now has a
+    graph pool of its own (adapters/cupy.py releases it when the Graph dies)."""
+    rc, pool = core.capture_stream(True, DEV, OTHER)
+    assert rc == Status.OK and pool
+    sd.standin_set_capturing(OTHER)
+    frees = sd.standin_counter(C_FREE)
+    rc, tmp = core.alloc(DEV, 4 * MIB, OTHER, CUPY)  # a temporary of the captured work
+    assert rc == Status.OK and tmp
+    assert core.alloc_cached(DEV, 4 * MIB, OTHER, CUPY)[0] == Status.MISS  # never the cache's
+    core.free(tmp)  # freed inside the capture
+    rc, out = core.alloc(DEV, MIB, OTHER, CUPY)  # the graph's output, kept by the user
+    sd.standin_set_capturing(None)
+    assert core.capture_stream(False, DEV, pool)[0] == Status.OK  # end_capture
+    assert sd.standin_counter(C_FREE) == frees  # nothing went back to the pool
+    assert stats()["graph_bytes"] == 4 * MIB
+    rc, new = core.alloc(DEV, 4 * MIB, OTHER, CUPY)  # new arrays on the stream meanwhile
+    assert new != tmp
+    core.free(new)
+    assert core.graph(RELEASE, DEV, core.CUPY_POOL, pool) == Status.OK  # the Graph died
+    assert stats()["graph_bytes"] == 0
+    assert sd.standin_counter(C_FREE) >= frees + 2
+    core.free(out)  # the output outlives its graph: an ordinary block now
+    assert stats()["used"] == 0
