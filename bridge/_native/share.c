@@ -557,10 +557,16 @@ static int should_ask(share_member *m)
 {
     uint64_t w = wait_current(), now = now_ns();
     uint64_t live = others_live(m);
-    /* the ask before the wait began counts for it when it was this one's */
-    int same_wait = asked_wait == w || (asked_wait == 0 && now - asked_ns < SHARE_UNRESPONSIVE_NS);
-    if (w && asked_once && same_wait && live >= asked_live)
+    int same;
+    if (!w) /* the recovery chain before a wait: its retries right after an ask */
+        same = now - asked_ns < SHARE_UNRESPONSIVE_NS;
+    else /* a wait: the ask of its own recovery chain (just before it) counts for it */
+        same = asked_wait == w ||
+               (asked_wait == 0 && asked_ns + SHARE_UNRESPONSIVE_NS >= wait_began_ns());
+    if (asked_once && same && live >= asked_live) {
+        asked_wait = w;
         return 0;
+    }
     asked_once = 1;
     asked_wait = w;
     asked_live = live;

@@ -49,6 +49,8 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
 /* The calling thread's wait in progress: a number unique to it, 0 outside
  * wait_for_room's retries (share.c asks the other members once per wait). */
 uint64_t wait_current(void);
+/* When that wait began (CLOCK_MONOTONIC ns). */
+uint64_t wait_began_ns(void);
 
 void wait_fill_stats(int device, bridge_stats *out);
 /* A fork child: no waiter, fresh lock (no lock taken). */
