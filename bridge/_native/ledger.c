@@ -895,6 +895,10 @@ static void sync_stream(device_state *d, CUstream stream, CUstream key)
     int mode = capture_mode_relax();
     if (!stream_capturing(d, key))
         bridge_drv.cuStreamSynchronize(stream);
+    /* the frees of streams the core could not prove alive went to the legacy
+     * stream: they land with it (unless a blocking stream captures) */
+    if (stream != STREAM_LEGACY && (uintptr_t)stream != 0 && !stream_capturing(d, STREAM_LEGACY))
+        bridge_drv.cuStreamSynchronize(STREAM_LEGACY);
     capture_mode_exit(mode);
     sync_exit(d);
 }
