@@ -382,7 +382,10 @@ static int covered(share_member *m, uint64_t need)
 static uint64_t pool_reserved(struct device_state *d)
 {
     uint64_t v = 0;
-    int mode = capture_mode_enter(d);
+    /* relaxed whatever the device says: a capture the core cannot see (XLA's)
+     * must not be invalidated by a share's figures (one exchange each way:
+     * only processes in a share pay it) */
+    int mode = capture_mode_relax();
     CUresult r =
         bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v);
     capture_mode_exit(mode);
