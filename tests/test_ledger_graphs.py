@@ -9,6 +9,7 @@ they allocate, and undo what they add to the stand-in (the `led` fixture).
 
 from __future__ import annotations
 
+import pytest
 from ledger_util import (
     C_FREE,
     C_MODE,
@@ -24,8 +25,6 @@ from ledger_util import (
     TAG_TORCH,
     stats,
 )
-
-import pytest
 
 from bridge._errors import Status
 from bridge._runtime import core
