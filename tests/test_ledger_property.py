@@ -379,10 +379,12 @@ class LedgerMachine(RuleBasedStateMachine):
         want = self.attempt(d, size, tag)
         retried = False
         if want in (Status.BUDGET, Status.OOM):
-            # the core returns the cache to the driver, syncs the stream
-            # (queued frees land) and tries once more
+            # the core returns the cache to the driver, syncs the stream and
+            # the legacy stream (queued frees land: the legacy stream waits for
+            # every blocking stream, which every stream of this model is) and
+            # tries once more
             self.flush_cache(d)
-            self.sync(d, stream)
+            self.sync(d, NULL_STREAM)
             want = self.attempt(d, size, tag)
             retried = True
         assert rc == want, f"alloc({size}) on device {d}: {Status(rc).name}, model {want.name}"

@@ -113,8 +113,8 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out);
  * freed on `stream` (its key: per-thread streams are the calling thread's),
  * adopted for `tag` under the tag's cap, noted in the history.  BRIDGE_OK on
  * a hit (size 0: *out = NULL, as bridge_alloc); BRIDGE_E_MISS when nothing
- * cached fits, the device is not set up yet, a capture runs on the device
- * (a CuPy capture's arrays go to its graph's pool) or frees deferred by a
+ * cached fits, the device is not set up yet, a CuPy capture runs on the
+ * device (its arrays go to its graph's pool) or frees deferred by a
  * capture are pending (bridge_alloc completes them first): then call
  * bridge_alloc.
  * BRIDGE_E_INVALID for a bad tag.  It takes the cache's lock and one records

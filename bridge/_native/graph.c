@@ -188,6 +188,7 @@ int bridge_capture_begin_stream(int device, void *stream, uint64_t *id1)
         p->uses = 1; /* the Graph's: released when it dies */
         p->capturing = 1;
         p->bound = key;
+        atomic_fetch_add(&d->cupy_captures, 1);
         atomic_fetch_add(&d->captures_active, 1);
     } else {
         rc = BRIDGE_E_OOM;
@@ -208,8 +209,10 @@ int bridge_capture_end_stream(int device, uint64_t id1)
     pthread_mutex_lock(&d->capture_lock);
     gpool *p = find_pool(d, BRIDGE_CUPY_POOL, id1);
     CUstream key = p ? p->bound : NULL;
-    if (p)
+    if (key) {
         p->bound = NULL;
+        atomic_fetch_sub(&d->cupy_captures, 1);
+    }
     pthread_mutex_unlock(&d->capture_lock);
     /* CuPy ended the capture and its Stream is alive until this returns */
     if (key)
@@ -318,6 +321,8 @@ int bridge_graph_release(int device, uint64_t id0, uint64_t id1)
     if (p && --p->uses <= 0) {
         if (p->capturing) /* released mid-capture (a failed capture): it ends here */
             atomic_fetch_sub(&d->captures_active, p->capturing);
+        if (p->bound)
+            atomic_fetch_sub(&d->cupy_captures, 1);
         drop_pool(d, p);
         last = 1;
         /* In the same step (shard locks under capture_lock, the order

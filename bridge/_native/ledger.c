@@ -968,7 +968,7 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
     /* a CuPy capture of this stream: its graph's pool (graph.c), never the
      * cache (a cached block would leave the graph at its free) */
     uint64_t cupy_pool;
-    if (atomic_load_explicit(&d->captures_active, RELAXED) &&
+    if (atomic_load_explicit(&d->cupy_captures, RELAXED) &&
         graph_pool_of_stream(d, key, &cupy_pool))
         return graph_alloc(device, size, tag, BRIDGE_CUPY_POOL, cupy_pool, stream, out);
     /* fastest path: a block of this size freed on this stream */
@@ -1052,8 +1052,8 @@ int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **o
      * them makes driver calls): bridge_alloc's business. */
     device_state *d = device_of(device);
     if (!d || atomic_load_explicit(&d->num_deferred, RELAXED) ||
-        atomic_load_explicit(&d->captures_active, RELAXED))
-        return BRIDGE_E_MISS; /* a capture: bridge_alloc routes CuPy's to its graph */
+        atomic_load_explicit(&d->cupy_captures, RELAXED))
+        return BRIDGE_E_MISS; /* a CuPy capture: bridge_alloc routes its arrays to its graph */
     int rc = take_cached(d, device, size, stream_key((CUstream)stream), tag, out);
     if (rc == BRIDGE_OK)
         note_alloc(rc, device, size, stream, tag, *out);
@@ -1141,6 +1141,8 @@ static void forget_after_fork(void)
         device_state *d = &bridge_devices[i];
         atomic_store(&d->ready, 0);
         d->capture_lock = fresh;
+        atomic_store(&d->syncs, 0);         /* a parent's thread's, gone */
+        atomic_store(&d->cupy_captures, 0); /* the parent's pools, forgotten below */
         d->deferred = NULL;
         d->ndeferred = d->cap_deferred = 0;
         atomic_store(&d->num_deferred, 0);

@@ -74,6 +74,8 @@ typedef struct device_state {
     atomic_int captures_active; /* captures between begin and end: torch's and CuPy's */
     atomic_int syncs;           /* synchronizations being issued (sync_enter..sync_exit):
                                    a capture announced meanwhile begins after they end */
+    atomic_int cupy_captures;   /* CuPy captures with a pool bound to their stream (graph.c):
+                                   while 0, no allocation looks for one */
     graph_pools *graphs;        /* graph.c; allocated at the first capture */
     deferred_free *deferred;    /* frees waiting for the captures to end */
     size_t ndeferred, cap_deferred;
