@@ -429,11 +429,11 @@ static int issue_free(device_state *d, const record *rec)
         }
     }
     CUresult r = bridge_drv.cuMemFreeAsync((CUdeviceptr)rec->ptr, stream);
-    if (r != CUDA_SUCCESS && stream != STREAM_LEGACY) {
+    if (r != CUDA_SUCCESS) {
         bridge_note_driver_error(r);
         atomic_fetch_add_explicit(&d->num_driver_errors, 1, RELAXED);
-        /* The stream is capturing (wait for it) or unusable: then the legacy
-         * stream, ordered after every blocking stream's queued work. */
+        /* The stream is capturing (wait for it) or unusable: then (once more)
+         * the legacy stream, ordered after every blocking stream's work. */
         if ((r >= 900 && r <= 909) || stream_capturing(d, rec->stream))
             return 1;
         atomic_fetch_add_explicit(&d->num_order_fallbacks, 1, RELAXED);
@@ -1122,11 +1122,11 @@ int bridge_trim(int device, uint64_t keep)
     ctx_enter(d, &g);
     int mode = capture_mode_relax(); /* a trim in global mode invalidates another's capture */
     CUresult r = bridge_drv.cuMemPoolTrimTo(d->pool, keep);
-    capture_mode_exit(mode);
     ctx_exit(&g);
     share_member *sm = atomic_load(&d->share);
     if (sm)
-        share_trimmed(d, sm); /* the claim follows the pool down */
+        share_trimmed(d, sm); /* the claim follows the pool down (its figures: relaxed too) */
+    capture_mode_exit(mode);
     return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
 }
 

@@ -382,10 +382,9 @@ static int covered(share_member *m, uint64_t need)
 static uint64_t pool_reserved(struct device_state *d)
 {
     uint64_t v = 0;
-    /* relaxed whatever the device says: a capture the core cannot see (XLA's)
-     * must not be invalidated by a share's figures (one exchange each way:
-     * only processes in a share pay it) */
-    int mode = capture_mode_relax();
+    /* (share_reserve's slow path and the service thread run relaxed already;
+     * the fast path is the allocation's: relaxed while a capture is known) */
+    int mode = capture_mode_enter(d);
     CUresult r =
         bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v);
     capture_mode_exit(mode);
@@ -586,6 +585,9 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
     if (covered(m, need_units(d, m)))
         return BRIDGE_OK;
     int rc = BRIDGE_E_BUDGET;
+    /* the slow path's driver calls (pool figures, the trim of step 2) never
+     * invalidate a capture, seen or not (another thread's, in global mode) */
+    int relaxed = capture_mode_relax();
     for (int step = 0; step < 4 && rc != BRIDGE_OK; step++) {
         if (step == 1 && !reclaim_dead(m))
             continue;
@@ -593,9 +595,7 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
             /* this pool's own idle memory first: it is counted in the claim */
             ctx_guard cg;
             ctx_enter(d, &cg);
-            int mode = capture_mode_relax();
             bridge_drv.cuMemPoolTrimTo(d->pool, 0);
-            capture_mode_exit(mode);
             ctx_exit(&cg);
         }
         if (step == 3) {
@@ -607,6 +607,7 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
         rc = claim_raise(m, need_units(d, m), 0);
         pthread_mutex_unlock(&m->lock);
     }
+    capture_mode_exit(relaxed);
     if (rc != BRIDGE_OK) {
         sub_floor(&m->inflight, g);
         atomic_fetch_add(&m->num_refused, 1);
