@@ -351,11 +351,13 @@ def test_cupy_captures_are_told_to_the_core(standin):
         class Stream:
             def __init__(self, device_id=0, fail=False):
                 self.device_id, self.fail = device_id, fail
+                self.ptr = 0xE000  # the stream's handle, as CuPy's Stream has
             def begin_capture(self, mode=None):
                 if self.fail:
                     raise RuntimeError("cannot capture")
             def end_capture(self):
-                return "graph"
+                make = getattr(self, "make_graph", None)
+                return make() if make else "graph"
         class ExternalStream(Stream):
             pass
         cuda.Stream, cuda.ExternalStream, cuda.memory = Stream, ExternalStream, memory
@@ -375,6 +377,24 @@ def test_cupy_captures_are_told_to_the_core(standin):
         assert active() == 1
         e.end_capture()
         assert active() == 0
+        # a capture's arrays go to its graph's pool, kept while its Graph lives
+        # (this stand-in's "graph" cannot say when it dies: kept for good)
+        assert len(adapter._unreleased) == 2
+        class Graph:  # CuPy's keeps what _add_ref gets until it dies
+            def __init__(self):
+                self._refs = []
+            def _add_ref(self, ref):
+                self._refs.append(ref)
+        g = Stream()
+        g.ptr, g.make_graph = 0xE100, Graph
+        g.begin_capture()
+        rc, p = core.alloc(0, 1 << 20, 0xE100, core.TAG_CUPY)
+        assert rc == 0
+        core.free(p)  # a temporary of the capture: kept for its graph
+        graph = g.end_capture()
+        assert core.stats(0)[1]["graph_bytes"] == 1 << 20
+        del graph  # the Graph dies: its pool goes
+        assert core.stats(0)[1]["graph_bytes"] == 0
         try:
             Stream(fail=True).begin_capture()
         except RuntimeError:
