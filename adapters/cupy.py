@@ -127,15 +127,21 @@ class _GraphPool:
     holder's end is the graph's.
     """
 
-    __slots__ = ("device", "pool")
+    __slots__ = ("device", "pool", "stream")
 
-    def __init__(self, device: int, pool: int) -> None:
-        self.device, self.pool = device, pool
+    def __init__(self, device: int, pool: int, stream: Any) -> None:
+        # The capture's Stream is kept (and registered) as long as the graph: its
+        # launches there are what the pool's blocks wait for when it is released,
+        # and the core orders after a stream only while it can prove it alive.
+        self.device, self.pool, self.stream = device, pool, stream
+        _hold_stream(int(stream.ptr))
 
     def release(self) -> None:
         if self.pool:
             pool, self.pool = self.pool, 0
             core.graph(_RELEASE, self.device, core.CUPY_POOL, pool)
+            _drop_stream(int(self.stream.ptr))
+            self.stream = None
 
     def __del__(self) -> None:
         try:
@@ -145,6 +151,24 @@ class _GraphPool:
 
 
 _RELEASE = 2  # core.graph's op: release a pool
+_held: dict[int, int] = {}  # stream handle -> graphs holding it (registered while > 0)
+
+
+def _hold_stream(handle: int) -> None:
+    if handle and not _held.get(handle):
+        core.register_stream(handle)
+    if handle:
+        _held[handle] = _held.get(handle, 0) + 1
+
+
+def _drop_stream(handle: int) -> None:
+    if handle and handle in _held:
+        _held[handle] -= 1
+        if not _held[handle]:
+            del _held[handle]
+            core.forget_stream(handle)  # it may be destroyed once nothing holds it
+
+
 _unreleased: list[_GraphPool] = []  # graphs CuPy cannot tell us the end of: kept
 _capturing: dict[tuple[int, int], _GraphPool] = {}  # (device, stream handle) -> its pool
 
@@ -179,7 +203,7 @@ def _tell_captures() -> None:
             dev = _stream_device(self)
             rc, pool = core.capture_stream(True, dev, int(self.ptr))
             check(rc, what="starting a CuPy capture", device=dev)
-            holder = _capturing[(dev, int(self.ptr))] = _GraphPool(dev, pool)
+            holder = _capturing[(dev, int(self.ptr))] = _GraphPool(dev, pool, self)
             try:
                 _begin(self, mode)
             except BaseException:
