@@ -26,6 +26,7 @@ __all__ = [
 ]
 
 import logging
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -143,13 +144,83 @@ def _stream_device(stream: Any) -> int:
     return dev if dev >= 0 else int(cupy.cuda.runtime.getDevice())
 
 
+class _GraphPool:
+    """The bridge's pool of one CuPy capture, released when its Graph dies.
+
+    Arrays allocated on a stream while CuPy captures it come from a graph
+    pool of their own (graph.c), as torch's graphs' do: the temporaries the
+    capture frees stay with the graph, which reads and writes them at every
+    ``Graph.launch()``.  CuPy's Graph keeps the objects given to its
+    ``_add_ref`` until it dies (a Cython class: no weak reference), so this
+    holder's end is the graph's.
+    """
+
+    __slots__ = ("device", "pool", "stream")
+
+    def __init__(self, device: int, pool: int, stream: Any) -> None:
+        # The capture's Stream is kept (and registered) as long as the graph: its
+        # launches there are what the pool's blocks wait for when it is released,
+        # and the core orders after a stream only while it can prove it alive.
+        self.device, self.pool, self.stream = device, pool, stream
+        _hold_stream(int(stream.ptr))
+
+    def release(self) -> None:
+        if self.pool:
+            pool, self.pool = self.pool, 0
+            core.graph(_RELEASE, self.device, core.CUPY_POOL, pool)
+            _drop_stream(int(self.stream.ptr))
+            self.stream = None
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - at interpreter exit the core may be gone
+            pass
+
+
+_RELEASE = 2  # core.graph's op: release a pool
+_held: dict[int, int] = {}  # stream handle -> graphs holding it (registered while > 0)
+
+
+def _hold_stream(handle: int) -> None:
+    if handle and not _held.get(handle):
+        core.register_stream(handle)
+    if handle:
+        _held[handle] = _held.get(handle, 0) + 1
+
+
+def _drop_stream(handle: int) -> None:
+    if handle and handle in _held:
+        _held[handle] -= 1
+        if not _held[handle]:
+            del _held[handle]
+            core.forget_stream(handle)  # it may be destroyed once nothing holds it
+
+
+_unreleased: list[_GraphPool] = []  # graphs CuPy cannot tell us the end of: kept
+_capturing: dict[tuple[int, int], _GraphPool] = {}  # (device, stream handle) -> its pool
+
+
+def _bind_pool(graph: Any, holder: _GraphPool) -> None:
+    """Tie the pool's release to the Graph's end (kept for good when CuPy offers no way)."""
+    add_ref = getattr(graph, "_add_ref", None) or getattr(graph, "add_ref", None)
+    if add_ref is not None:
+        add_ref(holder)
+        return
+    try:
+        weakref.finalize(graph, holder.release)
+    except TypeError:  # no weak reference either: the memory stays, never reused under it
+        _unreleased.append(holder)
+
+
 def _tell_captures() -> None:
     """Let the core see CuPy's stream captures (``Stream.begin_capture`` .. ``end_capture``).
 
     While a stream is captured, nothing may be freed, synchronized or
     allocated on it (each would invalidate the capture or become a node of
-    the user's graph): the core defers frees and allocates captured arrays
-    outside the capture, as it does for torch's graphs.
+    the user's graph): the core defers frees, and allocates the captured
+    arrays in a graph pool of the capture's own (outside the capture), as it
+    does for torch's graphs; the pool lives until the Graph does.
     """
     for cls in (cupy.cuda.Stream, cupy.cuda.ExternalStream):
         begin, end = cls.begin_capture, cls.end_capture
@@ -158,18 +229,32 @@ def _tell_captures() -> None:
 
         def begin_capture(self: Any, mode: Any = None, _begin: Any = begin) -> None:
             dev = _stream_device(self)
-            check(core.capture(True, dev), what="starting a CuPy capture", device=dev)
+            rc, pool = core.capture_stream(True, dev, int(self.ptr))
+            check(rc, what="starting a CuPy capture", device=dev)
+            holder = _capturing[(dev, int(self.ptr))] = _GraphPool(dev, pool, self)
             try:
                 _begin(self, mode)
             except BaseException:
-                core.capture(False, dev)
+                del _capturing[(dev, int(self.ptr))]
+                core.capture_stream(False, dev, pool)
+                holder.release()
                 raise
 
         def end_capture(self: Any, _end: Any = end) -> Any:
+            holder = _capturing.pop((_stream_device(self), int(self.ptr)), None)
+            graph = None
             try:
-                return _end(self)
+                graph = _end(self)
+                return graph
             finally:
-                core.capture(False, _stream_device(self))
+                if holder is not None:
+                    core.capture_stream(False, holder.device, holder.pool)
+                    if graph is None:
+                        holder.release()  # the capture failed: nothing will launch it
+                    else:
+                        _bind_pool(graph, holder)
+                else:
+                    core.capture(False, _stream_device(self))
 
         begin_capture._bridge = True  # type: ignore[attr-defined]
         begin_capture.__doc__, end_capture.__doc__ = begin.__doc__, end.__doc__

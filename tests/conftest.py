@@ -78,6 +78,12 @@ if not GPU_MODE:
     STANDIN.standin_pending_on.argtypes = [ctypes.c_int, ctypes.c_void_p]
     STANDIN.standin_pending_on.restype = ctypes.c_uint64
     STANDIN.standin_adopt_stream.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    STANDIN.standin_last_wait.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    STANDIN.standin_last_wait.restype = ctypes.c_void_p
+    STANDIN.standin_set_global_capture.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    STANDIN.standin_new_stream.restype = ctypes.c_void_p
+    STANDIN.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+    STANDIN.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
     # the environment variables are read at the first init: none has happened yet
     os.environ.pop("BRIDGE_GPU_MEMORY_LIMIT", None)
     os.environ.pop("BRIDGE_PINNED_MEMORY_LIMIT", None)
@@ -119,6 +125,8 @@ def standin():
 
     STANDIN.standin_clear_faults()
     STANDIN.standin_set_capturing(None)
+    STANDIN.standin_set_global_capture(0, None)
+    STANDIN.standin_hold_syncs(0)
     _runtime.reset_process_state()  # every module singleton: devices, Bridge, recovery
     n = _runtime.device_count()
     for d in range(n):
@@ -138,6 +146,7 @@ def standin():
     yield STANDIN
     STANDIN.standin_clear_faults()
     STANDIN.standin_set_capturing(None)
+    STANDIN.standin_set_global_capture(0, None)
     core.set_pressure_callback(None)
     _runtime.reset_process_state()
 

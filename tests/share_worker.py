@@ -125,6 +125,26 @@ def op_spin(size: int) -> dict:
             core.free(p)
 
 
+def op_exec() -> dict:
+    """Replace this process's image (os.execv): same pid, same start time."""
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, os.path.abspath(__file__)])
+    return {}  # not reached: the new image answers with its "ready" line
+
+
+def op_alloc_wait(size: int, seconds: float) -> dict:
+    """One allocation that may wait `seconds` for memory (bridge.waiting)."""
+    core.set_thread_wait(True, seconds, 0)
+    t0 = time.monotonic()
+    try:
+        rc, p = core.alloc(DEV, size, STREAM, core.TAG_CUPY)
+    finally:
+        core.set_thread_wait(False, 0.0, 0)
+    if rc == Status.OK:
+        live[p] = size
+    return {"rc": rc, "elapsed": time.monotonic() - t0}
+
+
 OPS = {
     "join": op_join,
     "alloc": op_alloc,
@@ -134,6 +154,8 @@ OPS = {
     "alloc_until": op_alloc_until,
     "hammer": op_hammer,
     "spin": op_spin,
+    "exec": op_exec,
+    "alloc_wait": op_alloc_wait,
 }
 
 

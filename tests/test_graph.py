@@ -8,6 +8,8 @@ torch on a GPU, against native torch.
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 
 from bridge._errors import Status
@@ -18,7 +20,8 @@ MIB = 1 << 20
 TORCH, CUPY = core.TAG_TORCH, core.TAG_CUPY
 BEGIN, END, RELEASE = 0, 1, 2
 CAP, OTHER = 0xC1000, 0xC2000  # a capture stream and another stream
-C_ALLOC, C_FREE = 0, 1
+C_ALLOC, C_FREE, C_SYNC, C_WAIT = 0, 1, 2, 3
+LEGACY = 1  # CU_STREAM_LEGACY
 
 
 @pytest.fixture
@@ -135,17 +138,34 @@ def test_pools_do_not_share_blocks(sd):
         core.graph(RELEASE, DEV, *g)
 
 
-def test_a_live_graph_block_is_freed_on_its_capture_stream_after_release(sd):
+def test_a_live_graph_block_is_freed_after_its_capture_stream_and_the_default_stream(sd):
     """Issue: such blocks were recorded on the bridge's idle side stream, so their
-    free completed at once while the capture stream's kernels still read them."""
+    free completed at once while the capture stream's kernels still read them; then
+    (issue 30, item 5) they were freed and cached on the capture stream alone, with
+    no ordering after the default stream that read the static output."""
     pool = (0x57, 0)
     core.graph(BEGIN, DEV, *pool)
     p = galloc(2 * MIB, pool)  # a static output that outlives the graph
     core.graph(END, DEV, *pool)
+    syncs = sd.standin_counter(C_SYNC)
     core.graph(RELEASE, DEV, *pool)
     sd.standin_sync_all(DEV)
-    core.free(p)
-    assert sd.standin_pending_on(DEV, CAP) == 2 * MIB
+    core.register_stream(CAP)
+    core.set_cache(DEV, 64 * MIB)
+    try:
+        waits = sd.standin_counter(C_WAIT)
+        core.free(p)
+        assert stats()["cached"] == 0  # never handed to the next allocation on CAP
+        # the legacy stream (after every blocking stream: the default stream that
+        # read it) waits for the capture stream, then frees it
+        assert sd.standin_pending_on(DEV, LEGACY) == 2 * MIB
+        assert sd.standin_counter(C_WAIT) == waits + 1
+        dev = ctypes.c_int(-1)
+        assert sd.standin_last_wait(ctypes.byref(dev)) == LEGACY and dev.value == DEV
+        assert sd.standin_counter(C_SYNC) == syncs  # and the host never waited
+    finally:
+        core.set_cache(DEV, 0)
+        core.forget_stream(CAP)
 
 
 def test_an_empty_cache_during_a_capture_frees_nothing_on_the_captured_stream(sd):
@@ -217,14 +237,47 @@ def test_releasing_a_pool_during_another_capture_waits_for_it(sd):
     p = galloc(MIB, g1)
     core.free(p)
     core.graph(END, DEV, *g1)
-    core.graph(BEGIN, DEV, *g2)  # a capture runs
+    core.graph(BEGIN, DEV, *g2)  # a capture runs, on the same capture stream
+    core.register_stream(CAP)  # torch's capture streams are (adapters/torch.py)
+    sd.standin_set_capturing(CAP)
     syncs = sd.standin_counter(2)
     frees = sd.standin_counter(C_FREE)
     core.graph(RELEASE, DEV, *g1)
     assert sd.standin_counter(2) == syncs  # no device sync during the capture
     assert sd.standin_counter(C_FREE) == frees
     assert stats()["num_deferred"] == 1
+    sd.standin_set_capturing(None)
     core.graph(END, DEV, *g2)
     assert sd.standin_counter(C_FREE) == frees + 1
+    assert sd.standin_counter(2) == syncs  # ordered on the GPU, not by the host
     assert stats()["graph_bytes"] == 0
     core.graph(RELEASE, DEV, *g2)
+    core.forget_stream(CAP)
+
+
+def test_a_cupy_captures_temporaries_stay_with_its_graph_until_it_is_released(sd):
+    """Issue 30, item 3: arrays a CuPy capture allocated and freed (temporaries) went
+    back to the pool at end_capture while Graph.launch() still read and wrote them;
+    CuPy's own MemoryAsyncPool keeps them for the graph.  A CuPy capture now has a
+    graph pool of its own (adapters/cupy.py releases it when the Graph dies)."""
+    rc, pool = core.capture_stream(True, DEV, OTHER)
+    assert rc == Status.OK and pool
+    sd.standin_set_capturing(OTHER)
+    frees = sd.standin_counter(C_FREE)
+    rc, tmp = core.alloc(DEV, 4 * MIB, OTHER, CUPY)  # a temporary of the captured work
+    assert rc == Status.OK and tmp
+    assert core.alloc_cached(DEV, 4 * MIB, OTHER, CUPY)[0] == Status.MISS  # never the cache's
+    core.free(tmp)  # freed inside the capture
+    rc, out = core.alloc(DEV, MIB, OTHER, CUPY)  # the graph's output, kept by the user
+    sd.standin_set_capturing(None)
+    assert core.capture_stream(False, DEV, pool)[0] == Status.OK  # end_capture
+    assert sd.standin_counter(C_FREE) == frees  # nothing went back to the pool
+    assert stats()["graph_bytes"] == 4 * MIB
+    rc, new = core.alloc(DEV, 4 * MIB, OTHER, CUPY)  # new arrays on the stream meanwhile
+    assert new != tmp
+    core.free(new)
+    assert core.graph(RELEASE, DEV, core.CUPY_POOL, pool) == Status.OK  # the Graph died
+    assert stats()["graph_bytes"] == 0
+    assert sd.standin_counter(C_FREE) >= frees + 2
+    core.free(out)  # the output outlives its graph: an ordinary block now
+    assert stats()["used"] == 0

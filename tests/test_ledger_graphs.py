@@ -9,6 +9,7 @@ they allocate, and undo what they add to the stand-in (the `led` fixture).
 
 from __future__ import annotations
 
+import pytest
 from ledger_util import (
     C_FREE,
     C_MODE,
@@ -27,6 +28,18 @@ from ledger_util import (
 
 from bridge._errors import Status
 from bridge._runtime import core
+
+
+@pytest.fixture(autouse=True)
+def _torch_streams(led):
+    """S1..S3 stand for torch's streams, which the torch adapter registers as
+    living as long as the process: the core may free torch's blocks on them
+    (an unregistered stream's blocks are freed on the legacy stream)."""
+    for s in (S1, S2, S3):
+        core.register_stream(s)
+    yield
+    for s in (S1, S2, S3):
+        core.forget_stream(s)
 
 
 # ---- CUDA graph capture ----

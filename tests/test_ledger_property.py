@@ -43,6 +43,7 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 DEVICES = (0, 1)
 TAGS = (core.TAG_OTHER, core.TAG_CUPY, core.TAG_TORCH)
 NULL_STREAM = 0  # syncing it completes every queued free of the device
+LEGACY_STREAM = 1  # CU_STREAM_LEGACY: where a free the driver refused goes
 STREAMS = (NULL_STREAM, 0xB1000, 0xB2000)
 TOTAL = 16 * GIB  # the stand-in's device memory (BRIDGE_STANDIN_TOTAL unset)
 DRIVER_UNKNOWN = 999  # a driver error that is not out-of-memory
@@ -242,12 +243,11 @@ class LedgerMachine(RuleBasedStateMachine):
         """The driver free of a block (release_block): queued on its stream."""
         m = self.dev[d]
         if self.free_fault:
-            # the driver refused the free: the core syncs the device and frees
-            # on the legacy stream instead
+            # the driver refused the free: the core frees on the legacy stream
+            # instead (handle 1: after every blocking stream), with no host wait
             self.free_fault = False
             m.num_driver_errors += 1
-            m.pending.clear()
-            stream = NULL_STREAM
+            stream = LEGACY_STREAM
         m.pending[stream] = m.pending.get(stream, 0) + size
 
     def flush_cache(self, d: int) -> None:
@@ -381,10 +381,12 @@ class LedgerMachine(RuleBasedStateMachine):
         want = self.attempt(d, size, tag)
         retried = False
         if want in (Status.BUDGET, Status.OOM):
-            # the core returns the cache to the driver, syncs the stream
-            # (queued frees land) and tries once more
+            # the core returns the cache to the driver, syncs the stream and
+            # the legacy stream (queued frees land: the legacy stream waits for
+            # every blocking stream, which every stream of this model is) and
+            # tries once more
             self.flush_cache(d)
-            self.sync(d, stream)
+            self.sync(d, NULL_STREAM)
             want = self.attempt(d, size, tag)
             retried = True
         assert rc == want, f"alloc({size}) on device {d}: {Status(rc).name}, model {want.name}"
@@ -422,8 +424,15 @@ class LedgerMachine(RuleBasedStateMachine):
         m.tag_frees[b.tag] += 1
         m.tag_freed[b.tag] += b.size
         if not self.cache_put(b):
-            self.release(b.dev, b.size, b.stream)
+            self.release(b.dev, b.size, self.free_stream(b))
         return b.ptr
+
+    def free_stream(self, b: Block) -> int:
+        """Where the core issues a block's free: its own stream when it can prove
+        that stream alive (default streams, registered ones, CuPy's blocks, which
+        hold their stream), else the legacy stream (issue 30, item 4)."""
+        alive = b.stream <= 2 or b.stream in self.registered or b.tag == core.TAG_CUPY
+        return b.stream if alive else LEGACY_STREAM
 
     # Misuse and inspection: one rule per kind of pointer, the call drawn.
     @rule(ptr=freed, what=st.sampled_from(["free", "record", "lookup"]), stream=streams)

@@ -418,6 +418,57 @@ def test_no_reuse_while_a_recorded_copy_is_pending(pp, lib):
     assert pp.stats()["n_pending_blocks"] == 0
 
 
+C_INVALIDATED = 13
+
+
+def test_a_block_taken_during_another_threads_global_capture_leaves_it_valid(pp, lib):
+    """Issue 30, item 2: the pool's event queries ran in the caller's capture mode.
+    During another thread's global-mode capture (torch.cuda.graph's default) a query
+    failed with 900 and invalidated that capture, and the failure counted as the copy
+    having completed: the block whose copy was still queued was lent again."""
+    lib.standin_set_global_capture.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    s = stream(lib)
+    lib.standin_hold_events(1)  # the "GPU" is busy
+    buf = bridge.pinned_buffer(64 * KIB)
+    p = buf.ptr
+    buf.record(s)  # an async copy reads it on s
+    del buf  # pending
+    bad = lib.standin_counter(C_INVALIDATED)
+    lib.standin_set_global_capture(1, None)  # another thread captures, global mode
+    try:
+        taken = [bridge.pinned_buffer(64 * KIB) for _ in range(3)]
+        assert lib.standin_counter(C_INVALIDATED) == bad  # its capture stays valid
+        assert p not in [t.ptr for t in taken]  # the pending block is not lent
+        assert pp.stats()["n_pending_blocks"] == 1
+    finally:
+        lib.standin_set_global_capture(0, None)
+    lib.standin_complete_events()  # the copy is done: the block is lent again
+    del taken
+    again = [bridge.pinned_buffer(64 * KIB) for _ in range(4)]
+    reused = p in [t.ptr for t in again]
+    del again
+    assert reused
+
+
+def test_a_failing_event_query_never_counts_as_a_completed_copy(pp, lib):
+    s = stream(lib)
+    lib.standin_hold_events(1)
+    buf = bridge.pinned_buffer(64 * KIB)
+    p = buf.ptr
+    buf.record(s)
+    del buf
+    lib.standin_fail(b"cuEventQuery", 999, 2)  # a query that fails is no answer
+    other = bridge.pinned_buffer(64 * KIB)
+    assert other.ptr != p
+    assert pp.stats()["n_pending_blocks"] == 1
+    lib.standin_clear_faults()
+    lib.standin_complete_events()
+    again = bridge.pinned_buffer(64 * KIB)  # the pending one: the only free block
+    reused = again.ptr == p
+    del other, again
+    assert reused
+
+
 def test_stream_synchronize_completes_the_copy(pp, lib):
     s1, s2 = stream(lib), stream(lib)
     lib.standin_hold_events(1)

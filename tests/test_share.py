@@ -678,3 +678,40 @@ def test_stats_do_not_list_an_ended_process_as_a_member(workers, share_dir):
         assert "ended process" in head
     else:
         assert str(b.pid) not in text
+
+
+def test_a_process_that_calls_exec_and_joins_again_holds_one_slot(workers, share_dir):
+    """Issue 30, item 6: after exec() the pid and the start time stay, so nobody saw
+    the old image's slot as dead, and joining from the new image took a second one:
+    the old claim stayed counted against the budget for good."""
+    a = workers()
+    name = _name()
+    a.call("join", name=name, budget=64 * MIB)
+    assert a.call("alloc", size=8 * MIB)["rc"] == Status.OK
+    assert a.call("exec")["pid"] == a.pid  # the new image says it is ready
+    a.call("join", name=name)
+    (sh,) = share.list_shares(str(share_dir))
+    assert [m.pid for m in sh.members] == [a.pid]
+    assert a.call("stats")["share"]["claim"] < 8 * MIB  # the old image's claim is gone
+    b = workers()
+    b.call("join", name=name)
+    assert b.call("alloc", size=56 * MIB)["rc"] == Status.OK
+
+
+def test_a_waiting_allocation_asks_the_others_to_trim_once(workers, share_dir):
+    """Issue 30, item 7: each retry of a waiting allocation made every other member
+    trim (cache flush, synchronization, pool trim; up to 0.5 s each ask)."""
+    name = _name()
+    holder, waiter = workers(), workers()
+    holder.call("join", name=name, budget=16 * MIB)
+    waiter.call("join", name=name)
+    assert holder.call("alloc", size=12 * MIB)["rc"] == Status.OK  # live: no trim helps
+    served0 = holder.call("stats")["share"]["num_trims_served"]
+    out = waiter.call("alloc_wait", size=8 * MIB, seconds=2.0)
+    assert out["rc"] == Status.BUDGET and out["elapsed"] >= 1.5
+    st = waiter.call("stats")["share"]
+    assert st["num_asks"] <= 2, st  # before the wait (and its last try), not every retry
+    assert holder.call("stats")["share"]["num_trims_served"] - served0 <= 2
+    holder.call("free")
+    # once the holder freed memory, an ask is worth it again: the next wait gets it
+    assert waiter.call("alloc_wait", size=8 * MIB, seconds=2.0)["rc"] == Status.OK

@@ -123,32 +123,43 @@ def test_forgetting_a_stream_returns_its_cached_blocks_on_it(sd):
 
 
 # ---- ordering a free after recorded streams ----
-def test_a_failing_event_record_falls_back_to_a_device_sync_and_counts_it(sd):
+def test_a_failing_event_record_falls_back_to_the_legacy_stream_and_counts_it(sd):
     """Issue: event record or wait failures before a free were ignored: the free
-    went ahead unordered."""
+    went ahead unordered.  Then (issue 30) the fallback was a device-wide
+    synchronization, a host wait that invalidates captures: now the free goes
+    to the legacy stream, after every blocking stream's queued work."""
     core.set_cache(DEV, 0)
-    rc, p = core.alloc(DEV, MIB, 0, TORCH)
-    assert core.record_stream(p, USER) == Status.OK
-    s0 = stats()
-    syncs = sd.standin_counter(2)
-    sd.standin_fail(b"cuEventRecord", 400, 1)  # e.g. the recorded stream was destroyed
-    core.free(p)
-    s = stats()
-    assert s["num_order_fallbacks"] == s0["num_order_fallbacks"] + 1
-    assert sd.standin_counter(2) == syncs + 1  # the whole device, then the free
-    assert s["used"] == 0
+    core.register_stream(USER)  # torch's streams are registered (adapters/torch.py)
+    try:
+        rc, p = core.alloc(DEV, MIB, 0, TORCH)
+        assert core.record_stream(p, USER) == Status.OK
+        s0 = stats()
+        syncs = sd.standin_counter(2)
+        sd.standin_fail(b"cuEventRecord", 400, 1)  # e.g. the recorded stream was destroyed
+        core.free(p)
+        s = stats()
+        assert s["num_order_fallbacks"] == s0["num_order_fallbacks"] + 1
+        assert sd.standin_counter(2) == syncs  # no host wait
+        assert sd.standin_pending_on(DEV, 1) == MIB  # on the legacy stream
+        assert s["used"] == 0
+    finally:
+        core.forget_stream(USER)
 
 
 def test_a_recorded_stream_that_is_capturing_defers_the_free(sd):
     core.set_cache(DEV, 0)
-    rc, p = core.alloc(DEV, MIB, 0, TORCH)
-    assert core.record_stream(p, USER) == Status.OK
-    sd.standin_set_capturing(USER)
-    core.free(p)
-    assert stats()["num_deferred"] == 1
-    sd.standin_set_capturing(None)
-    core.free(core.alloc(DEV, MIB, 0, TORCH)[1])
-    assert stats()["num_deferred"] == 0 and stats()["used"] == 0
+    core.register_stream(USER)
+    try:
+        rc, p = core.alloc(DEV, MIB, 0, TORCH)
+        assert core.record_stream(p, USER) == Status.OK
+        sd.standin_set_capturing(USER)
+        core.free(p)
+        assert stats()["num_deferred"] == 1
+        sd.standin_set_capturing(None)
+        core.free(core.alloc(DEV, MIB, 0, TORCH)[1])
+        assert stats()["num_deferred"] == 0 and stats()["used"] == 0
+    finally:
+        core.forget_stream(USER)
 
 
 # ---- the budget never fails open ----
@@ -340,11 +351,13 @@ def test_cupy_captures_are_told_to_the_core(standin):
         class Stream:
             def __init__(self, device_id=0, fail=False):
                 self.device_id, self.fail = device_id, fail
+                self.ptr = 0xE000  # the stream's handle, as CuPy's Stream has
             def begin_capture(self, mode=None):
                 if self.fail:
                     raise RuntimeError("cannot capture")
             def end_capture(self):
-                return "graph"
+                make = getattr(self, "make_graph", None)
+                return make() if make else "graph"
         class ExternalStream(Stream):
             pass
         cuda.Stream, cuda.ExternalStream, cuda.memory = Stream, ExternalStream, memory
@@ -364,6 +377,24 @@ def test_cupy_captures_are_told_to_the_core(standin):
         assert active() == 1
         e.end_capture()
         assert active() == 0
+        # a capture's arrays go to its graph's pool, kept while its Graph lives
+        # (this stand-in's "graph" cannot say when it dies: kept for good)
+        assert len(adapter._unreleased) == 2
+        class Graph:  # CuPy's keeps what _add_ref gets until it dies
+            def __init__(self):
+                self._refs = []
+            def _add_ref(self, ref):
+                self._refs.append(ref)
+        g = Stream()
+        g.ptr, g.make_graph = 0xE100, Graph
+        g.begin_capture()
+        rc, p = core.alloc(0, 1 << 20, 0xE100, core.TAG_CUPY)
+        assert rc == 0
+        core.free(p)  # a temporary of the capture: kept for its graph
+        graph = g.end_capture()
+        assert core.stats(0)[1]["graph_bytes"] == 1 << 20
+        del graph  # the Graph dies: its pool goes
+        assert core.stats(0)[1]["graph_bytes"] == 0
         try:
             Stream(fail=True).begin_capture()
         except RuntimeError:

@@ -113,8 +113,10 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out);
  * freed on `stream` (its key: per-thread streams are the calling thread's),
  * adopted for `tag` under the tag's cap, noted in the history.  BRIDGE_OK on
  * a hit (size 0: *out = NULL, as bridge_alloc); BRIDGE_E_MISS when nothing
- * cached fits, the device is not set up yet or frees deferred by a capture
- * are pending (bridge_alloc completes them first): then call bridge_alloc.
+ * cached fits, the device is not set up yet, a CuPy capture runs on the
+ * device (its arrays go to its graph's pool) or frees deferred by a
+ * capture are pending (bridge_alloc completes them first): then call
+ * bridge_alloc.
  * BRIDGE_E_INVALID for a bad tag.  It takes the cache's lock and one records
  * shard lock, both leaves that no holder keeps while calling Python or
  * waiting; it never waits and makes no driver call, except to give a block
@@ -172,6 +174,13 @@ int bridge_forget_stream(void *stream);
  * on, relying on the legacy default stream's implicit ordering (Numba), must
  * have its blocks freed on that stream, not kept for the next request. */
 int bridge_set_tag_cached(int tag, int cached);
+/* Whether framework `tag` keeps a block's stream alive until the block's
+ * free has returned (CuPy's blocks hold their Stream object): the core may
+ * then issue the free on that stream.  Frees of other tags on streams that
+ * are neither default nor registered (bridge_register_stream) never touch
+ * their stream, which may be destroyed by then: they are issued on the
+ * legacy default stream, after the queued work of every blocking stream. */
+int bridge_set_tag_holds_streams(int tag, int holds);
 
 /* ---- CUDA graph capture (graph.c) ---- */
 /* torch's pool hooks.  begin/release count the pool's users (as torch
@@ -198,6 +207,14 @@ int bridge_graph_adopt(void *ptr, int tag);
  * nothing is freed, synchronized or allocated on a capturing stream. */
 int bridge_capture_begin(int device);
 int bridge_capture_end(int device);
+/* A CuPy capture of `stream`: a graph pool of its own (id0 BRIDGE_CUPY_POOL,
+ * *id1 a fresh id) that allocations on the stream go to while it captures,
+ * as torch's graphs' do, so temporaries the capture frees stay with the
+ * graph; end unbinds the stream, bridge_graph_release(device,
+ * BRIDGE_CUPY_POOL, id1) releases the pool when the Graph dies. */
+#define BRIDGE_CUPY_POOL 0x4355505947524150ull /* "CUPYGRAP" */
+int bridge_capture_begin_stream(int device, void *stream, uint64_t *id1);
+int bridge_capture_end_stream(int device, uint64_t id1);
 int bridge_captures_active(int device);
 
 /* ---- pressure hook: called once before an allocation fails ---- */

@@ -20,10 +20,22 @@
  *              the same pool on the same stream reuse it, in capture order, as
  *              torch's private pool does.  Graphs sharing a pool must be
  *              replayed in the order they were captured (torch's rule too).
+ *   release    the last user released the pool: its user-freed blocks go
+ *              back to the pool, and its live blocks (static outputs) become
+ *              ordinary blocks, each free ordered on the legacy default
+ *              stream (after every blocking stream: replays and reads on
+ *              the default stream) and after the capture stream, with no
+ *              host wait.  The pool leaves the table and its blocks are
+ *              swept in one step under capture_lock, so a capture that
+ *              begins a pool with the same id meanwhile keeps its own.
+ *   CuPy pool  a pool of one CuPy capture (bridge_capture_begin_stream):
+ *              allocations on the capturing stream are routed to it, and it
+ *              is released when CuPy's Graph dies (adapters/cupy.py).
  * Locking: every field here is under the device's capture_lock.  The records
  * table's shard locks are never taken while a shard lock is held by the
  * caller: the release sweep collects records first and releases them after.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,8 +52,9 @@ typedef struct gblock {
 
 typedef struct gpool {
     uint64_t id0, id1;
-    int uses;      /* see the glossary */
-    int capturing; /* begins minus ends */
+    int uses;       /* see the glossary */
+    int capturing;  /* begins minus ends */
+    CUstream bound; /* a CuPy capture's stream key while it captures; NULL: none */
     gblock *free;  /* the free list */
     size_t nfree, capfree;
 } gpool;
@@ -95,6 +108,14 @@ int bridge_captures_active(int device)
     return d ? atomic_load(&d->captures_active) : 0;
 }
 
+/* The capture counted (under capture_lock or not), a synchronization that
+ * did not see it ends before it begins (ledger.h). */
+static void wait_for_syncs(device_state *d)
+{
+    while (atomic_load(&d->syncs))
+        sched_yield();
+}
+
 /* ---- captures the bridge is told of (torch's hooks, CuPy's Stream) ---- */
 int bridge_capture_begin(int device)
 {
@@ -102,7 +123,7 @@ int bridge_capture_begin(int device)
     device_state *d = device_use(device, &rc);
     if (!d)
         return rc;
-    atomic_fetch_add(&d->captures_active, 1);
+    capture_announce(d);
     return BRIDGE_OK;
 }
 
@@ -143,7 +164,74 @@ int bridge_graph_begin(int device, uint64_t id0, uint64_t id1)
         rc = BRIDGE_E_OOM;
     }
     pthread_mutex_unlock(&d->capture_lock);
+    if (rc == BRIDGE_OK)
+        wait_for_syncs(d);
     return rc;
+}
+
+/* ---- CuPy's captures: a pool of their own each ---- */
+static _Atomic uint64_t next_cupy_pool;
+
+int bridge_capture_begin_stream(int device, void *stream, uint64_t *id1)
+{
+    *id1 = 0;
+    int rc;
+    device_state *d = device_use(device, &rc);
+    if (!d)
+        return rc;
+    CUstream key = stream_key((CUstream)stream);
+    uint64_t id = atomic_fetch_add(&next_cupy_pool, 1) + 1;
+    rc = BRIDGE_OK;
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = add_pool(d, BRIDGE_CUPY_POOL, id);
+    if (p) {
+        p->uses = 1; /* the Graph's: released when it dies */
+        p->capturing = 1;
+        p->bound = key;
+        atomic_fetch_add(&d->cupy_captures, 1);
+        atomic_fetch_add(&d->captures_active, 1);
+    } else {
+        rc = BRIDGE_E_OOM;
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+    if (rc != BRIDGE_OK)
+        return rc;
+    wait_for_syncs(d);
+    *id1 = id;
+    return BRIDGE_OK;
+}
+
+int bridge_capture_end_stream(int device, uint64_t id1)
+{
+    device_state *d = device_of(device);
+    if (!d)
+        return BRIDGE_E_DEVICE;
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, BRIDGE_CUPY_POOL, id1);
+    CUstream key = p ? p->bound : NULL;
+    if (key) {
+        p->bound = NULL;
+        atomic_fetch_sub(&d->cupy_captures, 1);
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+    /* CuPy ended the capture and its Stream is alive until this returns */
+    if (key)
+        ledger_mark_deferred(d, key);
+    return bridge_graph_end(device, BRIDGE_CUPY_POOL, id1);
+}
+
+int graph_pool_of_stream(device_state *d, CUstream key, uint64_t *id1)
+{
+    int found = 0;
+    pthread_mutex_lock(&d->capture_lock);
+    graph_pools *g = d->graphs;
+    for (size_t i = 0; g && i < g->n && !found; i++)
+        if (g->pool[i].bound == key && g->pool[i].capturing > 0) {
+            *id1 = g->pool[i].id1;
+            found = 1;
+        }
+    pthread_mutex_unlock(&d->capture_lock);
+    return found;
 }
 
 int bridge_graph_end(int device, uint64_t id0, uint64_t id1)
@@ -170,6 +258,31 @@ typedef struct sweep {
     int oom; /* no room to collect one: it stays in the table */
 } sweep;
 
+/* A released pool's block, from now on an ordinary one: its free is ordered
+ * on the legacy stream and after the capture stream (see the glossary).
+ * 0, or -1 when there is no host memory for the stream (then the capture
+ * stream alone orders it, as before). */
+static int unbind_block(record *r)
+{
+    CUstream cap = r->stream;
+    r->flags = 0;
+    if (cap == STREAM_LEGACY || (uintptr_t)cap == 0)
+        return 0;
+    for (uint16_t i = 0; i < r->nrec; i++)
+        if (r->recs[i] == cap)
+            goto keyed;
+    if (r->nrec == UINT16_MAX)
+        return -1;
+    CUstream *n = realloc(r->recs, (r->nrec + 1u) * sizeof *n);
+    if (!n)
+        return -1;
+    n[r->nrec++] = cap;
+    r->recs = n;
+keyed:
+    r->stream = STREAM_LEGACY;
+    return 0;
+}
+
 static int sweep_pool(record *r, void *arg)
 {
     sweep *s = arg;
@@ -177,7 +290,7 @@ static int sweep_pool(record *r, void *arg)
         r->device != s->device)
         return 0;
     if (!(r->flags & REC_USER_FREED)) {
-        r->flags = 0; /* still in use: an ordinary block, freed on its capture stream */
+        unbind_block(r); /* still in use (a static output): an ordinary block */
         return 0;
     }
     if (s->n == s->cap) {
@@ -185,11 +298,13 @@ static int sweep_pool(record *r, void *arg)
         record *n = realloc(s->out, ncap * sizeof *n);
         if (!n) {
             s->oom = 1;
+            unbind_block(r); /* it stays, an ordinary block the user freed: lost, not reused */
             return 0;
         }
         s->out = n;
         s->cap = ncap;
     }
+    unbind_block(r);
     s->out[s->n++] = *r;
     return 1;
 }
@@ -199,35 +314,29 @@ int bridge_graph_release(int device, uint64_t id0, uint64_t id1)
     device_state *d = device_of(device);
     if (!d)
         return BRIDGE_E_DEVICE;
+    sweep s = {.id0 = id0, .id1 = id1, .device = device};
     pthread_mutex_lock(&d->capture_lock);
     gpool *p = find_pool(d, id0, id1);
     int last = 0;
     if (p && --p->uses <= 0) {
         if (p->capturing) /* released mid-capture (a failed capture): it ends here */
             atomic_fetch_sub(&d->captures_active, p->capturing);
+        if (p->bound)
+            atomic_fetch_sub(&d->cupy_captures, 1);
         drop_pool(d, p);
         last = 1;
+        /* In the same step (shard locks under capture_lock, the order
+         * reuse() takes them in): a capture that begins a pool with this id
+         * after the unlock allocates blocks this sweep never sees. */
+        records_sweep(sweep_pool, &s);
     }
     pthread_mutex_unlock(&d->capture_lock);
     if (!last)
         return BRIDGE_OK; /* another graph still uses the pool */
-    /* Replays may still be running on any stream: wait for the device before
-     * the blocks go back (never while a capture runs: they wait instead). */
-    int sync_now = !atomic_load(&d->captures_active);
-    if (sync_now) {
-        ctx_guard g;
-        ctx_enter(d, &g);
-        bridge_drv.cuCtxSynchronize();
-        ctx_exit(&g);
-    }
-    sweep s = {.id0 = id0, .id1 = id1, .device = device};
-    records_sweep(sweep_pool, &s);
+    /* Replays may still be running: each free waits on the GPU, not here. */
     for (size_t i = 0; i < s.n; i++) {
         atomic_fetch_sub_explicit(&d->graph_bytes, s.out[i].size, RELAXED);
-        if (sync_now)
-            ledger_release(d, &s.out[i]);
-        else
-            ledger_defer(d, &s.out[i], 1);
+        ledger_release(d, &s.out[i]);
     }
     free(s.out);
     return BRIDGE_OK;
@@ -279,8 +388,8 @@ static uintptr_t reuse(device_state *d, gpool *p, size_t size, CUstream key, int
     }
 }
 
-static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
-                       void **out)
+int graph_alloc(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
+                void **out)
 {
     *out = NULL;
     if (size == 0)
@@ -384,7 +493,7 @@ static int alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
 int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
                        void **out)
 {
-    int rc = alloc_graph(device, size, tag, id0, id1, stream, out);
+    int rc = graph_alloc(device, size, tag, id0, id1, stream, out);
     /* off: one relaxed load */
     if (atomic_load_explicit(&bridge_history_on, RELAXED) && size &&
         (rc == BRIDGE_OK || rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM ||

@@ -27,8 +27,10 @@
 #include "views.h"
 #include "wait.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 device_state bridge_devices[BRIDGE_MAX_DEVICES];
 static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -38,6 +40,11 @@ static _Atomic(bridge_pressure_fn) pressure_hook;
 static _Atomic uint64_t bad_frees; /* unknown pointers and double frees, every device */
 /* Bit t set: blocks of tag t are never cached (bridge_set_tag_cached). */
 static _Atomic unsigned uncached_tags;
+/* Bit t set: tag t keeps its blocks' streams alive until their frees return
+ * (bridge_set_tag_holds_streams).  CuPy's by default: the core's own CuPy
+ * allocator (cupy_alloc.c) gives each block a reference to its Stream,
+ * dropped after the free has returned (pyblock.c). */
+static _Atomic unsigned holding_tags = 1u << BRIDGE_TAG_CUPY;
 /* The release threshold of devices set up lazily (the last one asked for). */
 static _Atomic uint64_t default_threshold = UINT64_MAX;
 
@@ -71,6 +78,71 @@ void capture_mode_exit(int mode)
 {
     if (mode >= 0)
         bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
+/* ---- synchronizations and captures (ledger.h) ---- */
+int sync_enter(device_state *d)
+{
+    atomic_fetch_add(&d->syncs, 1);
+    if (!atomic_load(&d->captures_active))
+        return 1;
+    atomic_fetch_sub(&d->syncs, 1);
+    return 0;
+}
+
+void sync_exit(device_state *d)
+{
+    atomic_fetch_sub(&d->syncs, 1);
+}
+
+void capture_announce(device_state *d)
+{
+    atomic_fetch_add(&d->captures_active, 1);
+    /* a synchronization that did not see the capture is under way: it ends
+     * before the capture begins (rare: a trim or a refusal's retry) */
+    struct timespec ts = {0, 50000};
+    while (atomic_load(&d->syncs))
+        nanosleep(&ts, NULL);
+}
+
+void drain_streams(device_state *d)
+{
+    if (!sync_enter(d))
+        return;
+    ctx_guard g;
+    ctx_enter(d, &g);
+    int mode = capture_mode_relax();
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    /* never cuCtxSynchronize: it would invalidate a capture the core cannot
+     * see (XLA's); the legacy stream answers an error while a blocking
+     * stream captures, and then is left alone too */
+    if (bridge_drv.cuStreamIsCapturing(STREAM_LEGACY, &status) == CUDA_SUCCESS &&
+        status == CU_STREAM_CAPTURE_STATUS_NONE)
+        bridge_drv.cuStreamSynchronize(STREAM_LEGACY);
+    bridge_drv.cuStreamSynchronize(d->side);
+    stream_sync_long_lived(d->ctx);
+    capture_mode_exit(mode);
+    ctx_exit(&g);
+    sync_exit(d);
+}
+
+CUstream free_key(const record *rec)
+{
+    if (stream_long_lived(rec->stream) ||
+        (atomic_load_explicit(&holding_tags, RELAXED) & (1u << rec->tag)))
+        return rec->stream;
+    return STREAM_LEGACY;
+}
+
+int bridge_set_tag_holds_streams(int tag, int holds)
+{
+    if (tag < 0 || tag >= BRIDGE_NTAGS)
+        return BRIDGE_E_INVALID;
+    if (holds)
+        atomic_fetch_or(&holding_tags, 1u << tag);
+    else
+        atomic_fetch_and(&holding_tags, ~(1u << tag));
+    return BRIDGE_OK;
 }
 
 /* ---- devices ---- */
@@ -343,8 +415,13 @@ void bridge_set_pressure_hook(bridge_pressure_fn fn)
 
 /* ---- freeing ---- */
 /* Issue the driver free of a block (its record out of the table), ordered
- * after its streams.  0 when issued; 1 when it must wait for a capture to
- * end.  Needs the device's context current. */
+ * after its streams, on rec->stream (a key free_key chose: one the bridge
+ * can prove alive).  0 when issued, or when the driver refused it for good
+ * (counted: the ledger forgets the block, which never stays deferred for an
+ * error); 1 when it must wait for a capture to end.  Needs the device's
+ * context current.  No host wait: a stream that cannot be ordered after is
+ * stood in for by the legacy stream, which waits for every blocking
+ * stream's queued work. */
 static int issue_free(device_state *d, const record *rec)
 {
     CUstream stream = stream_handle(rec->stream);
@@ -353,26 +430,28 @@ static int issue_free(device_state *d, const record *rec)
         if (o > 0)
             return 1;
         if (o < 0) {
-            /* A recorded stream is gone or unusable: its work can only be
-             * waited for with the whole device (never during a capture). */
-            if (atomic_load_explicit(&d->captures_active, RELAXED))
-                return 1;
             atomic_fetch_add_explicit(&d->num_order_fallbacks, 1, RELAXED);
-            bridge_drv.cuCtxSynchronize();
+            stream = STREAM_LEGACY;
         }
     }
     CUresult r = bridge_drv.cuMemFreeAsync((CUdeviceptr)rec->ptr, stream);
     if (r != CUDA_SUCCESS) {
         bridge_note_driver_error(r);
         atomic_fetch_add_explicit(&d->num_driver_errors, 1, RELAXED);
-        /* The stream may be capturing (wait for it) or gone: then finish the
-         * device's work and free on the legacy stream, ordered after it. */
-        if (atomic_load_explicit(&d->captures_active, RELAXED) || stream_capturing(rec->stream))
+        /* The stream is capturing (wait for it) or unusable: then (once more)
+         * the legacy stream, ordered after every blocking stream's work. */
+        if ((r >= 900 && r <= 909) || stream_capturing(d, rec->stream))
             return 1;
         atomic_fetch_add_explicit(&d->num_order_fallbacks, 1, RELAXED);
-        bridge_drv.cuCtxSynchronize();
-        if (bridge_drv.cuMemFreeAsync((CUdeviceptr)rec->ptr, NULL) != CUDA_SUCCESS)
-            atomic_fetch_add_explicit(&d->num_driver_errors, 1, RELAXED);
+        stream = STREAM_LEGACY;
+        r = bridge_drv.cuMemFreeAsync((CUdeviceptr)rec->ptr, stream);
+    }
+    if (r != CUDA_SUCCESS) {
+        bridge_note_driver_error(r);
+        atomic_fetch_add_explicit(&d->num_driver_errors, 1, RELAXED);
+        /* a blocking stream captures (the legacy stream answers so): later */
+        if ((r >= 900 && r <= 909) || stream_capturing(d, STREAM_LEGACY))
+            return 1;
     }
     return 0;
 }
@@ -390,42 +469,53 @@ static void settle(device_state *d, const record *rec)
 
 void ledger_release(device_state *d, const record *rec)
 {
+    record r = *rec;
+    r.stream = free_key(rec); /* never a stream the bridge cannot prove alive */
     /* During a capture a block of the captured stream (a cached one, say)
      * must not be freed on it: the free would join the user's graph. */
-    if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(rec->stream)) {
-        ledger_defer(d, rec, 0);
+    if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(d, r.stream)) {
+        ledger_defer(d, &r);
         return;
     }
     ctx_guard g;
     ctx_enter(d, &g);
     int mode = capture_mode_enter(d);
-    int wait = issue_free(d, rec);
+    int wait = issue_free(d, &r);
     capture_mode_exit(mode);
     ctx_exit(&g);
     if (wait)
-        ledger_defer(d, rec, 0);
+        ledger_defer(d, &r);
     else
-        settle(d, rec);
+        settle(d, &r);
 }
 
-void ledger_defer(device_state *d, const record *rec, int need_sync)
+void ledger_defer(device_state *d, const record *rec)
 {
     deferred_free item = {.rec = *rec};
+    item.rec.stream = free_key(rec);
     /* A stream that may be destroyed before the free is issued (a CuPy
-     * stream whose last reference goes with the array): mark the point of
-     * the stream now, and issue the free on the side stream after it. */
-    if (!need_sync && !stream_long_lived(rec->stream) && !stream_capturing(rec->stream)) {
-        ctx_guard g;
-        ctx_enter(d, &g);
-        int mode = capture_mode_relax();
-        if (bridge_drv.cuEventCreate(&item.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-            item.event = NULL;
-        else if (bridge_drv.cuEventRecord(item.event, stream_handle(rec->stream)) != CUDA_SUCCESS) {
-            bridge_drv.cuEventDestroy_v2(item.event);
-            item.event = NULL;
+     * stream whose last reference goes with the array; alive now: its tag
+     * holds it until this free returns): mark the point of the stream now,
+     * and issue the free on the side stream after it.  A capturing one
+     * cannot be marked (the event would join the capture): the end of its
+     * capture marks it (ledger_mark_deferred, while CuPy's Stream lives). */
+    if (!stream_long_lived(item.rec.stream)) {
+        if (!stream_capturing(d, item.rec.stream)) {
+            ctx_guard g;
+            ctx_enter(d, &g);
+            int mode = capture_mode_relax();
+            if (bridge_drv.cuEventCreate(&item.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+                item.event = NULL;
+            else if (bridge_drv.cuEventRecord(item.event, stream_handle(item.rec.stream)) !=
+                     CUDA_SUCCESS) {
+                bridge_drv.cuEventDestroy_v2(item.event);
+                item.event = NULL;
+            }
+            capture_mode_exit(mode);
+            ctx_exit(&g);
+            if (!item.event)
+                item.rec.stream = STREAM_LEGACY;
         }
-        capture_mode_exit(mode);
-        ctx_exit(&g);
     }
     pthread_mutex_lock(&d->capture_lock);
     if (d->ndeferred == d->cap_deferred) {
@@ -439,8 +529,6 @@ void ledger_defer(device_state *d, const record *rec, int need_sync)
     if (d->ndeferred < d->cap_deferred) {
         d->deferred[d->ndeferred++] = item;
         atomic_store(&d->num_deferred, d->ndeferred);
-        if (need_sync)
-            atomic_store(&d->deferred_sync, 1);
     } else {
         /* No host memory to remember it: the block stays on the ledger (a
          * leak the figures show), never freed out of order. */
@@ -449,6 +537,32 @@ void ledger_defer(device_state *d, const record *rec, int need_sync)
             bridge_drv.cuEventDestroy_v2(item.event);
     }
     pthread_mutex_unlock(&d->capture_lock);
+}
+
+void ledger_mark_deferred(device_state *d, CUstream key)
+{
+    if (!atomic_load_explicit(&d->num_deferred, RELAXED) || stream_long_lived(key))
+        return;
+    ctx_guard g;
+    ctx_enter(d, &g);
+    int mode = capture_mode_relax();
+    pthread_mutex_lock(&d->capture_lock);
+    for (size_t i = 0; i < d->ndeferred; i++) {
+        deferred_free *it = &d->deferred[i];
+        if (it->event || it->rec.stream != key)
+            continue;
+        if (bridge_drv.cuEventCreate(&it->event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+            it->event = NULL;
+            it->rec.stream = STREAM_LEGACY; /* never the handle after this */
+        } else if (bridge_drv.cuEventRecord(it->event, stream_handle(key)) != CUDA_SUCCESS) {
+            bridge_drv.cuEventDestroy_v2(it->event);
+            it->event = NULL;
+            it->rec.stream = STREAM_LEGACY;
+        }
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+    capture_mode_exit(mode);
+    ctx_exit(&g);
 }
 
 void ledger_flush_deferred(device_state *d)
@@ -461,26 +575,27 @@ void ledger_flush_deferred(device_state *d)
     int mode = capture_mode_relax();
     pthread_mutex_lock(&d->capture_lock);
     if (!atomic_load(&d->captures_active)) {
-        if (atomic_exchange(&d->deferred_sync, 0))
-            bridge_drv.cuCtxSynchronize(); /* replays of a released graph */
         size_t kept = 0;
         for (size_t i = 0; i < d->ndeferred; i++) {
             deferred_free *it = &d->deferred[i];
             record rec = it->rec;
             /* torch calls the end hook after the capture ended on its stream,
              * but another capture of the same stream may have begun, and a
-             * free issued on a capturing stream would join its graph */
-            if (!it->event && stream_capturing(rec.stream)) {
+             * free issued on a capturing stream would join its graph.  The
+             * key is one the bridge can prove alive (ledger_defer) */
+            if (!it->event && stream_capturing(d, rec.stream)) {
                 d->deferred[kept++] = *it;
                 continue;
             }
             if (it->event) {
                 /* the marked point, then the side stream: the block's own
                  * stream handle may be gone by now */
-                if (bridge_drv.cuStreamWaitEvent(d->side, it->event, 0) == CUDA_SUCCESS)
+                if (bridge_drv.cuStreamWaitEvent(d->side, it->event, 0) == CUDA_SUCCESS) {
                     rec.stream = d->side;
-                else
+                } else {
                     atomic_fetch_add_explicit(&d->num_order_fallbacks, 1, RELAXED);
+                    rec.stream = STREAM_LEGACY;
+                }
             }
             if (issue_free(d, &rec)) {
                 d->deferred[kept++] = *it;
@@ -560,6 +675,12 @@ static int adopt_cached(device_state *d, int device, uintptr_t p, size_t size, C
 
 int bridge_forget_stream(void *stream)
 {
+    /* its cached blocks first, freed on it while it is still registered (it
+     * lives until this returns), then it is forgotten; a block cached on it
+     * meanwhile is freed on the legacy stream later, never on its handle */
+    for (int i = 0; i < BRIDGE_MAX_DEVICES; i++)
+        if (device_of(i))
+            cache_flush_stream(i, (CUstream)stream, release_cached);
     int rc = stream_forget((CUstream)stream);
     for (int i = 0; i < BRIDGE_MAX_DEVICES; i++)
         if (device_of(i))
@@ -655,8 +776,9 @@ void bridge_free(void *ptr)
     /* During a capture, a block of a captured stream (one the captured work
      * may still use) is held back until it ends; others go on as usual, so
      * memory other threads free meanwhile is usable at once. */
-    if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(rec.stream)) {
-        ledger_defer(d, &rec, 0);
+    if (atomic_load_explicit(&d->captures_active, RELAXED) &&
+        stream_capturing(d, free_key(&rec))) {
+        ledger_defer(d, &rec);
         return;
     }
     /* kept for the next allocation of this size on this stream; the oldest
@@ -768,6 +890,25 @@ static int try_alloc(device_state *d, int device, size_t size, CUstream stream, 
     return BRIDGE_OK;
 }
 
+/* The refusal path's synchronization of the allocating stream (alive: its
+ * framework allocates on it): not while a capture the core knows of runs
+ * (sync_enter), nor when the stream itself is captured by one it does not
+ * know of (a synchronization would invalidate it).  Relaxed capture mode. */
+static void sync_stream(device_state *d, CUstream stream, CUstream key)
+{
+    if (!sync_enter(d))
+        return;
+    int mode = capture_mode_relax();
+    if (!stream_capturing(d, key))
+        bridge_drv.cuStreamSynchronize(stream);
+    /* the frees of streams the core could not prove alive went to the legacy
+     * stream: they land with it (unless a blocking stream captures) */
+    if (stream != STREAM_LEGACY && (uintptr_t)stream != 0 && !stream_capturing(d, STREAM_LEGACY))
+        bridge_drv.cuStreamSynchronize(STREAM_LEGACY);
+    capture_mode_exit(mode);
+    sync_exit(d);
+}
+
 static int retryable(int rc)
 {
     return rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM;
@@ -796,8 +937,8 @@ static int retry_alloc(void *ctx, int flags, void **out)
     ledger_flush_deferred(a->d);
     ctx_guard g;
     ctx_enter(a->d, &g); /* after the hook: it may have run Python that switched the context */
-    if ((flags & WAIT_RETRY_FREED) && !atomic_load_explicit(&a->d->captures_active, RELAXED))
-        bridge_drv.cuStreamSynchronize(a->stream); /* its frees reach the pool */
+    if (flags & WAIT_RETRY_FREED)
+        sync_stream(a->d, a->stream, a->key); /* its frees reach the pool */
     int rc = try_alloc(a->d, a->device, a->size, a->stream, a->key, a->tag, a->captured, out);
     ctx_exit(&g);
     return rc;
@@ -830,12 +971,18 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
     CUstream key = stream_key((CUstream)stream);
     if (atomic_load_explicit(&d->num_deferred, RELAXED))
         ledger_flush_deferred(d);
+    /* a CuPy capture of this stream: its graph's pool (graph.c), never the
+     * cache (a cached block would leave the graph at its free) */
+    uint64_t cupy_pool;
+    if (atomic_load_explicit(&d->cupy_captures, RELAXED) &&
+        graph_pool_of_stream(d, key, &cupy_pool))
+        return graph_alloc(device, size, tag, BRIDGE_CUPY_POOL, cupy_pool, stream, out);
     /* fastest path: a block of this size freed on this stream */
     if (take_cached(d, device, size, key, tag, out) == BRIDGE_OK)
         return BRIDGE_OK;
     ctx_guard g;
     ctx_enter(d, &g);
-    int captured = atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(key);
+    int captured = atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(d, key);
     /* fast path: two atomic adds (plus one attribute read under a budget),
      * one driver call, one shard lock */
     rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
@@ -846,8 +993,7 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
          *    (not while a capture runs: a synchronization could invalidate
          *    it), deferred frees complete. */
         flush_cache(device);
-        if (!atomic_load_explicit(&d->captures_active, RELAXED))
-            bridge_drv.cuStreamSynchronize((CUstream)stream);
+        sync_stream(d, (CUstream)stream, key);
         ledger_flush_deferred(d);
         rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
         /* 2. Ask the frameworks to release their caches, then try again.  No
@@ -862,8 +1008,7 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
              * the device's current again (keeping the caller's in `g`). */
             bridge_drv.cuCtxSetCurrent(d->ctx);
             flush_cache(device);
-            if (!atomic_load_explicit(&d->captures_active, RELAXED))
-                bridge_drv.cuStreamSynchronize((CUstream)stream);
+            sync_stream(d, (CUstream)stream, key);
             ledger_flush_deferred(d);
             rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
         }
@@ -912,8 +1057,9 @@ int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **o
     /* A device nobody set up yet, or frees deferred by a capture (completing
      * them makes driver calls): bridge_alloc's business. */
     device_state *d = device_of(device);
-    if (!d || atomic_load_explicit(&d->num_deferred, RELAXED))
-        return BRIDGE_E_MISS;
+    if (!d || atomic_load_explicit(&d->num_deferred, RELAXED) ||
+        atomic_load_explicit(&d->cupy_captures, RELAXED))
+        return BRIDGE_E_MISS; /* a CuPy capture: bridge_alloc routes its arrays to its graph */
     int rc = take_cached(d, device, size, stream_key((CUstream)stream), tag, out);
     if (rc == BRIDGE_OK)
         note_alloc(rc, device, size, stream, tag, *out);
@@ -977,15 +1123,16 @@ int bridge_trim(int device, uint64_t keep)
         return BRIDGE_E_DEVICE;
     flush_cache(device);
     ledger_flush_deferred(d);
+    drain_streams(d); /* pending frees return to the pool (never cuCtxSynchronize) */
     ctx_guard g;
     ctx_enter(d, &g);
-    if (!atomic_load(&d->captures_active))
-        bridge_drv.cuCtxSynchronize(); /* pending frees return to the pool */
+    int mode = capture_mode_relax(); /* a trim in global mode invalidates another's capture */
     CUresult r = bridge_drv.cuMemPoolTrimTo(d->pool, keep);
     ctx_exit(&g);
     share_member *sm = atomic_load(&d->share);
     if (sm)
-        share_trimmed(d, sm); /* the claim follows the pool down */
+        share_trimmed(d, sm); /* the claim follows the pool down (its figures: relaxed too) */
+    capture_mode_exit(mode);
     return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
 }
 
@@ -1000,6 +1147,8 @@ static void forget_after_fork(void)
         device_state *d = &bridge_devices[i];
         atomic_store(&d->ready, 0);
         d->capture_lock = fresh;
+        atomic_store(&d->syncs, 0);         /* a parent's thread's, gone */
+        atomic_store(&d->cupy_captures, 0); /* the parent's pools, forgotten below */
         d->deferred = NULL;
         d->ndeferred = d->cap_deferred = 0;
         atomic_store(&d->num_deferred, 0);
@@ -1060,13 +1209,17 @@ int bridge_get_stats(int device, bridge_stats *out)
             (uint64_t)atomic_load(&t->count), (uint64_t)atomic_load(&t->count_peak)};
     }
     CUresult r;
+    int mode = capture_mode_relax(); /* figures asked for during another's capture */
     if ((r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
                                               &out->pool_used)) != CUDA_SUCCESS ||
         (r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
                                               &out->pool_reserved)) != CUDA_SUCCESS ||
         (r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                                              &out->pool_used_high)) != CUDA_SUCCESS)
+                                              &out->pool_used_high)) != CUDA_SUCCESS) {
+        capture_mode_exit(mode);
         return bridge_note_driver_error(r), BRIDGE_E_DRIVER;
+    }
+    capture_mode_exit(mode);
     return BRIDGE_OK;
 }
 

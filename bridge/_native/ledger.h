@@ -74,12 +74,14 @@ typedef struct device_state {
     /* ---- captures (under capture_lock) ---- */
     pthread_mutex_t capture_lock;
     atomic_int captures_active; /* captures between begin and end: torch's and CuPy's */
+    atomic_int syncs;           /* synchronizations being issued (sync_enter..sync_exit):
+                                   a capture announced meanwhile begins after they end */
+    atomic_int cupy_captures;   /* CuPy captures with a pool bound to their stream (graph.c):
+                                   while 0, no allocation looks for one */
     graph_pools *graphs;        /* graph.c; allocated at the first capture */
     deferred_free *deferred;    /* frees waiting for the captures to end */
     size_t ndeferred, cap_deferred;
     _Atomic uint64_t num_deferred; /* == ndeferred, readable without the lock */
-    atomic_int deferred_sync;      /* a deferred block waits for a device synchronization
-                                    (a graph released while another capture ran) */
 
     /* ---- the share (share.c): set once by bridge_share_join ---- */
     _Atomic(share_member *) share; /* NULL: this process's own budget only */
@@ -119,9 +121,12 @@ void ledger_count_alloc(device_state *d, int tag, uint64_t size);
 /* Give the block back to the pool now if its streams allow it, else defer it
  * until they do; the ledger is settled when the driver free is issued. */
 void ledger_release(device_state *d, const record *rec);
-/* Hold a free back until no capture runs (need_sync: and until the device
- * was synchronized once, for blocks replays may still use). */
-void ledger_defer(device_state *d, const record *rec, int need_sync);
+/* Hold a free back until no capture runs on its stream. */
+void ledger_defer(device_state *d, const record *rec);
+/* The capture of `key` (a stream alive now, that may be destroyed soon
+ * after) ended: mark the point of the stream for the frees deferred on it,
+ * which are then issued on the side stream after it, never on the handle. */
+void ledger_mark_deferred(device_state *d, CUstream key);
 /* Issue the frees deferred earlier whose streams allow it now. */
 void ledger_flush_deferred(device_state *d);
 
@@ -143,6 +148,24 @@ void capture_mode_exit(int mode);
 /* Capture mode relaxed for one call, whatever the device says. */
 int capture_mode_relax(void);
 
+/* ---- synchronizations and captures (ledger.c) ----
+ * A synchronization the core issues never overlaps a capture it knows of:
+ * sync_enter announces the synchronization, then looks for captures (0: one
+ * runs, do not synchronize); capture_announce counts the capture, then
+ * waits for the synchronizations announced before it to end.  Both steps
+ * are sequentially consistent, so of a racing pair at least one sees the
+ * other (the capture begins in the driver after capture_announce returns:
+ * torch and CuPy tell the bridge before they begin). */
+int sync_enter(device_state *d);
+void sync_exit(device_state *d);
+void capture_announce(device_state *d);
+/* Let the frees queued on the device's streams land without a host wait
+ * that could invalidate a capture, known or not: the legacy stream (after
+ * every blocking stream) unless a capture answers there, the side stream
+ * and the registered streams that are not capturing; nothing while a
+ * capture the core knows of runs. */
+void drain_streams(device_state *d);
+
 /* ---- streams.c ---- */
 /* The key a stream handle is remembered by: the handle itself, except the
  * per-thread default stream (handle 2), which names a different stream on
@@ -158,17 +181,38 @@ CUstream stream_handle(CUstream key);
 int stream_long_lived(CUstream key);
 /* Remove a registered stream (bridge_forget_stream). */
 int stream_forget(CUstream key);
-/* 1 when the stream is capturing (or its status cannot be read), else 0. */
-int stream_capturing(CUstream key);
+/* 1 when the stream is capturing (or answers a capture error, as the legacy
+ * stream does while a blocking stream captures), else 0, also for a handle
+ * the driver calls unusable.  Handles 0, 1 and 2 are asked in d's context. */
+int stream_capturing(device_state *d, CUstream key);
+/* Synchronize the registered streams of `ctx` that are not capturing. */
+void stream_sync_long_lived(CUcontext ctx);
 /* Make `free_stream` wait for the queued work of every stream recorded in
  * `rec`.  0 when ordered; 1 when a recorded stream is capturing (the free
  * must wait until the capture ends); -1 when a recorded stream could not be
  * used (destroyed, say): the caller must order the free another way. */
 int stream_order_after_recorded(const record *rec, CUstream free_stream);
 
+/* The key a block's free is issued on: its own stream when the bridge can
+ * prove that stream alive at the free (default and per-thread streams,
+ * registered streams, streams of a tag whose framework keeps them alive
+ * until the free returns: bridge_set_tag_holds_streams), else the legacy
+ * default stream, which is ordered after the queued work of every blocking
+ * stream.  A handle the bridge cannot prove alive is never given to the
+ * driver: a destroyed stream's handle crashed the driver or named a new
+ * stream on an H200. */
+CUstream free_key(const record *rec);
+#define STREAM_LEGACY ((CUstream)(uintptr_t)1)
+
 /* ---- graph.c ---- */
 /* A graph block the user freed: onto its pool's free list.  (The one call
  * from ledger.c into graph.c: bridge_free meets graph blocks first.) */
 void graph_block_freed(device_state *d, const record *rec);
+/* The CuPy capture pool bound to a capturing stream key (its id1; id0 is
+ * BRIDGE_CUPY_POOL): 1 when there is one. */
+int graph_pool_of_stream(device_state *d, CUstream key, uint64_t *id1);
+/* bridge_alloc_graph without the history's note (bridge_alloc notes it). */
+int graph_alloc(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
+                void **out);
 
 #endif /* BRIDGE_LEDGER_H */

@@ -228,23 +228,34 @@ static void evcache_put(pin_event e)
         P.num_driver_errors++;
 }
 
-/* Drop the block's completed events; 1 when none is left pending.  A query
- * that fails (a destroyed context) counts as completed: nothing can wait. */
+/* Drop the block's completed events; 1 when none is left pending.  The
+ * queries run in relaxed capture mode: in the caller's mode (global, by
+ * default) a query made while another thread captures fails with 900 and
+ * invalidates that capture (seen on an H200 under torch.cuda.graph).  A query
+ * that fails, whatever the reason, leaves the event pending: the copy may
+ * still be queued, and a block is never lent again before its copies are
+ * known complete (bridge_pinned_trim frees such blocks, CACHED ones once
+ * their queries succeed).  No event: no driver call at all. */
 static int settle_events(bridge_pinned_block *b)
 {
+    if (!b->nev)
+        return 1;
+    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
     int kept = 0;
     for (int i = 0; i < b->nev; i++) {
         CUresult r = bridge_drv.cuEventQuery(b->ev[i].event);
-        if (r == CUDA_ERROR_NOT_READY) {
-            b->ev[kept++] = b->ev[i];
+        if (r == CUDA_SUCCESS) {
+            evcache_put(b->ev[i]);
             continue;
         }
-        if (r != CUDA_SUCCESS) {
+        if (r != CUDA_ERROR_NOT_READY) {
             bridge_note_driver_error(r);
             P.num_driver_errors++;
         }
-        evcache_put(b->ev[i]);
+        b->ev[kept++] = b->ev[i];
     }
+    bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
     b->nev = kept;
     return kept == 0;
 }

@@ -539,6 +539,34 @@ static PyObject *py_capture(PyObject *m, PyObject *args)
     return PyLong_FromLong(rc);
 }
 
+static PyObject *py_capture_stream(PyObject *m, PyObject *args)
+{
+    /* capture_stream(begin, device, stream_or_pool) -> (status, pool): a CuPy
+     * capture with a graph pool of its own (begin: the stream's handle, end:
+     * the pool begin gave) */
+    (void)m;
+    int begin, dev;
+    unsigned long long arg;
+    if (!PyArg_ParseTuple(args, "piK", &begin, &dev, &arg))
+        return NULL;
+    int rc;
+    uint64_t pool = arg;
+    Py_BEGIN_ALLOW_THREADS
+    rc = begin ? bridge_capture_begin_stream(dev, (void *)(uintptr_t)arg, &pool)
+               : bridge_capture_end_stream(dev, arg);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("iK", rc, (unsigned long long)pool);
+}
+
+static PyObject *py_set_tag_holds_streams(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int tag, holds;
+    if (!PyArg_ParseTuple(args, "ip", &tag, &holds))
+        return NULL;
+    return PyLong_FromLong(bridge_set_tag_holds_streams(tag, holds));
+}
+
 static PyObject *py_forked(PyObject *m, PyObject *a)
 {
     (void)m;
@@ -892,6 +920,10 @@ static PyMethodDef methods[] = {
      "forget_stream(handle) -> status: no longer cache blocks freed on it"},
     {"capture", py_capture, METH_VARARGS,
      "capture(begin, device) -> status: a stream capture starts or ends"},
+    {"capture_stream", py_capture_stream, METH_VARARGS,
+     "capture_stream(begin, device, stream_or_pool) -> (status, pool): a CuPy capture's pool"},
+    {"set_tag_holds_streams", py_set_tag_holds_streams, METH_VARARGS,
+     "set_tag_holds_streams(tag, holds) -> status: the tag keeps its streams alive until frees"},
     {"forked", py_forked, METH_NOARGS, "Whether this is a fork child of a process that used CUDA."},
     {"relief_loop", py_relief_loop, METH_NOARGS,
      "Serve pressure requests of non-Python threads (run in a daemon thread)."},
@@ -973,6 +1005,7 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "CACHE_DEPTH", BRIDGE_CACHE_DEPTH) < 0 ||
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
         PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
+        PyModule_AddObject(m, "CUPY_POOL", PyLong_FromUnsignedLongLong(BRIDGE_CUPY_POOL)) < 0 ||
         PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0 ||
         PyModule_AddIntConstant(m, "RELIEVE_ALL", BRIDGE_RELIEVE_ALL) < 0 ||
         PyModule_AddIntConstant(m, "RELIEVE_CACHES", BRIDGE_RELIEVE_CACHES) < 0 ||

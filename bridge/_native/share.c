@@ -49,6 +49,7 @@
 #include "share.h"
 #include "ledger.h"
 #include "cache.h"
+#include "wait.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -84,6 +85,11 @@
 #define SHARE_UNRESPONSIVE_NS 1000000000ull /* a request older than this: unresponsive */
 #define SHARE_TICK_NS         250000000ull  /* the service thread's round */
 #define SHARE_SCAN_NS         1000000000ull /* its scan for dead members */
+
+/* A test's hook between reclaim_dead's two reads of a slot (tests/native). */
+#ifndef SHARE_TEST_BETWEEN_READS
+#define SHARE_TEST_BETWEEN_READS(slot) ((void)0)
+#endif
 
 #define W_UNIT_BITS 28
 #define W_PID_BITS  22
@@ -390,6 +396,8 @@ static int covered(share_member *m, uint64_t need)
 static uint64_t pool_reserved(struct device_state *d)
 {
     uint64_t v = 0;
+    /* (share_reserve's slow path and the service thread run relaxed already;
+     * the fast path is the allocation's: relaxed while a capture is known) */
     int mode = capture_mode_enter(d);
     CUresult r =
         bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v);
@@ -442,8 +450,15 @@ static int reclaim_dead(share_member *m)
         uint64_t o = atomic_load(&s->word);
         if (o == 0 || (w_pid(o) == 0 && w_units(o) == 0))
             continue;
+        /* the generation first, then the start time: join writes them in the
+         * other order (start, then fields_gen), so a generation that matches
+         * here vouches for the start time read after it.  Read the other way
+         * round, a former owner's start time could be paired with the new
+         * owner's generation, and a live member's slot freed. */
+        uint32_t fgen = atomic_load(&s->fields_gen);
+        SHARE_TEST_BETWEEN_READS(s);
         uint64_t start = atomic_load(&s->start);
-        if (atomic_load(&s->fields_gen) != (w_gen(o) & 0xffffffffu))
+        if (fgen != (w_gen(o) & 0xffffffffu))
             start = 0; /* a former owner's: the new one is still setting up */
         if (atomic_load(&s->word) != o)
             continue; /* changing: look again next time */
@@ -458,6 +473,28 @@ static int reclaim_dead(share_member *m)
         }
     }
     return n;
+}
+
+/* A slot of this pid and start time is this process before an exec(): the
+ * old image and its CUDA context are gone (its pid and start time stay, so
+ * no reclaimer would ever see it dead).  Free it: joining again would
+ * otherwise take a second slot and leave the old claim counted for good. */
+static void forget_former_image(share_member *m)
+{
+    char state;
+    uint64_t mine = proc_start(m->pid, &state);
+    for (uint32_t i = 0; i < SHARE_SLOTS; i++) {
+        share_slot *s = &m->slots[i];
+        uint64_t o = atomic_load(&s->word);
+        if (w_pid(o) != m->pid)
+            continue;
+        uint32_t fgen = atomic_load(&s->fields_gen);
+        uint64_t start = atomic_load(&s->start);
+        if (fgen == (w_gen(o) & 0xffffffffu) && start && mine && start != mine)
+            continue; /* another process of this pid (another namespace): not ours */
+        if (atomic_compare_exchange_strong(&s->word, &o, w_make(w_gen(o) + 1, 0, 0)))
+            atomic_fetch_add(&m->num_reclaimed, 1);
+    }
 }
 
 /* ---- asking the others to trim ---- */
@@ -503,10 +540,55 @@ static void ask_others(share_member *m)
     }
 }
 
+/* The bytes the other members hold live (published every round). */
+static uint64_t others_live(share_member *m)
+{
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < SHARE_SLOTS; i++) {
+        share_slot *s = &m->slots[i];
+        if (s == m->me || !w_pid(atomic_load(&s->word)))
+            continue;
+        for (int t = 0; t < SHARE_TAGS; t++) {
+            uint64_t v = atomic_load(&s->tag_bytes[t]);
+            sum = sum + v < sum ? UINT64_MAX : sum + v;
+        }
+    }
+    return sum;
+}
+
 /* ---- the ledger's calls ---- */
 /* 1 between a share_reserve that raised the claim and its share_settle (the
  * same thread: an allocation reserves and settles on one thread). */
 static __thread int claim_raised;
+/* This thread's last ask of the others: the wait it was made in (wait.c's
+ * wait_current; 0 outside one) and what the others held live then.  A
+ * waiting allocation retries many times; asking on each retry made every
+ * other member trim over and over (up to 0.5 s each).  It asks once per
+ * allocation (before its wait), and again during the wait only when the
+ * others have freed memory since. */
+static __thread uint64_t asked_wait, asked_live, asked_ns;
+static __thread int asked_once;
+
+static int should_ask(share_member *m)
+{
+    uint64_t w = wait_current(), now = now_ns();
+    uint64_t live = others_live(m);
+    int same;
+    if (!w) /* the recovery chain before a wait: its retries right after an ask */
+        same = now - asked_ns < SHARE_UNRESPONSIVE_NS;
+    else /* a wait: the ask of its own recovery chain (just before it) counts for it */
+        same = asked_wait == w ||
+               (asked_wait == 0 && asked_ns + SHARE_UNRESPONSIVE_NS >= wait_began_ns());
+    if (asked_once && same && live >= asked_live) {
+        asked_wait = w;
+        return 0;
+    }
+    asked_once = 1;
+    asked_wait = w;
+    asked_live = live;
+    asked_ns = now;
+    return 1;
+}
 
 int share_reserve(struct device_state *d, share_member *m, uint64_t size)
 {
@@ -517,6 +599,9 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
     if (covered(m, need_units(d, m)))
         return BRIDGE_OK;
     int rc = BRIDGE_E_BUDGET;
+    /* the slow path's driver calls (pool figures, the trim of step 2) never
+     * invalidate a capture, seen or not (another thread's, in global mode) */
+    int relaxed = capture_mode_relax();
     for (int step = 0; step < 4 && rc != BRIDGE_OK; step++) {
         if (step == 1 && !reclaim_dead(m))
             continue;
@@ -524,17 +609,19 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
             /* this pool's own idle memory first: it is counted in the claim */
             ctx_guard cg;
             ctx_enter(d, &cg);
-            int mode = capture_mode_relax();
             bridge_drv.cuMemPoolTrimTo(d->pool, 0);
-            capture_mode_exit(mode);
             ctx_exit(&cg);
         }
-        if (step == 3)
+        if (step == 3) {
+            if (!should_ask(m))
+                break;
             ask_others(m);
+        }
         pthread_mutex_lock(&m->lock);
         rc = claim_raise(m, need_units(d, m), 0);
         pthread_mutex_unlock(&m->lock);
     }
+    capture_mode_exit(relaxed);
     if (rc != BRIDGE_OK) {
         sub_floor(&m->inflight, g);
         atomic_fetch_add(&m->num_refused, 1);
@@ -603,17 +690,22 @@ static void *serve(void *arg)
 {
     share_member *m = arg;
     uint64_t last_scan = 0;
+    /* This thread is the bridge's own: every driver call it makes (pool
+     * figures, trims) runs in relaxed capture mode, so that none of them
+     * invalidates a capture another thread runs in global mode, one the
+     * core may not know of (XLA's). */
+    capture_mode_relax();
     uint32_t served = atomic_load(&m->me->trim_done);
     for (;;) {
         if (bridge_forked())
             return NULL; /* never in a fork child (no thread survives fork), but cheap */
         uint32_t req = atomic_load(&m->me->trim_req);
         if (req != served) {
-            /* cache, frees in flight, pool; lowers the claim.  Not while a
-             * capture runs here: a trim could invalidate it (the answer is
-             * given all the same, so that nobody waits for it). */
-            if (!atomic_load(&bridge_devices[m->device].captures_active))
-                bridge_trim(m->device, 0);
+            /* cache, frees in flight, pool; lowers the claim.  bridge_trim
+             * never synchronizes while a capture runs, known (ledger.h's
+             * sync_enter) or not (drain_streams), and trims in relaxed mode:
+             * the answer is given all the same, so that nobody waits. */
+            bridge_trim(m->device, 0);
             served = req;
             atomic_store(&m->me->trim_done, req);
             atomic_store(&m->me->asked_at, 0);
@@ -831,6 +923,7 @@ int bridge_share_join(int device, const char *name, const char *dir, uint64_t bu
         snprintf(m->real, sizeof m->real, "%s", m->path);
     m->budget_units = atomic_load(&m->hdr->budget) / SHARE_UNIT;
     reclaim_dead(m); /* members that ended since anyone last looked */
+    forget_former_image(m);
     /* a free slot: pid 0 -> ours, keeping its generation */
     for (int round = 0; round < 2 && !m->me; round++) {
         for (uint32_t i = 0; i < SHARE_SLOTS && !m->me; i++) {

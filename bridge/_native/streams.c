@@ -142,27 +142,48 @@ int capture_mode_relax(void)
     return mode;
 }
 
-int stream_capturing(CUstream key)
+/* Capture errors (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED .. _WRONG_THREAD and
+ * CUDA_ERROR_CAPTURED_EVENT): the legacy stream answers one while a blocking
+ * stream captures, since work on it would join the capture. */
+static int capture_error(CUresult r)
+{
+    return r >= 900 && r <= 909;
+}
+
+int stream_capturing(device_state *d, CUstream key)
 {
     int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUstream h = stream_handle(key);
+    /* handles 0, 1 and 2 mean the current context's stream: the device's */
+    ctx_guard g = {0};
+    if ((uintptr_t)h <= 2)
+        ctx_enter(d, &g);
     int mode = capture_mode_relax();
-    /* The legacy stream answers an error while a blocking stream captures
-     * (work on it would join the capture): that counts as capturing. */
-    CUresult r = bridge_drv.cuStreamIsCapturing(stream_handle(key), &status);
+    CUresult r = bridge_drv.cuStreamIsCapturing(h, &status);
     bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
-    return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+    if ((uintptr_t)h <= 2)
+        ctx_exit(&g);
+    /* another error: the handle is unusable (a stream destroyed under the
+     * bridge's feet), not capturing; the free that asked goes its own way */
+    return capture_error(r) || (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE);
 }
 
 /* ---- ordering a free after the streams recorded against the block ---- */
-/* One event per recorded stream, created in that stream's context (a stream
- * of another device cannot record an event of this one), waited on by the
- * stream the free is issued on. */
+/* One event per recorded stream, created and recorded in that stream's
+ * context (a stream of another device cannot record an event of this one),
+ * then waited on by the stream the free is issued on IN THE CALLER'S
+ * CONTEXT, the block's: handles 0, 1 and 2 name the current context's
+ * stream, so waiting under the recorded stream's context would order that
+ * other device's default stream instead (seen on the stand-in and on an
+ * H200).  An event may be waited on from another context. */
 static int order_after(CUstream recorded, CUstream free_stream)
 {
     int status = CU_STREAM_CAPTURE_STATUS_NONE;
     int mode = capture_mode_relax();
     CUresult r = bridge_drv.cuStreamIsCapturing(recorded, &status);
     bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
+    if (capture_error(r))
+        return 1;
     if (r != CUDA_SUCCESS)
         return -1;
     if (status != CU_STREAM_CAPTURE_STATUS_NONE)
@@ -174,15 +195,17 @@ static int order_after(CUstream recorded, CUstream free_stream)
     if (prev != sctx)
         bridge_drv.cuCtxSetCurrent(sctx);
     CUevent ev = NULL;
+    int recorded_ok = 0;
+    if (bridge_drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS)
+        recorded_ok = bridge_drv.cuEventRecord(ev, recorded) == CUDA_SUCCESS;
+    if (prev != sctx)
+        bridge_drv.cuCtxSetCurrent(prev); /* the free stream's handle means prev's stream */
     int rc = -1;
-    if (bridge_drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) {
-        if (bridge_drv.cuEventRecord(ev, recorded) == CUDA_SUCCESS &&
-            bridge_drv.cuStreamWaitEvent(free_stream, ev, 0) == CUDA_SUCCESS)
+    if (ev) {
+        if (recorded_ok && bridge_drv.cuStreamWaitEvent(free_stream, ev, 0) == CUDA_SUCCESS)
             rc = 0;
         bridge_drv.cuEventDestroy_v2(ev); /* released once it completes */
     }
-    if (prev != sctx)
-        bridge_drv.cuCtxSetCurrent(prev);
     return rc;
 }
 
@@ -190,11 +213,39 @@ int stream_order_after_recorded(const record *rec, CUstream free_stream)
 {
     int worst = 0;
     for (uint16_t i = 0; i < rec->nrec; i++) {
-        int rc = order_after(rec->recs[i], free_stream);
+        /* A recorded stream the bridge cannot prove alive is never given to
+         * the driver (it may be destroyed, its handle another stream's now):
+         * the legacy stream stands for it, which waits for the queued work
+         * of every blocking stream (CuPy's streams, and torch's external
+         * streams of them) before its own. */
+        CUstream s = rec->recs[i];
+        if (!stream_long_lived(s))
+            s = LEGACY;
+        int rc = order_after(s, free_stream);
         if (rc == 1)
             return 1; /* wait for the capture: nothing else matters yet */
         if (rc < 0)
             worst = -1;
     }
     return worst;
+}
+
+/* ---- letting queued frees land without a device-wide synchronization ---- */
+/* Synchronize the registered streams of `ctx` that are not capturing (a
+ * synchronization of a capturing stream would invalidate its capture).  In
+ * relaxed capture mode (the caller's). */
+void stream_sync_long_lived(CUcontext ctx)
+{
+    for (size_t i = 0; i < LONG_LIVED_SLOTS; i++) {
+        uintptr_t s = atomic_load_explicit(&long_lived[i], memory_order_acquire);
+        if (s <= TOMBSTONE)
+            continue;
+        CUcontext sctx = NULL;
+        int status = CU_STREAM_CAPTURE_STATUS_NONE;
+        if (bridge_drv.cuStreamGetCtx((CUstream)s, &sctx) != CUDA_SUCCESS || sctx != ctx ||
+            bridge_drv.cuStreamIsCapturing((CUstream)s, &status) != CUDA_SUCCESS ||
+            status != CU_STREAM_CAPTURE_STATUS_NONE)
+            continue;
+        bridge_drv.cuStreamSynchronize((CUstream)s);
+    }
 }

@@ -34,7 +34,11 @@ int bridge_get_mem_info(int device, bridge_mem_info *out)
     size_t dfree = 0, dtotal = 0;
     ctx_guard g;
     ctx_enter(d, &g);
+    /* relaxed capture mode: a free-memory query in global mode invalidates
+     * another thread's capture (tools ask during torch.cuda.graph) */
+    int mode = capture_mode_relax();
     CUresult r = bridge_drv.cuMemGetInfo_v2(&dfree, &dtotal);
+    capture_mode_exit(mode);
     ctx_exit(&g);
     if (r != CUDA_SUCCESS)
         return bridge_note_driver_error(r), BRIDGE_E_DRIVER;
@@ -44,7 +48,7 @@ int bridge_get_mem_info(int device, bridge_mem_info *out)
     uint64_t committed = atomic_load_explicit(&d->committed, memory_order_acquire);
     uint64_t reserved = atomic_load_explicit(&d->reserved, RELAXED);
     uint64_t used = 0, pool_reserved = 0;
-    int mode = capture_mode_enter(d);
+    mode = capture_mode_relax();
     r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
     if (r == CUDA_SUCCESS)
         r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,

@@ -87,6 +87,20 @@ static _Thread_local uint64_t tl_wait_ns;
 static _Thread_local int tl_priority;
 static _Thread_local double tl_last_waited;
 static _Thread_local int tl_last_outcome;
+static _Thread_local uint64_t tl_wait_now; /* wait_current */
+static _Atomic uint64_t wait_serial;
+
+uint64_t wait_current(void)
+{
+    return tl_wait_now;
+}
+
+static _Thread_local uint64_t tl_wait_began;
+
+uint64_t wait_began_ns(void)
+{
+    return tl_wait_began;
+}
 static bridge_wait_hooks hooks; /* set once by pymod.c before any wait */
 
 static void init_cv(void)
@@ -375,7 +389,9 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
     atomic_fetch_add_explicit(&num_waits[device], 1, RELAXED);
     void *gil = h.release_gil ? h.release_gil() : NULL;
 
+    tl_wait_now = atomic_fetch_add_explicit(&wait_serial, 1, RELAXED) + 1;
     uint64_t t0 = now_ns(), now = t0, deadline = t0 + budget_ns;
+    tl_wait_began = t0;
     if (deadline < t0)
         deadline = UINT64_MAX;
     uint64_t poll = POLL_MIN, next_check = t0 + CHECK_EVERY, collect_at = t0 + COLLECT_AFTER;
@@ -446,6 +462,7 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
         poll = woke ? POLL_MIN : (poll * 2 > POLL_MAX ? POLL_MAX : poll * 2);
     }
     leave(&w);
+    tl_wait_now = 0;
     now = now_ns();
     if (h.reacquire_gil && gil)
         h.reacquire_gil(gil);

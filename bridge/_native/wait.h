@@ -46,6 +46,12 @@ int wait_would_wait(device_state *d, size_t size);
 int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry, void *ctx,
                   void **out);
 
+/* The calling thread's wait in progress: a number unique to it, 0 outside
+ * wait_for_room's retries (share.c asks the other members once per wait). */
+uint64_t wait_current(void);
+/* When that wait began (CLOCK_MONOTONIC ns). */
+uint64_t wait_began_ns(void);
+
 void wait_fill_stats(int device, bridge_stats *out);
 /* A fork child: no waiter, fresh lock (no lock taken). */
 void wait_forget_after_fork(void);

@@ -31,6 +31,15 @@
  *               tiers and its any-stream switch change under them
  *   graph       captures begin and end while threads allocate and free
  *               (deferred frees), graph blocks freed racing their release
+ *   corners     (issue 30) two threads capturing into pools of the SAME id
+ *               (a release's sweep racing the next begin: a live capture's
+ *               blocks must stay graph blocks), CuPy captures with pools of
+ *               their own, trims and refusals synchronizing while captures
+ *               are announced (sync_enter / capture_announce: no
+ *               synchronization once a capture is announced), blocks of
+ *               streams destroyed under the core (never given to the
+ *               driver by handle), pinned blocks lent during another
+ *               thread's global-mode capture (never invalidating it)
  *   huge        sizes that would overflow the ledger's arithmetic
  *   views       threads allocating and freeing at the budget edge while
  *               another turns the allocation history on and off (with and
@@ -88,6 +97,8 @@ static struct {
     void (*complete_events)(void);
     int (*stream_create)(void **stream, unsigned flags); /* cuStreamCreate */
     void (*adopt_stream)(void *stream, int dev);         /* a made-up handle becomes a stream */
+    int (*stream_destroy)(void *stream);                 /* cuStreamDestroy_v2 */
+    void (*set_global_capture)(int on, void *stream);    /* another thread's global capture */
 } standin;
 
 static void load_standin(const char *path)
@@ -107,7 +118,11 @@ static void load_standin(const char *path)
     *(void **)&standin.complete_events = dlsym(lib, "standin_complete_events");
     *(void **)&standin.stream_create = dlsym(lib, "cuStreamCreate");
     *(void **)&standin.adopt_stream = dlsym(lib, "standin_adopt_stream");
+    *(void **)&standin.stream_destroy = dlsym(lib, "cuStreamDestroy_v2");
+    *(void **)&standin.set_global_capture = dlsym(lib, "standin_set_global_capture");
     CHECK(standin.adopt_stream, "%s lacks standin_adopt_stream", path);
+    CHECK(standin.stream_destroy && standin.set_global_capture, "%s lacks issue 30's controls",
+          path);
     CHECK(standin.set_capacity && standin.add_foreign && standin.sync_all && standin.live_count &&
               standin.ctx_get && standin.ctx_set && standin.ctx_retain && standin.counter &&
               standin.hold_events && standin.complete_events && standin.stream_create,
@@ -852,6 +867,142 @@ static void phase_graph(void)
     check_idle("graph (release racing free)");
 }
 
+/* ---- phase: corners (issue 30's orderings) ---- */
+#define C_INVALIDATED 13
+#define C_DEAD        14
+static atomic_int corners_stop;
+static _Atomic uint64_t corners_captures;
+
+/* torch's hooks into pool (7, 77) from two threads: each capture's own block
+ * must be a graph block (kept at its free: graph_bytes grows) while it holds
+ * a use of the pool, whatever the other thread's release sweeps meanwhile. */
+static void *same_id_capturer(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&corners_stop)) {
+        CHECK(bridge_graph_begin(0, 7, 77) == BRIDGE_OK, "graph_begin");
+        void *p = NULL;
+        int rc = bridge_alloc_graph(0, 4096, BRIDGE_TAG_TORCH, 7, 77, stream_of(29), &p);
+        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_OOM || rc == BRIDGE_E_BUDGET, "alloc_graph %d", rc);
+        CHECK(bridge_graph_end(0, 7, 77) == BRIDGE_OK, "graph_end");
+        if (p) {
+            size_t size = 0;
+            int tag = -1;
+            CHECK(bridge_lookup(p, &size, NULL, &tag) == BRIDGE_OK && size == 4096,
+                  "a live capture's block is gone");
+            bridge_block_info blocks[256];
+            size_t n = 0;
+            CHECK(bridge_live_blocks(blocks, 256, &n) == BRIDGE_OK, "live_blocks");
+            for (size_t i = 0; i < n && i < 256; i++)
+                if (blocks[i].ptr == (uintptr_t)p)
+                    CHECK(blocks[i].flags & 1, "a live capture's block was made ordinary "
+                                               "by another release's sweep");
+            bridge_free(p);
+        }
+        CHECK(bridge_graph_release(0, 7, 77) == BRIDGE_OK, "graph_release");
+        atomic_fetch_add(&corners_captures, 1);
+    }
+    return NULL;
+}
+
+/* CuPy's captures: a pool per capture, a temporary freed inside it. */
+static void *cupy_capturer(void *arg)
+{
+    (void)arg;
+    void *s = stream_of(28);
+    while (!atomic_load(&corners_stop)) {
+        uint64_t pool = 0;
+        CHECK(bridge_capture_begin_stream(0, s, &pool) == BRIDGE_OK && pool, "capture_begin");
+        void *tmp = NULL, *out = NULL;
+        int rc = bridge_alloc(0, 8192, s, BRIDGE_TAG_CUPY, &tmp);
+        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_OOM || rc == BRIDGE_E_BUDGET, "alloc in a capture %d", rc);
+        rc = bridge_alloc(0, 4096, s, BRIDGE_TAG_CUPY, &out);
+        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_OOM || rc == BRIDGE_E_BUDGET, "alloc in a capture %d", rc);
+        bridge_free(tmp); /* stays with the graph */
+        CHECK(bridge_capture_end_stream(0, pool) == BRIDGE_OK, "capture_end");
+        CHECK(bridge_graph_release(0, BRIDGE_CUPY_POOL, pool) == BRIDGE_OK, "release");
+        bridge_free(out); /* outlived its graph */
+    }
+    return NULL;
+}
+
+/* Trims (torch.cuda.empty_cache) from another thread, and a global-mode
+ * capture the core cannot see switched on and off. */
+static void *corners_trimmer(void *arg)
+{
+    (void)arg;
+    int i = 0;
+    while (!atomic_load(&corners_stop)) {
+        standin.set_global_capture(i % 4 == 0, stream_of(27));
+        CHECK(bridge_trim(0, 0) == BRIDGE_OK, "trim");
+        bridge_mem_info mi;
+        CHECK(bridge_get_mem_info(0, &mi) == BRIDGE_OK, "mem_info");
+        standin.set_global_capture(0, NULL);
+        i++;
+        sched_yield();
+    }
+    return NULL;
+}
+
+/* torch's tensors on external streams that die before them. */
+static void *dead_stream_worker(void *arg)
+{
+    worker *w = arg;
+    void *ctx = NULL;
+    CHECK(standin.ctx_retain(&ctx, 0) == 0, "retain");
+    for (int i = 0; i < w->iters; i++) {
+        void *prev = NULL;
+        standin.ctx_get(&prev);
+        standin.ctx_set(ctx);
+        void *s = NULL;
+        CHECK(standin.stream_create(&s, 0) == 0, "cuStreamCreate");
+        standin.ctx_set(prev);
+        void *p = NULL;
+        int rc = bridge_alloc(0, 1024 + (size_t)(i % 7) * 512, s, BRIDGE_TAG_TORCH, &p);
+        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_OOM || rc == BRIDGE_E_BUDGET, "alloc %d", rc);
+        CHECK(standin.stream_destroy(s) == 0, "cuStreamDestroy");
+        bridge_free(p); /* NULL is a no-op */
+    }
+    return NULL;
+}
+
+static void phase_corners(void)
+{
+    reset();
+    uint64_t bad = standin.counter(C_INVALIDATED), dead = standin.counter(C_DEAD);
+    atomic_store(&corners_stop, 0);
+    pthread_t cap[2], cupy, trimmer;
+    for (int i = 0; i < 2; i++)
+        CHECK(pthread_create(&cap[i], NULL, same_id_capturer, NULL) == 0, "pthread_create");
+    CHECK(pthread_create(&cupy, NULL, cupy_capturer, NULL) == 0, "pthread_create");
+    CHECK(pthread_create(&trimmer, NULL, corners_trimmer, NULL) == 0, "pthread_create");
+    worker w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 1000 * scale,
+                        .limit = 8 * MIB,
+                        .max_size = 256 * KIB,
+                        .seed = 0xC0FFEEull * (uint64_t)(i + 1),
+                        .tags = BRIDGE_NTAGS};
+    CHECK(bridge_set_limit(0, 8 * MIB) == BRIDGE_OK, "set_limit");
+    run_threads(2, edge_thread, w, sizeof w[0]); /* refusals synchronize their streams */
+    run_threads(2, dead_stream_worker, &w[2], sizeof w[0]);
+    atomic_store(&corners_stop, 1);
+    for (int i = 0; i < 2; i++)
+        pthread_join(cap[i], NULL);
+    pthread_join(cupy, NULL);
+    pthread_join(trimmer, NULL);
+    CHECK(bridge_set_limit(0, 0) == BRIDGE_OK, "set_limit");
+    CHECK(atomic_load(&corners_captures) > 0, "no capture ran");
+    CHECK(standin.counter(C_DEAD) == dead, "%" PRIu64 " driver calls on destroyed streams",
+          standin.counter(C_DEAD) - dead);
+    CHECK(standin.counter(C_INVALIDATED) == bad,
+          "%" PRIu64 " calls would have invalidated a capture the core cannot see",
+          standin.counter(C_INVALIDATED) - bad);
+    check_idle("corners");
+}
+
 /* ---- phase: pools (torch.cuda.MemPool and graph trees' checkpoints) ---- */
 #define POOL_BLOCKS 32
 static void *pool_blocks[POOL_BLOCKS];
@@ -1251,6 +1402,8 @@ int main(int argc, char **argv)
     phase_cache();
     printf("stress: graph\n");
     phase_graph();
+    printf("stress: corners\n");
+    phase_corners();
     printf("stress: pools\n");
     phase_pools();
     printf("stress: huge\n");

@@ -92,7 +92,9 @@ enum {
     C_HOSTFREE,
     C_EVCREATE,
     C_EVQUERY,
-    C_HOSTPOOL
+    C_HOSTPOOL,
+    C_INVALIDATED, /* calls that would have invalidated another thread's capture */
+    C_DEAD         /* calls given the handle of a destroyed stream */
 };
 
 /* fault injection: entry name -> (code, remaining count) */
@@ -113,6 +115,33 @@ static int take_fault(const char *name)
     return 0;
 }
 
+/* Another thread's capture in global mode (standin_set_global_capture): a
+ * potentially unsafe call (an event query, a synchronization, a pool trim,
+ * a free-memory query, a host allocation) from a thread whose capture mode
+ * is not relaxed fails with 900 and invalidates that capture, as on a GPU;
+ * a device-wide synchronization invalidates it in any mode, and so does any
+ * synchronization of the capturing stream itself. */
+static int global_capture;
+static CUstream global_capture_stream;
+#define CAPTURE_MODE_RELAXED 2
+
+/* Under mu.  1 when the call must fail (and the capture is invalidated). */
+static int unsafe_call(int device_wide)
+{
+    if (!global_capture || (!device_wide && capture_mode == CAPTURE_MODE_RELAXED))
+        return 0;
+    counters[C_INVALIDATED]++;
+    return 1;
+}
+
+#define UNSAFE(device_wide)              \
+    do {                                 \
+        if (unsafe_call(device_wide)) {  \
+            pthread_mutex_unlock(&mu);   \
+            return 900;                  \
+        }                                \
+    } while (0)
+
 #define FAULT(name)                    \
     do {                               \
         int f_ = take_fault(name);     \
@@ -121,6 +150,19 @@ static int take_fault(const char *name)
             return f_;                 \
         }                              \
     } while (0)
+
+/* standin_hold_syncs(1): synchronizations wait inside the driver until it is
+ * called with 0 (a long synchronization, to race captures against). */
+static int hold_syncs, syncs_waiting;
+static pthread_cond_t sync_cv = PTHREAD_COND_INITIALIZER;
+
+static void held_sync(void) /* under mu */
+{
+    syncs_waiting++;
+    while (hold_syncs)
+        pthread_cond_wait(&sync_cv, &mu);
+    syncs_waiting--;
+}
 
 static int dev_of_ctx(CUcontext c)
 {
@@ -220,12 +262,18 @@ static int live_take(CUdeviceptr p, live *out)
     return -1;
 }
 
+static int nonblocking_stream(CUstream s);
+
+/* Complete the queued frees of `stream` (NULL: every stream; the legacy
+ * handle 1: every stream but those created non-blocking, as the legacy
+ * default stream waits for the blocking ones). */
 static void complete(int dev, CUstream stream, int all)
 {
     device *d = &devs[dev];
     size_t kept = 0;
     for (size_t i = 0; i < d->npend; i++) {
-        if (all || d->pend[i].stream == stream || stream == NULL)
+        if (all || d->pend[i].stream == stream || stream == NULL ||
+            ((uintptr_t)stream == 1 && !nonblocking_stream(d->pend[i].stream)))
             d->used -= d->pend[i].size;
         else
             d->pend[kept++] = d->pend[i];
@@ -248,8 +296,35 @@ static int hold_events; /* 1: events recorded now stay pending */
 static struct {
     CUstream s;
     CUcontext ctx;
+    int dead;        /* destroyed (cuStreamDestroy_v2); the next cuStreamCreate reuses the handle */
+    int nonblocking; /* created with CU_STREAM_NON_BLOCKING: the legacy stream does not wait */
 } streams[MAXSTREAMS];
 static int nstreams;
+
+static int nonblocking_stream(CUstream s)
+{
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i].s == s)
+            return streams[i].nonblocking;
+    return 0;
+}
+
+/* Under mu.  1 (counted) when `s` names a destroyed stream: a GPU driver may
+ * crash on it (cuStreamIsCapturing did on an H200) or take it for another. */
+static int dead_stream(CUstream s)
+{
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i].s == s && streams[i].dead) {
+            counters[C_DEAD]++;
+            return 1;
+        }
+    return 0;
+}
+
+/* What the last cuStreamWaitEvent was given: the handle and the device of
+ * the context current then (handles 0, 1 and 2 mean that context's). */
+static CUstream last_wait_stream;
+static int last_wait_dev = -1;
 
 typedef struct hostpool {
     int in_use;
@@ -449,6 +524,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
 {
     pthread_mutex_lock(&mu);
     FAULT("cuMemGetInfo_v2");
+    UNSAFE(0);
     int dev = dev_of_ctx(current_ctx);
     if (dev < 0) {
         pthread_mutex_unlock(&mu);
@@ -522,6 +598,8 @@ CUresult cuCtxGetDevice(CUdevice *d)
 CUresult cuCtxSynchronize(void)
 {
     pthread_mutex_lock(&mu);
+    UNSAFE(1);
+    held_sync();
     int dev = dev_of_ctx(current_ctx);
     if (dev >= 0) {
         complete(dev, NULL, 1);
@@ -597,6 +675,7 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 {
     pthread_mutex_lock(&mu);
+    UNSAFE(0);
     int dev = dev_of_pool(pool);
     hostpool *hp = host_pool_of(pool);
     if (hp) {
@@ -639,6 +718,10 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool po
     (void)s;
     pthread_mutex_lock(&mu);
     FAULT("cuMemAllocFromPoolAsync");
+    if (dead_stream(s)) {
+        pthread_mutex_unlock(&mu);
+        return E_INVALID_HANDLE;
+    }
     int dev = dev_of_pool(pool);
     CUresult r = OK;
     hostpool *hp = host_pool_of(pool);
@@ -656,7 +739,7 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool po
         r = E_INVALID_CONTEXT; /* what the autograd thread saw on a GPU */
     else if (dev < 0 || size == 0)
         r = E_INVALID_VALUE;
-    else if (s == capturing_stream)
+    else if (s == capturing_stream || (global_capture && s == global_capture_stream))
         r = 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED-like: tests assert it never happens */
     else if (devs[dev].used + size > devs[dev].capacity)
         r = E_OUT_OF_MEMORY;
@@ -686,6 +769,10 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 {
     pthread_mutex_lock(&mu);
     FAULT("cuMemFreeAsync");
+    if (dead_stream(s)) {
+        pthread_mutex_unlock(&mu);
+        return E_INVALID_HANDLE;
+    }
     live l;
     CUresult r = OK;
     if (current_ctx && host_owns((void *)(uintptr_t)p)) {
@@ -698,7 +785,7 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
     }
     if (!current_ctx)
         r = E_INVALID_CONTEXT;
-    else if (s == capturing_stream)
+    else if (s == capturing_stream || (global_capture && s == global_capture_stream))
         r = 900;
     else if (live_take(p, &l) != 0)
         r = E_INVALID_VALUE; /* the driver would not know this pointer either */
@@ -715,15 +802,42 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
 
 CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 {
-    (void)flags;
     pthread_mutex_lock(&mu);
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i].dead) { /* the driver hands a destroyed stream's handle out again */
+            streams[i].dead = 0;
+            streams[i].nonblocking = flags & 1;
+            streams[i].ctx = current_ctx;
+            *s = streams[i].s;
+            pthread_mutex_unlock(&mu);
+            return OK;
+        }
     *s = (CUstream)(next_handle += 16);
     if (nstreams < MAXSTREAMS) {
         streams[nstreams].s = *s;
+        streams[nstreams].nonblocking = flags & 1;
         streams[nstreams++].ctx = current_ctx;
     }
     pthread_mutex_unlock(&mu);
     return OK;
+}
+
+CUresult cuStreamDestroy_v2(CUstream s)
+{
+    pthread_mutex_lock(&mu);
+    CUresult r = E_INVALID_HANDLE;
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i].s == s && !streams[i].dead) {
+            /* its queued frees complete on their own, as on a GPU */
+            for (int d = 0; d < ndev; d++)
+                complete(d, s, 0);
+            events_complete(s, 0);
+            streams[i].dead = 1;
+            r = OK;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    return r;
 }
 
 CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx)
@@ -735,7 +849,7 @@ CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx)
     if ((uintptr_t)s <= 2) {
         *ctx = current_ctx;
         r = current_ctx ? OK : E_INVALID_CONTEXT;
-    } else {
+    } else if (!dead_stream(s)) {
         for (int i = 0; i < nstreams; i++)
             if (streams[i].s == s) {
                 *ctx = streams[i].ctx ? streams[i].ctx : (CUcontext)&devs[0].ctx_tag;
@@ -751,6 +865,12 @@ CUresult cuStreamSynchronize(CUstream s)
 {
     pthread_mutex_lock(&mu);
     FAULT("cuStreamSynchronize");
+    UNSAFE(global_capture && s == global_capture_stream);
+    if (dead_stream(s)) {
+        pthread_mutex_unlock(&mu);
+        return E_INVALID_HANDLE;
+    }
+    held_sync();
     int dev = dev_of_ctx(current_ctx);
     if (dev >= 0)
         complete(dev, s, 0);
@@ -763,16 +883,27 @@ CUresult cuStreamSynchronize(CUstream s)
 CUresult cuStreamIsCapturing(CUstream s, int *status)
 {
     pthread_mutex_lock(&mu);
-    *status = s == capturing_stream ? 1 : 0;
+    if (dead_stream(s)) {
+        pthread_mutex_unlock(&mu);
+        return E_INVALID_HANDLE;
+    }
+    *status = s == capturing_stream || (global_capture && s == global_capture_stream) ? 1 : 0;
     pthread_mutex_unlock(&mu);
     return OK;
 }
 
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
 {
-    (void)s;
     (void)e;
     (void)flags;
+    pthread_mutex_lock(&mu);
+    if (dead_stream(s)) {
+        pthread_mutex_unlock(&mu);
+        return E_INVALID_HANDLE;
+    }
+    last_wait_stream = s;
+    last_wait_dev = dev_of_ctx(current_ctx);
+    pthread_mutex_unlock(&mu);
     __atomic_fetch_add(&counters[C_WAIT], 1, __ATOMIC_RELAXED);
     return OK;
 }
@@ -797,6 +928,10 @@ CUresult cuEventRecord(CUevent e, CUstream s)
 {
     pthread_mutex_lock(&mu);
     FAULT("cuEventRecord");
+    if (dead_stream(s)) {
+        pthread_mutex_unlock(&mu);
+        return E_INVALID_HANDLE;
+    }
     sevent *ev = e;
     if (ev) {
         ev->stream = s;
@@ -811,6 +946,7 @@ CUresult cuEventQuery(CUevent e)
 {
     pthread_mutex_lock(&mu);
     FAULT("cuEventQuery");
+    UNSAFE(0);
     sevent *ev = e;
     counters[C_EVQUERY]++;
     CUresult r = !ev ? E_INVALID_HANDLE : ev->pending ? 600 /* CUDA_ERROR_NOT_READY */ : OK;
@@ -838,6 +974,7 @@ CUresult cuMemHostAlloc(void **pp, size_t bytes, unsigned int flags)
     (void)flags;
     pthread_mutex_lock(&mu);
     FAULT("cuMemHostAlloc");
+    UNSAFE(0);
     CUresult r = host_alloc(pp, bytes, NULL);
     if (r == OK)
         counters[C_HOSTALLOC]++;
@@ -849,6 +986,7 @@ CUresult cuMemFreeHost(void *p)
 {
     pthread_mutex_lock(&mu);
     FAULT("cuMemFreeHost");
+    UNSAFE(0);
     CUresult r = host_free(p, 0);
     if (r == OK)
         counters[C_HOSTFREE]++;
@@ -1165,4 +1303,44 @@ CUstream standin_new_stream(int dev)
     }
     pthread_mutex_unlock(&mu);
     return s;
+}
+
+/* Another thread captures `s` in global mode from now (1) or not (0); see
+ * unsafe_call.  `s` reports capturing; driver calls on it fail. */
+void standin_set_global_capture(int on, CUstream s)
+{
+    pthread_mutex_lock(&mu);
+    global_capture = on;
+    global_capture_stream = on ? s : NULL;
+    pthread_mutex_unlock(&mu);
+}
+
+/* The last cuStreamWaitEvent's stream handle and the device of the context
+ * that was current for it (-1: none). */
+CUstream standin_last_wait(int *dev)
+{
+    pthread_mutex_lock(&mu);
+    CUstream s = last_wait_stream;
+    *dev = last_wait_dev;
+    pthread_mutex_unlock(&mu);
+    return s;
+}
+
+/* Synchronizations wait in the driver from now (1) until released (0). */
+void standin_hold_syncs(int on)
+{
+    pthread_mutex_lock(&mu);
+    hold_syncs = on;
+    if (!on)
+        pthread_cond_broadcast(&sync_cv);
+    pthread_mutex_unlock(&mu);
+}
+
+/* Synchronizations waiting in the driver now. */
+int standin_syncs_waiting(void)
+{
+    pthread_mutex_lock(&mu);
+    int n = syncs_waiting;
+    pthread_mutex_unlock(&mu);
+    return n;
 }
