@@ -171,6 +171,20 @@ class BridgeAllocator final : public CCA::CUDAAllocator
 {
   public:
     // ---- allocation ----
+    // The current stream.  torch's pooled streams (an odd stream id: torch's
+    // own, never destroyed, on any device) are registered with the core the
+    // first time they are met, so that blocks freed on them are ordered and
+    // cached on them; external streams (an even id: the handle itself) are
+    // not, and their frees go where the core can prove order.  Cost: one
+    // lock-free lookup for a non-default stream.
+    static cudaStream_t current_stream(c10::DeviceIndex device)
+    {
+        c10::cuda::CUDAStream cs = c10::cuda::getCurrentCUDAStream(device);
+        cudaStream_t stream = cs.stream();
+        if ((cs.id() & 1) && !core::bridge_stream_registered(stream))
+            core::bridge_register_stream(stream);
+        return stream;
+    }
     void *malloc(size_t size, int device, cudaStream_t stream)
     {
         void *p = nullptr;
@@ -236,7 +250,7 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     c10::DataPtr allocate(size_t size) override
     {
         c10::DeviceIndex device = c10::cuda::current_device();
-        cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+        cudaStream_t stream = current_stream(device);
         void *p = malloc(size, device, stream);
         return {p, p, &bridge_delete, c10::Device(c10::DeviceType::CUDA, device)};
     }
@@ -251,7 +265,7 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     void *raw_alloc(size_t nbytes) override
     {
         c10::DeviceIndex device = c10::cuda::current_device();
-        return malloc(nbytes, device, c10::cuda::getCurrentCUDAStream(device).stream());
+        return malloc(nbytes, device, current_stream(device));
     }
     void *raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override
     {

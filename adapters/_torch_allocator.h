@@ -49,6 +49,8 @@ using MempoolId = c10::MempoolId_t;
     X(bridge_graph_adopt)        \
     X(bridge_live_blocks)        \
     X(bridge_grant_peer_access)  \
+    X(bridge_register_stream)    \
+    X(bridge_stream_registered)  \
     X(bridge_torch_failure_message)
 
 namespace core

@@ -321,8 +321,11 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
     # Only the current device's: creating torch streams on another device
     # would make that device's context current and then put the caller's
     # back, starting a context on a GPU the process may never use (a
-    # torchrun rank that unified its own device before set_device).  Blocks
-    # freed on other devices' non-default streams go back to the pool.
+    # torchrun rank that unified its own device before set_device).  The C++
+    # allocator also registers each of torch's pooled streams, on any device,
+    # the first time it allocates on it (torch's stream ids tell them from
+    # external streams); on the pluggable path, blocks freed on other
+    # devices' streams go where the core can prove their order.
     current = _runtime.current_device()
     if current in devices_list:
         register_pool_streams(current)

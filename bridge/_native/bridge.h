@@ -165,6 +165,9 @@ int bridge_set_cache_tiers(int device, uint64_t small_max, uint64_t large_cap);
  * streams' blocks are never cached, since a user stream may be destroyed
  * and its handle reused, and stream order is what makes a cached block safe. */
 int bridge_register_stream(void *stream);
+/* 1 when `stream` is registered (or a default stream): one lock-free lookup,
+ * for an allocator that registers streams as it first meets them. */
+int bridge_stream_registered(void *stream);
 /* The stream will be destroyed: blocks freed on it are no longer cached
  * (blocks already cached stay, and are freed in its order on a flush). */
 int bridge_forget_stream(void *stream);

@@ -100,6 +100,11 @@ int bridge_register_stream(void *stream)
     return rc;
 }
 
+int bridge_stream_registered(void *stream)
+{
+    return stream_long_lived(stream_key((CUstream)stream));
+}
+
 int stream_forget(CUstream key)
 {
     void *stream = key;
