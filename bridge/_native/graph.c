@@ -55,7 +55,7 @@ typedef struct gpool {
     int uses;       /* see the glossary */
     int capturing;  /* begins minus ends */
     CUstream bound; /* a CuPy capture's stream key while it captures; NULL: none */
-    gblock *free;  /* the free list */
+    gblock *free;   /* the free list */
     size_t nfree, capfree;
 } gpool;
 
@@ -145,25 +145,35 @@ int bridge_capture_end(int device)
 }
 
 /* ---- torch's pool hooks ---- */
-int bridge_graph_begin(int device, uint64_t id0, uint64_t id1)
+/* One more user of the pool (made on first use); `capture`: a capture or a
+ * torch routing (use_mem_pool) that begins, counted as active. */
+static int pool_use(device_state *d, uint64_t id0, uint64_t id1, int capture)
 {
-    int rc;
-    device_state *d = device_use(device, &rc);
-    if (!d)
-        return rc;
-    rc = BRIDGE_OK;
+    int rc = BRIDGE_OK;
     pthread_mutex_lock(&d->capture_lock);
     gpool *p = find_pool(d, id0, id1);
     if (!p)
         p = add_pool(d, id0, id1);
     if (p) {
         p->uses++;
-        p->capturing++;
-        atomic_fetch_add(&d->captures_active, 1);
+        if (capture) {
+            p->capturing++;
+            atomic_fetch_add(&d->captures_active, 1);
+        }
     } else {
         rc = BRIDGE_E_OOM;
     }
     pthread_mutex_unlock(&d->capture_lock);
+    return rc;
+}
+
+int bridge_graph_begin(int device, uint64_t id0, uint64_t id1)
+{
+    int rc;
+    device_state *d = device_use(device, &rc);
+    if (!d)
+        return rc;
+    rc = pool_use(d, id0, id1, 1);
     if (rc == BRIDGE_OK)
         wait_for_syncs(d);
     return rc;
@@ -532,19 +542,7 @@ int bridge_graph_incref(int device, uint64_t id0, uint64_t id1)
 {
     int rc;
     device_state *d = device_use(device, &rc);
-    if (!d)
-        return rc;
-    rc = BRIDGE_OK;
-    pthread_mutex_lock(&d->capture_lock);
-    gpool *p = find_pool(d, id0, id1);
-    if (!p)
-        p = add_pool(d, id0, id1);
-    if (p)
-        p->uses++;
-    else
-        rc = BRIDGE_E_OOM;
-    pthread_mutex_unlock(&d->capture_lock);
-    return rc;
+    return d ? pool_use(d, id0, id1, 0) : rc;
 }
 
 int bridge_graph_uses(int device, uint64_t id0, uint64_t id1)
