@@ -177,13 +177,16 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     // cached on them; external streams (an even id: the handle itself) are
     // not, and their frees go where the core can prove order.  Cost: one
     // lock-free lookup for a non-default stream.
+    static void register_if_pooled(const c10::cuda::CUDAStream &cs)
+    {
+        if ((cs.id() & 1) && !core::bridge_stream_registered(cs.stream()))
+            core::bridge_register_stream(cs.stream());
+    }
     static cudaStream_t current_stream(c10::DeviceIndex device)
     {
         c10::cuda::CUDAStream cs = c10::cuda::getCurrentCUDAStream(device);
-        cudaStream_t stream = cs.stream();
-        if ((cs.id() & 1) && !core::bridge_stream_registered(stream))
-            core::bridge_register_stream(stream);
-        return stream;
+        register_if_pooled(cs);
+        return cs.stream();
     }
     void *malloc(size_t size, int device, cudaStream_t stream)
     {
@@ -360,6 +363,9 @@ class BridgeAllocator final : public CCA::CUDAAllocator
             owner->recordStream(c10::DataPtr(ptr.get(), ptr.device()), stream);
             return;
         }
+        // one of torch's pooled streams, on any device, is known to live: the
+        // block's free is then ordered after it (an unknown stream's is not)
+        register_if_pooled(stream);
         core::bridge_record_stream(ptr.get(), stream.stream());
     }
 
