@@ -359,6 +359,31 @@ int wait_would_wait(device_state *d, size_t size)
     return wait_time_for(d, size, &why) != 0;
 }
 
+/* The wait of one refused allocation, as a state machine.  States: QUEUED
+ * (in queue[device], GIL released, the cache held so frees reach the pool),
+ * then a loop of TRY -> SLEEP -> TRY ..., then LEFT (off the queue, GIL back,
+ * figures counted).  Each TRY calls `retry` (the allocation again) unless a
+ * waiter ahead of this one would not fit beside it (`fits_behind`); its flags
+ * say whether a free woke us (WAIT_RETRY_FREED) and whether this try runs the
+ * garbage collection first (WAIT_RETRY_COLLECT: once per wait).  Transitions:
+ *
+ *   TRY ok                          -> LEFT, BRIDGE_WAIT_OK
+ *   TRY refused, not retryable      -> LEFT, BRIDGE_WAIT_NONE (a cap, a driver error)
+ *   chosen as the victim            -> one LAST try (with the collection if it
+ *                                      did not run yet), then LEFT, ALL_WAITING
+ *   past the deadline               -> one LAST try if the collection did not
+ *                                      run yet, then LEFT, TIMEOUT
+ *   every CHECK_EVERY: Ctrl-C       -> LEFT, INTERRUPTED
+ *   every CHECK_EVERY otherwise     -> check_all_waiting (may choose a victim)
+ *   TRY refused                     -> SLEEP on cv until a free on the device
+ *                                      (freed_gen moves), the victim mark, the
+ *                                      poll interval (1 ms doubling to 16 ms
+ *                                      while nothing frees), the next check or
+ *                                      the deadline, whichever comes first
+ *
+ * Past COLLECT_AFTER the next TRY runs the collection.  `mu` is taken only to
+ * read or change the queue and the generations, never across `retry` or the
+ * sleep's wake-up work (cond_timedwait drops it). */
 int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry, void *ctx,
                   void **out)
 {
