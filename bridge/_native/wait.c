@@ -369,10 +369,10 @@ int wait_would_wait(device_state *d, size_t size)
  *
  *   TRY ok                          -> LEFT, BRIDGE_WAIT_OK
  *   TRY refused, not retryable      -> LEFT, BRIDGE_WAIT_NONE (a cap, a driver error)
- *   chosen as the victim            -> one LAST try (with the collection if it
- *                                      did not run yet), then LEFT, ALL_WAITING
- *   past the deadline               -> one LAST try if the collection did not
- *                                      run yet, then LEFT, TIMEOUT
+ *   chosen as the victim            -> one LAST try, with the collection, if
+ *                                      the collection did not run yet; then
+ *                                      LEFT, ALL_WAITING (unless that try got it)
+ *   past the deadline               -> the same LAST try, then LEFT, TIMEOUT
  *   every CHECK_EVERY: Ctrl-C       -> LEFT, INTERRUPTED
  *   every CHECK_EVERY otherwise     -> check_all_waiting (may choose a victim)
  *   TRY refused                     -> SLEEP on cv until a free on the device
