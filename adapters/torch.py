@@ -244,14 +244,19 @@ def _check_order() -> None:
         )
 
 
-def _install_native(module: Any) -> None:
+def _install_native(module: Any) -> str:
+    """Install the C++ allocator; "" when it runs, else why not (torch left untouched)."""
     try:
         module.install(core.__file__)
     except RuntimeError as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if text.startswith("bridge: the core"):  # a module built for another core
+            return f"the built module does not match this bridge ({text})"
         raise BridgeError(
             "call bridge.unify(torch=True) before the first CUDA tensor: torch refused to swap "
             f"its allocator ({exc})."
         ) from exc
+    return ""
 
 
 def _install_pluggable(path: str) -> Any:
@@ -305,9 +310,10 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
     else:
         reason = f"a core library was named ({library})"
     if module is not None:
-        _install_native(module)
-        _allocator, _path, _path_reason = module, "bridge", ""
-    else:
+        reason = _install_native(module)
+        if not reason:
+            _allocator, _path, _path_reason = module, "bridge", ""
+    if _allocator is None:
         _allocator = _install_pluggable(library or core.__file__)
         _path, _path_reason = "pluggable", reason
         warnings.warn(

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Iterable
 from types import ModuleType
 
-from bridge import _runtime, _wait, recovery, views
+from bridge import _env, _runtime, _wait, recovery, views
 from bridge import share as _share
 from bridge._errors import BridgeError, check, format_bytes
 from bridge._install import TORCH_CUDA12, install_hint
@@ -223,6 +223,8 @@ def unify(
     seconds = _wait.parse_wait(wait) if wait is not None else _wait.wait_from_env()
     share_name = _share.share_name(share)
     _share.share_growth_from_env()  # a bad BRIDGE_SHARE_GROWTH is refused as doctor refuses it
+    if flags["torch"]:  # a bad BRIDGE_TORCH_PLUGGABLE, the same (the table of variables reads it)
+        _env.variable("BRIDGE_TORCH_PLUGGABLE").read(_env.Totals())
     if jax_memory is not None and not flags["jax"]:
         raise ValueError(
             f"jax_memory={jax_memory!r} is a partition for JAX: pass jax=True with it, or drop it"

@@ -456,3 +456,14 @@ def test_driver_without_memory_pools_raises_bridgeerror(standin):
     assert lines[0].startswith("BridgeError:") and "memory pools" in lines[0]
     assert "driver" in lines[0] and "on device 0" in lines[0]
     assert lines[1] == "(1,)"
+
+
+def test_a_bad_bridge_torch_pluggable_is_refused_before_anything_changes(standin, monkeypatch):
+    import bridge
+
+    monkeypatch.setenv("BRIDGE_TORCH_PLUGGABLE", "yes")
+    with pytest.raises(ValueError, match="BRIDGE_TORCH_PLUGGABLE='yes' is not 0 or 1"):
+        bridge.unify(cupy=False, torch=True)
+    assert bridge.stats(0).num_allocs == 0  # nothing was set up or allocated
+    # torch left out: the variable is not read
+    assert bridge.unify(cupy=False, torch=False).frameworks == frozenset()
