@@ -88,6 +88,19 @@ torch._C._cuda_cudaCachingAllocator_raw_delete(g1)
 torch._C._cuda_cudaCachingAllocator_raw_delete(g2)  # as graph trees free what no tensor holds
 torch._C._cuda_releasePool(0, pool)
 out["graph_bytes_released"] = core.stats(0)[1]["graph_bytes"]
+# use_mem_pool's routing: this thread's allocations go to the pool until its end
+mp = (0, 5)
+torch._C._cuda_beginAllocateCurrentThreadToPool(0, mp)
+r1 = mod._alloc_on(1 << 16, 0, 0)
+torch._C._cuda_endAllocateToPool(0, mp)
+r2 = mod._alloc_on(1 << 16, 0, 0)
+flags = {b[0]: (b[5], b[6], b[7]) for b in core.live_blocks()}
+out["routed"] = [list(flags[r1]), list(flags[r2])]
+mod._free(r1)
+mod._free(r2)
+out["routed_kept"] = core.stats(0)[1]["graph_bytes"]
+torch._C._cuda_releasePool(0, mp)
+out["routed_released"] = core.stats(0)[1]["graph_bytes"]
 torch._C._cuda_setMemoryFraction(0.25, 0)
 out["tag_limit"] = core.stats(0)[1]["tags"][T]["limit"]
 out["total"] = core.stats(0)[1]["total"]
@@ -195,6 +208,12 @@ def test_graph_pool_live_allocations_and_checkpoint_state(result):
     assert result["live_again"] is True
     assert result["graph_bytes_live"] == 0  # no freed block kept for the pool now
     assert result["graph_bytes_released"] == 0
+
+
+def test_a_threads_allocations_routed_to_a_pool_stay_with_it_until_its_release(result):
+    assert result["routed"] == [[1, 0, 5], [0, 0, 0]]  # a pool's block, then an ordinary one
+    assert result["routed_kept"] == 1 << 16  # freed, kept for the pool
+    assert result["routed_released"] == 0
 
 
 def test_memory_fraction_caps_torchs_tag(result):
