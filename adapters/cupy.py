@@ -35,8 +35,8 @@ from cupy.cuda import memory as _cmem
 
 from bridge import _runtime, recovery, views
 from bridge._errors import OOM_STATUSES, BridgeError, Status, check, oom_message
-from bridge._pinned_buffer import pinned_buffer
 from bridge._runtime import core
+from bridge.pinned._buffer import pinned_buffer
 
 
 class OutOfMemoryError(_cmem.OutOfMemoryError):

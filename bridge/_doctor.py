@@ -44,9 +44,9 @@ from bridge._doctor_frameworks import (
     stack,
 )
 from bridge._errors import BridgeError, format_bytes
-from bridge._pinned_backend import host_memory_total
 from bridge._runtime import DRIVER_LIBRARY_ENV, core
 from bridge._version import __version__
+from bridge.pinned._backend import host_memory_total
 
 LEVELS = ("ok", "info", "warn", "error")
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from bridge import _runtime, _wait, share
 from bridge._errors import format_bytes
-from bridge._pinned_backend import BACKEND_ENV, backend_from_env
 from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, HOST_MEMORY, PINNED_LIMIT_ENV, size_from_env
+from bridge.pinned._backend import BACKEND_ENV, backend_from_env
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,11 +29,11 @@ Where blocks come from (``BRIDGE_PINNED_BACKEND``):
 The code is split by concern; every public name is importable from here and
 from ``bridge``:
 
-- ``bridge._pinned_backend``: set-up from the environment, backends, errors;
-- ``bridge._pinned_buffer``: :class:`PinnedBuffer` and the array functions;
-- ``bridge._pinned_shapes``: shapes, orders and byte counts;
-- ``bridge._pinned_streams``: streams and addresses, recording copies;
-- ``bridge._pinned_pool``: :class:`PinnedPool`, the figures and the limit;
+- ``bridge.pinned._backend``: set-up from the environment, backends, errors;
+- ``bridge.pinned._buffer``: :class:`PinnedBuffer` and the array functions;
+- ``bridge.pinned._shapes``: shapes, orders and byte counts;
+- ``bridge.pinned._streams``: streams and addresses, recording copies;
+- ``bridge.pinned._pool``: :class:`PinnedPool`, the figures and the limit;
 
 CuPy's pinned allocator lives with the CuPy adapter
 (``bridge.adapters.cupy.pinned_allocator``); :func:`cupy_pinned_allocator`
@@ -61,9 +61,9 @@ __all__ = [
     "ShapeLike",
 ]
 
-from bridge import _pinned_backend
-from bridge._pinned_backend import BACKEND_ENV, host_memory_total
-from bridge._pinned_buffer import (
+from bridge.pinned import _backend
+from bridge.pinned._backend import BACKEND_ENV, host_memory_total
+from bridge.pinned._buffer import (
     PinnedBuffer,
     empty_like_pinned,
     empty_pinned,
@@ -72,8 +72,8 @@ from bridge._pinned_buffer import (
     zeros_like_pinned,
     zeros_pinned,
 )
-from bridge._pinned_pool import PinnedPool, pinned_pool
-from bridge._pinned_shapes import ShapeLike
+from bridge.pinned._pool import PinnedPool, pinned_pool
+from bridge.pinned._shapes import ShapeLike
 
 
 def cupy_pinned_allocator() -> Callable[[int], Any]:
@@ -92,4 +92,4 @@ def cupy_pinned_allocator() -> Callable[[int], Any]:
 
 
 # Switch the base of new blocks while none is lent (tests and benchmarks).
-_set_backend = _pinned_backend.set_backend
+_set_backend = _backend.set_backend

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 __all__ = ["PinnedPool", "pinned_pool"]
 
-from bridge import _pinned_backend as backend
 from bridge._errors import check, format_bytes
 from bridge._runtime import core
 from bridge.budget import HOST_MEMORY, limit_from, warn_if_above
+from bridge.pinned import _backend as backend
 
 
 class PinnedPool:

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy
 
-from bridge import _pinned_backend as backend
-from bridge import _pinned_shapes as shapes
-from bridge import _pinned_streams as streams
-from bridge._pinned_shapes import ShapeLike
 from bridge._runtime import core
+from bridge.pinned import _backend as backend
+from bridge.pinned import _shapes as shapes
+from bridge.pinned import _streams as streams
+from bridge.pinned._shapes import ShapeLike
 
 
 class PinnedBuffer(core.PinnedBufferBase):
