@@ -16,13 +16,14 @@ elif not os.environ.get("BRIDGE_DEBUG"):  # what people install: no debug inform
     link.append("-s")
 
 native = "bridge/_native"
+# the C core (no Python), then its CPython bindings (python/), then torch's pluggable entry points
+CORE = ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "wait.c",
+        "share.c", "pinned.c", "views.c", "managed.c", "torch_abi.cpp")
+BINDINGS = ("pymod.c", "pypinned.c", "dlpack.c", "pyviews.c", "pycallback.c", "pyshare.c",
+            "cupy_alloc.c", "pyblock.c", "pymanaged.c")
 core = Extension(
     "bridge._core",
-    sources=[f"{native}/{name}" for name in
-             ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "wait.c",
-              "share.c", "pinned.c", "views.c", "pymod.c", "pypinned.c", "dlpack.c", "pyviews.c",
-              "pycallback.c", "pyshare.c", "cupy_alloc.c", "pyblock.c", "managed.c", "pymanaged.c",
-              "torch_abi.cpp")],
+    sources=[f"{native}/{name}" for name in CORE] + [f"{native}/python/{name}" for name in BINDINGS],
     include_dirs=[native],
     extra_compile_args=flags,
     extra_link_args=link,
