@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``python -m bridge``: the command line of :mod:`bridge.cli` (the ``bridge`` script)."""
+"""``python -m bridge``: the command line of :mod:`bridge.tools.cli` (the ``bridge`` script)."""
 
 from __future__ import annotations
 
 import sys
 
-from bridge.cli import COLUMNS, format_table, main, snapshot
+from bridge.tools.cli import COLUMNS, format_table, main, snapshot
 
 __all__ = ["main", "format_table", "snapshot", "COLUMNS"]
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""bridge doctor / stats (bridge.cli), on the stand-in driver and without any driver."""
+"""bridge doctor / stats (bridge.tools.cli), on the stand-in driver and without any driver."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ import textwrap
 import pytest
 
 import bridge
-from bridge import _doctor, _doctor_frameworks
 from bridge._errors import format_bytes
-from bridge.cli import COLUMNS, main
+from bridge.tools import doctor as _doctor
+from bridge.tools import doctor_frameworks as _doctor_frameworks
+from bridge.tools.cli import COLUMNS, main
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -161,7 +162,7 @@ def test_doctor_flags_a_device_without_pools(standin):
         from bridge import _runtime
         _runtime.ensure_driver()
         ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"]).standin_set_pools_supported(1, 0)
-        from bridge.cli import main
+        from bridge.tools.cli import main
         sys.exit(main(["doctor"]))
     """)
     r = run_cli(code=code)
@@ -355,7 +356,7 @@ def test_doctor_reads_frameworks_without_importing_them(standin, tmp_path):
     _fake_package(tmp_path, "jaxlib", "0.11.2", {"jaxlib/__init__.py": POISON})
     _fake_package(tmp_path, "jax-cuda13-plugin", "0.11.2", {})
     code = (
-        "import sys; from bridge.cli import main; rc = main(['doctor']); "
+        "import sys; from bridge.tools.cli import main; rc = main(['doctor']); "
         "assert not {'torch', 'cupy', 'jax', 'jaxlib'} & set(sys.modules); sys.exit(rc)"
     )
     r = run_cli(code=code, pythonpath=str(tmp_path))
@@ -552,7 +553,7 @@ def test_stats_watch_refreshes_count_times(allocations):
 
 
 def test_stats_watch_stops_on_ctrl_c(allocations, monkeypatch):
-    import bridge.cli as cli
+    import bridge.tools.cli as cli
 
     def interrupt(_seconds):
         raise KeyboardInterrupt
@@ -608,10 +609,10 @@ def test_usage_names_the_way_it_was_run(tmp_path):
     r = run_cli("--help")
     assert r.returncode == 0 and r.stdout.startswith("usage: python -m bridge ")
     assert "exit status: 0 all is well; 1 doctor reported an [error]" in " ".join(r.stdout.split())
-    # the `bridge` console script runs bridge.cli:main with argv[0] ending in /bridge
+    # the `bridge` console script runs bridge.tools.cli:main with argv[0] ending in /bridge
     code = (
         "import sys; sys.argv = ['/somewhere/bin/bridge', '--help']; "
-        "from bridge.cli import main; sys.exit(main())"
+        "from bridge.tools.cli import main; sys.exit(main())"
     )
     r = run_cli(code=code)
     assert r.returncode == 0 and r.stdout.startswith("usage: bridge ")
@@ -621,9 +622,13 @@ def test_usage_names_the_way_it_was_run(tmp_path):
         assert r.stdout.startswith("usage: bridge doctor"), r.stdout + r.stderr
 
 
-def test_entry_point_is_bridge_cli_main():
+def test_entry_point_is_the_tools_cli_main_and_bridge_cli_stays_its_door():
     scripts = (REPO / "pyproject.toml").read_text().split("[project.scripts]")[1]
-    assert scripts.split("[")[0].strip() == 'bridge = "bridge.cli:main"'
+    assert scripts.split("[")[0].strip() == 'bridge = "bridge.tools.cli:main"'
+    import bridge.cli
+    import bridge.tools.cli
+
+    assert bridge.cli.main is bridge.tools.cli.main  # the documented bridge.cli.main([...])
 
 
 def test_a_closed_pipe_ends_quietly(standin):
@@ -732,7 +737,7 @@ def test_doctor_warns_about_two_cuda_majors(standin, tmp_path):
 
 
 def test_stats_says_which_torch_allocator_runs(allocations, monkeypatch):
-    from bridge import cli
+    from bridge.tools import cli
 
     monkeypatch.setattr(cli, "_torch_allocator_line", lambda: None)  # no torch installed
     rc, out, _ = run_main("stats")

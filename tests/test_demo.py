@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""bridge demo (bridge.demo): arguments, no-GPU handling and the report, without a GPU.
+"""bridge demo (bridge.tools.demo): arguments, no-GPU handling and the report, without a GPU.
 
 The runs themselves need a GPU, CuPy and torch: tests/test_gpu_demo.py. Here
 the children are stand-ins that return made-up figures.
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from bridge import cli, demo
-from bridge.cli import main
+from bridge.tools import cli, demo
+from bridge.tools.cli import main
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 GIB = 1 << 30
@@ -239,7 +239,7 @@ def test_a_child_that_cannot_run_is_reported_not_raised():
 
 def test_the_module_alone_points_at_the_command():
     r = subprocess.run(
-        [sys.executable, "-m", "bridge.demo"], cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-m", "bridge.tools.demo"], cwd=REPO, capture_output=True, text=True,
         timeout=60,
     )  # fmt: skip
     assert r.returncode == 1 and "python -m bridge demo" in r.stderr
@@ -269,7 +269,7 @@ def test_the_sampler_reads_in_a_thread_and_marks_in_order():
 
 def test_a_child_with_an_unknown_mode_says_so():
     r = subprocess.run(
-        [sys.executable, "-m", "bridge.demo", "--child", "fast", "1", "0.02"],
+        [sys.executable, "-m", "bridge.tools.demo", "--child", "fast", "1", "0.02"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -294,4 +294,4 @@ def test_the_runs_have_no_budget_even_with_the_variable_set(standin, tmp_path, m
     r = demo._run_child("bridge", GIB, 0.02)
     assert r.failed and r.error == "exit status 1: boom"
     assert "BRIDGE_GPU_MEMORY_LIMIT" not in seen
-    assert seen["cmd"][1:] == ["-m", "bridge.demo", "--child", "bridge", str(GIB), "0.02"]
+    assert seen["cmd"][1:] == ["-m", "bridge.tools.demo", "--child", "bridge", str(GIB), "0.02"]

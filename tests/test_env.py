@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from bridge import _doctor, _env
+from bridge import _env
+from bridge.tools import doctor as _doctor
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 

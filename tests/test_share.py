@@ -659,7 +659,7 @@ def test_a_member_joining_without_a_budget_shows_the_shares_budget(workers, shar
 
 
 def test_stats_do_not_list_an_ended_process_as_a_member(workers, share_dir):
-    from bridge import cli
+    from bridge.tools import cli
 
     a, b = workers(), workers()
     name = _name()

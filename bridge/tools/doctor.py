@@ -3,7 +3,7 @@
 
 Nothing here imports CuPy, PyTorch or JAX: installed versions come from
 ``importlib.metadata`` and capabilities from the packages' source files
-(``bridge._doctor_frameworks``), so that the doctor never starts a
+(``bridge.tools.doctor_frameworks``), so that the doctor never starts a
 framework's CUDA runtime (which would itself be one of the problems it looks
 for).  The driver's figures come from the
 compiled core; only GPU names and compute capabilities, which the core does
@@ -35,7 +35,11 @@ import platform
 import sys
 
 from bridge import _env, _runtime
-from bridge._doctor_frameworks import (
+from bridge._errors import BridgeError, format_bytes
+from bridge._runtime import DRIVER_LIBRARY_ENV, core
+from bridge._version import __version__
+from bridge.pinned._backend import host_memory_total
+from bridge.tools.doctor_frameworks import (
     Finding,
     Framework,
     cuda_majors,
@@ -43,10 +47,6 @@ from bridge._doctor_frameworks import (
     frameworks,
     stack,
 )
-from bridge._errors import BridgeError, format_bytes
-from bridge._runtime import DRIVER_LIBRARY_ENV, core
-from bridge._version import __version__
-from bridge.pinned._backend import host_memory_total
 
 LEVELS = ("ok", "info", "warn", "error")
 

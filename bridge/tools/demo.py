@@ -367,7 +367,7 @@ Child = Callable[[str, int, float], RunResult]
 
 def _run_child(mode: str, size: int, interval: float) -> RunResult:
     """Run one mode in a fresh Python process; its report, or why there is none."""
-    cmd = [sys.executable, "-m", "bridge.demo", "--child", mode, str(size), repr(interval)]
+    cmd = [sys.executable, "-m", "bridge.tools.demo", "--child", mode, str(size), repr(interval)]
     env = {k: v for k, v in os.environ.items() if k != GPU_LIMIT_ENV}  # no budget: see run()
     env.setdefault("PYTHONUNBUFFERED", "1")
     try:
@@ -555,7 +555,7 @@ def _child(mode: str, size: int, interval: float) -> dict:
 def _child_main(argv: Sequence[str]) -> int:
     mode, size, interval = argv[0], int(argv[1]), float(argv[2])
     if mode not in MODES:
-        raise SystemExit(f"bridge.demo --child: mode {mode!r} is not one of {MODES}")
+        raise SystemExit(f"bridge.tools.demo --child: mode {mode!r} is not one of {MODES}")
     doc = _child(mode, size, interval)
     print(RESULT_PREFIX + json.dumps(doc), flush=True)
     return 0
@@ -564,4 +564,6 @@ def _child_main(argv: Sequence[str]) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         sys.exit(_child_main(sys.argv[2:]))
-    sys.exit("bridge.demo is run by `python -m bridge demo`; see `python -m bridge demo --help`")
+    sys.exit(
+        "bridge.tools.demo is run by `python -m bridge demo`; see `python -m bridge demo --help`"
+    )

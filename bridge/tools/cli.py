@@ -1,0 +1,379 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The command line: ``bridge doctor``, ``stats`` and ``demo`` (or ``python -m bridge ...``).
+
+``doctor`` reports the driver, the GPUs, the installed frameworks and the
+settings that conflict with the bridge. ``stats`` prints every device's pool
+figures. Pools belong to a process: run from a shell, ``stats`` shows this
+new process's pools (device memory and budget, nothing allocated yet); call
+``bridge.cli.main(["stats"])`` or :func:`bridge.stats` inside a program to see
+that program's figures. ``demo`` runs the mixed case with the native
+allocators and on the bridge (:mod:`bridge.tools.demo`).
+that program's figures. Below them it lists every share of this user
+(``unify(share=...)``): each member process with its device, claim and bytes
+per framework, read from the share files.
+
+Exit status: 0 when all is well; 1 when ``doctor`` reported an error (an
+``[error]`` line: no driver, no GPU, a bad variable, an unusable framework),
+when ``stats`` or ``demo`` found no usable GPU, when ``demo``'s bridge run did
+not finish, or when the reader of the output went away
+(``bridge stats --watch | head``); 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+__all__ = ["main", "format_table", "format_shares", "snapshot"]
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from bridge import _runtime
+from bridge import share as _share
+from bridge._errors import BridgeError, format_bytes
+from bridge._version import __version__
+from bridge.pool import FRAMEWORKS, Stats, stats
+from bridge.tools import demo
+from bridge.tools import doctor as _doctor
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # doctor reported an error; stats found no GPU; the reader went away
+EXIT_USAGE = 2  # argparse's own
+EXIT_STATUS_HELP = (
+    "exit status: 0 all is well; 1 doctor reported an [error] (no driver, no GPU, a bad "
+    "variable, an unusable framework), stats or demo found no usable GPU, demo's bridge run "
+    "did not finish, or the reader of the output went away; 2 a usage error"
+)
+
+COLUMNS = ("device",) + FRAMEWORKS + ("used", "reserved", "budget", "peak", "total", "ooms")
+
+
+def _row(s: Stats) -> list[str]:
+    return (
+        [str(s.device)]
+        + [format_bytes(s.by_framework.get(f, 0)) for f in FRAMEWORKS]
+        + [
+            format_bytes(s.used),
+            format_bytes(s.reserved),
+            format_bytes(s.limit) if s.limit else "none",
+            format_bytes(s.peak_used),
+            format_bytes(s.total),
+            str(s.num_ooms),
+        ]
+    )
+
+
+def format_table(snapshots: Sequence[Stats]) -> str:
+    """Stats of several devices as an aligned text table, one row per device.
+
+    Parameters
+    ----------
+    snapshots : sequence of Stats
+
+    Returns
+    -------
+    str
+        A header line and one line per device: bytes per framework
+        (``cupy``, ``torch``, ``jax``, ``other``), then ``used``, ``reserved``,
+        ``budget`` (``none`` without a limit), ``peak`` (of ``used``),
+        ``total`` and refused allocations (``ooms``).
+    """
+    rows = [list(COLUMNS)] + [_row(s) for s in snapshots]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+SHARE_COLUMNS = ("pid", "device", "claim", "cupy", "torch", "other", "cached", "state")
+
+
+def _member_state(m: _share.Member) -> str:
+    if not m.alive:
+        return "gone"
+    return "unresponsive" if m.unresponsive else "ok"
+
+
+def format_shares(shares: Sequence[_share.Share]) -> str:
+    """Shares as text: a line per share, then a table of its member processes.
+
+    Parameters
+    ----------
+    shares : sequence of bridge.share.Share
+
+    Returns
+    -------
+    str
+        Per share: its name, GPU, budget and what its members claim together;
+        then one row per member: ``pid``, ``device`` (the GPU's ordinal in that
+        process), ``claim``, bytes per framework (``cupy``, ``torch``,
+        ``other``), ``cached`` and ``state`` (``ok``, ``unresponsive``: a trim
+        request unanswered for a second, ``gone``: the process has ended and
+        its claim is taken back at the next look).
+    """
+    out = []
+    for sh in shares:
+        if sh.error is not None:
+            out.append(f"share file {sh.path}: {sh.error}")
+            continue
+        # a member that ended is no member: listed only while its claim is not yet taken back
+        alive = [m for m in sh.members if m.alive]
+        ended = [m for m in sh.members if not m.alive and m.claim]
+        claimed = sum(m.claim for m in alive)
+        line = (
+            f"share {sh.name!r} on {sh.uuid}: budget {format_bytes(sh.budget)}, claimed "
+            f"{format_bytes(claimed)} by {len(alive)} process{'' if len(alive) == 1 else 'es'}"
+        )
+        if ended:
+            left = sum(m.claim for m in ended)
+            line += (
+                f"; {format_bytes(left)} still claimed by {len(ended)} ended process"
+                f"{'' if len(ended) == 1 else 'es'} (taken back at the next allocation)"
+            )
+        out.append(line)
+        rows = [list(SHARE_COLUMNS)] + [
+            [str(m.pid), str(m.device), format_bytes(m.claim)]
+            + [format_bytes(m.by_framework.get(f, 0)) for f in ("cupy", "torch", "other")]
+            + [format_bytes(m.cached), _member_state(m)]
+            for m in alive + ended
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(SHARE_COLUMNS))]
+        out += [
+            "  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows
+        ]
+    return "\n".join(out)
+
+
+def snapshot(devices: Sequence[int] | None = None) -> list[Stats]:
+    """Stats of the given devices, every visible device when None.
+
+    Raises
+    ------
+    BridgeError
+        When there is no CUDA driver or no GPU.
+    ValueError
+        For a device that does not exist, or a bad ``BRIDGE_GPU_MEMORY_LIMIT``.
+    """
+    return [stats(d) for d in _runtime.resolve_devices(devices)]
+
+
+def _doctor_cmd(args: argparse.Namespace, out: TextIO) -> int:
+    report = _doctor.collect()
+    if args.json:
+        out.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        out.write(_doctor.render(report) + "\n")
+    out.flush()
+    return EXIT_ERROR if report.errors else EXIT_OK
+
+
+def _torch_allocator_line() -> str | None:
+    """Which torch allocator a ``unify(torch=True)`` here installs, and why; None without torch."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    _, text = importlib.import_module("bridge.adapters.torch_build").describe()
+    return text
+
+
+def _print_stats(snaps: list[Stats], args: argparse.Namespace, out: TextIO, tty: bool) -> None:
+    shares = _share.list_shares()
+    torch_line = _torch_allocator_line()
+    if args.json:
+        doc: dict = {"time": time.time(), "devices": [s.as_dict() for s in snaps]}
+        if shares:
+            doc["shares"] = [sh.as_dict() for sh in shares]
+        if torch_line:
+            doc["torch_allocator"] = torch_line
+        out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+    else:
+        if tty:
+            out.write("\x1b[H\x1b[2J")  # clear the terminal between refreshes
+        out.write(time.strftime("%Y-%m-%d %H:%M:%S") + "  bridge pool figures (this process)\n")
+        out.write(format_table(snaps) + "\n")
+        if shares:
+            out.write("\n" + format_shares(shares) + "\n")
+        if torch_line:
+            out.write(f"torch: {torch_line}\n")
+        if args.watching:
+            out.write("\n")
+    out.flush()
+
+
+def _stats_cmd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    devices = None if args.device is None else [args.device]
+    count = args.count if args.count is not None else (None if args.watch is not None else 1)
+    args.watching = count != 1
+    interval = args.watch if args.watch is not None else 1.0
+    tty = bool(getattr(out, "isatty", lambda: False)()) and args.watching and not args.json
+    shown = 0
+    try:
+        while count is None or shown < count:
+            if shown:
+                time.sleep(interval)
+            try:
+                snaps = snapshot(devices)
+            except (BridgeError, ValueError) as exc:
+                err.write(f"bridge stats: {exc}\n")
+                return EXIT_ERROR
+            _print_stats(snaps, args, out, tty)
+            shown += 1
+    except KeyboardInterrupt:
+        out.write("\n")
+    return EXIT_OK
+
+
+_positive = demo.number_arg(float, "a number of seconds", lambda v: v > 0,
+                            "the interval must be > 0 seconds")  # fmt: skip
+_count = demo.number_arg(int, "a whole number", lambda v: v >= 1, "the count must be >= 1")
+
+
+def _prog() -> str:
+    """How the user ran the command line: the ``bridge`` script, or ``python -m bridge``."""
+    return "bridge" if os.path.basename(sys.argv[0] or "") == "bridge" else "python -m bridge"
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="One GPU memory pool and one budget for CuPy, PyTorch and JAX.",
+        epilog=EXIT_STATUS_HELP,
+    )
+    p.add_argument("--version", action="version", version=f"bridge {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    d = sub.add_parser(
+        "doctor",
+        help="check the driver, GPUs, frameworks and environment",
+        description="Check what this machine offers the bridge. Imports no framework. "
+        "Exits 0 when no [error] was reported (warnings allowed), 1 when one was "
+        "(no driver or GPU included).",
+    )
+    d.add_argument("--json", action="store_true", help="print the report as JSON")
+    s = sub.add_parser(
+        "stats",
+        help="print every device's pool figures",
+        description="Print every device's pool figures: bytes per framework, "
+        "used, reserved, budget, peak; then every share of this user (unify(share=...)) "
+        "with its member processes: pid, device, claim, bytes per framework. Exits 1 "
+        "without a usable GPU, and when the reader of the output goes away "
+        "(stats --watch | head).",
+    )
+    s.add_argument(
+        "--watch",
+        nargs="?",
+        type=_positive,
+        const=1.0,
+        default=None,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 1) until Ctrl-C",
+    )
+    s.add_argument(
+        "--count",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="print N times, then stop (with --watch, or alone: every second)",
+    )
+    s.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per refresh: {time, devices: [stats...], shares: [...]}",
+    )
+    s.add_argument("--device", type=int, default=None, help="only this device")
+    b = sub.add_parser(
+        "build-torch",
+        help="build the bridge's torch allocator for the installed torch",
+        description="Compile the bridge's torch allocator (C++ over torch's allocator "
+        "interface) for the installed torch into the cache, so the first "
+        "bridge.unify(torch=True) does not; say where it is, or what the build lacks. "
+        "Exits 1 when it cannot be built (the pluggable fallback would run).",
+    )
+    b.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    demo.add_parser(sub)
+    return p
+
+
+def _build_torch_cmd(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        torch_build: Any = importlib.import_module("bridge.adapters.torch_build")
+    except ImportError as exc:
+        print(f"torch is not importable ({exc}): install torch first.", file=out)
+        return EXIT_ERROR
+    module = torch_build.load(verbose=args.verbose)
+    if module is None:
+        print(f"the bridge's torch allocator is not available: {torch_build.reason}.", file=out)
+        print("bridge.unify(torch=True) would use torch's CUDAPluggableAllocator.", file=out)
+        return EXIT_ERROR
+    how = (
+        "found in the cache"
+        if torch_build.built_from_cache
+        else (f"built in {torch_build.build_seconds:.1f} s")
+    )
+    print(
+        f"the bridge's torch allocator for torch {torch_build._torch().__version__}: {how}, "
+        f"in {torch_build.location}",
+        file=out,
+    )
+    return 0
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    prog: str | None = None,
+) -> int:
+    """Run the command line.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments after ``bridge``; ``sys.argv[1:]`` when None.
+    stdout, stderr : file, optional
+        Where to write; ``sys.stdout`` and ``sys.stderr`` when None.
+    prog : str, optional
+        The program's name in usage lines: ``bridge`` when run as the
+        ``bridge`` script, else ``python -m bridge``.
+
+    Returns
+    -------
+    int
+        The exit status: 0 when all is well; 1 when ``doctor`` reported an
+        error, ``stats`` found no usable GPU, or the reader of the output
+        went away (a closed pipe); 2 for a usage error.
+    """
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    parser = _parser(prog or _prog())
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse's own exit (usage error, --help, --version)
+        return int(exc.code or 0)
+    try:
+        if args.command == "doctor":
+            return _doctor_cmd(args, out)
+        if args.command == "stats":
+            return _stats_cmd(args, out, err)
+        if args.command == "demo":
+            return demo.run(args, out, err)
+        if args.command == "build-torch":
+            return _build_torch_cmd(args, out)
+        parser.print_help(out)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (`bridge stats --watch | head -5`). As CPython's
+        # documentation recommends (signal module, "Note on SIGPIPE"): point
+        # stdout at devnull so the interpreter's flush at exit stays quiet, and
+        # exit 1.
+        if out is sys.stdout:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+            except (OSError, ValueError):  # not a file descriptor (a test's stream)
+                pass
+        return EXIT_ERROR
