@@ -38,7 +38,7 @@ tier's ``large_cap``, both under what the limit leaves; ``live`` = ``held`` - ca
 (both tiers) while a full batch comes; a block the cache declines (key full, larger
 than its cap) still takes its tier down to the cap. Checked: on the stand-in driver
 the cached bytes after every event of the three traces equal cache.c's
-(tests/test_model_cache.py), and the hits equal the H200's for every measured policy
+(tests/benchmarks/test_model_cache.py), and the hits equal the H200's for every measured policy
 (GPT-2 tiers 9,724 of 16,686, onetier 5,591, allhits 15,079; ResNet-50 8,529 of
 14,541, 4,932, 14,034; cupy-fft 703 of 1,041).
 
@@ -65,7 +65,7 @@ the H200 (the model: the same 1.027). Other pools tried (separate segments per g
 first fit, 2 MiB rounding, other heap boundaries, one heap) fit no better. A pessimistic
 pool (``ChunkedHeap``, ``pool_model="chunked"``: no block of up to 32 MiB straddles a
 chunk) errs high instead; the two bracket the H200's figure of every cached policy on
-GPT-2 and ResNet-50 but onetier (tests/test_model_cache.py keeps it so), and the
+GPT-2 and ResNet-50 but onetier (tests/benchmarks/test_model_cache.py keeps it so), and the
 comparison prints both.
 """
 

@@ -4,7 +4,7 @@
 ``bridge doctor`` walks this table and calls each variable's reader, the very
 function the library calls, so that the doctor refuses exactly what the
 library refuses (a ``ValueError`` naming the variable) and cannot drift from
-it; ``tests/test_env.py`` walks it too, and checks that no variable read in the
+it; ``tests/core/test_env.py`` walks it too, and checks that no variable read in the
 code is missing from it.
 """
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """How to install each framework for one CUDA major: the words unify(), doctor and the
-demo give (pyproject.toml's extras are the same sets; tests/test_packaging.py checks them).
+demo give (pyproject.toml's extras are the same sets; tests/project/test_packaging.py checks them).
 
 PyPI's torch is a CUDA 13 build; a CUDA 12 torch comes from PyTorch's own index.
 """

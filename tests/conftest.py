@@ -21,6 +21,8 @@ import tempfile
 import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
+# the helpers (gpu_util, ledger_util, the share workers) import from every group of tests
+sys.path.insert(0, str(HERE))
 GPU_MODE = os.environ.get("BRIDGE_TEST_GPU") == "1"
 
 
@@ -127,6 +129,8 @@ def standin():
     STANDIN.standin_set_capturing(None)
     STANDIN.standin_set_global_capture(0, None)
     STANDIN.standin_hold_syncs(0)
+    # no context current on this thread, whatever an earlier test (Numba's) left current
+    STANDIN.cuCtxSetCurrent(None)
     _runtime.reset_process_state()  # every module singleton: devices, Bridge, recovery
     n = _runtime.device_count()
     for d in range(n):

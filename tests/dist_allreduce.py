@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """One torchrun rank: bridge on its own device, NCCL all-reduce on bridge tensors.
 
-Run by tests/test_gpu_multi.py as `torchrun --nproc_per_node 2 tests/dist_allreduce.py OUTDIR`.
+Run by tests/gpu/test_gpu_multi.py as `torchrun --nproc_per_node 2 tests/dist_allreduce.py OUTDIR`.
 """
 
 from __future__ import annotations

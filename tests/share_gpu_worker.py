@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A process of the GPU share tests (tests/test_gpu_share.py): torch and CuPy.
+"""A process of the GPU share tests (tests/gpu/test_gpu_share.py): torch and CuPy.
 
 Environment: MODE ("bridge": unify(cupy=True, torch=True, budget=BUDGET,
 share=SHARE); "native": the frameworks' own allocators). It answers one JSON

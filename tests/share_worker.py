@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A member process for the share tests (tests/test_share.py), on the stand-in.
+"""A member process for the share tests (tests/core/test_share.py), on the stand-in.
 
 It reads one JSON command per line on stdin and answers one JSON line on
 stdout: ``{"op": "join", "name": ..., "budget": ...}``, ``alloc``, ``free``,

@@ -1,0 +1,169 @@
+# SPDX-License-Identifier: Apache-2.0
+"""bridge.adapters.rmm and the core's StreamAllocator / stream_free, on the stand-in driver.
+
+RMM needs a GPU to import, so these tests put a stand-in ``rmm`` module in
+``sys.modules``: its ``CallbackMemoryResource`` calls the two callables as RMM's
+C++ callback resource does (``allocate(nbytes, Stream)``, ``deallocate(ptr,
+nbytes, Stream)``; a ``MemoryError`` from ``allocate`` becomes RMM's
+``MemoryError``). The real RMM is tested by tests/gpu/test_gpu_rmm.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from ledger_util import C_RECORD, DEV, MIB, S1, S2, stats
+
+import bridge
+from bridge._errors import OutOfMemoryError, Status
+from bridge._runtime import core
+
+
+class Stream:
+    """rmm.pylibrmm.stream.Stream: the CUDA stream protocol."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+class CallbackMemoryResource:
+    def __init__(self, allocate_func, deallocate_func) -> None:
+        self.allocate_func, self.deallocate_func = allocate_func, deallocate_func
+
+    def allocate(self, nbytes: int, stream: Stream) -> int:
+        try:
+            return self.allocate_func(nbytes, stream)
+        except MemoryError as exc:  # rmm::out_of_memory, back as MemoryError
+            raise MemoryError(str(exc)) from None
+
+    def deallocate(self, ptr: int, nbytes: int, stream: Stream) -> None:
+        self.deallocate_func(ptr, nbytes, stream)
+
+
+@pytest.fixture
+def fake_rmm(standin, monkeypatch):
+    """A stand-in rmm with per-device resources; the bridge's adapter imported on it."""
+    per_device: dict[int, object] = {}
+    mr = types.ModuleType("rmm.mr")
+    mr.CallbackMemoryResource = CallbackMemoryResource
+    mr.get_per_device_resource = lambda d: per_device.get(d)
+    mr.set_per_device_resource = per_device.__setitem__
+    rmm = types.ModuleType("rmm")
+    rmm.mr = mr
+    monkeypatch.setitem(sys.modules, "rmm", rmm)
+    monkeypatch.setitem(sys.modules, "rmm.mr", mr)
+    monkeypatch.delitem(sys.modules, "bridge.adapters.rmm", raising=False)
+    monkeypatch.setattr(sys.modules["bridge.unify"], "_bridge", None)
+    yield per_device
+    sys.modules.pop("bridge.adapters.rmm", None)
+
+
+def test_unify_gives_every_device_a_resource_counted_as_rmm(fake_rmm):
+    b = bridge.unify(cupy=False, torch=False, rmm=True)
+    assert "rmm" in b.frameworks
+    from bridge.adapters import rmm as adapter
+
+    assert sorted(fake_rmm) == [0, 1] and adapter.installed(0) and adapter.installed(1)
+    mr = fake_rmm[0]
+    p = mr.allocate(3 * MIB, Stream(S1))
+    assert core.lookup(p) == (Status.OK, 3 * MIB, 0, core.TAG_RMM)
+    assert bridge.stats(0).by_framework["rmm"] == 3 * MIB
+    mr.deallocate(p, 3 * MIB, Stream(S1))
+    assert bridge.stats(0).by_framework["rmm"] == 0 and stats()["used"] == 0
+    # device 1's resource allocates on device 1
+    q = fake_rmm[1].allocate(MIB, Stream(S1))
+    assert core.lookup(q)[2] == 1
+    fake_rmm[1].deallocate(q, MIB, Stream(S1))
+    # the same call again changes nothing
+    assert bridge.unify(cupy=False, torch=False, rmm=True) is b and fake_rmm[0] is mr
+
+
+def test_past_the_budget_rmm_raises_memoryerror_and_holds_nothing(fake_rmm):
+    bridge.unify(cupy=False, torch=False, rmm=True, budget=64 * MIB)
+    mr = fake_rmm[0]
+    keep = mr.allocate(40 * MIB, Stream(S1))
+    with pytest.raises(MemoryError) as info:
+        mr.allocate(40 * MIB, Stream(S1))
+    msg = str(info.value)
+    assert "for rmm on device 0" in msg and "budget is 64.00 MiB" in msg
+    assert "rmm 40.00 MiB" in msg
+    assert bridge.stats(0).by_framework["rmm"] == 40 * MIB
+    mr.deallocate(keep, 40 * MIB, Stream(S1))
+    assert stats()["used"] == 0 and stats()["tags"][core.TAG_RMM]["num_ooms"] >= 1
+
+
+def test_the_allocator_raises_the_bridges_oom_which_is_a_memoryerror(led):
+    core.set_limit(DEV, 8 * MIB)
+    alloc = core.StreamAllocator(DEV, core.TAG_RMM, _raise_oom)
+    with pytest.raises(OutOfMemoryError):
+        alloc(16 * MIB, Stream(S1))
+    assert issubclass(OutOfMemoryError, MemoryError)
+    assert stats()["used"] == 0
+
+
+def _raise_oom(size, device, stream, rc):
+    raise OutOfMemoryError(f"status {rc}", device=device, size=size)
+
+
+def test_a_free_on_another_stream_waits_for_that_streams_work(led):
+    standin = led.sd
+    alloc = core.StreamAllocator(DEV, core.TAG_RMM, _raise_oom)
+    p = alloc(MIB, Stream(S1))
+    records = standin.standin_counter(C_RECORD)
+    core.stream_free(p, MIB, Stream(S2))  # S2's queued work first: an event on S2
+    assert standin.standin_counter(C_RECORD) == records + 1
+    # neither stream is one the core can prove alive (an RMM stream may be
+    # destroyed before its buffers): the legacy stream stands for both, after
+    # every blocking stream's queued work (issue 30, item 4)
+    assert standin.standin_pending_on(DEV, 1) == MIB
+    q = alloc(MIB, S1)  # an int handle works too
+    records = standin.standin_counter(C_RECORD)
+    core.stream_free(q, MIB, Stream(S1))  # its own stream: nothing to wait for
+    assert standin.standin_counter(C_RECORD) == records
+    assert stats()["used"] == 0
+
+
+def test_a_stream_that_cannot_be_read_still_frees_the_block(led):
+    class Broken:
+        def __cuda_stream__(self):
+            raise RuntimeError("gone")
+
+    alloc = core.StreamAllocator(DEV, core.TAG_RMM, _raise_oom)
+    p = alloc(MIB)  # no stream: the legacy default stream
+    with pytest.raises(RuntimeError, match="gone"):
+        core.stream_free(p, MIB, Broken())
+    assert stats()["used"] == 0 and core.lookup(p)[0] == Status.INVALID
+    with pytest.raises(RuntimeError, match="gone"):
+        alloc(MIB, Broken())
+    assert stats()["used"] == 0
+    core.stream_free(p, MIB, None)  # a double free is counted, never raised
+    assert stats()["num_bad_frees"] >= 1
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [((DEV, core.NTAGS, print), ValueError), ((-1, 0, print), ValueError), ((0, 0, 1), TypeError)],
+)
+def test_stream_allocator_checks_its_arguments(args, error):
+    with pytest.raises(error):
+        core.StreamAllocator(*args)
+
+
+def test_stream_allocator_call_checks_its_arguments(led):
+    alloc = core.StreamAllocator(DEV, core.TAG_RMM, _raise_oom)
+    assert (alloc.device, alloc.tag) == (DEV, core.TAG_RMM)
+    with pytest.raises(TypeError):
+        alloc()
+    with pytest.raises(TypeError):
+        alloc(MIB, S1, S2)
+    with pytest.raises(OverflowError):
+        alloc(-1)
+    with pytest.raises(TypeError, match="version, handle"):
+        alloc(MIB, types.SimpleNamespace(__cuda_stream__=lambda: 5))
+    assert alloc(0, S1) == 0  # no memory for no bytes
+    assert stats()["used"] == 0

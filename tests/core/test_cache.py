@@ -1,0 +1,663 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The cache of freed blocks in front of the pool (stand-in driver)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge._runtime import core
+
+MIB = 1 << 20
+OTHER, CUPY, TORCH = 0, 1, 2
+SIDE = 0x5000  # a user stream handle (the stand-in accepts any)
+
+
+@pytest.fixture
+def cache(standin):
+    core.set_cache(0, 64 * MIB)
+    core.set_cache_fraction(0, 1 / 16, 64 * MIB)  # the defaults
+    core.set_cache_tiers(0, MIB, 64 * MIB)
+    core.forget_stream(SIDE)
+    yield standin
+    core.set_cache(0, 0)
+    core.set_cache_fraction(0, 1 / 16, 64 * MIB)
+    core.set_cache_tiers(0, MIB, 64 * MIB)
+    core.forget_stream(SIDE)
+
+
+def stats():
+    return core.stats(0)[1]
+
+
+def test_same_size_same_stream_reuses_the_block(cache):
+    rc, p = core.alloc(0, 3 * MIB, 0, CUPY)
+    allocs = cache.standin_counter(0)
+    core.free(p)
+    assert stats()["cached"] == 3 * MIB
+    assert stats()["tags"][CUPY]["current"] == 0
+    rc, q = core.alloc(0, 3 * MIB, 0, TORCH)
+    assert rc == 0 and q == p
+    assert cache.standin_counter(0) == allocs  # no driver call
+    assert stats()["cached"] == 0 and stats()["tags"][TORCH]["current"] == 3 * MIB
+    core.free(q)
+
+
+def test_other_size_or_stream_misses(cache):
+    rc, p = core.alloc(0, 3 * MIB, 0, CUPY)
+    core.free(p)
+    rc, q = core.alloc(0, 3 * MIB + 1, 0, CUPY)
+    assert q != p
+    rc, r = core.alloc(0, 3 * MIB, SIDE, TORCH)
+    assert r != p
+    for x in (q, r):
+        core.free(x)
+
+
+def test_user_streams_are_not_cached_unless_registered_as_long_lived(cache):
+    rc, p = core.alloc(0, MIB, SIDE, TORCH)
+    core.free(p)
+    assert stats()["cached"] == 0  # a user stream (ExternalStream) may be destroyed
+    core.register_stream(SIDE)
+    rc, p = core.alloc(0, MIB, SIDE, TORCH)
+    core.free(p)
+    assert stats()["cached"] == MIB  # torch's pooled streams live on
+    rc, q = core.alloc(0, MIB, SIDE, TORCH)
+    assert q == p
+    core.free(q)
+
+
+def test_cached_bytes_count_in_the_budget_and_go_back_under_pressure(cache):
+    core.set_limit(0, 10 * MIB)
+    rc, p = core.alloc(0, 6 * MIB, 0, CUPY)
+    core.free(p)
+    assert stats()["cached"] == 6 * MIB and stats()["used"] == 6 * MIB
+    rc, q = core.alloc(0, 8 * MIB, 0, TORCH)  # fits only once the cache is emptied
+    assert rc == 0
+    s = stats()
+    assert s["cached"] == 0 and s["used"] == 8 * MIB and s["peak_used"] <= 10 * MIB
+    core.free(q)
+    core.set_limit(0, 0)
+
+
+def test_cap_and_largest_block(cache):
+    core.set_cache(0, 4 * MIB, 2 * MIB)
+    ptrs = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(6)]
+    big = core.alloc(0, 3 * MIB, 0, CUPY)[1]
+    for p in ptrs + [big]:
+        core.free(p)
+    assert stats()["cached"] == 4 * MIB  # four of the six, not the 3 MiB block
+
+
+def test_trim_and_turning_off_empty_the_cache(cache):
+    rc, p = core.alloc(0, MIB, 0, CUPY)
+    core.free(p)
+    assert stats()["cached"] == MIB
+    assert core.trim(0, 0) == 0
+    assert stats()["cached"] == 0 and stats()["used"] == 0
+    rc, p = core.alloc(0, MIB, 0, CUPY)
+    core.free(p)
+    core.set_cache(0, 0)
+    assert stats()["cached"] == 0 and stats()["used"] == 0
+
+
+def test_recorded_blocks_are_not_cached(cache):
+    rc, p = core.alloc(0, MIB, 0, CUPY)
+    assert core.record_stream(p, SIDE) == 0
+    core.free(p)
+    assert stats()["cached"] == 0
+
+
+def test_tag_cap_holds_on_a_cache_hit(cache):
+    rc, p = core.alloc(0, 2 * MIB, 0, CUPY)
+    core.free(p)
+    core.set_tag_limit(0, TORCH, MIB)
+    rc, q = core.alloc(0, 2 * MIB, 0, TORCH)
+    assert rc == 8 and q == 0  # TAG_LIMIT
+    assert stats()["tags"][TORCH]["current"] == 0
+    core.set_tag_limit(0, TORCH, 0)
+
+
+def test_a_table_full_of_emptied_keys_still_caches_new_sizes(cache):
+    """Once 2048 (stream, size) keys had all been taken again, no new size was
+    ever cached: the table was only reset by a flush with bytes cached (found
+    while modelling the cache for tests/core/test_ledger_property.py)."""
+    held = []
+    for i in range(2100):  # more distinct sizes than the table keeps keys
+        size = 512 * (i + 1)
+        rc, p = core.alloc(0, size, 0, CUPY)
+        assert rc == 0
+        core.free(p)
+        assert stats()["cached"] == size, f"size {size} (key {i}) was not cached"
+        rc, q = core.alloc(0, size, 0, CUPY)  # taken again: nothing cached
+        assert rc == 0 and q == p
+        held.append(q)
+    for q in held:
+        core.free(q)
+
+
+def test_stale_keys_are_dropped_while_other_blocks_stay_cached(cache):
+    """Keys whose blocks were all reused make room for new sizes; cached blocks survive."""
+    kept = [core.alloc(0, 7 * 4096 + i, 0, CUPY)[1] for i in range(3)]
+    for p in kept:
+        core.free(p)  # three blocks stay cached throughout
+    base = stats()["cached"]
+    held = []
+    for i in range(3000):  # more distinct sizes than the table keeps keys
+        size = 1_000_000 + 512 * i
+        rc, p = core.alloc(0, size, 0, CUPY)
+        core.free(p)
+        assert stats()["cached"] == base + size, f"size {size} (key {i}) was not cached"
+        rc, q = core.alloc(0, size, 0, CUPY)  # taken again: its key is now stale
+        assert q == p
+        held.append(q)
+    again = [core.alloc(0, 7 * 4096 + i, 0, CUPY)[1] for i in range(3)]
+    assert again == kept  # the cached blocks survived every compaction
+    for q in held + again:
+        core.free(q)
+
+
+def _device_1_stats(env: dict, what: str) -> str:
+    """What `print(what)` shows in a fresh process on the stand-in, `s` being device 1's
+    core stats after its set-up, with the caller's BRIDGE_CACHE_* variables only."""
+    import os
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_CACHE_")}
+    e.update(env)
+    code = (
+        "from bridge import _runtime\n"
+        "_runtime.ensure_device(1)\n"
+        "s = _runtime.core.stats(1)[1]\n"
+        f"print({what})\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize(
+    ("total", "env", "expect"),
+    [
+        (16 << 30, None, 1 << 30),  # at least 1 GiB
+        (140 << 30, None, (140 << 30) // 50),  # 2% of a large device: 2.8 GiB
+        (140 << 30, "512MiB", 512 * MIB),  # BRIDGE_CACHE_LIMIT wins
+        (140 << 30, "0", 0),  # off
+    ],
+)
+def test_default_cache_limit_scales_with_the_device(standin, total, env, expect):
+    """A fresh process on the stand-in: the cache limit each device gets at set-up."""
+    extra = {"BRIDGE_STANDIN_TOTAL": str(total)}
+    if env is not None:
+        extra["BRIDGE_CACHE_LIMIT"] = env
+    assert int(_device_1_stats(extra, "s['cache_limit']")) == expect
+
+
+def test_many_sizes_that_are_multiples_of_a_mib_are_all_cached_and_found(cache):
+    """Such sizes have all-zero low bits: the table must spread them (issue: they
+    piled onto a few slots)."""
+    core.set_cache(0, 8 << 30)
+    core.set_cache_fraction(0, 1 / 16, 8 << 30)  # a floor above the 5 GiB: nothing evicted
+    core.set_cache_tiers(0, MIB, 8 << 30)  # and a large tier's cap above it
+    ptrs = {}
+    for i in range(1, 101):  # 5 GiB of the stand-in's 16
+        rc, p = core.alloc(0, i * MIB, 0, CUPY)
+        assert rc == 0
+        ptrs[i] = p
+    for p in ptrs.values():
+        core.free(p)
+    assert stats()["cached"] == sum(i * MIB for i in ptrs)
+    for i, p in ptrs.items():
+        assert core.alloc(0, i * MIB, 0, CUPY) == (0, p)
+    for p in ptrs.values():
+        core.free(p)
+
+
+def test_the_tables_hold_many_aligned_keys(tmp_path):
+    """benchmarks/bench_tables.c checks every insert, take, put and take it times:
+    64 MiB-strided pointers and sizes in MiB (its speed is a benchmark, not a test)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    r = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "bench_tables.py"), "--n", "20000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "64 MiB stride" in r.stdout and "multiples of 1 MiB" in r.stdout
+
+
+def test_an_uncached_tag_frees_to_the_pool_and_others_still_cache(cache):
+    """Numba's blocks (used on any stream, ordered by the legacy stream's free) are
+    never kept; the other frameworks' blocks still are."""
+    assert core.set_tag_cached(core.TAG_NUMBA, False) == 0
+    frees = cache.standin_counter(1)
+    rc, p = core.alloc(0, 3 * MIB, 0, core.TAG_NUMBA)
+    core.free(p)
+    assert stats()["cached"] == 0 and cache.standin_counter(1) == frees + 1  # a driver free
+    rc, q = core.alloc(0, 3 * MIB, 0, CUPY)
+    core.free(q)
+    assert stats()["cached"] == 3 * MIB
+    assert core.set_tag_cached(core.TAG_NUMBA, True) == 0
+    rc, p = core.alloc(0, 5 * MIB, 0, core.TAG_NUMBA)
+    core.free(p)
+    assert stats()["cached"] == 8 * MIB
+    assert core.set_tag_cached(core.NTAGS, False) == 7  # INVALID
+    assert core.set_tag_cached(-1, True) == 7
+
+
+# ---- eviction: the least recently cached blocks go first; the cap follows live bytes ----
+
+
+def allocs(standin):
+    return standin.standin_counter(0)
+
+
+def frees(standin):
+    return standin.standin_counter(1)
+
+
+def test_the_oldest_cached_block_is_evicted_first(cache):
+    """cap = 64 MiB (the floor; nothing live): a free past it gives back the oldest."""
+    core.set_cache(0, 1 << 30)
+    a, b, c, d = (core.alloc(0, n * MIB, 0, CUPY)[1] for n in (16, 17, 18, 19))
+    for p in (a, b, c):
+        core.free(p)
+    assert stats()["cached"] == 51 * MIB
+    before = frees(cache)
+    core.free(d)  # 70 MiB > 64: a (16 MiB, the oldest) goes to the driver
+    assert frees(cache) == before + 1
+    assert stats()["cached"] == 54 * MIB and stats()["used"] == 54 * MIB
+    n = allocs(cache)
+    assert core.alloc(0, 17 * MIB, 0, CUPY) == (0, b)  # b, c, d are still cached
+    assert core.alloc(0, 19 * MIB, 0, CUPY) == (0, d)
+    assert allocs(cache) == n
+    rc, a2 = core.alloc(0, 16 * MIB, 0, CUPY)  # a is gone: a driver allocation
+    assert rc == 0 and allocs(cache) == n + 1
+    for p in (a2, b, d):
+        core.free(p)
+
+
+def test_a_block_taken_and_freed_again_is_the_newest(cache):
+    core.set_cache(0, 1 << 30)
+    a, b = (core.alloc(0, n * MIB, 0, CUPY)[1] for n in (30, 31))
+    core.free(a)
+    core.free(b)
+    assert core.alloc(0, 30 * MIB, 0, CUPY) == (0, a)
+    core.free(a)  # a is now newer than b
+    rc, c = core.alloc(0, 4 * MIB, 0, CUPY)
+    core.free(c)  # 65 MiB > 64: b goes, not a
+    assert stats()["cached"] == 34 * MIB
+    assert core.alloc(0, 30 * MIB, 0, CUPY) == (0, a)
+    core.free(a)
+
+
+def test_the_cap_follows_the_live_bytes(cache):
+    """The small tier's cap = max(floor, live / 16): freeing most memory shrinks it
+    at its next put (a large block's put evicts only large blocks)."""
+    core.set_cache(0, 1 << 30)
+    core.set_cache_fraction(0, 1 / 16, MIB)
+    rc, big = core.alloc(0, 160 * MIB, 0, TORCH)  # live 160 MiB: cap 10 MiB
+    small = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(12)]
+    last = core.alloc(0, 4096, 0, CUPY)[1]
+    before = frees(cache)
+    for p in small:
+        core.free(p)
+    assert stats()["cached"] == 10 * MIB  # the two oldest went back
+    assert frees(cache) == before + 2
+    core.free(big)  # live 4 KiB: 160 MiB is above the large tier's cap, not kept
+    assert frees(cache) == before + 3
+    assert stats()["cached"] == stats()["cached_small"] == 10 * MIB  # the small tier stays
+    core.free(last)  # a small put: its tier's cap is now 1 MiB (the floor)
+    assert stats()["cached"] == 4096
+    assert frees(cache) == before + 3 + 10
+    rc, p = core.alloc(0, MIB, 0, CUPY)
+    assert rc == 0 and p not in small
+    core.free(p)
+
+
+def test_the_floor_keeps_single_size_loops_hitting(cache):
+    """Nothing else live: 512 B, 1 MiB and 64 MiB loops hit every time after the first."""
+    core.set_cache(0, 1 << 30)
+    for size in (512, MIB, 64 * MIB):
+        n = allocs(cache)
+        hits = stats()["num_cache_hits"]
+        for _ in range(20):
+            rc, p = core.alloc(0, size, 0, CUPY)
+            assert rc == 0
+            core.free(p)
+        assert allocs(cache) == n + 1, size
+        assert stats()["num_cache_hits"] == hits + 19
+    cached = stats()["cached"]
+    assert stats()["cached_large"] == 64 * MIB
+    rc, p = core.alloc(0, 65 * MIB, 0, CUPY)  # above the large tier's cap: not kept
+    core.free(p)
+    assert stats()["cached"] == cached  # and it evicted nothing
+
+
+def test_the_hard_limit_wins_over_the_floor_and_the_share(cache):
+    core.set_cache(0, 2 * MIB)
+    core.set_cache_fraction(0, 1.0, 1 << 30)
+    ptrs = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(3)]
+    for p in ptrs:
+        core.free(p)
+    assert stats()["cached"] == 2 * MIB
+    assert core.alloc(0, MIB, 0, CUPY) == (0, ptrs[2])
+    assert core.alloc(0, MIB, 0, CUPY) == (0, ptrs[1])
+    assert stats()["cached"] == 0
+    for p in ptrs[1:]:
+        core.free(p)
+
+
+def test_flush_and_flush_stream_release_every_block_once(cache):
+    core.set_cache(0, 1 << 30)
+    core.register_stream(SIDE)
+    on0 = [core.alloc(0, n * MIB, 0, CUPY)[1] for n in (1, 2, 3, 3)]
+    onside = [core.alloc(0, n * MIB, SIDE, TORCH)[1] for n in (1, 2, 2, 5)]
+    for p in on0 + onside:
+        core.free(p)
+    assert stats()["cached"] == 19 * MIB
+    before = frees(cache)
+    core.forget_stream(SIDE)  # its blocks go back; the others stay
+    assert frees(cache) == before + 4
+    assert stats()["cached"] == 9 * MIB
+    assert core.alloc(0, 3 * MIB, 0, CUPY) == (0, on0[3])
+    core.free(on0[3])
+    assert core.trim(0, 0) == 0
+    assert frees(cache) == before + 8
+    assert stats()["cached"] == 0 and stats()["used"] == 0
+    assert core.trim(0, 0) == 0
+    assert frees(cache) == before + 8  # nothing twice
+
+
+def test_depth_per_key(cache):
+    depth = core.CACHE_DEPTH
+    assert depth == 64
+    size = MIB // 2  # depth + 4 of them fit under the fixture's 64 MiB cap
+    ptrs = [core.alloc(0, size, 0, CUPY)[1] for _ in range(depth + 4)]
+    before = frees(cache)
+    for p in ptrs:
+        core.free(p)
+    assert stats()["cached"] == depth * size  # `depth` per (stream, size)
+    assert frees(cache) == before + 4
+    assert core.alloc(0, size, 0, CUPY) == (0, ptrs[depth - 1])  # the most recent of the key
+    core.free(ptrs[depth - 1])
+
+
+def test_many_sizes_on_many_streams(cache):
+    """Sizes that are multiples of 1 MiB on 8 long-lived streams: all found while the
+    cap allows; past a small cap, the most recently cached survive."""
+    streams = [0x10000 * (k + 1) for k in range(8)]
+    for st in streams:
+        core.register_stream(st)
+    try:
+        core.set_cache(0, 8 << 30)
+        core.set_cache_fraction(0, 1 / 16, 8 << 30)
+        core.set_cache_tiers(0, MIB, 8 << 30)
+        keys = [(st, i * MIB) for st in streams for i in range(1, 33)]  # 256 keys, 4.1 GiB
+        ptrs = {}
+        for st, size in keys:
+            rc, ptrs[st, size] = core.alloc(0, size, st, CUPY)
+            assert rc == 0
+        for k in keys:
+            core.free(ptrs[k])
+        assert stats()["cached"] == sum(size for _, size in keys)
+        n = allocs(cache)
+        for k in keys:
+            assert core.alloc(0, k[1], k[0], CUPY) == (0, ptrs[k])
+        assert allocs(cache) == n
+        core.set_cache_fraction(0, 0.0, 4 * MIB)  # caps 4 and 64 MiB from the next put on
+        core.set_cache_tiers(0, MIB, 64 * MIB)
+        for k in keys:
+            core.free(ptrs[k])
+        s = stats()
+        assert s["cached_small"] == 4 * MIB  # four of the eight 1 MiB blocks
+        assert 0 < s["cached_large"] <= 64 * MIB
+        assert s["cached"] == s["cached_small"] + s["cached_large"]
+        n = allocs(cache)
+        for tier, cached in ((MIB, s["cached_small"]), (None, s["cached_large"])):
+            kept = [k for k in keys[::-1] if (k[1] == MIB) == (tier == MIB)]
+            total = 0
+            for k in kept:  # each tier's newest first, until its bytes are accounted for
+                if total + k[1] > cached:
+                    break
+                assert core.alloc(0, k[1], k[0], CUPY) == (0, ptrs[k])
+                total += k[1]
+                core.free(ptrs[k])
+            assert total == cached
+        assert allocs(cache) == n
+    finally:
+        core.set_cache(0, 0)
+        for st in streams:
+            core.forget_stream(st)
+
+
+def test_cache_fraction_and_floor_are_set_and_reported(cache):
+    assert core.set_cache_fraction(0, 0.25, 32 * MIB) == 0
+    s = stats()
+    assert s["cache_fraction"] == 0.25 and s["cache_floor"] == 32 * MIB
+    assert core.set_cache_fraction(0, -1.0) == 7  # INVALID
+    assert core.set_cache_fraction(0, float("nan")) == 7
+    assert core.set_cache_fraction(0, 1 / 16) == 0
+    s = stats()
+    assert s["cache_fraction"] == 1 / 16 and s["cache_floor"] == 64 * MIB
+
+
+def test_a_fork_child_forgets_the_cached_blocks(cache):
+    import os
+
+    core.set_cache(0, 1 << 30)
+    rc, p = core.alloc(0, 2 * MIB, 0, CUPY)
+    core.free(p)
+    assert stats()["cached"] == 2 * MIB
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if stats()["cached"] == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert core.alloc(0, 2 * MIB, 0, CUPY) == (0, p)  # the parent's cache is intact
+    core.free(p)
+
+
+@pytest.mark.parametrize(
+    ("env", "expect"),
+    [
+        ({}, (1 / 16, 64 * MIB)),
+        ({"BRIDGE_CACHE_FRACTION": "0.25", "BRIDGE_CACHE_FLOOR": "16MiB"}, (0.25, 16 * MIB)),
+        ({"BRIDGE_CACHE_FRACTION": "10%"}, (0.1, 64 * MIB)),
+    ],
+)
+def test_cache_fraction_and_floor_from_the_environment(standin, env, expect):
+    fraction, floor = _device_1_stats(env, "s['cache_fraction'], s['cache_floor']").split()
+    assert abs(float(fraction) - expect[0]) < 1e-4 and int(floor) == expect[1]
+
+
+# ---- two tiers: blocks <= small_max (1 MiB) under the live-bytes cap, larger ones
+# under a fixed cap (64 MiB); each tier evicts only its own least recently cached ----
+
+
+def test_a_large_block_cached_does_not_evict_small_ones(cache):
+    """The small tier is at its cap (the floor, 8 MiB, nothing live): a 40 MiB
+    block is cached beside it, and every small block stays."""
+    core.set_cache(0, 1 << 30)
+    core.set_cache_fraction(0, 1 / 16, 8 * MIB)
+    small = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(8)]
+    rc, big = core.alloc(0, 40 * MIB, 0, TORCH)
+    for p in small:
+        core.free(p)
+    before = frees(cache)
+    core.free(big)
+    s = stats()
+    assert (s["cached_small"], s["cached_large"]) == (8 * MIB, 40 * MIB)
+    assert s["cached"] == 48 * MIB and frees(cache) == before
+    n = allocs(cache)
+    for p in reversed(small):
+        assert core.alloc(0, MIB, 0, CUPY) == (0, p)
+    assert core.alloc(0, 40 * MIB, 0, TORCH) == (0, big)
+    assert allocs(cache) == n
+    for p in small + [big]:
+        core.free(p)
+
+
+def test_small_blocks_do_not_evict_large_ones(cache):
+    """The small tier past its cap evicts its own oldest; the large blocks cached
+    before them stay."""
+    core.set_cache(0, 1 << 30)
+    core.set_cache_fraction(0, 1 / 16, 4 * MIB)
+    large = [core.alloc(0, n * MIB, 0, TORCH)[1] for n in (20, 30)]
+    small = [core.alloc(0, 512 * 1024, 0, CUPY)[1] for _ in range(12)]
+    for p in large + small:
+        core.free(p)
+    s = stats()
+    assert s["cached_large"] == 50 * MIB
+    assert s["cached_small"] == 4 * MIB  # the 8 newest of the 12
+    assert core.alloc(0, 20 * MIB, 0, TORCH) == (0, large[0])  # the oldest block cached
+    assert core.alloc(0, 512 * 1024, 0, CUPY) == (0, small[-1])
+    core.free(large[0])
+    core.free(small[-1])
+
+
+def test_the_large_tiers_cap_is_fixed(cache):
+    """64 MiB whatever the live bytes: a 64 MiB loop keeps hitting, a second 64 MiB
+    block evicts the first, a 128 MiB block is not kept."""
+    core.set_cache(0, 4 << 30)
+    rc, live = core.alloc(0, 8 << 30, 0, TORCH)  # live / 16 = 512 MiB: not the large cap
+    n, hits = allocs(cache), stats()["num_cache_hits"]
+    for _ in range(10):
+        rc, p = core.alloc(0, 64 * MIB, 0, CUPY)
+        assert rc == 0
+        core.free(p)
+    assert allocs(cache) == n + 1 and stats()["num_cache_hits"] == hits + 9
+    a = core.alloc(0, 64 * MIB, 0, CUPY)[1]
+    b = core.alloc(0, 64 * MIB, 0, CUPY)[1]
+    before = frees(cache)
+    core.free(a)
+    core.free(b)  # a (the older) goes back to the pool
+    assert frees(cache) == before + 1 and stats()["cached_large"] == 64 * MIB
+    assert core.alloc(0, 64 * MIB, 0, CUPY) == (0, b)
+    core.free(b)
+    rc, c = core.alloc(0, 128 * MIB, 0, CUPY)
+    before = frees(cache)
+    core.free(c)  # above the cap: not kept, and b stays
+    assert frees(cache) == before + 1 and stats()["cached_large"] == 64 * MIB
+    core.free(live)
+
+
+def test_the_small_tier_follows_the_live_bytes_and_the_limit(cache):
+    core.set_cache(0, 1 << 30)
+    core.set_cache_fraction(0, 1 / 16, MIB)
+    rc, live = core.alloc(0, 64 * MIB, 0, TORCH)  # cap 4 MiB
+    small = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(6)]
+    for p in small:
+        core.free(p)
+    assert stats()["cached_small"] == 4 * MIB
+    core.set_cache(0, 2 * MIB)  # the limit wins from the next put on
+    rc, p = core.alloc(0, 4096, 0, CUPY)
+    core.free(p)
+    assert stats()["cached_small"] == MIB + 4096  # the limit leaves room for it
+    core.set_cache(0, 64 * MIB)
+    core.set_cache_tiers(0, MIB, 64 * MIB)
+    rc, big = core.alloc(0, 63 * MIB, 0, CUPY)
+    core.free(big)  # the large tier's room under the limit: 64 MiB - the small tier's
+    assert stats()["cached_large"] == 0
+    core.free(live)
+
+
+def test_the_limit_bounds_both_tiers_together(cache):
+    core.set_cache(0, 48 * MIB)
+    core.set_cache_fraction(0, 1 / 16, 64 * MIB)
+    rc, big = core.alloc(0, 40 * MIB, 0, TORCH)
+    core.free(big)
+    assert stats()["cached_large"] == 40 * MIB
+    small = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(12)]
+    for p in small:
+        core.free(p)
+    s = stats()
+    assert s["cached_small"] == 8 * MIB and s["cached_large"] == 40 * MIB  # the small tier's room
+    assert s["cached"] <= 48 * MIB
+
+
+def test_cache_tiers_are_set_and_reported(cache):
+    s = stats()
+    assert (s["cache_small_max"], s["cache_large_cap"]) == (MIB, 64 * MIB)
+    assert s["cached_small"] == s["cached_large"] == 0
+    assert core.set_cache_tiers(0, 4 * MIB, 128 * MIB) == 0
+    s = stats()
+    assert (s["cache_small_max"], s["cache_large_cap"]) == (4 * MIB, 128 * MIB)
+    core.set_cache(0, 1 << 30)
+    rc, p = core.alloc(0, 3 * MIB, 0, CUPY)  # small now
+    core.free(p)
+    assert (stats()["cached_small"], stats()["cached_large"]) == (3 * MIB, 0)
+    assert core.set_cache_tiers(0) == 0  # the defaults; the block stays in its tier
+    s = stats()
+    assert (s["cache_small_max"], s["cache_large_cap"]) == (MIB, 64 * MIB)
+    assert (s["cached_small"], s["cached_large"]) == (3 * MIB, 0)
+    assert core.alloc(0, 3 * MIB, 0, CUPY) == (0, p)
+    assert stats()["cached"] == stats()["cached_small"] == 0
+    core.free(p)
+    assert (stats()["cached_small"], stats()["cached_large"]) == (0, 3 * MIB)
+    assert core.set_cache_tiers(5) == 6  # DEVICE: no such device
+
+
+def test_flush_trim_and_fork_empty_both_tiers(cache):
+    import os
+
+    core.set_cache(0, 1 << 30)
+    core.register_stream(SIDE)
+    ptrs = [core.alloc(0, n, st, CUPY)[1] for n in (4096, MIB, 8 * MIB) for st in (0, SIDE)]
+    for p in ptrs:
+        core.free(p)
+    assert stats()["cached_small"] == 2 * (MIB + 4096) and stats()["cached_large"] == 16 * MIB
+    pid = os.fork()
+    if pid == 0:
+        s = stats()
+        os._exit(0 if s["cached"] == s["cached_small"] == s["cached_large"] == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    before = frees(cache)
+    core.forget_stream(SIDE)  # both tiers' blocks of the stream go back
+    assert frees(cache) == before + 3
+    assert stats()["cached_small"] == MIB + 4096 and stats()["cached_large"] == 8 * MIB
+    assert core.trim(0, 0) == 0
+    assert frees(cache) == before + 6
+    s = stats()
+    assert s["cached"] == s["cached_small"] == s["cached_large"] == s["used"] == 0
+
+
+def test_trim_after_a_full_batch_trims_both_tiers(cache):
+    """cache_trim (after a put evicted a full batch) takes each tier down to its cap."""
+    core.set_cache(0, 1 << 30)
+    core.set_cache_fraction(0, 1 / 16, 64 * MIB)
+    small = [core.alloc(0, 4096 * (i + 1), 0, CUPY)[1] for i in range(40)]
+    large = [core.alloc(0, 2 * MIB, 0, CUPY)[1] for _ in range(16)]
+    for p in small + large:
+        core.free(p)
+    assert stats()["cached_large"] == 32 * MIB
+    core.set_cache_fraction(0, 0.0, 4096)  # the small tier's cap: 4 KiB at its next put
+    core.set_cache_tiers(0, MIB, 4 * MIB)
+    rc, p = core.alloc(0, 3 * MIB, 0, CUPY)
+    core.free(p)  # evicts 16 large blocks (a full batch): cache_trim goes on
+    s = stats()
+    assert s["cached_large"] <= 4 * MIB and s["cached_small"] <= 4096
+
+
+@pytest.mark.parametrize(
+    ("env", "expect"),
+    [
+        ({}, (MIB, 64 * MIB)),
+        (
+            {"BRIDGE_CACHE_SMALL_MAX": "4MiB", "BRIDGE_CACHE_LARGE_CAP": "256MiB"},
+            (4 * MIB, 256 * MIB),
+        ),
+        ({"BRIDGE_CACHE_LARGE_CAP": "0"}, (MIB, 0)),
+    ],
+)
+def test_cache_tiers_from_the_environment(standin, env, expect):
+    out = _device_1_stats(env, "s['cache_small_max'], s['cache_large_cap']")
+    assert tuple(int(x) for x in out.split()) == expect

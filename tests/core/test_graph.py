@@ -1,0 +1,283 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CUDA graph pools in the core (graph.c), on the stand-in driver.
+
+The hooks torch calls (begin / end / release a pool, allocate into it) are
+driven directly; tests/gpu/test_gpu_graphs.py runs the same semantics through
+torch on a GPU, against native torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from bridge._errors import Status
+from bridge._runtime import core
+
+DEV = 0
+MIB = 1 << 20
+TORCH, CUPY = core.TAG_TORCH, core.TAG_CUPY
+BEGIN, END, RELEASE = 0, 1, 2
+CAP, OTHER = 0xC1000, 0xC2000  # a capture stream and another stream
+C_ALLOC, C_FREE, C_SYNC, C_WAIT = 0, 1, 2, 3
+LEGACY = 1  # CU_STREAM_LEGACY
+
+
+@pytest.fixture
+def sd(standin):
+    for s in (CAP, OTHER):
+        standin.standin_adopt_stream(s, DEV)
+    live = core.live_records()
+    yield standin
+    standin.standin_set_capturing(None)
+    standin.standin_sync_all(DEV)
+    assert core.live_records() == live
+    assert core.stats(DEV)[1]["captures_active"] == 0
+
+
+def stats() -> dict:
+    rc, s = core.stats(DEV)
+    assert rc == Status.OK
+    return s
+
+
+def galloc(size: int, pool: tuple[int, int], stream: int = CAP) -> int:
+    rc, p = core.alloc_graph(DEV, size, TORCH, *pool, stream)
+    assert rc == Status.OK and p
+    return p
+
+
+def test_a_shared_pool_lives_until_its_last_graph_is_released(sd):
+    """Issue: the first release freed the second graph's temporaries (84 M elements
+    of later tensors overwritten on replay)."""
+    pool = (0x51, 0)
+    assert core.graph(BEGIN, DEV, *pool) == Status.OK  # g1 captured into the pool
+    a = galloc(4 * MIB, pool)
+    core.free(a)  # a temporary of g1: stays with the pool
+    assert core.graph(END, DEV, *pool) == Status.OK
+    assert core.graph(BEGIN, DEV, *pool) == Status.OK  # g2 shares it
+    b = galloc(8 * MIB, pool)
+    core.free(b)  # a temporary of g2
+    assert core.graph(END, DEV, *pool) == Status.OK
+    frees = sd.standin_counter(C_FREE)
+    assert core.graph(RELEASE, DEV, *pool) == Status.OK  # del g1
+    assert sd.standin_counter(C_FREE) == frees  # g2 still replays into both blocks
+    assert stats()["graph_bytes"] == 12 * MIB
+    assert core.graph(RELEASE, DEV, *pool) == Status.OK  # del g2
+    assert sd.standin_counter(C_FREE) == frees + 2
+    assert stats()["graph_bytes"] == 0
+
+
+def test_freed_graph_blocks_are_reused_within_the_pool(sd):
+    """Issue: a captured loop of 10 x (allocate 64 MiB, free) kept 640 MiB."""
+    pool = (0x52, 0)
+    core.graph(BEGIN, DEV, *pool)
+    allocs = sd.standin_counter(C_ALLOC)
+    seen = set()
+    for _ in range(10):
+        p = galloc(64 * MIB, pool)
+        seen.add(p)
+        core.free(p)
+    assert len(seen) == 1
+    assert sd.standin_counter(C_ALLOC) == allocs + 1
+    s = stats()
+    assert s["graph_bytes"] == 64 * MIB and s["used"] == 64 * MIB
+    # a smaller request fits a freed block up to twice its size; a tiny one does not
+    q = galloc(40 * MIB, pool)
+    assert q in seen
+    r = galloc(MIB, pool)
+    assert r not in seen
+    core.free(q)
+    core.free(r)
+    core.graph(END, DEV, *pool)
+    core.graph(RELEASE, DEV, *pool)
+    assert stats()["used"] == 0
+
+
+def test_reuse_stays_on_the_capturing_stream(sd):
+    pool = (0x53, 0)
+    core.graph(BEGIN, DEV, *pool)
+    p = galloc(MIB, pool, stream=CAP)
+    core.free(p)
+    q = galloc(MIB, pool, stream=OTHER)  # another stream of the capture: no order with p's users
+    assert q != p
+    r = galloc(MIB, pool, stream=CAP)
+    assert r == p
+    for x in (q, r):
+        core.free(x)
+    core.graph(END, DEV, *pool)
+    core.graph(RELEASE, DEV, *pool)
+
+
+def test_a_block_with_recorded_streams_is_not_reused(sd):
+    pool = (0x54, 0)
+    core.graph(BEGIN, DEV, *pool)
+    p = galloc(MIB, pool)
+    assert core.record_stream(p, OTHER) == Status.OK
+    core.free(p)
+    q = galloc(MIB, pool)
+    assert q != p
+    core.free(q)
+    core.graph(END, DEV, *pool)
+    core.graph(RELEASE, DEV, *pool)
+
+
+def test_pools_do_not_share_blocks(sd):
+    g1, g2 = (0x55, 0), (0x56, 0)
+    core.graph(BEGIN, DEV, *g1)
+    p = galloc(MIB, g1)
+    core.free(p)
+    core.graph(END, DEV, *g1)
+    core.graph(BEGIN, DEV, *g2)
+    q = galloc(MIB, g2)
+    assert q != p
+    core.free(q)
+    core.graph(END, DEV, *g2)
+    for g in (g1, g2):
+        core.graph(RELEASE, DEV, *g)
+
+
+def test_a_live_graph_block_is_freed_after_its_capture_stream_and_the_default_stream(sd):
+    """Issue: such blocks were recorded on the bridge's idle side stream, so their
+    free completed at once while the capture stream's kernels still read them; then
+    (issue 30, item 5) they were freed and cached on the capture stream alone, with
+    no ordering after the default stream that read the static output."""
+    pool = (0x57, 0)
+    core.graph(BEGIN, DEV, *pool)
+    p = galloc(2 * MIB, pool)  # a static output that outlives the graph
+    core.graph(END, DEV, *pool)
+    syncs = sd.standin_counter(C_SYNC)
+    core.graph(RELEASE, DEV, *pool)
+    sd.standin_sync_all(DEV)
+    core.register_stream(CAP)
+    core.set_cache(DEV, 64 * MIB)
+    try:
+        waits = sd.standin_counter(C_WAIT)
+        core.free(p)
+        assert stats()["cached"] == 0  # never handed to the next allocation on CAP
+        # the legacy stream (after every blocking stream: the default stream that
+        # read it) waits for the capture stream, then frees it
+        assert sd.standin_pending_on(DEV, LEGACY) == 2 * MIB
+        assert sd.standin_counter(C_WAIT) == waits + 1
+        dev = ctypes.c_int(-1)
+        assert sd.standin_last_wait(ctypes.byref(dev)) == LEGACY and dev.value == DEV
+        assert sd.standin_counter(C_SYNC) == syncs  # and the host never waited
+    finally:
+        core.set_cache(DEV, 0)
+        core.forget_stream(CAP)
+
+
+def test_an_empty_cache_during_a_capture_frees_nothing_on_the_captured_stream(sd):
+    """Issue: flushing the cache during a capture freed blocks on the capturing
+    stream (a free node in the user's graph, or a failure and a device sync)."""
+    core.register_stream(CAP)
+    core.set_cache(DEV, 64 * MIB)
+    try:
+        rc, cached = core.alloc(DEV, 3 * MIB, CAP, TORCH)
+        rc2, other = core.alloc(DEV, MIB, OTHER, CUPY)
+        core.free(cached)  # cached on CAP
+        assert stats()["cached"] == 3 * MIB
+        pool = (0x58, 0)
+        core.graph(BEGIN, DEV, *pool)
+        sd.standin_set_capturing(CAP)
+        syncs = sd.standin_counter(2)
+        assert core.trim(DEV, 0) == Status.OK  # torch.cuda.empty_cache() from any thread
+        s = stats()
+        assert s["cached"] == 0 and s["num_deferred"] == 1  # held back, not freed on CAP
+        assert s["num_driver_errors"] == stats()["num_driver_errors"]
+        assert sd.standin_counter(2) == syncs  # and no synchronization
+        frees = sd.standin_counter(C_FREE)
+        core.free(other)  # a block of another stream: freed at once, capture or not
+        assert stats()["num_deferred"] == 1
+        assert sd.standin_counter(C_FREE) == frees + 1
+        sd.standin_set_capturing(None)
+        core.graph(END, DEV, *pool)  # the end hook issues what was held back
+        assert stats()["num_deferred"] == 0
+        core.graph(RELEASE, DEV, *pool)
+    finally:
+        core.set_cache(DEV, 0)
+        core.forget_stream(CAP)
+
+
+def test_deferred_frees_return_within_one_free_after_the_capture(sd):
+    pool = (0x59, 0)
+    ptrs = [core.alloc(DEV, MIB, OTHER, CUPY)[1] for _ in range(5)]
+    core.graph(BEGIN, DEV, *pool)
+    sd.standin_set_capturing(OTHER)  # a capture the end hook does not see end yet
+    for p in ptrs[:4]:
+        core.free(p)
+    core.graph(END, DEV, *pool)
+    assert stats()["num_deferred"] == 4
+    sd.standin_set_capturing(None)
+    core.free(ptrs[4])  # the first free after it: every deferred free goes
+    s = stats()
+    assert s["num_deferred"] == 0 and s["used"] == 0
+    core.graph(RELEASE, DEV, *pool)
+
+
+def test_a_cupy_capture_allocates_outside_the_captured_stream(sd):
+    """CuPy's Stream.begin_capture, told to the core: an allocation on the captured
+    stream is made on the side stream (no node in the user's graph)."""
+    assert core.capture(True, DEV) == Status.OK
+    sd.standin_set_capturing(CAP)
+    rc, p = core.alloc(DEV, MIB, CAP, CUPY)  # the stand-in fails allocations on CAP
+    assert rc == Status.OK and p
+    core.free(p)  # deferred: the capture runs
+    assert stats()["num_deferred"] == 1
+    sd.standin_set_capturing(None)
+    assert core.capture(False, DEV) == Status.OK  # issued at the end
+    assert stats()["num_deferred"] == 0
+    assert core.capture(False, DEV) == Status.INVALID  # no capture left to end
+
+
+def test_releasing_a_pool_during_another_capture_waits_for_it(sd):
+    g1, g2 = (0x5A, 0), (0x5B, 0)
+    core.graph(BEGIN, DEV, *g1)
+    p = galloc(MIB, g1)
+    core.free(p)
+    core.graph(END, DEV, *g1)
+    core.graph(BEGIN, DEV, *g2)  # a capture runs, on the same capture stream
+    core.register_stream(CAP)  # torch's capture streams are (adapters/torch.py)
+    sd.standin_set_capturing(CAP)
+    syncs = sd.standin_counter(2)
+    frees = sd.standin_counter(C_FREE)
+    core.graph(RELEASE, DEV, *g1)
+    assert sd.standin_counter(2) == syncs  # no device sync during the capture
+    assert sd.standin_counter(C_FREE) == frees
+    assert stats()["num_deferred"] == 1
+    sd.standin_set_capturing(None)
+    core.graph(END, DEV, *g2)
+    assert sd.standin_counter(C_FREE) == frees + 1
+    assert sd.standin_counter(2) == syncs  # ordered on the GPU, not by the host
+    assert stats()["graph_bytes"] == 0
+    core.graph(RELEASE, DEV, *g2)
+    core.forget_stream(CAP)
+
+
+def test_a_cupy_captures_temporaries_stay_with_its_graph_until_it_is_released(sd):
+    """Issue 30, item 3: arrays a CuPy capture allocated and freed (temporaries) went
+    back to the pool at end_capture while Graph.launch() still read and wrote them;
+    CuPy's own MemoryAsyncPool keeps them for the graph.  A CuPy capture now has a
+    graph pool of its own (adapters/cupy.py releases it when the Graph dies)."""
+    rc, pool = core.capture_stream(True, DEV, OTHER)
+    assert rc == Status.OK and pool
+    sd.standin_set_capturing(OTHER)
+    frees = sd.standin_counter(C_FREE)
+    rc, tmp = core.alloc(DEV, 4 * MIB, OTHER, CUPY)  # a temporary of the captured work
+    assert rc == Status.OK and tmp
+    assert core.alloc_cached(DEV, 4 * MIB, OTHER, CUPY)[0] == Status.MISS  # never the cache's
+    core.free(tmp)  # freed inside the capture
+    rc, out = core.alloc(DEV, MIB, OTHER, CUPY)  # the graph's output, kept by the user
+    sd.standin_set_capturing(None)
+    assert core.capture_stream(False, DEV, pool)[0] == Status.OK  # end_capture
+    assert sd.standin_counter(C_FREE) == frees  # nothing went back to the pool
+    assert stats()["graph_bytes"] == 4 * MIB
+    rc, new = core.alloc(DEV, 4 * MIB, OTHER, CUPY)  # new arrays on the stream meanwhile
+    assert new != tmp
+    core.free(new)
+    assert core.graph(RELEASE, DEV, core.CUPY_POOL, pool) == Status.OK  # the Graph died
+    assert stats()["graph_bytes"] == 0
+    assert sd.standin_counter(C_FREE) >= frees + 2
+    core.free(out)  # the output outlives its graph: an ordinary block now
+    assert stats()["used"] == 0
