@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bridge import _errors, _runtime
+from bridge import _errors, _runtime, frameworks
 from bridge._errors import check, format_bytes
 from bridge._runtime import core
 from bridge.budget import DEVICE_MEMORY, limit_from, warn_if_above
@@ -19,15 +19,9 @@ from bridge.budget import DEVICE_MEMORY, limit_from, warn_if_above
 if TYPE_CHECKING:
     from bridge._core import RawStats
 
-FRAMEWORKS = ("cupy", "torch", "jax", "numba", "rmm", "other")
-# the ledger's tags (bridge.h), by index: what each framework's bytes are counted under
-TAG_NAMES = {
-    core.TAG_OTHER: "other",
-    core.TAG_CUPY: "cupy",
-    core.TAG_TORCH: "torch",
-    core.TAG_NUMBA: "numba",
-    core.TAG_RMM: "rmm",
-}
+# the frameworks and the ledger's tags by index, from the one table (bridge.frameworks)
+FRAMEWORKS = frameworks.FRAMEWORKS
+TAG_NAMES = frameworks.TAG_NAMES
 
 # cuMemPoolGetAttribute's CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (the driver API's enum)
 POOL_ATTR_RELEASE_THRESHOLD = 4
@@ -176,14 +170,10 @@ def _snapshot(device: int) -> Stats:
         if jax is None:
             jax = outside
     jax = min(int(jax or 0), outside)
-    by = {
-        "cupy": int(tags[core.TAG_CUPY]["current"]),
-        "torch": int(tags[core.TAG_TORCH]["current"]),
-        "jax": jax,
-        "numba": int(tags[core.TAG_NUMBA]["current"]),
-        "rmm": int(tags[core.TAG_RMM]["current"]),
-        "other": int(tags[core.TAG_OTHER]["current"]) + max(0, outside - jax),
-    }
+    counted = {TAG_NAMES[i]: int(t["current"]) for i, t in enumerate(tags)}
+    by = {name: counted.get(name, 0) for name in FRAMEWORKS}
+    by["jax"] = jax  # outside the ledger: the pool's "others", JAX's part of them
+    by["other"] = counted["other"] + max(0, outside - jax)
     share = _share_of(device)
     return Stats(
         device=device,

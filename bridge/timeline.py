@@ -26,6 +26,7 @@ from typing import Any
 
 from bridge import _runtime
 from bridge._errors import BridgeError
+from bridge.frameworks import COLORS
 from bridge.pool import FRAMEWORKS, stats
 
 log = logging.getLogger("bridge")
@@ -371,14 +372,7 @@ class Recording:
         fig = Figure(figsize=(10, 1.2 + 3.0 * len(devices)))
         FigureCanvasAgg(fig)
         axes = fig.subplots(len(devices), 1, squeeze=False, sharex=True)[:, 0]
-        colors = {
-            "cupy": "#4c72b0",
-            "torch": "#dd8452",
-            "jax": "#55a868",
-            "numba": "#c44e52",
-            "rmm": "#8172b3",
-            "other": "#8c8c8c",
-        }
+        colors = COLORS
         for ax, d in zip(axes, devices, strict=True):
             ss = [s for s in samples if s.device == d]
             t = [s.t for s in ss]

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Iterable
 from types import ModuleType
 
-from bridge import _env, _runtime, _wait, recovery, views
+from bridge import _env, _runtime, _wait, frameworks, recovery, views
 from bridge import share as _share
 from bridge._errors import BridgeError, check, format_bytes
 from bridge._install import TORCH_CUDA12, install_hint
@@ -27,7 +27,7 @@ from bridge.budget import (
 )
 from bridge.pool import Pool, Stats, pool, stats
 
-ORDER = ("jax", "torch", "cupy", "numba", "rmm")  # JAX first: its env must precede its backend
+ORDER = frameworks.ORDER  # JAX first: its env must precede its backend (bridge.frameworks)
 
 
 class Bridge:
@@ -405,7 +405,8 @@ def _adapter(name: str) -> ModuleType:
     """The adapter module of a framework; ImportError when the framework is missing."""
     if name == "jax" and importlib.util.find_spec("jax") is None:  # its adapter imports it late
         raise ModuleNotFoundError("No module named 'jax'", name="jax")
-    return importlib.import_module(f"bridge.adapters.{name}")
+    (row,) = [f for f in frameworks.REGISTRY if f.name == name]
+    return importlib.import_module(row.adapter)
 
 
 def _adapters(names: list[str]) -> list[tuple[str, ModuleType]]:
