@@ -301,10 +301,10 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
     devices_list = list(devices)
     for d in devices_list:
         _runtime.ensure_device(d)
+    from . import torch_build
+
     module = None
     if library is None:
-        from . import torch_build
-
         module = torch_build.load()
         reason = torch_build.reason
     else:
@@ -318,8 +318,7 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
         _path, _path_reason = "pluggable", reason
         warnings.warn(
             "bridge: torch runs on torch's CUDAPluggableAllocator, not the bridge's own torch "
-            f"allocator, because {reason}. On this path an OOM is a plain RuntimeError, and "
-            "cudnn.benchmark, torch.cuda.MemPool, CUDA graph trees and CUDA IPC do not work. "
+            f"allocator, because {reason}. On this path {torch_build.FALLBACK_LACKS}. "
             "`python -m bridge build-torch` builds the allocator and says what it needs.",
             RuntimeWarning,
             stacklevel=3,

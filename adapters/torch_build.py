@@ -229,10 +229,12 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
     return module
 
 
-_FALLBACK = (
-    "torch would run on torch's CUDAPluggableAllocator (an OOM is a plain RuntimeError; "
-    "no cudnn.benchmark, MemPool, graph trees or CUDA IPC)"
+#: What the pluggable fallback lacks, said by doctor, stats and unify's warning.
+FALLBACK_LACKS = (
+    "an OOM is a plain RuntimeError, and cudnn.benchmark, torch.cuda.MemPool, CUDA graph "
+    "trees and CUDA IPC do not work"
 )
+_FALLBACK = f"torch would run on torch's CUDAPluggableAllocator ({FALLBACK_LACKS})"
 
 
 def describe() -> tuple[str, str]:
