@@ -53,29 +53,42 @@ void note(TraceEntry::Action action, int device, void *ptr, size_t size, cudaStr
     std::shared_ptr<c10::GatheredContext> ctx;
     CCA::CreateContextFn recorder = nullptr;
     CCA::RecordContext when;
+    // Every entry of a block carries the context of its allocation, as torch's
+    // do (its _memory_viz reads `frames` on each): the segment's and the
+    // block's allocation share one stack, taken once; the free's entries reuse
+    // it (a free_requested takes its own under context="all").
+    const bool alloc_kind = action == TraceEntry::ALLOC || action == TraceEntry::SEGMENT_ALLOC;
+    std::shared_ptr<c10::GatheredContext> stored;
     {
         std::lock_guard<std::mutex> lock(history.mu);
         recorder = history.recorder;
         when = history.when;
+        // a new segment takes a new stack (a context left at its address is stale)
+        if (on && ptr && action != TraceEntry::OOM && action != TraceEntry::SEGMENT_ALLOC) {
+            auto it = history.contexts.find(ptr);
+            if (it != history.contexts.end())
+                stored = it->second;
+        }
     }
-    bool is_alloc = action == TraceEntry::ALLOC;
-    bool want_ctx = recorder && on &&
-                    ((is_alloc && when >= CCA::RecordContext::STATE) ||
-                     (action == TraceEntry::FREE_REQUESTED && when == CCA::RecordContext::ALL) ||
-                     (action == TraceEntry::OOM && when >= CCA::RecordContext::ALLOC));
-    if (want_ctx)
+    const bool fresh = recorder && on &&
+                       ((alloc_kind && !stored && when >= CCA::RecordContext::STATE) ||
+                        (action == TraceEntry::FREE_REQUESTED && when == CCA::RecordContext::ALL) ||
+                        (action == TraceEntry::OOM && when >= CCA::RecordContext::ALLOC));
+    if (fresh)
         ctx = recorder(); // outside the lock: it may take the GIL (Python stacks)
+    else
+        ctx = stored;
     TraceEntry entry(action, static_cast<c10::DeviceIndex>(device), reinterpret_cast<size_t>(ptr),
                      size, stream, pool, c10::getApproximateTime(),
-                     (is_alloc && when < CCA::RecordContext::ALLOC) ? nullptr : ctx);
+                     when < CCA::RecordContext::ALLOC ? nullptr : ctx);
     std::vector<CCA::AllocatorTraceTracker> trackers;
     {
         std::lock_guard<std::mutex> lock(history.mu);
         if (on) {
-            if (is_alloc && ctx && ptr) {
-                if (history.contexts.emplace(ptr, ctx).second)
+            if (alloc_kind && fresh && ctx && ptr) {
+                if (history.contexts.insert_or_assign(ptr, ctx).second)
                     history.n_contexts.fetch_add(1, std::memory_order_relaxed);
-            } else if (action == TraceEntry::FREE_REQUESTED) {
+            } else if (action == TraceEntry::SEGMENT_FREE) {
                 if (history.contexts.erase(ptr))
                     history.n_contexts.fetch_sub(1, std::memory_order_relaxed);
             }

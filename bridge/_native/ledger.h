@@ -141,8 +141,9 @@ typedef struct ctx_guard {
 void ctx_enter(device_state *d, ctx_guard *g);
 void ctx_exit(ctx_guard *g);
 /* While a capture runs, driver calls on other streams must not invalidate
- * it: relaxed capture mode for this thread (torch does the same around
- * cudaMalloc).  capture_mode_enter returns -1 when no capture is known. */
+ * it, nor fail: relaxed capture mode for this thread (torch does the same
+ * around cudaMalloc while capturing).  capture_mode_enter relaxes always: a
+ * capture of another thread may be one the core cannot see. */
 int capture_mode_enter(device_state *d);
 void capture_mode_exit(int mode);
 /* Capture mode relaxed for one call, whatever the device says. */

@@ -82,12 +82,14 @@ side = torch.cuda.Stream()
 dev = torch.empty(N, dtype=torch.uint8, device="cuda")
 buf, host = pinned(7)
 first = host.data_ptr()
+cap = HeldCapture()  # set up first: it synchronizes the device
 with torch.cuda.stream(side):
     torch.cuda._sleep(int(4e9))  # about 2 s: the copy below stays queued
     dev.copy_(host, non_blocking=True)
+    import time
+    queued_at = time.perf_counter()
     if MODE == "bridge":
         buf.record(side)  # torch's pinned memory records its own event
-cap = HeldCapture()
 cap.hold()
 del host, buf  # back to the pool, its copy still queued, during the capture
 taken, alloc_error = [], ""
@@ -98,9 +100,13 @@ try:
 except Exception as exc:  # noqa: BLE001 - reported (torch's own may refuse)
     alloc_error = repr(exc)
 reused = any(t.data_ptr() == first for _, t in taken)
+# the blocks were taken well within the sleep (no query here: during the capture
+# it would be refused): reuse would have been early
+copy_queued = time.perf_counter() - queued_at < 1.0
 valid, error = cap.finish()
 torch.cuda.synchronize()
-report(reused=reused, copy_ok=bool(dev.eq(7).all().item()), capture_valid=valid, error=error,
+report(reused=reused, copy_queued=copy_queued, copy_ok=bool(dev.eq(7).all().item()),
+       capture_valid=valid, error=error,
        alloc_error=alloc_error, taken=len(taken))
 """
 )
@@ -114,6 +120,7 @@ def test_a_pinned_block_taken_during_another_threads_capture(mode):
     pinned memory is the native half; whether its capture survives is reported (it is
     not the bridge's to fix), the bridge's must."""
     r = run_mode(PINNED_DURING_CAPTURE, mode)
+    assert r["copy_queued"], r  # the scenario's own check: the copy was still queued
     assert not r["reused"]  # never a block whose copy is still queued
     assert r["copy_ok"]
     if mode == "bridge":

@@ -412,7 +412,8 @@ def test_fallback_to_the_pluggable_allocator_says_so_and_works():
     assert r["path"] == "pluggable" and "BRIDGE_TORCH_PLUGGABLE" in r["reason"], r
     assert len(r["said"]) == 1 and "BRIDGE_TORCH_PLUGGABLE" in r["said"][0], r
     assert r["total"] == float(2**20)
-    assert r["oom"] == "RuntimeError: CUDA out of memory.", r
+    # the pluggable path cannot throw torch's typed error: a RuntimeError, as before
+    assert r["oom"].startswith("RuntimeError: CUDA out of memory"), r
 
 
 FIRST_START = """
