@@ -79,6 +79,13 @@ def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
         )
         if rc == Status.OK:
             return _allocator.wrap(block)
+    if rc in OOM_STATUSES and _collect():
+        # a CuPy graph died since the core's own collect: its pool is free now
+        rc, block = core.alloc_block(
+            device, size, stream, core.TAG_CUPY, cupy.cuda.get_current_stream()
+        )
+        if rc == Status.OK:
+            return _allocator.wrap(block)
     if rc in OOM_STATUSES:
         raw_rc, raw = core.stats(device)
         total = raw["tags"][core.TAG_CUPY]["current"] if raw_rc == 0 else 0
@@ -145,29 +152,51 @@ def _stream_device(stream: Any) -> int:
 
 
 class _GraphPool:
-    """The bridge's pool of one CuPy capture, released when its Graph dies.
+    """The bridge's pool of one CuPy capture, released when its graph is gone.
 
     Arrays allocated on a stream while CuPy captures it come from a graph
     pool of their own (graph.c), as torch's graphs' do: the temporaries the
     capture frees stay with the graph, which reads and writes them at every
-    ``Graph.launch()``.  CuPy's Graph keeps the objects given to its
-    ``_add_ref`` until it dies (a Cython class: no weak reference), so this
-    holder's end is the graph's.
+    ``Graph.launch()``.  CuPy's Graph cannot say when it dies (CuPy 14.2's is
+    a Cython class with neither ``_add_ref`` nor weak references), the driver
+    can: before CuPy ends the capture, the core gives the graph being
+    captured a CUDA user object (``core.bind_graph``), whose destructor runs
+    once the graph and every exec made from it are destroyed and their
+    launches have completed.  The next collect (:func:`_collect`: captures,
+    figures, trims, OOM retries, and the core's own refusal path) releases
+    the pool, and this holder is dropped then (``bound``: the release is the
+    core's).  Only when the driver refuses the user object does the holder
+    go to the Graph's ``_add_ref`` or a weak reference, if the Graph has
+    either, and otherwise stays for good (``_unreleased``).
     """
 
-    __slots__ = ("device", "pool", "stream")
+    __slots__ = ("device", "pool", "stream", "bound")
 
     def __init__(self, device: int, pool: int, stream: Any) -> None:
         # The capture's Stream is kept (and registered) as long as the graph: its
         # launches there are what the pool's blocks wait for when it is released,
         # and the core orders after a stream only while it can prove it alive.
         self.device, self.pool, self.stream = device, pool, stream
+        self.bound = False
         _hold_stream(int(stream.ptr))
 
     def release(self) -> None:
-        if self.pool:
+        """Release the pool (a failed capture, a fallback's end of the Graph).
+
+        A bound pool's release is the core's (it follows the graph's user
+        object): nothing is released twice."""
+        if self.pool and not self.bound:
             pool, self.pool = self.pool, 0
             core.graph(_RELEASE, self.device, core.CUPY_POOL, pool)
+            self._drop()
+
+    def released(self) -> None:
+        """The core released the pool (its graph is gone): the Stream goes too."""
+        self.pool = 0
+        self._drop()
+
+    def _drop(self) -> None:
+        if self.stream is not None:
             _drop_stream(int(self.stream.ptr))
             self.stream = None
 
@@ -197,12 +226,34 @@ def _drop_stream(handle: int) -> None:
             core.forget_stream(handle)  # it may be destroyed once nothing holds it
 
 
-_unreleased: list[_GraphPool] = []  # graphs CuPy cannot tell us the end of: kept
+_unreleased: list[_GraphPool] = []  # graphs nothing can tell us the end of: kept
 _capturing: dict[tuple[int, int], _GraphPool] = {}  # (device, stream handle) -> its pool
+_bound: dict[tuple[int, int], _GraphPool] = {}  # (device, pool): the core releases it
+
+
+@_runtime.on_graph_collect
+def _collect() -> int:
+    """Drop the holders of the pools the core released (their graphs are gone); how many."""
+    released = core.graph_collect()
+    for device, pool in released:
+        holder = _bound.pop((device, pool), None)
+        if holder is not None:
+            holder.released()
+    return len(released)
+
+
+def _bind_to_capture(holder: _GraphPool, stream: Any) -> bool:
+    """While ``stream`` still captures: the graph's end (a user object) releases the pool."""
+    if core.bind_graph(holder.device, holder.pool, int(stream.ptr)) != Status.OK:
+        return False  # an older driver, or the capture was invalidated: CuPy's hooks then
+    holder.bound = True
+    _bound[(holder.device, holder.pool)] = holder
+    return True
 
 
 def _bind_pool(graph: Any, holder: _GraphPool) -> None:
-    """Tie the pool's release to the Graph's end (kept for good when CuPy offers no way)."""
+    """The fallbacks when the driver would not bind the pool to the captured graph:
+    CuPy's ``_add_ref``, a weak reference, or the pool kept for good."""
     add_ref = getattr(graph, "_add_ref", None) or getattr(graph, "add_ref", None)
     if add_ref is not None:
         add_ref(holder)
@@ -220,7 +271,8 @@ def _tell_captures() -> None:
     allocated on it (each would invalidate the capture or become a node of
     the user's graph): the core defers frees, and allocates the captured
     arrays in a graph pool of the capture's own (outside the capture), as it
-    does for torch's graphs; the pool lives until the Graph does.
+    does for torch's graphs; the pool lives until the captured graph (and
+    every exec of it) is gone, as the driver tells the core (_GraphPool).
     """
     for cls in (cupy.cuda.Stream, cupy.cuda.ExternalStream):
         begin, end = cls.begin_capture, cls.end_capture
@@ -228,6 +280,7 @@ def _tell_captures() -> None:
             continue
 
         def begin_capture(self: Any, mode: Any = None, _begin: Any = begin) -> None:
+            _collect()
             dev = _stream_device(self)
             rc, pool = core.capture_stream(True, dev, int(self.ptr))
             check(rc, what="starting a CuPy capture", device=dev)
@@ -242,6 +295,8 @@ def _tell_captures() -> None:
 
         def end_capture(self: Any, _end: Any = end) -> Any:
             holder = _capturing.pop((_stream_device(self), int(self.ptr)), None)
+            # before CuPy ends the capture: the graph is still the stream's to name
+            bound = holder is not None and _bind_to_capture(holder, self)
             graph = None
             try:
                 graph = _end(self)
@@ -249,12 +304,15 @@ def _tell_captures() -> None:
             finally:
                 if holder is not None:
                     core.capture_stream(False, holder.device, holder.pool)
-                    if graph is None:
+                    if bound:
+                        pass  # the graph's end releases it (a failed capture's: at once)
+                    elif graph is None:
                         holder.release()  # the capture failed: nothing will launch it
                     else:
                         _bind_pool(graph, holder)
                 else:
                     core.capture(False, _stream_device(self))
+                _collect()
 
         begin_capture._bridge = True  # type: ignore[attr-defined]
         begin_capture.__doc__, end_capture.__doc__ = begin.__doc__, end.__doc__

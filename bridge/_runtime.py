@@ -7,6 +7,8 @@ __all__ = [
     "core",
     "on_reset",
     "reset_process_state",
+    "on_graph_collect",
+    "collect_graphs",
     "ensure_driver",
     "device_count",
     "ensure_device",
@@ -210,6 +212,26 @@ def on_reset(fn: Callable[[], None]) -> Callable[[], None]:
     """
     _resetters.append(fn)
     return fn
+
+
+_graph_collectors: list[Callable[[], int]] = []
+
+
+def on_graph_collect(fn: Callable[[], int]) -> Callable[[], int]:
+    """Register an adapter's collect of dead graphs' pools (decorator).
+
+    The CuPy adapter's: the core releases the pool of a CuPy graph whose
+    driver-side end was seen (a CUDA user object's destructor), and the
+    adapter drops the pool's holder (its Stream) then.
+    """
+    if fn not in _graph_collectors:
+        _graph_collectors.append(fn)
+    return fn
+
+
+def collect_graphs() -> int:
+    """Release the pools of the graphs that died, now; how many (figures, trims, retries)."""
+    return sum(fn() for fn in _graph_collectors)
 
 
 def reset_process_state() -> None:

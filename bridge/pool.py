@@ -149,6 +149,7 @@ def _device(device: int | None) -> int:
 
 
 def _raw(device: int) -> RawStats:
+    _runtime.collect_graphs()  # a dead CuPy graph's pool is not counted
     rc, raw = core.stats(device)
     check(rc, what="reading the pool figures", device=device)
     return raw
@@ -328,6 +329,7 @@ class Pool:
             empties only that one; the shared pool keeps none that could be
             emptied alone, so every idle block goes back, that stream's included.
         """
+        _runtime.collect_graphs()  # dead CuPy graphs' pools first: theirs is idle too
         check(core.trim(self._device, 0), what="returning idle memory", device=self._device)
 
     def free_all_free(self) -> None:

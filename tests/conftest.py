@@ -86,6 +86,20 @@ if not GPU_MODE:
     STANDIN.standin_new_stream.restype = ctypes.c_void_p
     STANDIN.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
     STANDIN.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
+    # captures, graphs and user objects (as CuPy's Stream and Graph call them)
+    STANDIN.cuStreamBeginCapture_v2.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    STANDIN.cuStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+    STANDIN.cuGraphInstantiateWithFlags.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.c_void_p,
+        ctypes.c_ulonglong,
+    ]
+    STANDIN.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    STANDIN.cuGraphExecDestroy.argtypes = [ctypes.c_void_p]
+    STANDIN.cuGraphDestroy.argtypes = [ctypes.c_void_p]
+    STANDIN.standin_wait_destructors.restype = ctypes.c_uint64
+    STANDIN.standin_queued_destructors.restype = ctypes.c_uint64
+    STANDIN.standin_live_user_objects.restype = ctypes.c_uint64
     # the environment variables are read at the first init: none has happened yet
     os.environ.pop("BRIDGE_GPU_MEMORY_LIMIT", None)
     os.environ.pop("BRIDGE_PINNED_MEMORY_LIMIT", None)
@@ -129,6 +143,9 @@ def standin():
     STANDIN.standin_set_capturing(None)
     STANDIN.standin_set_global_capture(0, None)
     STANDIN.standin_hold_syncs(0)
+    STANDIN.standin_hold_destructors(0)
+    STANDIN.standin_wait_destructors()
+    core.graph_collect()  # what an earlier test's dead graphs left
     # no context current on this thread, whatever an earlier test (Numba's) left current
     STANDIN.cuCtxSetCurrent(None)
     _runtime.reset_process_state()  # every module singleton: devices, Bridge, recovery

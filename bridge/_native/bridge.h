@@ -213,11 +213,26 @@ int bridge_capture_end(int device);
 /* A CuPy capture of `stream`: a graph pool of its own (id0 BRIDGE_CUPY_POOL,
  * *id1 a fresh id) that allocations on the stream go to while it captures,
  * as torch's graphs' do, so temporaries the capture frees stay with the
- * graph; end unbinds the stream, bridge_graph_release(device,
- * BRIDGE_CUPY_POOL, id1) releases the pool when the Graph dies. */
+ * graph; end unbinds the stream; the pool is released when the graph is
+ * gone (bridge_capture_bind_graph), or by bridge_graph_release(device,
+ * BRIDGE_CUPY_POOL, id1) when it could not be bound. */
 #define BRIDGE_CUPY_POOL 0x4355505947524150ull /* "CUPYGRAP" */
 int bridge_capture_begin_stream(int device, void *stream, uint64_t *id1);
 int bridge_capture_end_stream(int device, uint64_t id1);
+/* While `stream` still captures (before CuPy's end_capture): the graph being
+ * captured gets a CUDA user object whose destructor (run by the driver once
+ * the graph and every exec made from it are destroyed and their launches
+ * have completed) marks the pool dead; a later collect (bridge_graph_collect,
+ * the refusal path, the figures, a trim) releases it.  BRIDGE_OK: the pool's
+ * release is the core's (never bridge_graph_release it); BRIDGE_E_INVALID:
+ * not that stream's capture's pool, bound already, or the capture is not
+ * active; BRIDGE_E_DRIVER: the driver refused the user object; then the
+ * caller still releases the pool itself. */
+int bridge_capture_bind_graph(int device, uint64_t id1, void *stream);
+/* Releases the pools of dead graphs now, then writes up to `cap` pools
+ * released by any collect since the last call (device, id1), and returns
+ * how many; the rest wait for the next call. */
+size_t bridge_graph_collect(int *devices, uint64_t *ids, size_t cap);
 int bridge_captures_active(int device);
 
 /* ---- pressure hook: called once before an allocation fails ---- */

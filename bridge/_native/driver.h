@@ -18,6 +18,9 @@ typedef void *CUcontext;
 typedef void *CUstream;
 typedef void *CUevent;
 typedef void *CUmemoryPool;
+typedef void *CUgraph;
+typedef void *CUuserObject;
+typedef void (*CUhostFn)(void *user_data);
 typedef unsigned long long CUdeviceptr;
 
 #define CUDA_SUCCESS               0
@@ -45,6 +48,10 @@ typedef unsigned long long CUdeviceptr;
 #define CU_EVENT_DISABLE_TIMING        2
 #define CU_STREAM_CAPTURE_STATUS_NONE  0
 #define CU_STREAM_CAPTURE_MODE_RELAXED 2
+#define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
+
+#define CU_USER_OBJECT_NO_DESTRUCTOR_SYNC 1 /* required: the only flag */
+#define CU_GRAPH_USER_OBJECT_MOVE         1 /* the caller's references move to the graph */
 
 /* CUmemAccessDesc: a location (type, id) and the access flags. */
 typedef struct {
@@ -106,7 +113,14 @@ typedef struct {
     X(cuMemHostAlloc, (void **pp, size_t bytes, unsigned int flags))                            \
     X(cuMemFreeHost, (void *p))                                                                 \
     X(cuMemPoolCreate, (CUmemoryPool * pool, const bridge_CUmemPoolProps *props))               \
-    X(cuMemPoolDestroy, (CUmemoryPool pool))
+    X(cuMemPoolDestroy, (CUmemoryPool pool))                                                    \
+    X(cuStreamGetCaptureInfo_v2, (CUstream stream, int *status, uint64_t *id, CUgraph *graph,   \
+                                  const void **deps, size_t *ndeps))                            \
+    X(cuUserObjectCreate, (CUuserObject * obj, void *ptr, CUhostFn destroy,                     \
+                           unsigned int initial_refcount, unsigned int flags))                  \
+    X(cuUserObjectRelease, (CUuserObject obj, unsigned int count))                              \
+    X(cuGraphRetainUserObject,                                                                  \
+      (CUgraph graph, CUuserObject obj, unsigned int count, unsigned int flags))
 
 #define BRIDGE_DECLARE_ENTRY(name, args) CUresult(*name) args;
 typedef struct bridge_driver {

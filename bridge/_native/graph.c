@@ -30,7 +30,10 @@
  *              begins a pool with the same id meanwhile keeps its own.
  *   CuPy pool  a pool of one CuPy capture (bridge_capture_begin_stream):
  *              allocations on the capturing stream are routed to it, and it
- *              is released when CuPy's Graph dies (adapters/cupy.py).
+ *              is released when CuPy's Graph dies: a CUDA user object the
+ *              captured graph owns tells the core (bridge_capture_bind_graph,
+ *              graph_collect_dead); adapters/cupy.py falls back on CuPy's own
+ *              hooks when the driver refuses one.
  * Locking: every field here is under the device's capture_lock.  The records
  * table's shard locks are never taken while a shard lock is held by the
  * caller: the release sweep collects records first and releases them after.
@@ -55,6 +58,7 @@ typedef struct gpool {
     int uses;       /* see the glossary */
     int capturing;  /* begins minus ends */
     CUstream bound; /* a CuPy capture's stream key while it captures; NULL: none */
+    int owned;      /* a CuPy pool whose release a user object of its graph owns */
     gblock *free;   /* the free list */
     size_t nfree, capfree;
 } gpool;
@@ -228,6 +232,185 @@ int bridge_capture_end_stream(int device, uint64_t id1)
     if (key)
         ledger_mark_deferred(d, key);
     return bridge_graph_end(device, BRIDGE_CUPY_POOL, id1);
+}
+
+/* ---- a CuPy graph's end, told by the driver ----
+ * CuPy's Graph (14.2: a Cython class with neither _add_ref nor weak
+ * references) cannot tell Python when it dies.  The driver can: a user
+ * object whose only reference the captured graph owns is destroyed when that
+ * reference goes.  The CUDA programming guide ("CUDA User Objects",
+ * https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cuda-user-objects):
+ * "An instantiated cudaGraphExec_t retains a copy of every reference in the
+ * source cudaGraph_t.  When a cudaGraphExec_t is destroyed without being
+ * synchronized, the references are retained until the execution is
+ * completed", and of its example's cudaGraphExecDestroy of an exec whose
+ * launch was not synchronized: "After the launch is synchronized, the
+ * remaining reference is released and the destructor will execute.  Note
+ * this happens asynchronously."  So the destructor runs once the graph and
+ * every exec made from it are destroyed and their launches have completed:
+ * releasing the pool then needs no ordering after the launches (the release
+ * still orders its frees as every release does).  The destructor runs on "a
+ * shared internal thread", may call no CUDA API ("it is not legal to call
+ * CUDA APIs from the destructor") and should not block: it pushes its
+ * payload onto a lock-free stack and returns; graph_collect_dead, called
+ * from the refusal path, the figures, trims and the CuPy adapter, releases
+ * the pools. */
+typedef struct dead_graph {
+    struct dead_graph *next;
+    int device;
+    uint64_t id1; /* 0: the bind failed after the object was made: nothing to release */
+} dead_graph;
+
+static _Atomic(dead_graph *) dead_graphs; /* pushed by destructors, taken whole by collects */
+
+typedef struct released_pool {
+    int device;
+    uint64_t id1;
+} released_pool;
+/* Pools released by collects that Python has not been told of yet
+ * (bridge_graph_collect), so that it drops their holders. */
+static pthread_mutex_t released_lock = PTHREAD_MUTEX_INITIALIZER;
+static released_pool *released;
+static size_t nreleased, capreleased;
+static _Atomic size_t released_pending; /* nreleased, read without the lock */
+
+/* The user object's destructor, on a driver thread: no CUDA call, no lock. */
+static void graph_gone(void *arg)
+{
+    dead_graph *g = arg;
+    dead_graph *head = atomic_load_explicit(&dead_graphs, RELAXED);
+    do
+        g->next = head;
+    while (!atomic_compare_exchange_weak_explicit(&dead_graphs, &head, g, memory_order_release,
+                                                  RELAXED));
+}
+
+int graph_collect_dead(void)
+{
+    if (!atomic_load_explicit(&dead_graphs, RELAXED))
+        return 0; /* the usual case: one relaxed load */
+    dead_graph *g = atomic_exchange_explicit(&dead_graphs, NULL, memory_order_acquire);
+    int n = 0;
+    while (g) {
+        dead_graph *next = g->next;
+        if (g->id1) {
+            bridge_graph_release(g->device, BRIDGE_CUPY_POOL, g->id1);
+            n++;
+            pthread_mutex_lock(&released_lock);
+            if (nreleased == capreleased) {
+                size_t ncap = capreleased ? capreleased * 2 : 16;
+                released_pool *r = realloc(released, ncap * sizeof *r);
+                if (r) {
+                    released = r;
+                    capreleased = ncap;
+                }
+            }
+            /* no host memory: Python keeps that holder (a Stream), nothing more */
+            if (nreleased < capreleased) {
+                released[nreleased++] = (released_pool){g->device, g->id1};
+                atomic_store_explicit(&released_pending, nreleased, RELAXED);
+            }
+            pthread_mutex_unlock(&released_lock);
+        }
+        free(g);
+        g = next;
+    }
+    return n;
+}
+
+size_t bridge_graph_collect(int *devices, uint64_t *ids, size_t cap)
+{
+    graph_collect_dead();
+    if (!atomic_load_explicit(&released_pending, RELAXED) || !cap)
+        return 0;
+    pthread_mutex_lock(&released_lock);
+    size_t n = nreleased < cap ? nreleased : cap;
+    for (size_t i = 0; i < n; i++) {
+        devices[i] = released[nreleased - 1 - i].device;
+        ids[i] = released[nreleased - 1 - i].id1;
+    }
+    nreleased -= n;
+    atomic_store_explicit(&released_pending, nreleased, RELAXED);
+    pthread_mutex_unlock(&released_lock);
+    return n;
+}
+
+void graph_forget_after_fork(void)
+{
+    /* the parent's: leaked, never touched (a thread of the parent may have
+     * held the lock) */
+    atomic_store(&dead_graphs, NULL);
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    released_lock = fresh;
+    released = NULL;
+    nreleased = capreleased = 0;
+    atomic_store(&released_pending, 0);
+}
+
+int bridge_capture_bind_graph(int device, uint64_t id1, void *stream)
+{
+    device_state *d = device_of(device);
+    if (!d)
+        return BRIDGE_E_DEVICE;
+    CUstream key = stream_key((CUstream)stream);
+    int rc = BRIDGE_OK;
+    /* the pool must be this stream's capture's, and bound once */
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, BRIDGE_CUPY_POOL, id1);
+    if (!p || !p->bound || p->bound != key || p->owned)
+        rc = BRIDGE_E_INVALID;
+    else
+        p->owned = 1;
+    pthread_mutex_unlock(&d->capture_lock);
+    if (rc != BRIDGE_OK)
+        return rc;
+    dead_graph *g = malloc(sizeof *g);
+    if (!g) {
+        rc = BRIDGE_E_OOM;
+        goto unowned;
+    }
+    *g = (dead_graph){.device = device, .id1 = id1};
+    ctx_guard cg;
+    ctx_enter(d, &cg);
+    int mode = capture_mode_relax(); /* a query about a capture, during it */
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    uint64_t capture_id = 0;
+    CUgraph graph = NULL;
+    const void *deps = NULL;
+    size_t ndeps = 0;
+    CUresult r = bridge_drv.cuStreamGetCaptureInfo_v2((CUstream)stream, &status, &capture_id,
+                                                      &graph, &deps, &ndeps);
+    CUuserObject obj = NULL;
+    if (r == CUDA_SUCCESS && (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || !graph))
+        rc = BRIDGE_E_INVALID; /* not capturing (invalidated): the caller releases the pool */
+    else if (r == CUDA_SUCCESS &&
+             (r = bridge_drv.cuUserObjectCreate(&obj, g, graph_gone, 1,
+                                                CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)) ==
+                 CUDA_SUCCESS) {
+        r = bridge_drv.cuGraphRetainUserObject(graph, obj, 1, CU_GRAPH_USER_OBJECT_MOVE);
+        if (r != CUDA_SUCCESS) {
+            /* the object is ours alone: its destructor runs (on a driver
+             * thread, later) and must release nothing */
+            g->id1 = 0;
+            bridge_drv.cuUserObjectRelease(obj, 1);
+        }
+        g = NULL; /* the destructor's now: graph_collect_dead frees it */
+    }
+    capture_mode_exit(mode);
+    ctx_exit(&cg);
+    if (r != CUDA_SUCCESS) {
+        bridge_note_driver_error(r);
+        rc = BRIDGE_E_DRIVER;
+    }
+    free(g);
+    if (rc == BRIDGE_OK)
+        return BRIDGE_OK;
+unowned:
+    pthread_mutex_lock(&d->capture_lock);
+    if ((p = find_pool(d, BRIDGE_CUPY_POOL, id1)))
+        p->owned = 0;
+    pthread_mutex_unlock(&d->capture_lock);
+    return rc;
 }
 
 int graph_pool_of_stream(device_state *d, CUstream key, uint64_t *id1)

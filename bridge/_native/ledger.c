@@ -938,6 +938,7 @@ static int retry_alloc(void *ctx, int flags, void **out)
         if (hook)
             hook(a->device, a->size, a->tag, BRIDGE_RELIEVE_COLLECT);
     }
+    graph_collect_dead();
     flush_cache(a->device);
     ledger_flush_deferred(a->d);
     ctx_guard g;
@@ -996,7 +997,8 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
     if (retryable(rc)) {
         /* 1. Cached blocks back to the pool, the stream's pending frees land
          *    (not while a capture runs: a synchronization could invalidate
-         *    it), deferred frees complete. */
+         *    it), deferred frees complete, dead CuPy graphs' pools go. */
+        graph_collect_dead();
         flush_cache(device);
         sync_stream(d, (CUstream)stream, key);
         ledger_flush_deferred(d);
@@ -1012,6 +1014,7 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
             /* The hook may have run Python that switched the context: make
              * the device's current again (keeping the caller's in `g`). */
             bridge_drv.cuCtxSetCurrent(d->ctx);
+            graph_collect_dead(); /* the hook's collection may have ended a CuPy graph */
             flush_cache(device);
             sync_stream(d, (CUstream)stream, key);
             ledger_flush_deferred(d);
@@ -1126,6 +1129,7 @@ int bridge_trim(int device, uint64_t keep)
     device_state *d = device_of(device);
     if (!d)
         return BRIDGE_E_DEVICE;
+    graph_collect_dead();
     flush_cache(device);
     ledger_flush_deferred(d);
     drain_streams(d); /* pending frees return to the pool (never cuCtxSynchronize) */
@@ -1161,6 +1165,7 @@ static void forget_after_fork(void)
         atomic_store(&d->share, NULL); /* the parent's membership (its mapping stays) */
     }
     cache_forget_after_fork();
+    graph_forget_after_fork();
     records_forget_after_fork();
     history_forget_after_fork();
     wait_forget_after_fork();
@@ -1178,6 +1183,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     device_state *d = device_of(device);
     if (!d)
         return bridge_initialized() ? BRIDGE_E_DEVICE : BRIDGE_E_NOTINIT;
+    graph_collect_dead(); /* the figures count no dead CuPy graph's pool */
     out->limit = atomic_load(&d->limit);
     out->used = atomic_load(&d->reserved);
     out->peak_used = atomic_load(&d->peak);

@@ -259,7 +259,7 @@ def test_a_cupy_captures_temporaries_stay_with_its_graph_until_it_is_released(sd
     """Issue 30, item 3: arrays a CuPy capture allocated and freed (temporaries) went
     back to the pool at end_capture while Graph.launch() still read and wrote them;
     CuPy's own MemoryAsyncPool keeps them for the graph.  A CuPy capture now has a
-    graph pool of its own (adapters/cupy.py releases it when the Graph dies)."""
+    graph pool of its own, released when its graph is gone (bind_graph, below)."""
     rc, pool = core.capture_stream(True, DEV, OTHER)
     assert rc == Status.OK and pool
     sd.standin_set_capturing(OTHER)
@@ -281,3 +281,200 @@ def test_a_cupy_captures_temporaries_stay_with_its_graph_until_it_is_released(sd
     assert sd.standin_counter(C_FREE) >= frees + 2
     core.free(out)  # the output outlives its graph: an ordinary block now
     assert stats()["used"] == 0
+
+
+# ---- a CuPy graph's end, told by a user object the captured graph owns ----
+def cupy_capture(sd, stream: int = OTHER, temp: int = 4 * MIB, bind: bool = True):
+    """CuPy's Stream.begin_capture .. end_capture in the adapter's order: the core's pool,
+    the driver's capture, a temporary freed inside it, the pool bound to the graph being
+    captured, the capture ended.  -> (pool, the driver's graph)."""
+    rc, pool = core.capture_stream(True, DEV, stream)
+    assert rc == Status.OK and pool
+    assert sd.cuStreamBeginCapture_v2(stream, 2) == 0
+    rc, tmp = core.alloc(DEV, temp, stream, CUPY)
+    assert rc == Status.OK and tmp
+    core.free(tmp)  # stays with the graph
+    if bind:
+        assert core.bind_graph(DEV, pool, stream) == Status.OK
+    g = ctypes.c_void_p()
+    assert sd.cuStreamEndCapture(stream, ctypes.byref(g)) == 0 and g.value
+    assert core.capture_stream(False, DEV, pool)[0] == Status.OK
+    return pool, g
+
+
+def instantiate(sd, g) -> ctypes.c_void_p:
+    x = ctypes.c_void_p()
+    assert sd.cuGraphInstantiateWithFlags(ctypes.byref(x), g, 0) == 0 and x.value
+    return x
+
+
+def test_a_cupy_graph_that_is_gone_releases_its_pool_once_its_destructor_ran(sd):
+    """Issue (H200, CuPy 14.2): CuPy's Graph has neither _add_ref nor weak references, so
+    its pool was kept for good (graph_bytes 32 MiB after `del g; gc.collect()`).  The
+    captured graph now owns a user object; its destructor (after the graph, its exec and
+    the exec's launch are gone) lets the next collect release the pool, exactly once."""
+    used = stats()["used"]
+    pool, g = cupy_capture(sd)
+    x = instantiate(sd, g)
+    assert sd.cuGraphLaunch(x, OTHER) == 0
+    assert stats()["graph_bytes"] == 4 * MIB
+    sd.standin_hold_destructors(1)
+    assert sd.cuGraphDestroy(g) == 0  # the exec still holds a reference
+    assert sd.cuGraphExecDestroy(x) == 0  # its launch has not completed
+    assert sd.standin_live_user_objects() == 1
+    sd.standin_complete_events()  # the launch completed: the destructor is due
+    assert sd.standin_live_user_objects() == 0 and sd.standin_queued_destructors() == 1
+    assert core.graph_collect() == []  # not before the destructor ran
+    assert stats()["graph_bytes"] == 4 * MIB
+    sd.standin_hold_destructors(0)
+    sd.standin_wait_destructors()  # it ran, on the stand-in's destructor thread
+    s = stats()  # the figures collect
+    assert s["graph_bytes"] == 0 and s["used"] == used
+    assert core.graph_collect() == [(DEV, pool)]  # told once
+    assert core.graph_collect() == []  # collecting twice is harmless
+
+
+def test_a_cupy_graph_that_lives_keeps_its_pool(sd):
+    pool, g = cupy_capture(sd)
+    x = instantiate(sd, g)
+    assert sd.cuGraphDestroy(g) == 0  # the exec lives on (CuPy keeps both)
+    sd.standin_wait_destructors()
+    assert core.trim(DEV, 0) == Status.OK  # a trim collects too
+    assert core.graph_collect() == []
+    assert stats()["graph_bytes"] == 4 * MIB
+    assert sd.cuGraphExecDestroy(x) == 0
+    sd.standin_wait_destructors()
+    assert core.graph_collect() == [(DEV, pool)]
+    assert stats()["graph_bytes"] == 0
+
+
+def test_a_pool_is_bound_once_and_only_to_its_capturing_stream(sd):
+    rc, pool = core.capture_stream(True, DEV, OTHER)
+    assert rc == Status.OK
+    assert core.bind_graph(DEV, pool, OTHER) == Status.INVALID  # the driver does not capture
+    assert sd.cuStreamBeginCapture_v2(OTHER, 2) == 0
+    assert core.bind_graph(DEV, pool, CAP) == Status.INVALID  # another stream's
+    assert core.bind_graph(DEV, pool + 1000, OTHER) == Status.INVALID  # no such pool
+    assert core.bind_graph(DEV, pool, OTHER) == Status.OK
+    assert core.bind_graph(DEV, pool, OTHER) == Status.INVALID  # bound already
+    g = ctypes.c_void_p()
+    assert sd.cuStreamEndCapture(OTHER, ctypes.byref(g)) == 0
+    assert core.capture_stream(False, DEV, pool)[0] == Status.OK
+    assert sd.cuGraphDestroy(g) == 0
+    sd.standin_wait_destructors()
+    assert core.graph_collect() == [(DEV, pool)]
+
+
+def test_a_failed_capture_bound_to_its_graph_is_released_once(sd):
+    """An invalidated capture: cuStreamEndCapture fails and destroys the graph, whose
+    user object's destructor releases the pool; the adapter releases nothing itself."""
+    rc, pool = core.capture_stream(True, DEV, OTHER)
+    assert sd.cuStreamBeginCapture_v2(OTHER, 2) == 0
+    rc, tmp = core.alloc(DEV, MIB, OTHER, CUPY)
+    core.free(tmp)
+    assert core.bind_graph(DEV, pool, OTHER) == Status.OK
+    sd.standin_invalidate_capture()
+    g = ctypes.c_void_p()
+    assert sd.cuStreamEndCapture(OTHER, ctypes.byref(g)) == 901 and not g.value
+    assert core.capture_stream(False, DEV, pool)[0] == Status.OK
+    sd.standin_wait_destructors()
+    assert core.graph_collect() == [(DEV, pool)]
+    assert stats()["graph_bytes"] == 0
+    # invalidated before the bind: no graph to bind to, the caller releases
+    rc, pool = core.capture_stream(True, DEV, OTHER)
+    assert sd.cuStreamBeginCapture_v2(OTHER, 2) == 0
+    sd.standin_invalidate_capture()
+    assert core.bind_graph(DEV, pool, OTHER) == Status.INVALID
+    assert sd.cuStreamEndCapture(OTHER, ctypes.byref(g)) == 901
+    assert core.capture_stream(False, DEV, pool)[0] == Status.OK
+    assert core.graph(RELEASE, DEV, core.CUPY_POOL, pool) == Status.OK
+    assert core.graph_collect() == []
+
+
+@pytest.mark.parametrize("entry", [b"cuUserObjectCreate", b"cuGraphRetainUserObject"])
+def test_a_bind_the_driver_refuses_leaves_the_release_to_the_caller(sd, entry):
+    """An older driver, or one out of memory: DRIVER, and the pool is the caller's to
+    release (the adapter's fallbacks); the orphaned user object's destructor releases
+    nothing."""
+    sd.standin_fail(entry, 999, 1)
+    rc, pool = core.capture_stream(True, DEV, OTHER)
+    assert sd.cuStreamBeginCapture_v2(OTHER, 2) == 0
+    rc, tmp = core.alloc(DEV, MIB, OTHER, CUPY)
+    core.free(tmp)
+    assert core.bind_graph(DEV, pool, OTHER) == Status.DRIVER
+    g = ctypes.c_void_p()
+    assert sd.cuStreamEndCapture(OTHER, ctypes.byref(g)) == 0
+    assert core.capture_stream(False, DEV, pool)[0] == Status.OK
+    assert sd.cuGraphDestroy(g) == 0
+    sd.standin_wait_destructors()
+    assert sd.standin_live_user_objects() == 0
+    assert core.graph_collect() == []
+    assert stats()["graph_bytes"] == MIB
+    assert core.graph(RELEASE, DEV, core.CUPY_POOL, pool) == Status.OK  # the fallback's
+    assert stats()["graph_bytes"] == 0
+
+
+def test_a_refusal_takes_a_dead_cupy_graphs_memory_before_it_is_an_oom(sd):
+    """torch's allocator has no Python: the core's refusal path collects the pools of
+    CuPy graphs that died before it declares an OOM."""
+    pool, g = cupy_capture(sd, temp=6 * MIB)
+    assert sd.cuGraphDestroy(g) == 0
+    sd.standin_wait_destructors()  # dead, not collected: nothing read the figures
+    assert core.set_limit(DEV, 8 * MIB) == Status.OK
+    try:
+        rc, p = core.alloc(DEV, 4 * MIB, CAP, TORCH)
+        assert rc == Status.OK and p
+        assert core.graph_collect() == [(DEV, pool)]
+        core.free(p)
+    finally:
+        core.set_limit(DEV, 0)
+    assert stats()["graph_bytes"] == 0
+
+
+def test_destructors_on_another_thread_while_threads_allocate(sd):
+    """The driver's thread runs the destructors (pushing onto a lock-free stack) while
+    other threads allocate, free and read the figures (which collect)."""
+    import threading
+
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def churn(stream: int) -> None:
+        try:
+            while not stop.is_set():
+                rc, p = core.alloc(DEV, 64 << 10, stream, TORCH)
+                assert rc == Status.OK
+                core.free(p)
+                stats()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    streams = (0xC3000, 0xC4000)
+    for s in streams:
+        sd.standin_adopt_stream(s, DEV)
+    threads = [threading.Thread(target=churn, args=(s,)) for s in streams]
+    for t in threads:
+        t.start()
+    pools = set()
+    try:
+        for i in range(50):
+            pool, g = cupy_capture(sd, temp=MIB)
+            pools.add(pool)
+            x = instantiate(sd, g)
+            assert sd.cuGraphLaunch(x, OTHER) == 0
+            assert sd.cuGraphExecDestroy(x) == 0
+            assert sd.cuGraphDestroy(g) == 0
+            if i % 4 == 0:
+                sd.standin_complete_events()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    sd.standin_complete_events()
+    sd.standin_wait_destructors()
+    released = set()
+    for _ in range(3):
+        released |= {p for d, p in core.graph_collect() if d == DEV}
+    assert released == pools
+    assert stats()["graph_bytes"] == 0

@@ -312,6 +312,115 @@ def test_a_fork_child_starts_clean_and_never_deadlocks(standin):
     assert r.stdout.strip() == "ok"
 
 
+def test_a_cupy_graph_that_dies_gives_its_pool_back(standin):
+    """Issue (H200, CuPy 14.2): CuPy's Graph is a Cython class with neither _add_ref nor
+    weak references, so the pool of its capture was kept for good (graph_bytes still
+    32 MiB after `del g; gc.collect()`).  The adapter now binds the pool to the graph
+    being captured (a user object); the pool goes once the graph and its exec are
+    destroyed and its launch has completed, and the holder (the Stream) with it.  A
+    stand-in cupy module here whose Stream and Graph drive the stand-in driver as CuPy
+    drives CUDA."""
+    r = _child(
+        """
+        import ctypes, os, sys, time, types, weakref
+        import bridge
+        from bridge._runtime import core
+        lib = ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"])  # the driver the core loaded
+        vp = ctypes.c_void_p
+        lib.standin_new_stream.restype = vp
+        lib.cuStreamBeginCapture_v2.argtypes = [vp, ctypes.c_int]
+        lib.cuStreamEndCapture.argtypes = [vp, ctypes.POINTER(vp)]
+        lib.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_ulonglong]
+        lib.cuGraphLaunch.argtypes = [vp, vp]
+        lib.cuGraphExecDestroy.argtypes = lib.cuGraphDestroy.argtypes = [vp]
+        assert core.init(os.environ["BRIDGE_CUDA_LIBRARY"]) == 0
+        assert core.setup(0, 2**64 - 1) == 0
+        cupy = types.ModuleType("cupy")
+        cuda = types.ModuleType("cupy.cuda")
+        memory = types.ModuleType("cupy.cuda.memory")
+        class OutOfMemoryError(MemoryError):
+            def __init__(self, size, total, limit=0):
+                super().__init__(size, total, limit)
+        memory.OutOfMemoryError = OutOfMemoryError
+        memory.UnownedMemory = memory.MemoryPointer = object
+        class Graph:  # CuPy 14.2's fields; no _add_ref, no weak reference
+            __slots__ = ("graph", "graphExec")
+            def __init__(self, graph):
+                self.graph, self.graphExec = graph, vp()
+                assert lib.cuGraphInstantiateWithFlags(ctypes.byref(self.graphExec), graph, 0) == 0
+            def launch(self, stream):
+                assert lib.cuGraphLaunch(self.graphExec, stream.ptr) == 0
+            def __del__(self):  # CuPy's __dealloc__
+                if getattr(self, "graphExec", None):
+                    assert lib.cuGraphExecDestroy(self.graphExec) == 0
+                    assert lib.cuGraphDestroy(self.graph) == 0
+        class Stream:
+            def __init__(self):
+                self.device_id = 0
+                self.ptr = lib.standin_new_stream(0)
+            def begin_capture(self, mode=None):
+                assert lib.cuStreamBeginCapture_v2(self.ptr, 2) == 0
+            def end_capture(self):
+                g = vp()
+                rc = lib.cuStreamEndCapture(self.ptr, ctypes.byref(g))
+                if rc:
+                    raise RuntimeError(f"cudaErrorStreamCaptureInvalidated ({rc})")
+                return Graph(g)
+        class ExternalStream(Stream):
+            pass
+        cuda.Stream, cuda.ExternalStream, cuda.memory = Stream, ExternalStream, memory
+        cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0)
+        cupy.cuda = cuda
+        sys.modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.memory": memory})
+        from bridge.adapters import cupy as adapter
+        try:
+            weakref.ref(Graph.__new__(Graph))
+            raise SystemExit("the stand-in Graph must refuse weak references")
+        except TypeError:
+            pass
+        adapter._tell_captures()
+        graph_bytes = lambda: core.stats(0)[1]["graph_bytes"]
+        s = Stream()
+        s.begin_capture()
+        rc, p = core.alloc(0, 1 << 20, s.ptr, core.TAG_CUPY)
+        assert rc == 0
+        core.free(p)  # a temporary of the capture: kept for its graph
+        g = s.end_capture()
+        assert graph_bytes() == 1 << 20 and adapter._held
+        g.launch(s)
+        del g  # CuPy destroys the exec and the graph; the launch still runs
+        lib.standin_complete_events()  # the GPU finished it: the destructor is due
+        deadline = time.monotonic() + 2
+        while graph_bytes() and time.monotonic() < deadline:
+            bridge.stats(0)  # the public figures collect
+            time.sleep(0.01)
+        bridge.stats(0)
+        assert graph_bytes() == 0, graph_bytes()  # CuPy 14.2 on an H200: 33554432
+        assert not adapter._bound and not adapter._held and not adapter._unreleased
+        # a capture that fails at its end: the driver destroys the graph, and the
+        # pool goes with it (released once: the adapter releases nothing itself)
+        s.begin_capture()
+        rc, p = core.alloc(0, 1 << 20, s.ptr, core.TAG_CUPY)
+        core.free(p)
+        lib.standin_invalidate_capture()
+        try:
+            s.end_capture()
+            raise SystemExit("the capture should have failed")
+        except RuntimeError:
+            pass
+        deadline = time.monotonic() + 2
+        while adapter._bound and time.monotonic() < deadline:
+            bridge.stats(0)
+            time.sleep(0.01)
+        assert graph_bytes() == 0 and not adapter._bound and not adapter._held
+        assert core.stats(0)[1]["captures_active"] == 0
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
 def test_one_reset_forgets_every_module_singleton(standin):
     """A fork child (os.register_at_fork) and the tests use one hook, not private flags."""
     import importlib
@@ -377,10 +486,11 @@ def test_cupy_captures_are_told_to_the_core(standin):
         assert active() == 1
         e.end_capture()
         assert active() == 0
-        # a capture's arrays go to its graph's pool, kept while its Graph lives
-        # (this stand-in's "graph" cannot say when it dies: kept for good)
-        assert len(adapter._unreleased) == 2
-        class Graph:  # CuPy's keeps what _add_ref gets until it dies
+        # a capture's arrays go to its graph's pool, kept while its Graph lives; these
+        # stand-in streams do not capture in the driver (no graph to bind the pool
+        # to) and the "graph" cannot say when it dies: kept for good
+        assert len(adapter._unreleased) == 2 and not adapter._bound
+        class Graph:  # the fallback: a Graph that keeps what _add_ref gets until it dies
             def __init__(self):
                 self._refs = []
             def _add_ref(self, ref):

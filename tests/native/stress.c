@@ -40,6 +40,11 @@
  *               streams destroyed under the core (never given to the
  *               driver by handle), pinned blocks lent during another
  *               thread's global-mode capture (never invalidating it)
+ *   graphgone   CuPy captures whose pools a user object of the captured graph
+ *               releases: graphs and execs destroyed (launches completing
+ *               late) while threads allocate at the budget edge (the refusal
+ *               path collects), read the figures and collect; the stand-in
+ *               runs the destructors on a thread of its own
  *   huge        sizes that would overflow the ledger's arithmetic
  *   views       threads allocating and freeing at the budget edge while
  *               another turns the allocation history on and off (with and
@@ -99,6 +104,15 @@ static struct {
     void (*adopt_stream)(void *stream, int dev);         /* a made-up handle becomes a stream */
     int (*stream_destroy)(void *stream);                 /* cuStreamDestroy_v2 */
     void (*set_global_capture)(int on, void *stream);    /* another thread's global capture */
+    /* captures, graphs and user objects (the graphgone phase) */
+    int (*begin_capture)(void *stream, int mode);                   /* cuStreamBeginCapture_v2 */
+    int (*end_capture)(void *stream, void **graph);                 /* cuStreamEndCapture */
+    int (*instantiate)(void **exec, void *graph, unsigned long long); /* cuGraphInstantiateWithFlags */
+    int (*launch)(void *exec, void *stream);                        /* cuGraphLaunch */
+    int (*exec_destroy)(void *exec);                                /* cuGraphExecDestroy */
+    int (*graph_destroy)(void *graph);                              /* cuGraphDestroy */
+    uint64_t (*wait_destructors)(void);                             /* destructors run, once idle */
+    uint64_t (*live_user_objects)(void);
 } standin;
 
 static void load_standin(const char *path)
@@ -120,6 +134,18 @@ static void load_standin(const char *path)
     *(void **)&standin.adopt_stream = dlsym(lib, "standin_adopt_stream");
     *(void **)&standin.stream_destroy = dlsym(lib, "cuStreamDestroy_v2");
     *(void **)&standin.set_global_capture = dlsym(lib, "standin_set_global_capture");
+    *(void **)&standin.begin_capture = dlsym(lib, "cuStreamBeginCapture_v2");
+    *(void **)&standin.end_capture = dlsym(lib, "cuStreamEndCapture");
+    *(void **)&standin.instantiate = dlsym(lib, "cuGraphInstantiateWithFlags");
+    *(void **)&standin.launch = dlsym(lib, "cuGraphLaunch");
+    *(void **)&standin.exec_destroy = dlsym(lib, "cuGraphExecDestroy");
+    *(void **)&standin.graph_destroy = dlsym(lib, "cuGraphDestroy");
+    *(void **)&standin.wait_destructors = dlsym(lib, "standin_wait_destructors");
+    *(void **)&standin.live_user_objects = dlsym(lib, "standin_live_user_objects");
+    CHECK(standin.begin_capture && standin.end_capture && standin.instantiate && standin.launch &&
+              standin.exec_destroy && standin.graph_destroy && standin.wait_destructors &&
+              standin.live_user_objects,
+          "%s lacks the graphs' entry points", path);
     CHECK(standin.adopt_stream, "%s lacks standin_adopt_stream", path);
     CHECK(standin.stream_destroy && standin.set_global_capture, "%s lacks issue 30's controls",
           path);
@@ -1088,6 +1114,114 @@ static void phase_pools(void)
     check_idle("pools");
 }
 
+/* ---- phase: graphgone (a CuPy graph's end, told by its user object) ---- */
+static atomic_int gone_stop;
+static _Atomic uint64_t gone_released;
+
+/* CuPy's Stream.begin_capture .. end_capture and its Graph's life: the pool
+ * bound to the graph, the graph and its exec destroyed in either order, a
+ * launch completing now or later (the destructor waits for it). */
+static void *gone_capturer(void *arg)
+{
+    (void)arg;
+    void *s = stream_of(29);
+    void *late[4] = {0};
+    for (int i = 0; i < 300 * scale; i++) {
+        uint64_t pool = 0;
+        CHECK(bridge_capture_begin_stream(0, s, &pool) == BRIDGE_OK && pool, "capture_begin");
+        CHECK(standin.begin_capture(s, 2) == 0, "cuStreamBeginCapture_v2");
+        void *tmp = NULL, *out = NULL;
+        int rc = bridge_alloc(0, 8192, s, BRIDGE_TAG_CUPY, &tmp);
+        CHECK(status_ok_or_refused(rc), "alloc in a capture %d", rc);
+        rc = bridge_alloc(0, 4096, s, BRIDGE_TAG_CUPY, &out);
+        CHECK(status_ok_or_refused(rc), "alloc in a capture %d", rc);
+        bridge_free(tmp); /* stays with the graph */
+        CHECK(bridge_capture_bind_graph(0, pool, s) == BRIDGE_OK, "bind");
+        CHECK(bridge_capture_bind_graph(0, pool, s) == BRIDGE_E_INVALID, "bound twice");
+        void *g = NULL, *x = NULL;
+        CHECK(standin.end_capture(s, &g) == 0 && g, "cuStreamEndCapture");
+        CHECK(bridge_capture_end_stream(0, pool) == BRIDGE_OK, "capture_end");
+        CHECK(standin.instantiate(&x, g, 0) == 0 && x, "instantiate");
+        CHECK(standin.launch(x, s) == 0, "launch");
+        if (i % 2) {
+            CHECK(standin.graph_destroy(g) == 0, "cuGraphDestroy");
+            CHECK(standin.exec_destroy(x) == 0, "cuGraphExecDestroy");
+        } else {
+            CHECK(standin.exec_destroy(x) == 0, "cuGraphExecDestroy");
+            CHECK(standin.graph_destroy(g) == 0, "cuGraphDestroy");
+        }
+        if (i % 3 == 0)
+            standin.complete_events(); /* the launches ran: their destructors go */
+        bridge_free(out); /* outlived its graph */
+        if (i % 5 == 0) {
+            bridge_free(late[i / 5 % 4]);
+            late[i / 5 % 4] = NULL;
+            rc = bridge_alloc(0, 4096, stream_of(30), BRIDGE_TAG_CUPY, &late[i / 5 % 4]);
+            CHECK(status_ok_or_refused(rc), "alloc %d", rc);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        bridge_free(late[i]);
+    return NULL;
+}
+
+/* The figures (which collect) and Python's collect, from another thread. */
+static void *gone_reader(void *arg)
+{
+    (void)arg;
+    int devs[8];
+    uint64_t ids[8];
+    while (!atomic_load(&gone_stop)) {
+        (void)stats_of(0);
+        size_t n = bridge_graph_collect(devs, ids, 8);
+        for (size_t i = 0; i < n; i++)
+            CHECK(devs[i] == 0 && ids[i], "released (%d, %" PRIu64 ")", devs[i], ids[i]);
+        atomic_fetch_add(&gone_released, n);
+        sched_yield();
+    }
+    return NULL;
+}
+
+static void phase_graphgone(void)
+{
+    reset();
+    atomic_store(&gone_stop, 0);
+    atomic_store(&gone_released, 0);
+    uint64_t ran = standin.wait_destructors();
+    pthread_t cap, reader;
+    CHECK(pthread_create(&cap, NULL, gone_capturer, NULL) == 0, "pthread_create");
+    CHECK(pthread_create(&reader, NULL, gone_reader, NULL) == 0, "pthread_create");
+    worker w[3];
+    for (int i = 0; i < 3; i++)
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 1000 * scale,
+                        .limit = 8 * MIB,
+                        .max_size = 256 * KIB,
+                        .seed = 0x60E60Eull * (uint64_t)(i + 1),
+                        .tags = BRIDGE_NTAGS};
+    CHECK(bridge_set_limit(0, 8 * MIB) == BRIDGE_OK, "set_limit");
+    run_threads(3, edge_thread, w, sizeof w[0]); /* refusals collect dead graphs */
+    pthread_join(cap, NULL);
+    atomic_store(&gone_stop, 1);
+    pthread_join(reader, NULL);
+    CHECK(bridge_set_limit(0, 0) == BRIDGE_OK, "set_limit");
+    standin.complete_events(); /* the last launches ran */
+    uint64_t graphs = (uint64_t)(300 * scale);
+    CHECK(standin.wait_destructors() - ran == graphs, "%" PRIu64 " destructors ran of %" PRIu64,
+          standin.wait_destructors() - ran, graphs);
+    CHECK(standin.live_user_objects() == 0, "user objects left");
+    int devs[64];
+    uint64_t ids[64];
+    size_t n;
+    while ((n = bridge_graph_collect(devs, ids, 64)) > 0)
+        atomic_fetch_add(&gone_released, n);
+    CHECK(atomic_load(&gone_released) == graphs, "%" PRIu64 " pools released of %" PRIu64,
+          atomic_load(&gone_released), graphs);
+    CHECK(bridge_graph_collect(devs, ids, 64) == 0, "collect twice");
+    check_idle("graphgone");
+}
+
 /* ---- phase: huge (sizes near 2^64 must not wrap the ledger) ---- */
 static void phase_huge(void)
 {
@@ -1406,6 +1540,8 @@ int main(int argc, char **argv)
     phase_corners();
     printf("stress: pools\n");
     phase_pools();
+    printf("stress: graphgone\n");
+    phase_graphgone();
     printf("stress: huge\n");
     phase_huge();
     printf("stress: views\n");

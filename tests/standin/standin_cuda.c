@@ -343,11 +343,182 @@ typedef struct hostblk {
 static hostblk *hostblks; /* live pinned host allocations */
 static uint64_t host_used, host_capacity = UINT64_MAX;
 
+/* ---- captured graphs and user objects (all under mu but the destructors) ----
+ * A capture (cuStreamBeginCapture_v2, or standin_set_capturing) captures into
+ * a graph of its own, which cuStreamGetCaptureInfo_v2 names while it runs
+ * and cuStreamEndCapture hands to the caller.  User objects have a refcount;
+ * a graph owns the references retained for it (cuGraphRetainUserObject), an
+ * exec instantiated from it a copy of each, and a launch keeps its exec's
+ * until its stream completes (synchronized, or standin_complete_events):
+ * as the CUDA programming guide's "User Objects" says.  A destructor runs
+ * once the last reference goes, on the stand-in's destructor thread, never
+ * the releasing thread (the real driver runs it on an internal thread). */
+typedef void (*CUhostFn)(void *);
+typedef struct suobj {
+    unsigned refs;
+    void *ptr;
+    CUhostFn destroy;
+} suobj;
+typedef struct sref {
+    suobj *obj;
+    unsigned count;
+} sref;
+typedef struct srefs {
+    sref *r;
+    size_t n;
+} srefs;
+typedef struct sgraph {
+    struct sgraph *next;
+    uint64_t id;   /* the capture's id */
+    int capturing; /* the capture runs: destroy is refused, as on a GPU */
+    srefs refs;
+} sgraph;
+typedef struct sexec {
+    struct sexec *next;
+    srefs refs;
+    CUstream launched; /* a launch not completed yet runs there */
+    int pending, destroyed;
+} sexec;
+static sgraph *graphs; /* every live graph */
+static sexec *execs;   /* every exec not yet gone (destroyed ones wait for their launch) */
+static sgraph *capture_graph, *global_graph;
+static uint64_t capture_ids;
+static int capture_invalid; /* standin_invalidate_capture: the running capture fails */
+
+/* the destructor thread: a queue under dmu, never mu (lock order: mu, then dmu) */
+typedef struct sdtor {
+    struct sdtor *next;
+    CUhostFn fn;
+    void *ptr;
+} sdtor;
+static pthread_mutex_t dmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dcv = PTHREAD_COND_INITIALIZER;
+static sdtor *dq, **dq_tail = &dq;
+static int dthread_started, dhold, drunning;
+static uint64_t dran;
+
+static void *destructor_thread(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&dmu);
+    for (;;) {
+        while (!dq || dhold)
+            pthread_cond_wait(&dcv, &dmu);
+        sdtor *t = dq;
+        dq = t->next;
+        if (!dq)
+            dq_tail = &dq;
+        drunning = 1;
+        pthread_mutex_unlock(&dmu);
+        t->fn(t->ptr); /* no lock of the stand-in held */
+        free(t);
+        pthread_mutex_lock(&dmu);
+        drunning = 0;
+        dran++;
+        pthread_cond_broadcast(&dcv);
+    }
+    return NULL;
+}
+
+static uint64_t live_uobjs;
+
+static void queue_destructor(suobj *o) /* under mu */
+{
+    live_uobjs--;
+    sdtor *t = malloc(sizeof *t);
+    if (!t)
+        return; /* no memory: the object is lost, as a driver would lose it */
+    *t = (sdtor){NULL, o->destroy, o->ptr};
+    free(o);
+    pthread_mutex_lock(&dmu);
+    if (!dthread_started) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, destructor_thread, NULL) == 0) {
+            pthread_detach(th);
+            dthread_started = 1;
+        }
+    }
+    *dq_tail = t;
+    dq_tail = &t->next;
+    pthread_cond_broadcast(&dcv);
+    pthread_mutex_unlock(&dmu);
+}
+
+static void uobj_release(suobj *o, unsigned count) /* under mu */
+{
+    o->refs = count >= o->refs ? 0 : o->refs - count;
+    if (!o->refs)
+        queue_destructor(o);
+}
+
+static void refs_release(srefs *r) /* under mu */
+{
+    for (size_t i = 0; i < r->n; i++)
+        uobj_release(r->r[i].obj, r->r[i].count);
+    free(r->r);
+    *r = (srefs){NULL, 0};
+}
+
+static sgraph *graph_new(void) /* under mu */
+{
+    sgraph *g = calloc(1, sizeof *g);
+    if (g) {
+        g->capturing = 1;
+        g->id = ++capture_ids;
+        g->next = graphs;
+        graphs = g;
+    }
+    return g;
+}
+
+static int graph_live(sgraph *g)
+{
+    for (sgraph *h = graphs; h; h = h->next)
+        if (h == g)
+            return 1;
+    return 0;
+}
+
+static void graph_free(sgraph *g) /* under mu */
+{
+    for (sgraph **pp = &graphs; *pp; pp = &(*pp)->next)
+        if (*pp == g) {
+            *pp = g->next;
+            break;
+        }
+    refs_release(&g->refs);
+    free(g);
+}
+
+static void exec_gone(sexec *x) /* under mu: destroyed and its launch completed */
+{
+    for (sexec **pp = &execs; *pp; pp = &(*pp)->next)
+        if (*pp == x) {
+            *pp = x->next;
+            break;
+        }
+    refs_release(&x->refs);
+    free(x);
+}
+
+static void launches_complete(CUstream s, int all) /* under mu */
+{
+    for (sexec *x = execs, *next; x; x = next) {
+        next = x->next;
+        if (x->pending && (all || x->launched == s)) {
+            x->pending = 0;
+            if (x->destroyed)
+                exec_gone(x);
+        }
+    }
+}
+
 static void events_complete(CUstream s, int all)
 {
     for (sevent *e = events; e; e = e->next)
         if (all || e->stream == s)
             e->pending = 0;
+    launches_complete(s, all);
 }
 
 static hostpool *host_pool_of(CUmemoryPool p)
@@ -1104,6 +1275,233 @@ CUresult cuThreadExchangeStreamCaptureMode(int *mode)
     return OK;
 }
 
+/* ---- stream capture, graphs, user objects ---- */
+#define E_CAPTURE_INVALIDATED 901 /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
+#define E_ILLEGAL_STATE       401 /* CUDA_ERROR_ILLEGAL_STATE */
+
+CUresult cuStreamBeginCapture_v2(CUstream s, int mode)
+{
+    (void)mode;
+    pthread_mutex_lock(&mu);
+    FAULT("cuStreamBeginCapture_v2");
+    CUresult r = OK;
+    if (dead_stream(s))
+        r = E_INVALID_HANDLE;
+    else if (capture_graph) /* the stand-in captures one stream at a time */
+        r = E_ILLEGAL_STATE;
+    else if (!(capture_graph = graph_new()))
+        r = E_OUT_OF_MEMORY;
+    else {
+        capturing_stream = s;
+        capture_invalid = 0;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* The capture's graph goes to the caller; an invalidated capture's is
+ * destroyed (its user objects' references released) and NULL returned. */
+CUresult cuStreamEndCapture(CUstream s, void **graph)
+{
+    pthread_mutex_lock(&mu);
+    *graph = NULL;
+    CUresult r = OK;
+    if (!capture_graph || s != capturing_stream)
+        r = E_ILLEGAL_STATE;
+    else {
+        sgraph *g = capture_graph;
+        capture_graph = NULL;
+        capturing_stream = (CUstream)(uintptr_t)-1;
+        g->capturing = 0;
+        if (capture_invalid) {
+            graph_free(g);
+            r = E_CAPTURE_INVALIDATED;
+        } else {
+            *graph = g;
+        }
+        capture_invalid = 0;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream s, int *status, uint64_t *id, void **graph,
+                                   const void **deps, size_t *ndeps)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuStreamGetCaptureInfo_v2");
+    if (dead_stream(s)) {
+        pthread_mutex_unlock(&mu);
+        return E_INVALID_HANDLE;
+    }
+    sgraph *g = s == capturing_stream               ? capture_graph
+                : global_capture && s == global_capture_stream ? global_graph
+                                                              : NULL;
+    *status = !g ? 0 : (g == capture_graph && capture_invalid) ? 2 : 1;
+    if (id)
+        *id = g ? g->id : 0;
+    if (graph)
+        *graph = *status == 1 ? g : NULL;
+    if (deps)
+        *deps = NULL;
+    if (ndeps)
+        *ndeps = 0;
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+CUresult cuUserObjectCreate(void **obj, void *ptr, CUhostFn destroy, unsigned int refs,
+                            unsigned int flags)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuUserObjectCreate");
+    CUresult r = OK;
+    suobj *o = NULL;
+    if (!destroy || !refs || flags != 1) /* CU_USER_OBJECT_NO_DESTRUCTOR_SYNC is required */
+        r = E_INVALID_VALUE;
+    else if (!(o = malloc(sizeof *o)))
+        r = E_OUT_OF_MEMORY;
+    else {
+        *o = (suobj){refs, ptr, destroy};
+        live_uobjs++;
+    }
+    *obj = o;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuUserObjectRelease(void *obj, unsigned int count)
+{
+    pthread_mutex_lock(&mu);
+    CUresult r = OK;
+    if (!obj || !count)
+        r = E_INVALID_VALUE;
+    else
+        uobj_release(obj, count);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static int refs_add(srefs *r, suobj *o, unsigned count) /* under mu */
+{
+    for (size_t i = 0; i < r->n; i++)
+        if (r->r[i].obj == o) {
+            r->r[i].count += count;
+            return 0;
+        }
+    sref *n = realloc(r->r, (r->n + 1) * sizeof *n);
+    if (!n)
+        return -1;
+    n[r->n++] = (sref){o, count};
+    r->r = n;
+    return 0;
+}
+
+/* CU_GRAPH_USER_OBJECT_MOVE (1): the caller's references move to the graph;
+ * 0: new references. */
+CUresult cuGraphRetainUserObject(void *graph, void *obj, unsigned int count, unsigned int flags)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuGraphRetainUserObject");
+    CUresult r = OK;
+    suobj *o = obj;
+    if (!graph_live(graph) || !o || !count || (flags & ~1u))
+        r = E_INVALID_VALUE;
+    else if (refs_add(&((sgraph *)graph)->refs, o, count) != 0)
+        r = E_OUT_OF_MEMORY;
+    else if (!(flags & 1))
+        o->refs += count;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* An exec retains a copy of every reference its graph owns. */
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&mu);
+    FAULT("cuGraphInstantiateWithFlags");
+    *exec = NULL;
+    CUresult r = OK;
+    sgraph *g = graph;
+    sexec *x = NULL;
+    if (!graph_live(g) || g->capturing)
+        r = E_INVALID_VALUE;
+    else if (!(x = calloc(1, sizeof *x)) ||
+             (g->refs.n && !(x->refs.r = malloc(g->refs.n * sizeof *x->refs.r)))) {
+        free(x);
+        r = E_OUT_OF_MEMORY;
+    } else {
+        for (size_t i = 0; i < g->refs.n; i++) {
+            x->refs.r[i] = g->refs.r[i];
+            g->refs.r[i].obj->refs += g->refs.r[i].count;
+        }
+        x->refs.n = g->refs.n;
+        x->next = execs;
+        execs = x;
+        *exec = x;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static int exec_live(sexec *x)
+{
+    for (sexec *y = execs; y; y = y->next)
+        if (y == x && !y->destroyed)
+            return 1;
+    return 0;
+}
+
+/* The launch runs until its stream completes (synchronized, or
+ * standin_complete_events). */
+CUresult cuGraphLaunch(void *exec, CUstream s)
+{
+    pthread_mutex_lock(&mu);
+    CUresult r = OK;
+    sexec *x = exec;
+    if (!exec_live(x))
+        r = E_INVALID_VALUE;
+    else if (dead_stream(s))
+        r = E_INVALID_HANDLE;
+    else {
+        x->pending = 1;
+        x->launched = s;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* A launch not completed keeps the exec's references until it completes. */
+CUresult cuGraphExecDestroy(void *exec)
+{
+    pthread_mutex_lock(&mu);
+    CUresult r = OK;
+    sexec *x = exec;
+    if (!exec_live(x))
+        r = E_INVALID_VALUE;
+    else {
+        x->destroyed = 1;
+        if (!x->pending)
+            exec_gone(x);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuGraphDestroy(void *graph)
+{
+    pthread_mutex_lock(&mu);
+    CUresult r = OK;
+    sgraph *g = graph;
+    if (!graph_live(g) || g->capturing)
+        r = E_INVALID_VALUE;
+    else
+        graph_free(g);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 /* ---- controls for the tests ---- */
 void standin_set_capacity(int dev, uint64_t bytes)
 {
@@ -1196,6 +1594,13 @@ void standin_set_capturing(CUstream s)
 {
     pthread_mutex_lock(&mu);
     capturing_stream = s ? s : (CUstream)(uintptr_t)-1;
+    if (s && !capture_graph)
+        capture_graph = graph_new();
+    else if (!s && capture_graph) { /* ended without cuStreamEndCapture: nobody has the graph */
+        graph_free(capture_graph);
+        capture_graph = NULL;
+    }
+    capture_invalid = 0;
     pthread_mutex_unlock(&mu);
 }
 
@@ -1312,6 +1717,12 @@ void standin_set_global_capture(int on, CUstream s)
     pthread_mutex_lock(&mu);
     global_capture = on;
     global_capture_stream = on ? s : NULL;
+    if (on && !global_graph)
+        global_graph = graph_new();
+    else if (!on && global_graph) {
+        graph_free(global_graph);
+        global_graph = NULL;
+    }
     pthread_mutex_unlock(&mu);
 }
 
@@ -1341,6 +1752,56 @@ int standin_syncs_waiting(void)
 {
     pthread_mutex_lock(&mu);
     int n = syncs_waiting;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+/* The running capture (standin_set_capturing's or cuStreamBeginCapture_v2's)
+ * is invalidated: cuStreamEndCapture fails and destroys its graph. */
+void standin_invalidate_capture(void)
+{
+    pthread_mutex_lock(&mu);
+    if (capture_graph)
+        capture_invalid = 1;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Destructors of user objects wait in the queue from now (1) until released (0). */
+void standin_hold_destructors(int on)
+{
+    pthread_mutex_lock(&dmu);
+    dhold = on;
+    pthread_cond_broadcast(&dcv);
+    pthread_mutex_unlock(&dmu);
+}
+
+/* Destructors run so far, once those queued now have run (unless held). */
+uint64_t standin_wait_destructors(void)
+{
+    pthread_mutex_lock(&dmu);
+    while ((dq && !dhold) || drunning)
+        pthread_cond_wait(&dcv, &dmu);
+    uint64_t n = dran;
+    pthread_mutex_unlock(&dmu);
+    return n;
+}
+
+/* Destructors queued and not run yet. */
+uint64_t standin_queued_destructors(void)
+{
+    pthread_mutex_lock(&dmu);
+    uint64_t n = 0;
+    for (sdtor *t = dq; t; t = t->next)
+        n++;
+    pthread_mutex_unlock(&dmu);
+    return n;
+}
+
+/* User objects whose destructor is not queued yet (some reference lives). */
+uint64_t standin_live_user_objects(void)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t n = live_uobjs;
     pthread_mutex_unlock(&mu);
     return n;
 }

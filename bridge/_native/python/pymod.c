@@ -558,6 +558,52 @@ static PyObject *py_capture_stream(PyObject *m, PyObject *args)
     return Py_BuildValue("iK", rc, (unsigned long long)pool);
 }
 
+static PyObject *py_bind_graph(PyObject *m, PyObject *args)
+{
+    /* bind_graph(device, pool, stream) -> status: the graph the stream
+     * captures into owns the release of the CuPy pool (a user object) */
+    (void)m;
+    int dev;
+    unsigned long long pool, stream;
+    if (!PyArg_ParseTuple(args, "iKK", &dev, &pool, &stream))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_capture_bind_graph(dev, pool, (void *)(uintptr_t)stream);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+static PyObject *py_graph_collect(PyObject *m, PyObject *a)
+{
+    /* graph_collect() -> [(device, pool)]: dead graphs' pools released now,
+     * and every pool released by a collect since the last call */
+    (void)m;
+    (void)a;
+    PyObject *out = PyList_New(0);
+    if (!out)
+        return NULL;
+    enum { CHUNK = 64 };
+    int devs[CHUNK];
+    uint64_t ids[CHUNK];
+    size_t n;
+    do {
+        Py_BEGIN_ALLOW_THREADS
+        n = bridge_graph_collect(devs, ids, CHUNK);
+        Py_END_ALLOW_THREADS
+        for (size_t i = 0; i < n; i++) {
+            PyObject *t = Py_BuildValue("iK", devs[i], (unsigned long long)ids[i]);
+            if (!t || PyList_Append(out, t) < 0) {
+                Py_XDECREF(t);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(t);
+        }
+    } while (n == CHUNK);
+    return out;
+}
+
 static PyObject *py_set_tag_holds_streams(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -922,6 +968,10 @@ static PyMethodDef methods[] = {
      "capture(begin, device) -> status: a stream capture starts or ends"},
     {"capture_stream", py_capture_stream, METH_VARARGS,
      "capture_stream(begin, device, stream_or_pool) -> (status, pool): a CuPy capture's pool"},
+    {"bind_graph", py_bind_graph, METH_VARARGS,
+     "bind_graph(device, pool, stream) -> status: the captured graph's end releases the pool"},
+    {"graph_collect", py_graph_collect, METH_NOARGS,
+     "graph_collect() -> [(device, pool)]: CuPy pools released since the last call"},
     {"set_tag_holds_streams", py_set_tag_holds_streams, METH_VARARGS,
      "set_tag_holds_streams(tag, holds) -> status: the tag keeps its streams alive until frees"},
     {"forked", py_forked, METH_NOARGS, "Whether this is a fork child of a process that used CUDA."},
