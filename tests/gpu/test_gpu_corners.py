@@ -23,7 +23,10 @@ MODES = ("native", "bridge")
 HELD_CAPTURE = """
 import threading, torch
 class HeldCapture:
-    def __init__(self):
+    def __init__(self, sync=True):
+        # sync=False: capture_begin/capture_end without torch.cuda.graph's device
+        # synchronization on entry, so work queued before stays queued during it
+        self.sync = sync
         self.s = torch.cuda.Stream()
         self.x = torch.ones(1 << 20, device="cuda")
         self.s.wait_stream(torch.cuda.current_stream())
@@ -36,15 +39,25 @@ class HeldCapture:
         self.t = threading.Thread(target=self._capture)
     def _capture(self):
         try:
-            with torch.cuda.graph(self.g, stream=self.s):  # capture_error_mode="global"
-                y = self.x * 2
-                self.running.set()
-                self.go_on.wait(30)  # the other thread works during the capture
-                self.out = y + 1
+            if self.sync:
+                with torch.cuda.graph(self.g, stream=self.s):  # capture_error_mode="global"
+                    self._body()
+            else:
+                with torch.cuda.stream(self.s):
+                    self.g.capture_begin(capture_error_mode="global")
+                    try:
+                        self._body()
+                    finally:
+                        self.g.capture_end()
         except Exception as exc:  # noqa: BLE001 - reported
             self.error = repr(exc)
         finally:
             self.running.set()
+    def _body(self):
+        y = self.x * 2
+        self.running.set()
+        self.go_on.wait(30)  # the other thread works during the capture
+        self.out = y + 1
     def hold(self):
         self.t.start()
         assert self.running.wait(30)
@@ -82,7 +95,7 @@ side = torch.cuda.Stream()
 dev = torch.empty(N, dtype=torch.uint8, device="cuda")
 buf, host = pinned(7)
 first = host.data_ptr()
-cap = HeldCapture()  # set up first: it synchronizes the device
+cap = HeldCapture(sync=False)  # set up first (it synchronizes); its capture will not
 with torch.cuda.stream(side):
     torch.cuda._sleep(int(4e9))  # about 2 s: the copy below stays queued
     dev.copy_(host, non_blocking=True)
