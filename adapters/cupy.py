@@ -242,6 +242,13 @@ def _collect() -> int:
     return len(released)
 
 
+@_runtime.on_reset
+def _forget_graphs() -> None:
+    """A fork child (or a test's fresh core): the core forgot these pools; so does Python."""
+    _bound.clear()
+    _capturing.clear()
+
+
 def _bind_to_capture(holder: _GraphPool, stream: Any) -> bool:
     """While ``stream`` still captures: the graph's end (a user object) releases the pool."""
     if core.bind_graph(holder.device, holder.pool, int(stream.ptr)) != Status.OK:

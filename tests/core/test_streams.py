@@ -414,6 +414,14 @@ def test_a_cupy_graph_that_dies_gives_its_pool_back(standin):
             time.sleep(0.01)
         assert graph_bytes() == 0 and not adapter._bound and not adapter._held
         assert core.stats(0)[1]["captures_active"] == 0
+        # a fork child (the one reset hook) forgets the parent's holders: no Stream of
+        # the parent kept, no release expected from a core that forgot the pools
+        s.begin_capture()
+        g2 = s.end_capture()
+        assert adapter._bound
+        from bridge import _runtime
+        _runtime.reset_process_state()
+        assert not adapter._bound and not adapter._capturing
         print("ok")
         """
     )
