@@ -493,13 +493,17 @@ int bridge_pinned_setup(int backend, int *chosen)
         want = m == BRIDGE_OK ? BRIDGE_PINNED_MEMPOOL : BRIDGE_PINNED_CACHED;
     }
     /* Switching bases mixes blocks of both in the free lists: allowed only
-     * while nothing is lent or awaited. */
-    if (rc == BRIDGE_OK && P.ready && want != P.backend && (P.used || P.n_pending))
-        rc = BRIDGE_E_INVALID;
+     * while nothing is lent or awaited.  The free blocks go first (the switch
+     * frees them anyway), pending ones whose copies completed with them: a
+     * caller that synchronized has nothing awaited, though no allocation has
+     * queried the events since. */
     bridge_pinned_block *chain = NULL;
+    int switching = rc == BRIDGE_OK && P.ready && want != P.backend;
+    if (switching && !P.used)
+        gather_free(0, &chain);
+    if (switching && (P.used || P.n_pending))
+        rc = BRIDGE_E_INVALID;
     if (rc == BRIDGE_OK) {
-        if (P.ready && want != P.backend)
-            gather_free(0, &chain);
         P.backend = want;
         P.ready = 1;
         if (chosen)

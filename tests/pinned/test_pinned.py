@@ -758,6 +758,25 @@ def test_mempool_backend(pp, lib):
     assert pinned._set_backend("cached") == "cached"
 
 
+def test_a_switch_after_the_copies_completed_is_not_refused(pp, lib):
+    """A block freed with a queued copy is pending until an allocation queries its
+    event; a caller that synchronized (the copy completed) may switch backends: the
+    switch settles such blocks itself.  One still awaited refuses, and loses nothing."""
+    s = stream(lib)
+    lib.standin_hold_events(1)
+    buf = bridge.pinned_buffer(MIB)
+    buf.record(s)
+    del buf  # pending: its copy is still queued
+    assert pp.stats()["n_pending_blocks"] == 1
+    with pytest.raises(bridge.BridgeError, match="awaited by a copy"):
+        pinned._set_backend("mempool")  # still awaited: refused
+    assert pp.stats()["n_pending_blocks"] == 1  # ... and kept, not freed under the copy
+    lib.standin_complete_events()  # the copy completed; nothing queried it since
+    assert pinned._set_backend("mempool") == "mempool"
+    assert pp.stats()["n_pending_blocks"] == 0
+    assert pinned._set_backend("cached") == "cached"
+
+
 def test_auto_backend_falls_back_to_cached(pp, lib):
     assert pinned._set_backend("auto") in ("mempool", "cached")
     pinned._set_backend("cached")
