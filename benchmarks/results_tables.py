@@ -9,8 +9,10 @@ run's date, git revision, GPU (name, memory, driver), the versions of the framew
 target with its value and result, then the benchmark's own table from results.md. A
 benchmark the run has no figure for keeps the table it had: a part run (``--only``)
 refreshes only its own sections, so each table holds its benchmark's latest figure and git
-holds the history. A file in DEST that this script did not write (no MARKER line) is
-never overwritten. Pure Python, no GPU, no framework: ``run_all.py --tables DEST`` calls
+holds the history. A file in DEST that this script did not write (its first line neither
+MARKER nor TRANSCRIBED) is never overwritten; a table transcribed by hand from older run
+records (first line TRANSCRIBED) is replaced by the next run that has its benchmark's
+figures. Pure Python, no GPU, no framework: ``run_all.py --tables DEST`` calls
 it at the end of a run.
 """
 
@@ -25,8 +27,13 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report  # noqa: E402
 
-#: The first line of every table this script writes (it overwrites only such files).
+#: The first line of every table this script writes (it overwrites only such files and
+#: TRANSCRIBED ones).
 MARKER = "<!-- written by benchmarks/results_tables.py from a run's results.json; do not edit -->"
+#: The first line of a table transcribed by hand from run records older than results.json
+#: (it may be overwritten too: the next run with that benchmark's figures replaces it).
+TRANSCRIBED = ("<!-- transcribed from the run records it names, not from a results.json; "
+               "benchmarks/results_tables.py replaces it with a run's table -->")  # fmt: skip
 
 #: benchmark (the file's name) -> (its check groups in report.py, its results.md sections)
 BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[dict], list[str]]]] = {
@@ -104,7 +111,7 @@ def write_tables(results: dict, dest: str, source: str) -> dict[str, str]:
             continue
         if os.path.exists(path):
             with open(path) as f:
-                if f.readline().rstrip("\n") != MARKER:
+                if f.readline().rstrip("\n") not in (MARKER, TRANSCRIBED):
                     done[name] = f"not written: {path} was not written by results_tables.py"
                     continue
         tmp = path + ".tmp"

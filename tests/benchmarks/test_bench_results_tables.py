@@ -91,6 +91,20 @@ def test_a_file_it_did_not_write_is_never_overwritten(tmp_path):
     assert done["wait"] == "written"
 
 
+def test_a_table_transcribed_by_hand_is_replaced_by_a_run(tmp_path):
+    old = tmp_path / "trace.md"
+    old.write_text(rt.TRANSCRIBED + "\n\n# trace: from the run records\n")
+    assert rt.write_tables(run(), str(tmp_path), "r1")["trace"] == "written"
+    assert old.read_text().splitlines()[0] == rt.MARKER
+
+
+def test_the_committed_tables_can_be_refreshed_by_a_run():
+    # every benchmark's committed table is one results_tables.py may replace
+    for name in rt.BENCHMARKS:
+        first = (BENCH / "results" / f"{name}.md").read_text().splitlines()[0]
+        assert first in (rt.MARKER, rt.TRANSCRIBED), name
+
+
 def test_the_command_line_reads_a_run_directory(tmp_path, capsys):
     rdir = tmp_path / "runs" / "r1"
     rdir.mkdir(parents=True)
