@@ -16,15 +16,19 @@ elif not os.environ.get("BRIDGE_DEBUG"):  # what people install: no debug inform
     link.append("-s")
 
 native = "bridge/_native"
-# the C core (no Python), then its CPython bindings (python/), then torch's pluggable entry points
+# the C core (no Python), then its CPython bindings (python/), then what adapters add to the
+# module: their C and C++ live beside them (bridge/adapters is adapters/; frameworks.h lists them)
 CORE = ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "wait.c",
-        "share.c", "pinned.c", "views.c", "managed.c", "torch_abi.cpp")
+        "share.c", "pinned.c", "views.c", "managed.c")
 BINDINGS = ("pymod.c", "pypinned.c", "dlpack.c", "pyviews.c", "pycallback.c", "pyshare.c",
-            "cupy_alloc.c", "pyblock.c", "pymanaged.c")
+            "pyblock.c", "pymanaged.c")
+ADAPTERS = ("_torch_abi.cpp", "_cupy_alloc.c")
 core = Extension(
     "bridge._core",
-    sources=[f"{native}/{name}" for name in CORE] + [f"{native}/python/{name}" for name in BINDINGS],
-    include_dirs=[native],
+    sources=[f"{native}/{name}" for name in CORE]
+    + [f"{native}/python/{name}" for name in BINDINGS]
+    + [f"bridge/adapters/{name}" for name in ADAPTERS],
+    include_dirs=[native, f"{native}/python"],
     extra_compile_args=flags,
     extra_link_args=link,
     language="c++",

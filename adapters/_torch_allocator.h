@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bridge.h"
+#include "_torch_abi.h"
 
 namespace bridge_torch
 {

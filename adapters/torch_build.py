@@ -49,6 +49,8 @@ PLUGGABLE_ENV = "BRIDGE_TORCH_PLUGGABLE"
 _HERE = Path(__file__).resolve().parent
 SOURCES = [_HERE / "_torch_allocator.cpp", _HERE / "_torch_history.cpp"]
 HEADER = _HERE / "_torch_allocator.h"
+# the core's entry points it calls by name (compiled into bridge._core from _torch_abi.cpp)
+ABI_HEADER = _HERE / "_torch_abi.h"
 _NATIVE = _HERE.parent / "_native"  # installed layout: bridge/adapters -> bridge/_native
 _HEADER_NAME = "bridge.h"
 
@@ -131,9 +133,10 @@ def key() -> str:
     """What the built module depends on, as one short hash (the cache's folder name)."""
     torch = _torch()
     h = hashlib.sha256()
-    for path in (*SOURCES, HEADER):
+    for path in (*SOURCES, HEADER, ABI_HEADER):
         h.update(path.read_bytes())
     h.update((_native_dir() / _HEADER_NAME).read_bytes())
+    h.update((_native_dir() / "frameworks.h").read_bytes())  # the tags bridge.h includes
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
     for part in (
         torch.__version__,

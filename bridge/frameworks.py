@@ -5,14 +5,30 @@ Each row says what the rest of the library needs to know of a framework: its
 name (the key of ``bridge.stats().by_framework``, of ``unify()``'s flags, of the
 timeline's columns), the ledger's tag its bytes are counted under (``None``
 for JAX, whose memory the pool counts as "others"), the adapter module that
-knows it, and its colour in the timeline's plot. The order of the rows is the
-order ``unify()`` sets frameworks up in (JAX first: its environment must
-precede its backend). Adding a framework is one adapter and one row here.
+knows it, its colour in the timeline's plot, and the few behaviours the core
+treats per framework, as properties (the core asks for the property, never for
+a name). The order of the rows is the order ``unify()`` sets frameworks up in
+(JAX first: its environment must precede its backend). Adding a framework is
+one adapter and one row here (docs/design.md, "Adding a framework");
+bridge/_native/frameworks.h, the C half, names the tags C code counts under.
+tests/project/test_layout.py keeps every framework's name out of the rest of
+the core.
 """
 
 from __future__ import annotations
 
-__all__ = ["Framework", "REGISTRY", "NAMES", "FRAMEWORKS", "TAG_NAMES", "ORDER", "COLORS"]
+__all__ = [
+    "Framework",
+    "REGISTRY",
+    "NAMES",
+    "FRAMEWORKS",
+    "TAG_NAMES",
+    "ORDER",
+    "COLORS",
+    "OUTSIDE",
+    "row",
+    "pointers",
+]
 
 import dataclasses
 
@@ -27,12 +43,35 @@ class Framework:
     tag: int | None  # the ledger's tag (bridge.h); None: outside the ledger (JAX)
     adapter: str  # the module that knows the framework (imported lazily)
     color: str  # in the timeline's plot
+    #: Its allocations may come from C++ threads holding the framework's locks
+    #: without the GIL: their memory pressure goes to the reliever thread
+    #: (bridge._core.set_tag_relieved, set here at import).
+    relieved: bool = False
+    #: It takes unify()'s hard memory partition (``install(..., partition=)``).
+    partition: bool = False
+    #: Its adapter imports the framework only in ``install``: unify() looks for
+    #: the framework itself first, to tell a missing one before anything changes.
+    imports_late: bool = False
+    #: ``Pool.malloc``, ``malloc_managed`` and the pinned pool's allocator hand
+    #: out its pointers when it is installed (its adapter's ``malloc``,
+    #: ``malloc_managed`` and ``pinned_allocator``).
+    pointers: bool = False
+    #: Environment variables unify() reads (bridge._env) before anything
+    #: changes when the framework is asked for: a bad value is refused first.
+    env: tuple[str, ...] = ()
 
 
 REGISTRY: tuple[Framework, ...] = (
-    Framework("jax", None, "bridge.adapters.jax", "#55a868"),
-    Framework("torch", core.TAG_TORCH, "bridge.adapters.torch", "#dd8452"),
-    Framework("cupy", core.TAG_CUPY, "bridge.adapters.cupy", "#4c72b0"),
+    Framework("jax", None, "bridge.adapters.jax", "#55a868", partition=True, imports_late=True),
+    Framework(
+        "torch",
+        core.TAG_TORCH,
+        "bridge.adapters.torch",
+        "#dd8452",
+        relieved=True,
+        env=("BRIDGE_TORCH_PLUGGABLE",),
+    ),
+    Framework("cupy", core.TAG_CUPY, "bridge.adapters.cupy", "#4c72b0", pointers=True),
     Framework("numba", core.TAG_NUMBA, "bridge.adapters.numba", "#c44e52"),
     Framework("rmm", core.TAG_RMM, "bridge.adapters.rmm", "#8172b3"),
 )
@@ -46,3 +85,23 @@ TAG_NAMES: dict[int, str] = {core.TAG_OTHER: "other"} | {
     f.tag: f.name for f in REGISTRY if f.tag is not None
 }
 COLORS: dict[str, str] = {f.name: f.color for f in REGISTRY} | {"other": "#8c8c8c"}
+#: The framework outside the ledger (tag None): the pool's "others" are its bytes
+#: as far as it tells (bridge.pool.register_attribution), the rest "other".
+(OUTSIDE,) = [f.name for f in REGISTRY if f.tag is None]
+_ROWS: dict[str, Framework] = {f.name: f for f in REGISTRY}
+
+
+def row(name: str) -> Framework:
+    """The row of the framework ``name`` (KeyError for a name not in the table)."""
+    return _ROWS[name]
+
+
+def pointers() -> Framework:
+    """The framework whose pointers the core's allocators hand out when it is installed."""
+    (found,) = [f for f in REGISTRY if f.pointers]
+    return found
+
+
+for _f in REGISTRY:
+    if _f.relieved and _f.tag is not None:
+        core.set_tag_relieved(_f.tag, True)

@@ -19,7 +19,7 @@ __all__ = ["malloc_managed", "managed_stats"]
 import importlib
 from typing import Any
 
-from bridge import _errors, _runtime, recovery
+from bridge import _errors, _runtime, frameworks, recovery
 from bridge._errors import OOM_STATUSES, check
 from bridge._runtime import core
 
@@ -96,11 +96,12 @@ def malloc_managed(size: int) -> Any:
     BridgeError
         When there is no CUDA driver or device, or the driver has no managed memory.
     """
+    fw = frameworks.pointers()
     try:
-        import cupy  # noqa: F401
+        importlib.import_module(fw.name)
     except ImportError:
         return allocate(_runtime.current_device(), size, core.TAG_OTHER)
-    return importlib.import_module("bridge.adapters.cupy").malloc_managed(size)
+    return importlib.import_module(fw.adapter).malloc_managed(size)
 
 
 def managed_stats(device: int | None = None) -> tuple[int, int]:

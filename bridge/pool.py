@@ -161,20 +161,21 @@ def _snapshot(device: int) -> Stats:
     rc, outside = core.others(device)
     check(rc, what="reading the pool figures", device=device)
     with _attribution_lock:
-        jax_fn = _attribution.get("jax")
-    jax = None
-    if jax_fn is not None:
+        theirs_fn = _attribution.get(frameworks.OUTSIDE)
+    theirs = None
+    if theirs_fn is not None:
         try:
-            jax = jax_fn(device)
+            theirs = theirs_fn(device)
         except Exception:  # noqa: BLE001 - figures never fail because of a framework
-            jax = None
-        if jax is None:
-            jax = outside
-    jax = min(int(jax or 0), outside)
+            theirs = None
+        if theirs is None:
+            theirs = outside
+    theirs = min(int(theirs or 0), outside)
     counted = {TAG_NAMES[i]: int(t["current"]) for i, t in enumerate(tags)}
     by = {name: counted.get(name, 0) for name in FRAMEWORKS}
-    by["jax"] = jax  # outside the ledger: the pool's "others", JAX's part of them
-    by["other"] = counted["other"] + max(0, outside - jax)
+    # outside the ledger: the pool's "others", the outside framework's part of them
+    by[frameworks.OUTSIDE] = theirs
+    by["other"] = counted["other"] + max(0, outside - theirs)
     share = _share_of(device)
     return Stats(
         device=device,
@@ -300,12 +301,13 @@ class Pool:
         """
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ValueError(f"size={size!r}: pass a number of bytes >= 0")
+        fw = frameworks.pointers()
         try:
-            import cupy
+            importlib.import_module(fw.name)
         except ImportError:
-            cupy = None
-        if cupy is not None:  # the adapter is the one place that knows CuPy
-            return importlib.import_module("bridge.adapters.cupy").malloc(self._device, size)
+            pass
+        else:  # the adapter is the one place that knows the framework
+            return importlib.import_module(fw.adapter).malloc(self._device, size)
         rc, block = core.alloc_block(self._device, size, 0, core.TAG_OTHER, None)
         if rc in _errors.OOM_STATUSES:
             s = _snapshot(self._device)

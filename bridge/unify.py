@@ -223,8 +223,10 @@ def unify(
     seconds = _wait.parse_wait(wait) if wait is not None else _wait.wait_from_env()
     share_name = _share.share_name(share)
     _share.share_growth_from_env()  # a bad BRIDGE_SHARE_GROWTH is refused as doctor refuses it
-    if flags["torch"]:  # a bad BRIDGE_TORCH_PLUGGABLE, the same (the table of variables reads it)
-        _env.variable("BRIDGE_TORCH_PLUGGABLE").read(_env.Totals())
+    for fw in frameworks.REGISTRY:  # a framework's bad variable, the same (bridge._env reads it)
+        if flags[fw.name]:
+            for var in fw.env:
+                _env.variable(var).read(_env.Totals())
     if jax_memory is not None and not flags["jax"]:
         raise ValueError(
             f"jax_memory={jax_memory!r} is a partition for JAX: pass jax=True with it, or drop it"
@@ -285,7 +287,7 @@ def unify(
                 for d, share_budget in share_budgets.items():
                     _share.join(d, share_name, share_budget)
             for name, adapter in adapters:
-                if name == "jax" and partition is not None:
+                if frameworks.row(name).partition and partition is not None:
                     adapter.install(sorted(set(b.devices) | set(devices)), partition=partition)
                 else:
                     adapter.install(sorted(set(b.devices) | set(devices)))
@@ -403,9 +405,9 @@ def _budget_text(limit: int) -> str:
 
 def _adapter(name: str) -> ModuleType:
     """The adapter module of a framework; ImportError when the framework is missing."""
-    if name == "jax" and importlib.util.find_spec("jax") is None:  # its adapter imports it late
-        raise ModuleNotFoundError("No module named 'jax'", name="jax")
-    (row,) = [f for f in frameworks.REGISTRY if f.name == name]
+    row = frameworks.row(name)
+    if row.imports_late and importlib.util.find_spec(name) is None:
+        raise ModuleNotFoundError(f"No module named '{name}'", name=name)
     return importlib.import_module(row.adapter)
 
 

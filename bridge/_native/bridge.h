@@ -33,15 +33,14 @@ extern "C" {
 
 #define BRIDGE_MAX_DEVICES 64
 
-/* ---- framework tags (keep in step with bridge/_core names) ---- */
-enum bridge_tag {
-    BRIDGE_TAG_OTHER = 0,
-    BRIDGE_TAG_CUPY = 1,
-    BRIDGE_TAG_TORCH = 2,
-    BRIDGE_TAG_NUMBA = 3, /* Numba's external memory manager (bridge.adapters.numba) */
-    BRIDGE_TAG_RMM = 4,   /* RMM's current device resource (bridge.adapters.rmm) */
-    BRIDGE_NTAGS = 5
-};
+/* ---- tags: the ledger's slots, one per framework ----
+ * Tag 0 counts what no framework's adapter allocated; 1 .. BRIDGE_NTAGS-1 are
+ * the frameworks' slots.  Which framework holds which slot is the registry's
+ * (bridge/frameworks.py; frameworks.h, its C half, names the slots C code
+ * counts under): the core knows a tag only as a number. */
+enum bridge_tag { BRIDGE_TAG_OTHER = 0, BRIDGE_NTAGS = 5 };
+
+#include "frameworks.h"
 
 /* ---- status codes ---- */
 typedef enum bridge_status {
@@ -210,13 +209,12 @@ int bridge_graph_adopt(void *ptr, int tag);
  * nothing is freed, synchronized or allocated on a capturing stream. */
 int bridge_capture_begin(int device);
 int bridge_capture_end(int device);
-/* A CuPy capture of `stream`: a graph pool of its own (id0 BRIDGE_CUPY_POOL,
+/* A CuPy capture of `stream`: a graph pool of its own (id0 the registry's capture-pool id,
  * *id1 a fresh id) that allocations on the stream go to while it captures,
  * as torch's graphs' do, so temporaries the capture frees stay with the
  * graph; end unbinds the stream; the pool is released when the graph is
  * gone (bridge_capture_bind_graph), or by bridge_graph_release(device,
- * BRIDGE_CUPY_POOL, id1) when it could not be bound. */
-#define BRIDGE_CUPY_POOL 0x4355505947524150ull /* "CUPYGRAP" */
+ * that id0, id1) when it could not be bound. */
 int bridge_capture_begin_stream(int device, void *stream, uint64_t *id1);
 int bridge_capture_end_stream(int device, uint64_t id1);
 /* While `stream` still captures (before CuPy's end_capture): the graph being
@@ -519,15 +517,6 @@ typedef struct bridge_pinned_stats {
 } bridge_pinned_stats;
 
 int bridge_pinned_get_stats(bridge_pinned_stats *out);
-
-/* ---- torch's CUDAPluggableAllocator ABI (torch_abi.cpp) ---- */
-void *bridge_torch_alloc(size_t size, int device, void *stream);
-void bridge_torch_free(void *ptr, size_t size, int device, void *stream);
-/* The words of a refused torch allocation, for both torch paths: into buf
- * (NUL-terminated within len); returns the message's length; *oom is 1 for an
- * out-of-memory (torch.cuda.OutOfMemoryError), 0 for another CUDA error. */
-size_t bridge_torch_failure_message(int rc, size_t size, int device, char *buf, size_t len,
-                                    int *oom);
 
 #ifdef __cplusplus
 }

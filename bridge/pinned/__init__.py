@@ -86,8 +86,10 @@ def cupy_pinned_allocator() -> Callable[[int], Any]:
     """
     import importlib
 
-    # the adapter imports cupy; bridge.adapters is installed from adapters/
-    adapter = importlib.import_module("bridge.adapters.cupy")
+    from bridge import frameworks
+
+    # the adapter imports its framework; bridge.adapters is installed from adapters/
+    adapter = importlib.import_module(frameworks.pointers().adapter)
     return adapter.pinned_allocator()
 
 

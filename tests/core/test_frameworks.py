@@ -35,3 +35,29 @@ def test_the_library_reads_the_table():
 def test_each_row_names_an_adapter_that_exists():
     for f in frameworks.REGISTRY:
         assert importlib.util.find_spec(f.adapter) is not None, f
+
+
+def test_the_c_half_agrees_with_the_table():
+    # bridge/_native/frameworks.h names the slots C code counts under; bridge._core
+    # exports each as TAG_<NAME>: every one is its framework's row's tag
+    import pathlib
+    import re
+
+    header = pathlib.Path(frameworks.__file__).parent / "_native" / "frameworks.h"
+    pairs = re.findall(r"X\((\w+), (\d+)\)", header.read_text())
+    assert pairs
+    tags = {f.name: f.tag for f in frameworks.REGISTRY}
+    for name, n in pairs:
+        assert tags[name.lower()] == int(n) == getattr(core, f"TAG_{name}"), name
+    counted = [f.tag for f in frameworks.REGISTRY if f.tag is not None]
+    assert len(set(counted)) == len(counted) and all(0 < t < core.NTAGS for t in counted)
+
+
+def test_properties_not_names():
+    # the per-framework behaviours the core has are rows' properties
+    assert frameworks.OUTSIDE == "jax" and frameworks.row("jax").partition
+    assert frameworks.row("jax").imports_late
+    assert frameworks.pointers().name == "cupy"
+    assert [f.name for f in frameworks.REGISTRY if f.relieved] == ["torch"]
+    assert frameworks.row("torch").env == ("BRIDGE_TORCH_PLUGGABLE",)
+    assert core.set_tag_relieved(core.NTAGS, True) != 0  # a slot that is not there

@@ -4,7 +4,7 @@
  * A standalone program (no Python): it links the core's C files (driver.c,
  * records.c, cache.c, ledger.c, wait.c, share.c, pinned.c, views.c; not pymod.c, pypinned.c,
  * pyviews.c, pyshare.c nor
- * torch_abi.cpp) and loads the stand-in driver (tests/standin/standin_cuda.c)
+ * adapters/_torch_abi.cpp) and loads the stand-in driver (tests/standin/standin_cuda.c)
  * through bridge_init(path), so ThreadSanitizer sees every lock and atomic of
  * the core and AddressSanitizer (with LeakSanitizer) every byte it mallocs.
  * scripts/sanitize builds it twice (-fsanitize=thread, and

@@ -113,3 +113,177 @@ def test_every_source_file_carries_an_spdx_line():
             missing.append(rel)
     assert not missing, missing
     assert (REPO / "LICENSE").read_text().lstrip().startswith("Apache License")
+
+
+# ---- one home per framework (issue 32) ----
+FRAMEWORK_WORD = re.compile(r"torch|cupy|jax|numba|rmm", re.I)
+CORE = REPO / "bridge"
+# The registry (its Python table and its C half) is where the core may name frameworks.
+REGISTRY_FILES = {"bridge/frameworks.py", "bridge/_native/frameworks.h"}
+# Public names that carry a framework's name (CONTRACT: public names are never renamed):
+# unify()'s keywords and the flags they become, the timeline's columns, the pinned pool's
+# CuPy allocator and torch tensor, the entry points torch's adapter points torch._C at.
+PUBLIC: dict[str, set[str]] = {
+    "bridge/unify.py": {"cupy", "torch", "jax", "numba", "rmm", "jax_memory"},
+    "bridge/timeline.py": {"cupy", "torch", "jax", "numba", "rmm"},
+    "bridge/pinned/__init__.py": {"cupy_pinned_allocator"},
+    "bridge/pinned/_buffer.py": {"as_torch"},
+    "bridge/snapshot.py": {
+        "torch_record_history",
+        "torch_record_history_legacy",
+        "torch_memory_snapshot",
+    },
+}
+# Framework knowledge still in the core, each entry to go (the test fails when one is gone,
+# so that the list only shrinks): ledger.c, graph.c and ledger.h are the core rewrite's
+# (their CuPy capture pools and the tag whose blocks hold their streams); the torch
+# variables of bridge._env's table and the pip names of bridge._install (with unify's
+# error text that cites torch's CUDA 12 index) are to become registry rows or the
+# adapters' own; PinnedBuffer.as_torch imports torch itself.
+PENDING: dict[str, set[str]] = {
+    "bridge/_native/ledger.c": {
+        "BRIDGE_TAG_CUPY",
+        "BRIDGE_CUPY_POOL",
+        "cupy_captures",
+        "cupy_pool",
+    },
+    "bridge/_native/graph.c": {"BRIDGE_CUPY_POOL", "cupy_captures", "next_cupy_pool"},
+    "bridge/_native/ledger.h": {"cupy_captures"},
+    "bridge/_env.py": {"_torch_build", "bridge.adapters.torch_build", "BRIDGE_TORCH_PLUGGABLE"},
+    "bridge/_install.py": {
+        "TORCH_CUDA12_INDEX",
+        "TORCH_CUDA12",
+        "https://download.pytorch.org/whl/cu129",
+        "cupy",
+        "cupy-cuda13x",
+        "cupy-cuda12x",
+        "torch",
+        "'jax[cuda13]'",
+        "'jax[cuda12]'",
+        "jax",
+        "'numba-cuda[cu13]'",
+        "'numba-cuda[cu12]'",
+        "numba",
+        "rmm",
+        "rmm-cu13",
+        "rmm-cu12",
+    },
+    "bridge/unify.py": {"TORCH_CUDA12"},
+    "bridge/pinned/_buffer.py": {"torch"},
+}
+
+
+def _core_files() -> list[pathlib.Path]:
+    """The core: bridge/ without the adapters' home, its tools, and the registry.
+
+    bridge/adapters (a link to adapters/) is where frameworks live. bridge/tools
+    may know frameworks: doctor, the demo and the CLI are tools that look at and
+    drive the installed frameworks by name (what is installed, which CUDA major,
+    what each one allocated), which is their job and no part of the core that the
+    adapters plug into. bridge/_core.pyi is the stub of the compiled module, which
+    holds what the adapters' C adds to it (CupyAllocator) and the registry's tags.
+    """
+    out = []
+    for path in sorted(CORE.rglob("*")):
+        rel = path.relative_to(CORE).parts
+        if rel[0] in ("adapters", "tools") or path.suffix not in (".py", ".c", ".h", ".cpp"):
+            continue
+        if str(path.relative_to(REPO)) not in REGISTRY_FILES:
+            out.append(path)
+    return out
+
+
+def _py_words(source: str) -> list[tuple[int, str]]:
+    """Names and name-like strings (no whitespace: keys, module paths) of Python code.
+
+    Comments and docstrings are words about the frameworks, as are messages
+    (strings with spaces, f-strings' text); names, imports and string keys are
+    what knows them.
+    """
+    tree = ast.parse(source)
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                skipped.add(id(body[0].value))
+        if isinstance(node, ast.JoinedStr):  # an f-string's text: a message's words
+            skipped |= {id(v) for v in node.values if isinstance(v, ast.Constant)}
+    out = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        names: list[str] = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.arg):
+            names = [node.arg]
+        elif isinstance(node, ast.keyword) and node.arg:
+            names = [node.arg]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.alias):
+            names = [node.name, node.asname or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in skipped and not re.search(r"\s", node.value):
+                names = [node.value]
+        out += [(line, n) for n in names if n and FRAMEWORK_WORD.search(n)]
+    return out
+
+
+def _c_words(source: str) -> list[tuple[int, str]]:
+    """Identifiers and name-like string literals of C or C++ code, comments left out."""
+    source = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group().count("\n"), source, flags=re.S)
+    source = re.sub(r"//[^\n]*", "", source)
+    out = []
+    for n, line in enumerate(source.splitlines(), 1):
+        for m in re.finditer(r'"(?:\\.|[^"\\])*"|\w+', line):
+            word = m.group()
+            if word.startswith('"'):
+                word = word[1:-1]
+                if re.search(r"\s", word):
+                    continue
+            if FRAMEWORK_WORD.search(word):
+                out.append((n, word))
+    return out
+
+
+def _framework_words() -> dict[str, list[tuple[int, str]]]:
+    found = {}
+    for path in _core_files():
+        text = path.read_text()
+        words = _py_words(text) if path.suffix == ".py" else _c_words(text)
+        if words:
+            found[str(path.relative_to(REPO))] = words
+    return found
+
+
+def test_no_framework_name_in_the_core_outside_the_registry():
+    """Framework knowledge lives in the adapters; the core reads the registry (issue 32)."""
+    found = _framework_words()
+    allowed = {f: PUBLIC.get(f, set()) | PENDING.get(f, set()) for f in set(PUBLIC) | set(PENDING)}
+    hits = [
+        f"{f}:{line}: {word}"
+        for f, words in sorted(found.items())
+        for line, word in words
+        if word not in allowed.get(f, set())
+    ]
+    assert not hits, "framework names in the core (move them to adapters/ or the registry):\n" + (
+        "\n".join(hits)
+    )
+    seen = {f: {w for _, w in words} for f, words in found.items()}
+    gone = sorted(
+        f"{f}: {w}" for f, words in allowed.items() for w in words if w not in seen.get(f, set())
+    )
+    assert not gone, f"gone from the core: strike them from PUBLIC/PENDING: {gone}"
+
+
+def test_the_framework_grep_finds_what_it_should():
+    assert _py_words('import torch\nx = {"cupy": 1}\n') == [(1, "torch"), (2, "cupy")]
+    assert _py_words('"""Docstring: CuPy."""\n# jax\nraise ValueError("no torch here")\n') == []
+    assert _c_words('/* torch */ int x = BRIDGE_TAG_CUPY; // jax\nf("RMM");\n') == [
+        (1, "BRIDGE_TAG_CUPY"),
+        (2, "RMM"),
+    ]
+    assert _c_words('puts("words about numba");\n') == []

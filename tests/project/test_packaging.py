@@ -123,4 +123,6 @@ def test_the_wheel_is_stripped_and_holds_no_c_sources_by_its_configuration():
     assert '"-g0"' in setup and '"-s"' in setup
     tool = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert {"_native/*.c", "_native/*.cpp"} <= set(tool["exclude-package-data"]["bridge"])
+    # the adapters' C compiled into the core stays out too (adapters/, setup.py's ADAPTERS)
+    assert {"_torch_abi.cpp", "*.c"} <= set(tool["exclude-package-data"]["bridge.adapters"])
     assert "scripts/build-wheel" in (REPO / ".ci" / "run").read_text()

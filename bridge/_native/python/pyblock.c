@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* pyblock.c: Block, the C-level owner of one allocation (bridge._core.Block),
- * for the module's functions (pymod.c) and CuPy's allocator (cupy_alloc.c):
+ * for the module's functions (pymod.c) and CuPy's allocator (adapters/_cupy_alloc.c):
  * its dealloc frees the block, with no Python __del__ involved. */
 #include "pyblock.h"
 

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* pyblock.h: Block, the owner of one allocation (pyblock.c), for pymod.c and cupy_alloc.c. */
+/* pyblock.h: Block, the owner of one allocation (pyblock.c), for pymod.c and the adapters' C (adapters/_cupy_alloc.c). */
 #ifndef BRIDGE_PYBLOCK_H
 #define BRIDGE_PYBLOCK_H
 

@@ -3,13 +3,15 @@
  *
  * Thin wrappers that return status codes (bridge/_errors.py turns them into
  * exceptions).  Block, the C-level owner of one allocation, is pyblock.c;
- * CuPy's allocator type cupy_alloc.c; the pinned pool's objects pypinned.c.
+ * the pinned pool's objects pypinned.c; what adapters add to the module
+ * (their C beside them in adapters/) is listed by frameworks.h.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include "bridge.h"
@@ -18,13 +20,14 @@
 
 /* ---- the pressure hook: Python's recovery chain, reached from C ---- */
 /* The chain (framework caches, gc.collect, user callbacks) runs Python.  A
- * thread that already holds the GIL, or a CuPy allocation (a Python thread
- * that released it around the core), runs it itself.  A torch allocation
- * may come from a C++ thread (autograd's) holding torch locks that a
- * GIL-holding thread waits for: taking the GIL there could deadlock.  Such a
- * thread asks the reliever (a Python thread started by bridge.recovery,
- * blocked here without the GIL) and waits for it at most relief_timeout;
- * past that it goes on without the chain's help. */
+ * thread that already holds the GIL, or an allocation of a Python thread
+ * that released it around the core (CuPy's), runs it itself.  A tag marked
+ * relieved (set_tag_relieved: the registry's `relieved` frameworks, torch's)
+ * may allocate from a C++ thread (autograd's) holding the framework's locks
+ * that a GIL-holding thread waits for: taking the GIL there could deadlock.
+ * Such a thread asks the reliever (a Python thread started by
+ * bridge.recovery, blocked here without the GIL) and waits for it at most
+ * relief_timeout; past that it goes on without the chain's help. */
 static PyObject *pressure_callback; /* (device, size, tag, stage) -> bool */
 
 static pthread_mutex_t relief_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -35,6 +38,7 @@ static size_t relief_size;
 static int relief_freed;            /* result of generation relief_done */
 static int reliever_running;        /* a reliever waits for requests */
 static double relief_timeout = 5.0; /* seconds */
+static _Atomic unsigned relieved_tags; /* bit t: tag t's pressure goes to the reliever */
 
 static int run_callback(int device, size_t size, int tag, int stage)
 {
@@ -93,7 +97,9 @@ static int pressure_trampoline(int device, size_t size, int tag, int stage)
 {
     if (!Py_IsInitialized())
         return 0;
-    if (tag == BRIDGE_TAG_TORCH && !PyGILState_Check()) {
+    if (tag >= 0 && tag < BRIDGE_NTAGS &&
+        (atomic_load_explicit(&relieved_tags, memory_order_relaxed) & (1u << tag)) &&
+        !PyGILState_Check()) {
         int freed = ask_reliever(device, size, tag, stage);
         if (freed >= 0)
             return freed;
@@ -613,6 +619,21 @@ static PyObject *py_set_tag_holds_streams(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_tag_holds_streams(tag, holds));
 }
 
+static PyObject *py_set_tag_relieved(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int tag, relieved;
+    if (!PyArg_ParseTuple(args, "ip", &tag, &relieved))
+        return NULL;
+    if (tag < 0 || tag >= BRIDGE_NTAGS)
+        return PyLong_FromLong(BRIDGE_E_INVALID);
+    if (relieved)
+        atomic_fetch_or(&relieved_tags, 1u << tag);
+    else
+        atomic_fetch_and(&relieved_tags, ~(1u << tag));
+    return PyLong_FromLong(BRIDGE_OK);
+}
+
 static PyObject *py_forked(PyObject *m, PyObject *a)
 {
     (void)m;
@@ -967,19 +988,22 @@ static PyMethodDef methods[] = {
     {"capture", py_capture, METH_VARARGS,
      "capture(begin, device) -> status: a stream capture starts or ends"},
     {"capture_stream", py_capture_stream, METH_VARARGS,
-     "capture_stream(begin, device, stream_or_pool) -> (status, pool): a CuPy capture's pool"},
+     "capture_stream(begin, device, stream_or_pool) -> (status, pool): a stream capture's pool"},
     {"bind_graph", py_bind_graph, METH_VARARGS,
      "bind_graph(device, pool, stream) -> status: the captured graph's end releases the pool"},
     {"graph_collect", py_graph_collect, METH_NOARGS,
-     "graph_collect() -> [(device, pool)]: CuPy pools released since the last call"},
+     "graph_collect() -> [(device, pool)]: capture pools released since the last call"},
     {"set_tag_holds_streams", py_set_tag_holds_streams, METH_VARARGS,
      "set_tag_holds_streams(tag, holds) -> status: the tag keeps its streams alive until frees"},
+    {"set_tag_relieved", py_set_tag_relieved, METH_VARARGS,
+     "set_tag_relieved(tag, relieved) -> status: the tag's threads without the GIL ask the "
+     "reliever to run the recovery chain"},
     {"forked", py_forked, METH_NOARGS, "Whether this is a fork child of a process that used CUDA."},
     {"relief_loop", py_relief_loop, METH_NOARGS,
      "Serve pressure requests of non-Python threads (run in a daemon thread)."},
     {"stop_relief", py_stop_relief, METH_NOARGS, "Stop the reliever."},
     {"set_relief_timeout", py_set_relief_timeout, METH_O,
-     "Seconds a torch thread waits for the reliever."},
+     "Seconds a relieved tag's thread waits for the reliever."},
     {"set_tag_limit", py_set_tag_limit, METH_VARARGS,
      "set_tag_limit(device, tag, bytes) -> status"},
     {"set_tag_cached", py_set_tag_cached, METH_VARARGS,
@@ -1040,8 +1064,25 @@ int bridge_pyviews_add(PyObject *m);
 /* Allocation callables for (size, stream) callbacks: RMM's (pycallback.c). */
 int bridge_pycallback_add(PyObject *m);
 int bridge_pyshare_add(PyObject *m);
-/* CuPy's allocator type (cupy_alloc.c). */
-int bridge_pycupy_add(PyObject *m);
+/* What the adapters add (their C beside them in adapters/; frameworks.h). */
+#define BRIDGE_DECLARE_ADAPTER_(fn) int fn(PyObject *m);
+BRIDGE_ADAPTER_MODULES(BRIDGE_DECLARE_ADAPTER_)
+#undef BRIDGE_DECLARE_ADAPTER_
+
+static int add_frameworks(PyObject *m)
+{
+#define BRIDGE_ADD_TAG_(name, n)                                                                   \
+    if (PyModule_AddIntConstant(m, "TAG_" #name, n) < 0)                                           \
+        return -1;
+    BRIDGE_FRAMEWORK_TAGS(BRIDGE_ADD_TAG_)
+#undef BRIDGE_ADD_TAG_
+#define BRIDGE_ADD_ADAPTER_(fn)                                                                    \
+    if (fn(m) < 0)                                                                                 \
+        return -1;
+    BRIDGE_ADAPTER_MODULES(BRIDGE_ADD_ADAPTER_)
+#undef BRIDGE_ADD_ADAPTER_
+    return 0;
+}
 /* Managed memory on the budget (pymanaged.c). */
 int bridge_pymanaged_add(PyObject *m);
 
@@ -1050,13 +1091,10 @@ PyMODINIT_FUNC PyInit__core(void)
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
         return NULL;
-    if (bridge_pyblock_add(m) < 0 || bridge_pycupy_add(m) < 0 ||
+    if (bridge_pyblock_add(m) < 0 || add_frameworks(m) < 0 ||
         PyModule_AddIntConstant(m, "MAX_DEVICES", BRIDGE_MAX_DEVICES) < 0 ||
         PyModule_AddIntConstant(m, "CACHE_DEPTH", BRIDGE_CACHE_DEPTH) < 0 ||
         PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
-        PyModule_AddIntConstant(m, "TAG_CUPY", BRIDGE_TAG_CUPY) < 0 ||
-        PyModule_AddObject(m, "CUPY_POOL", PyLong_FromUnsignedLongLong(BRIDGE_CUPY_POOL)) < 0 ||
-        PyModule_AddIntConstant(m, "TAG_TORCH", BRIDGE_TAG_TORCH) < 0 ||
         PyModule_AddIntConstant(m, "RELIEVE_ALL", BRIDGE_RELIEVE_ALL) < 0 ||
         PyModule_AddIntConstant(m, "RELIEVE_CACHES", BRIDGE_RELIEVE_CACHES) < 0 ||
         PyModule_AddIntConstant(m, "RELIEVE_COLLECT", BRIDGE_RELIEVE_COLLECT) < 0 ||
@@ -1067,8 +1105,6 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddIntConstant(m, "WAIT_INTERRUPTED", BRIDGE_WAIT_INTERRUPTED) < 0 ||
         PyModule_AddIntConstant(m, "WAIT_CAPTURE", BRIDGE_WAIT_CAPTURE) < 0 ||
         PyModule_AddIntConstant(m, "WAIT_HOPELESS", BRIDGE_WAIT_HOPELESS) < 0 ||
-        PyModule_AddIntConstant(m, "TAG_NUMBA", BRIDGE_TAG_NUMBA) < 0 ||
-        PyModule_AddIntConstant(m, "TAG_RMM", BRIDGE_TAG_RMM) < 0 ||
         PyModule_AddIntConstant(m, "NTAGS", BRIDGE_NTAGS) < 0 || bridge_pypinned_add(m) < 0 ||
         bridge_pyviews_add(m) < 0 || bridge_pycallback_add(m) < 0 || bridge_pyshare_add(m) < 0) {
         Py_DECREF(m);

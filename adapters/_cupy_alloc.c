@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* cupy_alloc.c: CuPy's allocator on the shared pool (bridge._core.CupyAllocator).
+/* _cupy_alloc.c: CuPy's allocator on the shared pool (bridge._core.CupyAllocator),
+ * compiled into bridge._core (setup.py; frameworks.h lists its module hook).
  *
  * The callable handed to cupy.cuda.set_allocator by the CuPy adapter
  * (adapters/cupy.py): it asks CuPy for the device and stream, allocates,
@@ -227,5 +228,5 @@ int bridge_pycupy_add(PyObject *m)
         Py_DECREF(&CupyAllocatorType);
         return -1;
     }
-    return 0;
+    return PyModule_AddObject(m, "CUPY_POOL", PyLong_FromUnsignedLongLong(BRIDGE_CUPY_POOL));
 }

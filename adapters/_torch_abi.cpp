@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// torch_abi.cpp: the entry points torch's CUDAPluggableAllocator calls.
+// _torch_abi.cpp: the entry points torch's CUDAPluggableAllocator calls, compiled
+// into bridge._core (setup.py) beside the torch adapter that plugs them in.
 //
 // torch calls these from C++ on any thread, the autograd thread included, with
 // or without the GIL; nothing here touches Python.  An allocation that cannot
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "bridge.h"
+#include "_torch_abi.h"
 
 struct CUstream_st; // cudaStream_t is CUstream_st*
 using MempoolId = std::pair<unsigned long long, unsigned long long>;
