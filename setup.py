@@ -18,6 +18,7 @@ elif not os.environ.get("BRIDGE_DEBUG"):  # what people install: no debug inform
 native = "bridge/_native"
 # the C core (no Python), then its CPython bindings (python/), then torch's pluggable entry points
 CORE = ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "wait.c",
+        "device.c", "alloc.c",
         "share.c", "pinned.c", "views.c", "managed.c", "torch_abi.cpp")
 BINDINGS = ("pymod.c", "pypinned.c", "dlpack.c", "pyviews.c", "pycallback.c", "pyshare.c",
             "cupy_alloc.c", "pyblock.c", "pymanaged.c")

@@ -44,6 +44,7 @@
 
 #include "ledger.h"
 #include "cache.h"
+#include "graph.h"
 #include "views.h"
 #include "wait.h"
 
