@@ -228,5 +228,8 @@ int bridge_pycupy_add(PyObject *m)
         Py_DECREF(&CupyAllocatorType);
         return -1;
     }
+    /* each block holds its Stream until its free returns: the core may order
+     * the free on it (streams.c) */
+    bridge_set_tag_holds_streams(BRIDGE_TAG_CUPY, 1);
     return PyModule_AddObject(m, "CUPY_POOL", PyLong_FromUnsignedLongLong(BRIDGE_CUPY_POOL));
 }

@@ -209,7 +209,10 @@ int bridge_graph_adopt(void *ptr, int tag);
  * nothing is freed, synchronized or allocated on a capturing stream. */
 int bridge_capture_begin(int device);
 int bridge_capture_end(int device);
-/* A CuPy capture of `stream`: a graph pool of its own (id0 the registry's capture-pool id,
+/* The id0 of the graph pools of the stream captures the core is told of
+ * (bridge_capture_begin_stream; CuPy's, as frameworks.h names it). */
+#define BRIDGE_STREAM_POOL 0x4355505947524150ull /* "CUPYGRAP" */
+/* A CuPy capture of `stream`: a graph pool of its own (id0 BRIDGE_STREAM_POOL,
  * *id1 a fresh id) that allocations on the stream go to while it captures,
  * as torch's graphs' do, so temporaries the capture frees stay with the
  * graph; end unbinds the stream; the pool is released when the graph is

@@ -30,9 +30,9 @@
 enum bridge_framework_tag { BRIDGE_FRAMEWORK_TAGS(BRIDGE_TAG_ENUM_) };
 #undef BRIDGE_TAG_ENUM_
 
-/* The id0 of the graph pools of CuPy's captures (bridge_capture_begin_stream;
- * bridge._core.CUPY_POOL, added by adapters/_cupy_alloc.c). */
-#define BRIDGE_CUPY_POOL 0x4355505947524150ull /* "CUPYGRAP" */
+/* The id0 of the graph pools of CuPy's captures: the core's stream-capture
+ * pools (bridge.h; bridge._core.CUPY_POOL, added by adapters/_cupy_alloc.c). */
+#define BRIDGE_CUPY_POOL BRIDGE_STREAM_POOL
 
 /* adapters/_cupy_alloc.c: bridge._core.CupyAllocator and CUPY_POOL */
 #define BRIDGE_ADAPTER_MODULES(X) X(bridge_pycupy_add)

@@ -44,6 +44,7 @@
 
 #include "ledger.h"
 #include "cache.h"
+#include "graph.h"
 #include "views.h"
 #include "wait.h"
 
@@ -184,7 +185,7 @@ int bridge_graph_begin(int device, uint64_t id0, uint64_t id1)
 }
 
 /* ---- CuPy's captures: a pool of their own each ---- */
-static _Atomic uint64_t next_cupy_pool;
+static _Atomic uint64_t next_stream_pool;
 
 int bridge_capture_begin_stream(int device, void *stream, uint64_t *id1)
 {
@@ -194,15 +195,15 @@ int bridge_capture_begin_stream(int device, void *stream, uint64_t *id1)
     if (!d)
         return rc;
     CUstream key = stream_key((CUstream)stream);
-    uint64_t id = atomic_fetch_add(&next_cupy_pool, 1) + 1;
+    uint64_t id = atomic_fetch_add(&next_stream_pool, 1) + 1;
     rc = BRIDGE_OK;
     pthread_mutex_lock(&d->capture_lock);
-    gpool *p = add_pool(d, BRIDGE_CUPY_POOL, id);
+    gpool *p = add_pool(d, BRIDGE_STREAM_POOL, id);
     if (p) {
         p->uses = 1; /* the Graph's: released when it dies */
         p->capturing = 1;
         p->bound = key;
-        atomic_fetch_add(&d->cupy_captures, 1);
+        atomic_fetch_add(&d->stream_captures, 1);
         atomic_fetch_add(&d->captures_active, 1);
     } else {
         rc = BRIDGE_E_OOM;
@@ -221,17 +222,17 @@ int bridge_capture_end_stream(int device, uint64_t id1)
     if (!d)
         return BRIDGE_E_DEVICE;
     pthread_mutex_lock(&d->capture_lock);
-    gpool *p = find_pool(d, BRIDGE_CUPY_POOL, id1);
+    gpool *p = find_pool(d, BRIDGE_STREAM_POOL, id1);
     CUstream key = p ? p->bound : NULL;
     if (key) {
         p->bound = NULL;
-        atomic_fetch_sub(&d->cupy_captures, 1);
+        atomic_fetch_sub(&d->stream_captures, 1);
     }
     pthread_mutex_unlock(&d->capture_lock);
     /* CuPy ended the capture and its Stream is alive until this returns */
     if (key)
         ledger_mark_deferred(d, key);
-    return bridge_graph_end(device, BRIDGE_CUPY_POOL, id1);
+    return bridge_graph_end(device, BRIDGE_STREAM_POOL, id1);
 }
 
 /* ---- a CuPy graph's end, told by the driver ----
@@ -294,7 +295,7 @@ int graph_collect_dead(void)
     while (g) {
         dead_graph *next = g->next;
         if (g->id1) {
-            bridge_graph_release(g->device, BRIDGE_CUPY_POOL, g->id1);
+            bridge_graph_release(g->device, BRIDGE_STREAM_POOL, g->id1);
             n++;
             pthread_mutex_lock(&released_lock);
             if (nreleased == capreleased) {
@@ -356,7 +357,7 @@ int bridge_capture_bind_graph(int device, uint64_t id1, void *stream)
     int rc = BRIDGE_OK;
     /* the pool must be this stream's capture's, and bound once */
     pthread_mutex_lock(&d->capture_lock);
-    gpool *p = find_pool(d, BRIDGE_CUPY_POOL, id1);
+    gpool *p = find_pool(d, BRIDGE_STREAM_POOL, id1);
     if (!p || !p->bound || p->bound != key || p->owned)
         rc = BRIDGE_E_INVALID;
     else
@@ -384,9 +385,8 @@ int bridge_capture_bind_graph(int device, uint64_t id1, void *stream)
     if (r == CUDA_SUCCESS && (status != CU_STREAM_CAPTURE_STATUS_ACTIVE || !graph))
         rc = BRIDGE_E_INVALID; /* not capturing (invalidated): the caller releases the pool */
     else if (r == CUDA_SUCCESS &&
-             (r = bridge_drv.cuUserObjectCreate(&obj, g, graph_gone, 1,
-                                                CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)) ==
-                 CUDA_SUCCESS) {
+             (r = bridge_drv.cuUserObjectCreate(
+                  &obj, g, graph_gone, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)) == CUDA_SUCCESS) {
         r = bridge_drv.cuGraphRetainUserObject(graph, obj, 1, CU_GRAPH_USER_OBJECT_MOVE);
         if (r != CUDA_SUCCESS) {
             /* the object is ours alone: its destructor runs (on a driver
@@ -407,7 +407,7 @@ int bridge_capture_bind_graph(int device, uint64_t id1, void *stream)
         return BRIDGE_OK;
 unowned:
     pthread_mutex_lock(&d->capture_lock);
-    if ((p = find_pool(d, BRIDGE_CUPY_POOL, id1)))
+    if ((p = find_pool(d, BRIDGE_STREAM_POOL, id1)))
         p->owned = 0;
     pthread_mutex_unlock(&d->capture_lock);
     return rc;
@@ -515,7 +515,7 @@ int bridge_graph_release(int device, uint64_t id0, uint64_t id1)
         if (p->capturing) /* released mid-capture (a failed capture): it ends here */
             atomic_fetch_sub(&d->captures_active, p->capturing);
         if (p->bound)
-            atomic_fetch_sub(&d->cupy_captures, 1);
+            atomic_fetch_sub(&d->stream_captures, 1);
         drop_pool(d, p);
         last = 1;
         /* In the same step (shard locks under capture_lock, the order

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "ledger.h"
+#include "share.h"
 #include "wait.h"
 
 #define CU_MEM_ATTACH_GLOBAL 1

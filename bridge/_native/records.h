@@ -9,6 +9,7 @@
 #ifndef BRIDGE_RECORDS_H
 #define BRIDGE_RECORDS_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "driver.h"
@@ -51,5 +52,17 @@ void records_sweep(int (*fn)(record *r, void *arg), void *arg);
 uint64_t records_count(void);
 /* A fork child forgets every record (no lock taken). */
 void records_forget_after_fork(void);
+
+/* The calling thread, as records remember it: pthread_self (on Linux what
+ * Python's threading.get_ident() says).  On x86-64 glibc that is the thread
+ * pointer itself (%fs:0), read inline: the allocation path pays no call. */
+static inline unsigned long thread_self(void)
+{
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__)
+    return (unsigned long)__builtin_thread_pointer();
+#else
+    return (unsigned long)pthread_self();
+#endif
+}
 
 #endif

@@ -859,6 +859,15 @@ static int open_file(const char *path, const uint8_t uuid[16], const char *name,
     return rc;
 }
 
+/* The ledger's questions and news about this process's pool (ledger.h). */
+static void listen_to_the_ledger(void)
+{
+    const ledger_parts parts = {.reserve_growth = share_reserve,
+                                .settle_growth = share_settle,
+                                .pool_trimmed = share_trimmed};
+    ledger_listen(&parts);
+}
+
 static uint64_t fnv1a(const char *s)
 {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -967,6 +976,10 @@ int bridge_share_join(int device, const char *name, const char *dir, uint64_t bu
         return fail("cannot start the share's service thread%s%s", "", "");
     }
     pthread_detach(m->thread);
+    /* the ledger calls the share through its table, and only for a device
+     * whose `share` it read set: the entries are there before the first is */
+    static pthread_once_t listen_once = PTHREAD_ONCE_INIT;
+    pthread_once(&listen_once, listen_to_the_ledger);
     atomic_store(&d->share, m);
     pthread_mutex_unlock(&join_lock);
     return BRIDGE_OK;

@@ -3,7 +3,9 @@
  *
  * The ledger calls in here only where this process's pool may grow (an
  * allocation that is not a cache hit): share_reserve before the driver is
- * asked, share_settle after it answered.  bridge_trim calls share_trimmed.
+ * asked, share_settle after it answered; its trim calls share_trimmed.  It
+ * calls them through its table (ledger_parts, ledger.h), which
+ * bridge_share_join fills.
  * The public entry points (bridge_share_*) are in bridge.h; the design is in
  * share.c's banner.
  */
@@ -12,8 +14,7 @@
 
 #include <stdint.h>
 
-typedef struct share_member share_member; /* this process in one group */
-struct device_state;
+#include "device.h" /* share_member: this process in one group */
 
 /* Before the driver is asked for `size` bytes: make this process's claim
  * cover its pool's growth.  BRIDGE_OK, or BRIDGE_E_BUDGET when the group's

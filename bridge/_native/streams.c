@@ -19,7 +19,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "ledger.h"
+#include "streams.h"
 
 #define LEGACY     ((CUstream)(uintptr_t)1)
 #define PER_THREAD ((CUstream)(uintptr_t)2)
@@ -140,13 +140,6 @@ int stream_long_lived(CUstream key)
 }
 
 /* ---- capture status ---- */
-int capture_mode_relax(void)
-{
-    int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    bridge_drv.cuThreadExchangeStreamCaptureMode(&mode);
-    return mode;
-}
-
 /* Capture errors (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED .. _WRONG_THREAD and
  * CUDA_ERROR_CAPTURED_EVENT): the legacy stream answers one while a blocking
  * stream captures, since work on it would join the capture. */
@@ -253,4 +246,51 @@ void stream_sync_long_lived(CUcontext ctx)
             continue;
         bridge_drv.cuStreamSynchronize((CUstream)s);
     }
+}
+
+void drain_streams(device_state *d)
+{
+    if (!sync_enter(d))
+        return;
+    ctx_guard g;
+    ctx_enter(d, &g);
+    int mode = capture_mode_relax();
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    /* never cuCtxSynchronize: it would invalidate a capture the core cannot
+     * see (XLA's); the legacy stream answers an error while a blocking
+     * stream captures, and then is left alone too */
+    if (bridge_drv.cuStreamIsCapturing(STREAM_LEGACY, &status) == CUDA_SUCCESS &&
+        status == CU_STREAM_CAPTURE_STATUS_NONE)
+        bridge_drv.cuStreamSynchronize(STREAM_LEGACY);
+    bridge_drv.cuStreamSynchronize(d->side);
+    stream_sync_long_lived(d->ctx);
+    capture_mode_exit(mode);
+    ctx_exit(&g);
+    sync_exit(d);
+}
+
+/* ---- the stream a free is issued on (streams.h) ---- */
+/* Bit t set: tag t keeps its blocks' streams alive until their frees return
+ * (bridge_set_tag_holds_streams).  CuPy's, set by its adapter's C when the
+ * module loads: its allocator (adapters/_cupy_alloc.c) gives each block a
+ * reference to its Stream, dropped after the free has returned (pyblock.c). */
+static _Atomic unsigned holding_tags = 0;
+
+CUstream free_key(const record *rec)
+{
+    if (stream_long_lived(rec->stream) ||
+        (atomic_load_explicit(&holding_tags, RELAXED) & (1u << rec->tag)))
+        return rec->stream;
+    return STREAM_LEGACY;
+}
+
+int bridge_set_tag_holds_streams(int tag, int holds)
+{
+    if (tag < 0 || tag >= BRIDGE_NTAGS)
+        return BRIDGE_E_INVALID;
+    if (holds)
+        atomic_fetch_or(&holding_tags, 1u << tag);
+    else
+        atomic_fetch_and(&holding_tags, ~(1u << tag));
+    return BRIDGE_OK;
 }

@@ -21,7 +21,7 @@
 #include <time.h>
 
 #include "cache.h"
-#include "ledger.h"
+#include "device.h"
 #include "records.h"
 
 /* ---- free memory under the budget ---- */

@@ -63,8 +63,6 @@ typedef struct waiter {
     int victim; /* chosen by the all-waiting check: give up now */
 } waiter;
 
-_Atomic int wait_count[BRIDGE_MAX_DEVICES];
-
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv; /* CLOCK_MONOTONIC; broadcast on every change */
 static pthread_once_t cv_once = PTHREAD_ONCE_INIT;
@@ -408,7 +406,7 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
     while (*p)
         p = &(*p)->next;
     *p = &w;
-    atomic_fetch_add(&wait_count[device], 1); /* seq_cst: see wait.h */
+    atomic_fetch_add(&wait_count[device], 1); /* seq_cst: see ledger.h */
     pthread_mutex_unlock(&mu);
     cache_hold(device, 1);
     atomic_fetch_add_explicit(&num_waits[device], 1, RELAXED);

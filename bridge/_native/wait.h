@@ -1,18 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* wait.h: waiting for memory others free (wait.c); internal.
  *
- * ledger.c calls in at two places only: bridge_alloc's refusal path
- * (wait_for_room, after the recovery chain) and settle (wait_freed, when a
- * free lowered the ledger while somebody waits). */
+ * The device allocation path calls in at two places: bridge_alloc's refusal path (alloc.c:
+ * wait_for_room, after the recovery chain) and the ledger's settle
+ * (wait_freed, through ledger_parts, when a free lowered the ledger while
+ * somebody waits: wait_count, ledger.h). */
 #ifndef BRIDGE_WAIT_H
 #define BRIDGE_WAIT_H
 
 #include "ledger.h"
-
-/* Threads waiting on each device.  A free that settles reads it (seq_cst,
- * after its seq_cst decrement of `reserved`), a waiter raises it before its
- * first retry: a free is either seen by the retry or wakes the waiter. */
-extern _Atomic int wait_count[BRIDGE_MAX_DEVICES];
 
 /* A refusal that will not wait (a framework cap, a graph pool): the thread's
  * last wait is "none", so its OOM message tells no earlier wait. */
@@ -21,7 +17,7 @@ void wait_refused(void);
 /* The ledger of `device` went down: wake its waiters. */
 void wait_freed(int device);
 
-/* One more try of the refused allocation (ledger.c: cache and deferred frees
+/* One more try of the refused allocation (alloc.c: cache and deferred frees
  * back to the pool, then reserve and allocate); a bridge_status.  `flags`:
  *   WAIT_RETRY_FREED    a free settled since the last try: the waiter's own
  *                       stream is synchronized first (not during a capture),
@@ -55,17 +51,5 @@ uint64_t wait_began_ns(void);
 void wait_fill_stats(int device, bridge_stats *out);
 /* A fork child: no waiter, fresh lock (no lock taken). */
 void wait_forget_after_fork(void);
-
-/* The calling thread, as records remember it: pthread_self (on Linux what
- * Python's threading.get_ident() says).  On x86-64 glibc that is the thread
- * pointer itself (%fs:0), read inline: the allocation path pays no call. */
-static inline unsigned long thread_self(void)
-{
-#if defined(__x86_64__) && defined(__GLIBC__) && defined(__GNUC__) && !defined(__clang__)
-    return (unsigned long)__builtin_thread_pointer();
-#else
-    return (unsigned long)pthread_self();
-#endif
-}
 
 #endif /* BRIDGE_WAIT_H */

@@ -105,13 +105,14 @@ static struct {
     int (*stream_destroy)(void *stream);                 /* cuStreamDestroy_v2 */
     void (*set_global_capture)(int on, void *stream);    /* another thread's global capture */
     /* captures, graphs and user objects (the graphgone phase) */
-    int (*begin_capture)(void *stream, int mode);                   /* cuStreamBeginCapture_v2 */
-    int (*end_capture)(void *stream, void **graph);                 /* cuStreamEndCapture */
-    int (*instantiate)(void **exec, void *graph, unsigned long long); /* cuGraphInstantiateWithFlags */
-    int (*launch)(void *exec, void *stream);                        /* cuGraphLaunch */
-    int (*exec_destroy)(void *exec);                                /* cuGraphExecDestroy */
-    int (*graph_destroy)(void *graph);                              /* cuGraphDestroy */
-    uint64_t (*wait_destructors)(void);                             /* destructors run, once idle */
+    int (*begin_capture)(void *stream, int mode);   /* cuStreamBeginCapture_v2 */
+    int (*end_capture)(void *stream, void **graph); /* cuStreamEndCapture */
+    int (*instantiate)(void **exec, void *graph,
+                       unsigned long long);  /* cuGraphInstantiateWithFlags */
+    int (*launch)(void *exec, void *stream); /* cuGraphLaunch */
+    int (*exec_destroy)(void *exec);         /* cuGraphExecDestroy */
+    int (*graph_destroy)(void *graph);       /* cuGraphDestroy */
+    uint64_t (*wait_destructors)(void);      /* destructors run, once idle */
     uint64_t (*live_user_objects)(void);
 } standin;
 
@@ -941,9 +942,11 @@ static void *cupy_capturer(void *arg)
         CHECK(bridge_capture_begin_stream(0, s, &pool) == BRIDGE_OK && pool, "capture_begin");
         void *tmp = NULL, *out = NULL;
         int rc = bridge_alloc(0, 8192, s, BRIDGE_TAG_CUPY, &tmp);
-        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_OOM || rc == BRIDGE_E_BUDGET, "alloc in a capture %d", rc);
+        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_OOM || rc == BRIDGE_E_BUDGET,
+              "alloc in a capture %d", rc);
         rc = bridge_alloc(0, 4096, s, BRIDGE_TAG_CUPY, &out);
-        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_OOM || rc == BRIDGE_E_BUDGET, "alloc in a capture %d", rc);
+        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_OOM || rc == BRIDGE_E_BUDGET,
+              "alloc in a capture %d", rc);
         bridge_free(tmp); /* stays with the graph */
         CHECK(bridge_capture_end_stream(0, pool) == BRIDGE_OK, "capture_end");
         CHECK(bridge_graph_release(0, BRIDGE_CUPY_POOL, pool) == BRIDGE_OK, "release");
@@ -1152,7 +1155,7 @@ static void *gone_capturer(void *arg)
         }
         if (i % 3 == 0)
             standin.complete_events(); /* the launches ran: their destructors go */
-        bridge_free(out); /* outlived its graph */
+        bridge_free(out);              /* outlived its graph */
         if (i % 5 == 0) {
             bridge_free(late[i / 5 % 4]);
             late[i / 5 % 4] = NULL;
@@ -1517,6 +1520,7 @@ int main(int argc, char **argv)
 
     printf("stress: init\n");
     phase_init();
+    bridge_set_tag_holds_streams(BRIDGE_TAG_CUPY, 1); /* as CuPy's adapter does at load */
     load_standin(standin_path);
     for (int d = 0; d < NDEV; d++)
         standin.set_capacity(d, 64 * MIB);

@@ -135,20 +135,11 @@ PUBLIC: dict[str, set[str]] = {
     },
 }
 # Framework knowledge still in the core, each entry to go (the test fails when one is gone,
-# so that the list only shrinks): ledger.c, graph.c and ledger.h are the core rewrite's
-# (their CuPy capture pools and the tag whose blocks hold their streams); the torch
+# so that the list only shrinks): the torch
 # variables of bridge._env's table and the pip names of bridge._install (with unify's
 # error text that cites torch's CUDA 12 index) are to become registry rows or the
 # adapters' own; PinnedBuffer.as_torch imports torch itself.
 PENDING: dict[str, set[str]] = {
-    "bridge/_native/ledger.c": {
-        "BRIDGE_TAG_CUPY",
-        "BRIDGE_CUPY_POOL",
-        "cupy_captures",
-        "cupy_pool",
-    },
-    "bridge/_native/graph.c": {"BRIDGE_CUPY_POOL", "cupy_captures", "next_cupy_pool"},
-    "bridge/_native/ledger.h": {"cupy_captures"},
     "bridge/_env.py": {"_torch_build", "bridge.adapters.torch_build", "BRIDGE_TORCH_PLUGGABLE"},
     "bridge/_install.py": {
         "TORCH_CUDA12_INDEX",

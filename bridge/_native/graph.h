@@ -1,0 +1,26 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* graph.h: CUDA graph pools (graph.c; internal), above the ledger: what
+ * the allocation entry points (alloc.c) ask of them. */
+#ifndef BRIDGE_GRAPH_H
+#define BRIDGE_GRAPH_H
+
+#include "device.h"
+
+/* A graph block the user freed: onto its pool's free list (bridge_free
+ * meets graph blocks first). */
+void graph_block_freed(device_state *d, const record *rec);
+/* The CuPy capture pool bound to a capturing stream key (its id1; id0 is
+ * BRIDGE_STREAM_POOL): 1 when there is one. */
+int graph_pool_of_stream(device_state *d, CUstream key, uint64_t *id1);
+/* bridge_alloc_graph without the history's note (bridge_alloc notes it). */
+int graph_alloc(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
+                void **out);
+/* The pools of CuPy graphs that died (their user objects' destructors ran:
+ * bridge_capture_bind_graph) are released now; how many.  Nothing pending:
+ * one relaxed load.  Called with no lock of the core held (it takes the
+ * capture lock and the records' shard locks, and frees blocks). */
+int graph_collect_dead(void);
+/* A fork child: the parent's dead graphs and released ids are forgotten. */
+void graph_forget_after_fork(void);
+
+#endif /* BRIDGE_GRAPH_H */
