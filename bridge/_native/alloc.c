@@ -295,15 +295,7 @@ static int try_alloc(device_state *d, int device, size_t size, CUstream stream, 
                   .device = device,
                   .tag = (uint8_t)tag,
                   .owner = thread_self()};
-    if (records_insert(&rec) != 0) {
-        /* no host memory for the record: give the block back */
-        atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
-        ledger_release(d, &rec);
-        return BRIDGE_E_OOM;
-    }
-    ledger_count_alloc(d, tag, size);
-    *out = (void *)p;
-    return BRIDGE_OK;
+    return ledger_record(d, &rec, out);
 }
 
 /* The refusal path's synchronization of the allocating stream (alive: its

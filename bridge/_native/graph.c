@@ -673,14 +673,7 @@ int graph_alloc(int device, size_t size, int tag, uint64_t id0, uint64_t id1, vo
                   .graph0 = id0,
                   .graph1 = id1,
                   .owner = thread_self()};
-    if (records_insert(&rec) != 0) {
-        atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
-        ledger_release(d, &rec);
-        return BRIDGE_E_OOM;
-    }
-    ledger_count_alloc(d, tag, size);
-    *out = (void *)ptr;
-    return BRIDGE_OK;
+    return ledger_record(d, &rec, out);
 }
 
 int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,

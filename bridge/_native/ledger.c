@@ -282,6 +282,19 @@ void ledger_count_alloc(device_state *d, int tag, uint64_t size)
         ;
 }
 
+int ledger_record(device_state *d, const record *rec, void **out)
+{
+    if (records_insert(rec) != 0) {
+        /* no host memory for the record: give the block back */
+        atomic_fetch_sub_explicit(&d->tag[rec->tag].current, rec->size, RELAXED);
+        ledger_release(d, rec);
+        return BRIDGE_E_OOM;
+    }
+    ledger_count_alloc(d, rec->tag, rec->size);
+    *out = (void *)(uintptr_t)rec->ptr;
+    return BRIDGE_OK;
+}
+
 void ledger_count_free(device_state *d, const record *rec)
 {
     atomic_fetch_sub_explicit(&d->tag[rec->tag].current, rec->size, RELAXED);

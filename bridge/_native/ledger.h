@@ -36,6 +36,10 @@ void ledger_commit(device_state *d, uint64_t size);
 void ledger_count_free(device_state *d, const record *rec);
 /* Count an allocation on the framework's figures (after the record exists). */
 void ledger_count_alloc(device_state *d, int tag, uint64_t size);
+/* A block the pool just gave: its record inserted and counted, *out set;
+ * BRIDGE_E_OOM (the block given back) when there is no host memory for the
+ * record.  The tag's `current` already holds the block's size (reserve). */
+int ledger_record(device_state *d, const record *rec, void **out);
 /* Give the block back to the pool now if its streams allow it, else defer it
  * until they do; the ledger is settled when the driver free is issued. */
 void ledger_release(device_state *d, const record *rec);
