@@ -24,6 +24,7 @@ __all__ = [
     "remove_views",
     "path",
     "path_reason",
+    "pinned_array",
 ]
 
 import ctypes
@@ -37,6 +38,8 @@ import torch
 from bridge import _runtime, recovery, snapshot, views
 from bridge._errors import BridgeError, check
 from bridge._runtime import core
+from bridge.pinned import _shapes as shapes
+from bridge.pinned._shapes import ShapeLike
 
 _allocator: Any = None
 _path = ""  # "bridge" (the C++ allocator) or "pluggable" once installed
@@ -65,6 +68,16 @@ def path() -> str:
 def path_reason() -> str:
     """Why torch's ``CUDAPluggableAllocator`` stands in (empty on the C++ path)."""
     return _path_reason
+
+
+def pinned_array(buffer: Any, dtype: Any = None, shape: ShapeLike | None = None) -> Any:
+    """``PinnedBuffer.as_torch``: a torch CPU tensor on the pinned block (same address)."""
+    # a legacy capsule with kDLCPU: what every torch version takes
+    t = torch.utils.dlpack.from_dlpack(buffer.__dlpack__(dl_device=(1, 0)))
+    if dtype is not None and dtype != torch.uint8:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        t = t[: buffer.size - buffer.size % itemsize].view(dtype)
+    return t if shape is None else t.reshape(shapes.shape(shape))
 
 
 def _device_index(device: Any) -> int:

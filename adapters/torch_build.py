@@ -19,6 +19,7 @@ and the torch adapter falls back to torch's ``CUDAPluggableAllocator``.
 from __future__ import annotations
 
 __all__ = [
+    "VARIABLES",
     "cache_dir",
     "cuda_include_dirs",
     "describe",
@@ -97,6 +98,29 @@ def cache_dir() -> Path:
         return Path(root).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(xdg) / "bridge"
+
+
+#: The variables this module reads, as rows of bridge._env's table (``name, who, read,
+#: describe``; frameworks.py's torch row points it here): ``bridge doctor`` checks them
+#: with these very readers.
+VARIABLES: tuple[tuple[str, str, Any, Any], ...] = (
+    (
+        PLUGGABLE_ENV,
+        "bridge.unify(torch=True) raises ValueError on it",
+        lambda t: pluggable_from_env(),
+        lambda v, t: (
+            ("info", "torch runs on torch's CUDAPluggableAllocator, not the bridge's own.")
+            if v
+            else ("ok", "valid: torch runs on the bridge's own torch allocator where it builds.")
+        ),
+    ),
+    (
+        CACHE_DIR_ENV,
+        "the bridge's torch allocator is built and kept there",
+        lambda t: str(cache_dir()),
+        lambda v, t: ("info", f"the bridge's torch allocator is built and kept in {v}."),
+    ),
+)
 
 
 def cuda_include_dirs() -> list[str]:

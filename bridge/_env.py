@@ -13,11 +13,12 @@ from __future__ import annotations
 __all__ = ["Totals", "Variable", "VARIABLES", "NAMES", "variable"]
 
 import dataclasses
+import importlib
 import os
 from collections.abc import Callable
 from typing import Any
 
-from bridge import _runtime, _wait, share
+from bridge import _runtime, _wait, frameworks, share
 from bridge._errors import format_bytes
 from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, HOST_MEMORY, PINNED_LIMIT_ENV, size_from_env
 from bridge.pinned._backend import BACKEND_ENV, backend_from_env
@@ -159,31 +160,16 @@ VARIABLES: tuple[Variable, ...] = (
 )
 
 
-def _torch_build() -> Any:
-    # the torch adapter's build of its allocator; importing it imports no framework
-    import importlib
+def _adapters_variables() -> tuple[Variable, ...]:
+    """The variables only an adapter reads, from its own rows (the registry says where)."""
+    rows = []
+    for f in frameworks.REGISTRY:
+        if f.variables:  # a module of the adapter that imports no framework
+            rows += [Variable(*row) for row in importlib.import_module(f.variables).VARIABLES]
+    return tuple(rows)
 
-    return importlib.import_module("bridge.adapters.torch_build")
 
-
-VARIABLES += (
-    Variable(
-        "BRIDGE_TORCH_PLUGGABLE",
-        "bridge.unify(torch=True) raises ValueError on it",
-        lambda t: _torch_build().pluggable_from_env(),
-        lambda v, t: (
-            ("info", "torch runs on torch's CUDAPluggableAllocator, not the bridge's own.")
-            if v
-            else _valid("torch runs on the bridge's own torch allocator where it builds")
-        ),
-    ),
-    Variable(
-        "BRIDGE_CACHE_DIR",
-        "the bridge's torch allocator is built and kept there",
-        lambda t: str(_torch_build().cache_dir()),
-        lambda v, t: ("info", f"the bridge's torch allocator is built and kept in {v}."),
-    ),
-)
+VARIABLES += _adapters_variables()
 NAMES: tuple[str, ...] = tuple(v.name for v in VARIABLES)
 
 

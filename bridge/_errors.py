@@ -92,7 +92,7 @@ def format_bytes(n: int) -> str:
 
 
 def _driver_error() -> str:
-    from bridge import _core
+    import bridge._core as _core
 
     code, name = _core.last_driver_error()
     return f"{name} (code {code})"
@@ -104,7 +104,7 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
         return
     where = f" on device {device}" if device is not None else ""
     if rc == Status.NODRIVER:
-        from bridge import _core
+        import bridge._core as _core
 
         raise BridgeError(
             f"{what}: no usable CUDA driver ({_core.load_error()}). Run on a machine with an "
@@ -130,7 +130,7 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
             "'spawn')), or allocate GPU and pinned memory in the parent."
         )
     if rc == Status.SHARE:
-        from bridge import _core
+        import bridge._core as _core
 
         raise BridgeError(f"{what}{where}: {_core.share_error()}")
     if rc == Status.NOTINIT:

@@ -82,7 +82,7 @@ _lock = threading.RLock()
 _release_threshold = MAX_THRESHOLD
 
 try:
-    from bridge import _core as core
+    import bridge._core as core
 except ImportError as exc:  # pragma: no cover - a broken install
     raise ImportError(
         "bridge's compiled core (bridge._core) is missing: reinstall with "

@@ -5,7 +5,8 @@ Each row says what the rest of the library needs to know of a framework: its
 name (the key of ``bridge.stats().by_framework``, of ``unify()``'s flags, of the
 timeline's columns), the ledger's tag its bytes are counted under (``None``
 for JAX, whose memory the pool counts as "others"), the adapter module that
-knows it, its colour in the timeline's plot, and the few behaviours the core
+knows it, its colour in the timeline's plot, what to pip install for each CUDA
+major (bridge._install's words), and the few behaviours the core
 treats per framework, as properties (the core asks for the property, never for
 a name). The order of the rows is the order ``unify()`` sets frameworks up in
 (JAX first: its environment must precede its backend). Adding a framework is
@@ -26,11 +27,16 @@ __all__ = [
     "ORDER",
     "COLORS",
     "OUTSIDE",
+    "MAJORS",
     "row",
     "pointers",
+    "pinned_view",
 ]
 
 import dataclasses
+import importlib
+from collections.abc import Callable
+from typing import Any
 
 from bridge._runtime import core
 
@@ -59,10 +65,34 @@ class Framework:
     #: Environment variables unify() reads (bridge._env) before anything
     #: changes when the framework is asked for: a bad value is refused first.
     env: tuple[str, ...] = ()
+    #: The module of its adapter (it imports no framework) whose ``VARIABLES``
+    #: rows, ``(name, who, read, describe)``, join bridge._env's table: the
+    #: variables only its adapter reads.
+    variables: str | None = None
+    #: What to ``pip install`` for it, per CUDA major (:data:`MAJORS`), as
+    #: bridge._install words it; pyproject.toml's extras are the same sets. A
+    #: build that PyPI lacks names its own index (``--index-url``): that major's
+    #: extra leaves the framework out.
+    install: tuple[tuple[int, str], ...] = ()
+    #: The PinnedBuffer method that views a pinned block as the framework's own
+    #: host array: its adapter's ``pinned_array(buffer, dtype, shape)`` answers it.
+    pinned_method: str | None = None
+
+    def pip(self, major: int) -> str:
+        """What to ``pip install`` for this framework on CUDA ``major`` (KeyError: none)."""
+        return dict(self.install)[major]
 
 
 REGISTRY: tuple[Framework, ...] = (
-    Framework("jax", None, "bridge.adapters.jax", "#55a868", partition=True, imports_late=True),
+    Framework(
+        "jax",
+        None,
+        "bridge.adapters.jax",
+        "#55a868",
+        partition=True,
+        imports_late=True,
+        install=((13, "'jax[cuda13]'"), (12, "'jax[cuda12]'")),
+    ),
     Framework(
         "torch",
         core.TAG_TORCH,
@@ -70,11 +100,36 @@ REGISTRY: tuple[Framework, ...] = (
         "#dd8452",
         relieved=True,
         env=("BRIDGE_TORCH_PLUGGABLE",),
+        variables="bridge.adapters.torch_build",
+        # PyPI's torch is a CUDA 13 build; a CUDA 12 torch comes from PyTorch's own index
+        install=((13, "torch"), (12, "torch --index-url https://download.pytorch.org/whl/cu129")),
+        pinned_method="as_torch",
     ),
-    Framework("cupy", core.TAG_CUPY, "bridge.adapters.cupy", "#4c72b0", pointers=True),
-    Framework("numba", core.TAG_NUMBA, "bridge.adapters.numba", "#c44e52"),
-    Framework("rmm", core.TAG_RMM, "bridge.adapters.rmm", "#8172b3"),
+    Framework(
+        "cupy",
+        core.TAG_CUPY,
+        "bridge.adapters.cupy",
+        "#4c72b0",
+        pointers=True,
+        install=((13, "cupy-cuda13x"), (12, "cupy-cuda12x")),
+    ),
+    Framework(
+        "numba",
+        core.TAG_NUMBA,
+        "bridge.adapters.numba",
+        "#c44e52",
+        install=((13, "'numba-cuda[cu13]'"), (12, "'numba-cuda[cu12]'")),
+    ),
+    Framework(
+        "rmm",
+        core.TAG_RMM,
+        "bridge.adapters.rmm",
+        "#8172b3",
+        install=((13, "rmm-cu13"), (12, "rmm-cu12")),
+    ),
 )
+#: The CUDA major versions the frameworks are installed for, the newest first.
+MAJORS: tuple[int, ...] = (13, 12)
 #: The frameworks' names, in set-up order.
 ORDER: tuple[str, ...] = tuple(f.name for f in REGISTRY)
 NAMES = ORDER
@@ -100,6 +155,16 @@ def pointers() -> Framework:
     """The framework whose pointers the core's allocators hand out when it is installed."""
     (found,) = [f for f in REGISTRY if f.pointers]
     return found
+
+
+def pinned_view(method: str) -> Callable[..., Any]:
+    """The adapter function behind the PinnedBuffer method ``method`` (``pinned_method``).
+
+    It imports the adapter, and with it the framework: ImportError when that is missing.
+    """
+    (found,) = [f for f in REGISTRY if f.pinned_method == method]
+    view: Callable[..., Any] = importlib.import_module(found.adapter).pinned_array
+    return view
 
 
 for _f in REGISTRY:

@@ -15,7 +15,7 @@ from types import ModuleType
 from bridge import _env, _runtime, _wait, frameworks, recovery, views
 from bridge import share as _share
 from bridge._errors import BridgeError, check, format_bytes
-from bridge._install import TORCH_CUDA12, install_hint
+from bridge._install import install_hint, own_index_command
 from bridge._runtime import core
 from bridge.budget import (
     DEVICE_MEMORY,
@@ -435,6 +435,6 @@ def _not_installed(missing: dict[str, ImportError]) -> BridgeError:
         f"bridge.unify({calls}): {listed} {verb} not installed ({why}). Install "
         f"{'it' if len(names) == 1 else 'them'} for the CUDA major of the rest of the "
         f"environment ({install_hint(names)}; from a checkout, pip install -e '.[cuda13]', "
-        f"or '.[cuda12]' after {TORCH_CUDA12}), or pass {offs}, or leave "
+        f"or '.[cuda12]' after {own_index_command(12)}), or pass {offs}, or leave "
         f"{'it' if len(names) == 1 else 'them'} out to set up only what is installed."
     )

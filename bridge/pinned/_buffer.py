@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy
 
+from bridge import frameworks
 from bridge._runtime import core
 from bridge.pinned import _backend as backend
 from bridge.pinned import _shapes as shapes
@@ -88,14 +89,8 @@ class PinnedBuffer(core.PinnedBufferBase):
         ``dtype``: a ``torch.dtype`` (default ``torch.uint8``); ``shape``:
         default as many elements as fit.
         """
-        import torch
-
-        # a legacy capsule with kDLCPU: what every torch version takes
-        t = torch.utils.dlpack.from_dlpack(self.__dlpack__(dl_device=(1, 0)))
-        if dtype is not None and dtype != torch.uint8:
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            t = t[: self.size - self.size % itemsize].view(dtype)
-        return t if shape is None else t.reshape(shapes.shape(shape))
+        # its adapter makes it (bridge.adapters.torch.pinned_array, the registry's row)
+        return frameworks.pinned_view("as_torch")(self, dtype, shape)
 
     def __repr__(self) -> str:
         return f"<bridge.PinnedBuffer 0x{self.ptr:x}, {self.size} bytes>"

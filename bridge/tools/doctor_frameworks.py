@@ -23,7 +23,7 @@ import importlib.util
 import pathlib
 import re
 
-from bridge._install import TORCH_CUDA12, install_command
+from bridge._install import install_command, own_index_command
 
 _ALL = ["cupy", "torch", "jax"]
 
@@ -319,7 +319,7 @@ def stack(dists: dict[str, str]) -> list[Finding]:
                 "torch for CUDA 12",
                 "the frameworks here are CUDA 12 builds and torch is not installed; PyPI's "
                 f"torch is a CUDA 13 build, so take a CUDA 12 torch from PyTorch's index: "
-                f"{TORCH_CUDA12}.",
+                f"{own_index_command(12)}.",
             )
         ]
     if len(majors) < 2:
@@ -334,7 +334,7 @@ def stack(dists: dict[str, str]) -> list[Finding]:
             "can fail. Install one set (uninstall the other major's packages first): for "
             f"for CUDA 13, {install_command(_ALL, 13)} (from a checkout: pip install -e "
             f"'.[cuda13]'); for CUDA 12, {install_command(_ALL, 12)} (from a checkout: "
-            f"{TORCH_CUDA12}, then pip install -e '.[cuda12]').",
+            f"{own_index_command(12)}, then pip install -e '.[cuda12]').",
         )
     ]
 

@@ -135,33 +135,10 @@ PUBLIC: dict[str, set[str]] = {
     },
 }
 # Framework knowledge still in the core, each entry to go (the test fails when one is gone,
-# so that the list only shrinks): the torch
-# variables of bridge._env's table and the pip names of bridge._install (with unify's
-# error text that cites torch's CUDA 12 index) are to become registry rows or the
-# adapters' own; PinnedBuffer.as_torch imports torch itself.
-PENDING: dict[str, set[str]] = {
-    "bridge/_env.py": {"_torch_build", "bridge.adapters.torch_build", "BRIDGE_TORCH_PLUGGABLE"},
-    "bridge/_install.py": {
-        "TORCH_CUDA12_INDEX",
-        "TORCH_CUDA12",
-        "https://download.pytorch.org/whl/cu129",
-        "cupy",
-        "cupy-cuda13x",
-        "cupy-cuda12x",
-        "torch",
-        "'jax[cuda13]'",
-        "'jax[cuda12]'",
-        "jax",
-        "'numba-cuda[cu13]'",
-        "'numba-cuda[cu12]'",
-        "numba",
-        "rmm",
-        "rmm-cu13",
-        "rmm-cu12",
-    },
-    "bridge/unify.py": {"TORCH_CUDA12"},
-    "bridge/pinned/_buffer.py": {"torch"},
-}
+# so that the list only shrinks): none is left. The install words, the adapters' own
+# environment variables and PinnedBuffer.as_torch's tensor come from the registry's rows
+# (bridge/frameworks.py) and the adapters.
+PENDING: dict[str, set[str]] = {}
 
 
 def _core_files() -> list[pathlib.Path]:

@@ -10,7 +10,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from bridge import _install
+from bridge import frameworks
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -90,8 +90,11 @@ def test_the_cuda_sets_are_the_majors_they_are_named_for_and_hold_the_frameworks
     # say where a CUDA 12 torch comes from)
     assert "torch" in {r.name for r in expand("cuda13", sets)}
     assert "torch" not in {r.name for r in expand("cuda12", sets)}
-    assert _install.TORCH_CUDA12_INDEX in (REPO / "pyproject.toml").read_text()
-    assert _install.TORCH_CUDA12_INDEX in (REPO / "README.md").read_text()
+    # the registry's CUDA 12 torch comes from the index that pyproject.toml and the README cite
+    index = frameworks.row("torch").pip(12).split("--index-url ")[1]
+    assert index == "https://download.pytorch.org/whl/cu129"
+    assert index in (REPO / "pyproject.toml").read_text()
+    assert index in (REPO / "README.md").read_text()
 
 
 def test_the_checks_catch_a_mixed_set():
