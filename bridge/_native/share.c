@@ -17,9 +17,10 @@
  *
  * Invariant: the sum of the claims never passes the budget.  A member raises
  * its own claim first and then sums every slot; past the budget it takes the
- * raise back.  Two members racing at the edge may both be refused, never
- * both admitted (each one's sum includes the other's raise: the operations
- * are sequentially consistent).  A member's claim covers its pool because
+ * raise back (its own allocations see a raise only once it is admitted).
+ * Two members racing at the edge may both be refused, never both admitted
+ * (each one's sum includes the other's raise: the operations are
+ * sequentially consistent).  A member's claim covers its pool because
  * the pool grows only by allocations, each by at most its size rounded up to
  * the pool's growth chunk (SHARE_GROWTH; claimed while the allocation is in
  * flight; checked after each allocation that raised the claim and by the
@@ -176,11 +177,12 @@ struct share_member {
     uint32_t pid, gen;         /* the owner word's pid and generation */
     uint64_t budget_units;     /* the budget at join, in units (rounded down) */
     pthread_mutex_t lock;      /* changes of this process's claim */
-    _Atomic uint64_t claim;    /* units; == w_units(me->word) */
-    _Atomic uint64_t cap;      /* units; while a change of the claim is being decided
-                                    (under `lock`), the fast path admits no more than this:
-                                    the claim before a raise that may be taken back, the
-                                    target of a lowering.  UINT64_MAX: none */
+    _Atomic uint64_t claim;    /* units; == w_units(me->word) but while a raise is being
+                                    decided (under `lock`): then the word holds the raise and
+                                    this the claim before it, until the raise is admitted */
+    _Atomic uint64_t cap;      /* units; while a lowering of the claim is being decided
+                                    (under `lock`), the fast path admits no more than this,
+                                    its target.  UINT64_MAX: none */
     _Atomic uint64_t inflight; /* bytes (unit-rounded) between share_reserve and settle */
     pthread_t thread;
     _Atomic uint64_t num_refused, num_asks, num_trims_served, num_reclaimed, num_overshoots,
@@ -339,10 +341,10 @@ static uint64_t group_units(share_member *m)
     return sum;
 }
 
-/* Set this process's claim to `units` (under m->lock).  0 when the slot is
- * no longer ours (taken back by a member that thought us dead, or written
- * over): the claim is then lost. */
-static int claim_set(share_member *m, uint64_t units)
+/* Write `units` in this process's slot word (under m->lock), the figure the
+ * group sums.  0 when the slot is no longer ours (taken back by a member
+ * that thought us dead, or written over): the claim is then lost. */
+static int word_set(share_member *m, uint64_t units)
 {
     uint64_t o = atomic_load(&m->me->word);
     for (;;) {
@@ -350,11 +352,19 @@ static int claim_set(share_member *m, uint64_t units)
             atomic_fetch_add(&m->num_lost, 1);
             return 0;
         }
-        if (atomic_compare_exchange_weak(&m->me->word, &o, w_make(m->gen, m->pid, units))) {
-            atomic_store(&m->claim, units);
+        if (atomic_compare_exchange_weak(&m->me->word, &o, w_make(m->gen, m->pid, units)))
             return 1;
-        }
     }
+}
+
+/* Set this process's claim to `units` (under m->lock): the word, then the
+ * figure the fast path reads. */
+static int claim_set(share_member *m, uint64_t units)
+{
+    if (!word_set(m, units))
+        return 0;
+    atomic_store(&m->claim, units);
+    return 1;
 }
 
 /* Raise the claim to `want` units (under m->lock); BRIDGE_E_BUDGET when the
@@ -368,25 +378,24 @@ static int claim_raise(share_member *m, uint64_t want, int force)
         return BRIDGE_E_BUDGET;
     if (force)
         return claim_set(m, want) ? BRIDGE_OK : BRIDGE_E_BUDGET;
-    /* A raise may be taken back: until that is decided, this process's
-     * other threads admit no more than the claim before it. */
-    atomic_store(&m->cap, have);
-    int rc = BRIDGE_E_BUDGET;
-    if (claim_set(m, want)) {
-        /* the raise is visible before the sum is read: see the banner */
-        if (group_units(m) <= m->budget_units)
-            rc = BRIDGE_OK;
-        else
-            claim_set(m, have);
+    /* A raise may be taken back: the group sees it at once (in the word,
+     * before the sum is read: see the banner), this process's fast path only
+     * once it is admitted (m->claim).  A fast path that read the raised
+     * claim before the take-back would admit growth that nothing claims. */
+    if (!word_set(m, want))
+        return BRIDGE_E_BUDGET;
+    if (group_units(m) > m->budget_units) {
+        word_set(m, have);
+        return BRIDGE_E_BUDGET;
     }
-    atomic_store(&m->cap, UINT64_MAX);
-    return rc;
+    atomic_store(&m->claim, want);
+    return BRIDGE_OK;
 }
 
 /* Whether the claim covers `need` units for the fast path (see `cap`). */
 static int covered(share_member *m, uint64_t need)
 {
-    uint64_t cap = atomic_load(&m->cap); /* the cap first: see claim_fit */
+    uint64_t cap = atomic_load(&m->cap); /* the cap first: see claim_fit_locked */
     uint64_t claim = atomic_load(&m->claim);
     return need <= (cap < claim ? cap : claim);
 }
@@ -416,10 +425,9 @@ static uint64_t need_units(struct device_state *d, share_member *m)
     return units_of(r + in);
 }
 
-/* Lower the claim to what the pool holds plus the growth in flight. */
-static void claim_fit(struct device_state *d, share_member *m)
+/* Lower the claim to what the pool holds plus the growth in flight (under m->lock). */
+static void claim_fit_locked(struct device_state *d, share_member *m)
 {
-    pthread_mutex_lock(&m->lock);
     uint64_t have = atomic_load(&m->claim);
     uint64_t target = need_units(d, m);
     if (target < have) {
@@ -435,6 +443,12 @@ static void claim_fit(struct device_state *d, share_member *m)
             claim_set(m, target);
         atomic_store(&m->cap, UINT64_MAX);
     }
+}
+
+static void claim_fit(struct device_state *d, share_member *m)
+{
+    pthread_mutex_lock(&m->lock);
+    claim_fit_locked(d, m);
     pthread_mutex_unlock(&m->lock);
 }
 
@@ -635,23 +649,27 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
  * allocations rounded to a unit (counted, and claimed at once: the memory is
  * taken); a claim above the pool and what is in flight by more than
  * SHARE_SLACK is lowered.  The pool alone is compared for the first: the
- * growth of allocations in flight is in both it and `inflight`. */
+ * growth of allocations in flight is in both it and `inflight`.  Under the
+ * lock, so that the claim compared is the one of the moment the pool was
+ * read: a claim read after it may have been lowered meanwhile, after a trim
+ * (another thread's) shrank the pool, and a figure of the pool from before
+ * that trim is no overshoot of it. */
 static void check_pool(struct device_state *d, share_member *m)
 {
+    pthread_mutex_lock(&m->lock);
     uint64_t r = pool_reserved(d);
-    if (r == UINT64_MAX)
-        return;
     uint64_t have = atomic_load(&m->claim);
-    if (units_of(r) > have) {
+    if (r == UINT64_MAX) {
+        /* no figure */
+    } else if (units_of(r) > have) {
         atomic_max(&m->max_overshoot, (units_of(r) - have) * SHARE_UNIT);
-        pthread_mutex_lock(&m->lock);
         claim_raise(m, units_of(r), 1);
-        pthread_mutex_unlock(&m->lock);
         atomic_fetch_add(&m->num_overshoots, 1);
         atomic_fetch_add(&m->me->overshoots, 1);
     } else if (have > units_of(r + atomic_load(&m->inflight)) + SHARE_SLACK / SHARE_UNIT) {
-        claim_fit(d, m); /* served from memory the pool held: give the rest back */
+        claim_fit_locked(d, m); /* served from memory the pool held: give the rest back */
     }
+    pthread_mutex_unlock(&m->lock);
 }
 
 void share_settle(struct device_state *d, share_member *m, uint64_t size, int granted)

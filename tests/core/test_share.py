@@ -108,6 +108,26 @@ def _name() -> str:
     return "t-" + uuid.uuid4().hex[:12]
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP `pid` and wait until every one of its threads is stopped.  kill()
+    returns before they are: the signal wakes one thread, which stops the others
+    only once it runs, and meanwhile another (the share's service thread) may
+    still answer a request (trim, lower its claim)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while True:
+        states = []
+        for task in pathlib.Path(f"/proc/{pid}/task").iterdir():
+            try:
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        if states and all(st in ("T", "t") for st in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop: {states}"
+        time.sleep(0.005)
+
+
 def _only_file(d: pathlib.Path) -> pathlib.Path:
     files = list(d.iterdir())
     assert len(files) == 1, files
@@ -260,7 +280,7 @@ def test_a_member_that_stops_answering_is_noticed_and_not_waited_for(workers, sh
     b.call("join", name=name)
     assert a.call("alloc", size=64 * MIB)["rc"] == Status.OK
     a.call("free")  # idle in a's pool: a would give it back if it could
-    os.kill(a.pid, signal.SIGSTOP)
+    _stop(a.pid)
     try:
         t0 = time.monotonic()
         assert b.call("alloc", size=64 * MIB)["rc"] == Status.BUDGET
