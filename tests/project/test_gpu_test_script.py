@@ -34,3 +34,27 @@ def test_no_gpu_test_ran_is_said_and_fails(tmp_path):
 def test_the_script_documents_its_exit_status():
     head = (REPO / "scripts" / "gpu-test").read_text().split("set -uo pipefail")[0]
     assert "Exit status:" in head and "NO GPU TEST RAN" in head
+
+
+def test_a_deadline_starts_no_file_after_it_and_says_which(tmp_path):
+    """BRIDGE_GPU_TEST_DEADLINE: a run that a machine's time limit would cut keeps its
+    summary; the files it did not start are listed, and the run does not pass."""
+    env = dict(os.environ)
+    env["BRIDGE_CUDA_LIBRARY"] = "/nonexistent/libcuda.so.1"
+    env["BRIDGE_GPU_TEST_SKIP_BUILD"] = "1"
+    env["BRIDGE_GPU_TEST_DEADLINE"] = "0"
+    env["BRIDGE_GPU_TEST_FILES"] = "tests/gpu/test_gpu_core.py tests/gpu/test_gpu_pinned.py"
+    r = subprocess.run(
+        [str(REPO / "scripts" / "gpu-test"), str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    summary = (tmp_path / "summary.txt").read_text()
+    for name in ("test_gpu_core", "test_gpu_pinned"):
+        assert f"{name}" in summary and "not run (BRIDGE_GPU_TEST_DEADLINE=0 s)" in summary
+    assert "gpu: 0 passed, 0 failed" in summary
+    assert "passed in" not in (tmp_path / "gpu-test.log").read_text()  # nothing started
