@@ -279,7 +279,7 @@ static int try_alloc(device_state *d, int device, size_t size, CUstream stream, 
             r = bridge_drv.cuStreamSynchronize(d->side);
         capture_mode_exit(mode);
     } else {
-        int mode = capture_mode_enter(d);
+        int mode = capture_mode_relax();
         r = bridge_drv.cuMemAllocFromPoolAsync(&p, size, d->pool, stream);
         capture_mode_exit(mode);
     }

@@ -27,18 +27,11 @@ void ctx_exit(ctx_guard *g)
         bridge_drv.cuCtxSetCurrent(g->prev);
 }
 
-int capture_mode_enter(device_state *d)
-{
-    /* Always, not only while a capture the core knows of runs: another
-     * thread's capture in global mode (torch.cuda.graph's default, with
-     * torch's own allocator, or XLA's) is invisible here, and a pool
-     * allocation or free in global mode then fails with
-     * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (seen on an H200: a CuPy
-     * allocation on a side stream during a torch capture). */
-    (void)d;
-    return capture_mode_relax();
-}
-
+/* Always, not only while a capture the core knows of runs: another thread's
+ * capture in global mode (torch.cuda.graph's default, with torch's own
+ * allocator, or XLA's) is invisible here, and a pool allocation or free in
+ * global mode then fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (seen on
+ * an H200: a CuPy allocation on a side stream during a torch capture). */
 int capture_mode_relax(void)
 {
     int mode = CU_STREAM_CAPTURE_MODE_RELAXED;

@@ -126,13 +126,12 @@ typedef struct ctx_guard {
 void ctx_enter(device_state *d, ctx_guard *g);
 void ctx_exit(ctx_guard *g);
 /* While a capture runs, driver calls on other streams must not invalidate
- * it, nor fail: relaxed capture mode for this thread (torch does the same
- * around cudaMalloc while capturing).  capture_mode_enter relaxes always: a
- * capture of another thread may be one the core cannot see. */
-int capture_mode_enter(device_state *d);
-void capture_mode_exit(int mode);
-/* Capture mode relaxed for one call, whatever the device says. */
+ * it, nor fail: every driver call of the core runs in relaxed capture mode
+ * for this thread (torch does the same around cudaMalloc while capturing),
+ * whether or not the core knows of a capture: another thread's may be one
+ * it cannot see.  capture_mode_relax returns the mode to put back. */
 int capture_mode_relax(void);
+void capture_mode_exit(int mode);
 
 /* ---- synchronizations and captures (device.c) ----
  * A synchronization the core issues never overlaps a capture it knows of:

@@ -190,7 +190,7 @@ static uint64_t others_of(device_state *d)
     uint64_t used = 0;
     /* relaxed capture mode: a capturing thread (torch's, checking its graph
      * allocation against the budget) must not invalidate its own capture */
-    int mode = capture_mode_enter(d);
+    int mode = capture_mode_relax();
     CUresult r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
     capture_mode_exit(mode);
     if (r == CUDA_SUCCESS) {
@@ -387,7 +387,7 @@ void ledger_release(device_state *d, const record *rec)
     }
     ctx_guard g;
     ctx_enter(d, &g);
-    int mode = capture_mode_enter(d);
+    int mode = capture_mode_relax();
     int wait = issue_free(d, &r);
     capture_mode_exit(mode);
     ctx_exit(&g);

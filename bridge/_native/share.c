@@ -407,7 +407,7 @@ static uint64_t pool_reserved(struct device_state *d)
     uint64_t v = 0;
     /* (share_reserve's slow path and the service thread run relaxed already;
      * the fast path is the allocation's: relaxed too) */
-    int mode = capture_mode_enter(d);
+    int mode = capture_mode_relax();
     CUresult r =
         bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v);
     capture_mode_exit(mode);
