@@ -64,32 +64,6 @@ static void flush_cache(int device)
     cache_flush(device, release_cached);
 }
 
-/* An allocation served from the cache: the bytes are already on the ledger
- * (reserved and committed); only the framework's figures move. */
-static int adopt_cached(device_state *d, int device, uintptr_t p, size_t size, CUstream key,
-                        int tag, void **out)
-{
-    tag_state *t = &d->tag[tag];
-    uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
-    uint64_t tcur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
-    record rec = {.ptr = p,
-                  .size = size,
-                  .stream = key,
-                  .device = device,
-                  .tag = (uint8_t)tag,
-                  .owner = thread_self()};
-    if ((tlimit && tcur > tlimit) || records_insert(&rec) != 0) {
-        atomic_fetch_sub_explicit(&t->current, size, RELAXED);
-        ledger_release(d, &rec);
-        return BRIDGE_E_TAG_LIMIT;
-    }
-    atomic_max(&t->peak, tcur);
-    ledger_count_alloc(d, tag, size);
-    atomic_fetch_add_explicit(&d->num_cache_hits, 1, RELAXED);
-    *out = (void *)p;
-    return BRIDGE_OK;
-}
-
 int bridge_forget_stream(void *stream)
 {
     /* its cached blocks first, freed on it while it is still registered (it
@@ -261,41 +235,34 @@ int bridge_free_cached(void *ptr)
 }
 
 /* ---- allocation ---- */
-static int try_alloc(device_state *d, int device, size_t size, CUstream stream, CUstream key,
-                     int tag, int outside_capture, void **out)
+/* One allocation on its way down: the record it will have (ptr aside) and
+ * how its block is taken. */
+typedef struct request {
+    device_state *d;
+    record want;     /* size, tag, device, stream key, owner; graph flags and ids */
+    CUstream stream; /* the framework's handle, for the driver */
+    int side;        /* allocate on the side stream, complete: a capture runs on it */
+} request;
+
+static inline request request_of(device_state *d, int device, size_t size, void *stream, int tag)
 {
-    int rc = ledger_reserve(d, tag, size);
-    if (rc != BRIDGE_OK)
-        return rc;
-    CUdeviceptr p = 0;
-    CUresult r;
-    if (outside_capture) {
-        /* The stream is being captured (CuPy's Stream.begin_capture): an
-         * allocation on it would become a node of the user's graph.  Allocate
-         * on the side stream, complete, as torch's graph blocks are. */
-        int mode = capture_mode_relax();
-        r = bridge_drv.cuMemAllocFromPoolAsync(&p, size, d->pool, d->side);
-        if (r == CUDA_SUCCESS)
-            r = bridge_drv.cuStreamSynchronize(d->side);
-        capture_mode_exit(mode);
-    } else {
-        int mode = capture_mode_relax();
-        r = bridge_drv.cuMemAllocFromPoolAsync(&p, size, d->pool, stream);
-        capture_mode_exit(mode);
-    }
-    if (r != CUDA_SUCCESS || !p) {
-        ledger_unreserve(d, tag, size);
-        bridge_note_driver_error(r);
-        return r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_SUCCESS ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
-    }
-    ledger_commit(d, size);
-    record rec = {.ptr = (uintptr_t)p,
-                  .size = size,
-                  .stream = key,
-                  .device = device,
-                  .tag = (uint8_t)tag,
-                  .owner = thread_self()};
-    return ledger_record(d, &rec, out);
+    return (request){.d = d,
+                     .want = {.size = size,
+                              .stream = stream_key((CUstream)stream),
+                              .device = device,
+                              .tag = (uint8_t)tag,
+                              .owner = thread_self()},
+                     .stream = (CUstream)stream};
+}
+
+/* A graph pool's request (torch's graph pools and MemPools, a CuPy capture):
+ * never the budget's waiting, always on the side stream. */
+static inline void request_graph(request *q, uint64_t id0, uint64_t id1)
+{
+    q->want.flags = REC_GRAPH;
+    q->want.graph0 = id0;
+    q->want.graph1 = id1;
+    q->side = 1;
 }
 
 /* The refusal path's synchronization of the allocating stream (alive: its
@@ -322,48 +289,123 @@ static int retryable(int rc)
     return rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM;
 }
 
-/* ---- the refusal path: waiting for memory others free (wait.c) ---- */
+/* What others freed and the core still holds goes back to the pool: dead
+ * CuPy graphs' pools, the cache, deferred frees. */
+static void give_back_held(device_state *d, int device)
+{
+    graph_collect_dead();
+    flush_cache(device);
+    ledger_flush_deferred(d);
+}
+
+/* ---- the refusal path: relief and waiting (wait.c) ---- */
 typedef struct retry_args {
-    device_state *d;
-    int device, tag, captured;
-    size_t size;
-    CUstream stream, key;
+    request *q;
+    int rc; /* the last refusal */
 } retry_args;
 
-/* One more try of a waiting allocation: the garbage collection first when
- * asked (wait.h), then what others freed into the cache or deferred goes
- * back to the pool. */
+/* One more try of a refused allocation (wait.h's flags): the frameworks'
+ * relief first when asked, what the core holds back to the pool, the
+ * allocating stream's frees landed, and the allocation again. */
 static int retry_alloc(void *ctx, int flags, void **out)
 {
     retry_args *a = ctx;
-    if (flags & WAIT_RETRY_COLLECT) {
-        bridge_pressure_fn hook = atomic_load(&pressure_hook);
-        if (hook)
-            hook(a->device, a->size, a->tag, BRIDGE_RELIEVE_COLLECT);
-    }
-    graph_collect_dead();
-    flush_cache(a->device);
-    ledger_flush_deferred(a->d);
+    request *q = a->q;
+    device_state *d = q->d;
     ctx_guard g;
-    ctx_enter(a->d, &g); /* after the hook: it may have run Python that switched the context */
-    if (flags & WAIT_RETRY_FREED)
-        sync_stream(a->d, a->stream, a->key); /* its frees reach the pool */
-    int rc = try_alloc(a->d, a->device, a->size, a->stream, a->key, a->tag, a->captured, out);
+    bridge_pressure_fn hook = atomic_load(&pressure_hook); /* one read: see its comment */
+    if (flags & WAIT_RETRY_RELIEVE) {
+        /* the frameworks release their caches (and collect their garbage,
+         * unless this thread will wait: its wait collects, once); no
+         * device-wide synchronization: another library's capture (XLA's)
+         * may be running, and the pool reuses memory freed on other streams
+         * by itself.  Nothing released: the refusal stands. */
+        int stage = flags & WAIT_RETRY_COLLECT ? BRIDGE_RELIEVE_ALL : BRIDGE_RELIEVE_CACHES;
+        ctx_enter(d, &g);
+        int relieved = hook && hook(q->want.device, q->want.size, q->want.tag, stage);
+        ctx_exit(&g);
+        if (!relieved)
+            return a->rc;
+    } else if ((flags & WAIT_RETRY_COLLECT) && hook) {
+        hook(q->want.device, q->want.size, q->want.tag, BRIDGE_RELIEVE_COLLECT);
+    }
+    give_back_held(d, q->want.device);
+    ctx_enter(d, &g); /* after the hook: it may have run Python that switched the context */
+    if (flags & (WAIT_RETRY_FREED | WAIT_RETRY_RELIEVE))
+        sync_stream(d, q->stream, q->want.stream); /* its frees reach the pool */
+    int rc = ledger_alloc(d, &q->want, q->stream, q->side, out);
     ctx_exit(&g);
+    if (rc == BRIDGE_OK && (flags & WAIT_RETRY_RELIEVE))
+        atomic_fetch_add_explicit(&d->num_retries, 1, RELAXED);
+    a->rc = rc;
     return rc;
 }
 
-/* The cache's fast path, shared by alloc_block and bridge_alloc_cached: a
- * block of this size freed on this stream (one lock, one pop, one shard lock;
- * no driver call, so no context needed), adopted for `tag`.  BRIDGE_E_MISS
- * when none is cached, or when adopting it failed (the tag's cap, no host
- * memory for the record): adopt_cached gave the block back to the pool. */
-static int take_cached(device_state *d, int device, size_t size, CUstream key, int tag, void **out)
+/* The cache's fast path, shared by obtain and bridge_alloc_cached: a block
+ * of this size freed on this stream (one lock, one pop, one shard lock; no
+ * driver call, so no context needed), adopted for the request's tag.
+ * BRIDGE_E_MISS when none is cached, or when adopting it failed (the tag's
+ * cap, no host memory for the record): the block went back to the pool. */
+static int take_cached(request *q, void **out)
 {
-    uintptr_t hit = cache_take(device, key, size);
-    if (hit && adopt_cached(d, device, hit, size, key, tag, out) == BRIDGE_OK)
+    record rec = q->want;
+    rec.ptr = cache_take(rec.device, rec.stream, rec.size);
+    if (!rec.ptr || ledger_adopt(q->d, &rec, out) != BRIDGE_OK)
+        return BRIDGE_E_MISS;
+    atomic_fetch_add_explicit(&q->d->num_cache_hits, 1, RELAXED);
+    return BRIDGE_OK;
+}
+
+/* The one way down for every allocation: the graph pool's free list (a
+ * graph request), the cache, the pool; then, refused, the recovery chain
+ * and the wait (not for a graph request: its capture must not block). */
+static int obtain(request *q, void **out)
+{
+    device_state *d = q->d;
+    int graph = q->want.flags & REC_GRAPH;
+    /* a graph pool's fast path: a block its graphs freed, no driver call */
+    if (graph && (*out = (void *)graph_reuse(d, &q->want)))
         return BRIDGE_OK;
-    return BRIDGE_E_MISS;
+    /* fastest path: a block of this size freed on this stream (for a graph
+     * request, freed before the capture: everything that used it precedes
+     * the capture in that stream's order, and torch's private pools take
+     * such blocks too) */
+    if (take_cached(q, out) == BRIDGE_OK)
+        return BRIDGE_OK;
+    ctx_guard g;
+    ctx_enter(d, &g);
+    if (!graph) /* a capture the core does not run (CuPy's Stream.begin_capture without it) */
+        q->side = atomic_load_explicit(&d->captures_active, RELAXED) &&
+                  stream_capturing(d, q->want.stream);
+    /* fast path: two atomic adds (plus one attribute read under a budget),
+     * one driver call, one shard lock */
+    int rc = ledger_alloc(d, &q->want, q->stream, q->side, out);
+    if (rc != BRIDGE_OK)
+        wait_refused(); /* the OOM message tells this refusal's wait, none before */
+    if (retryable(rc) && !graph) {
+        /* 1. What the core holds back to the pool, the stream's pending frees
+         *    land (not while a capture runs: a synchronization could
+         *    invalidate it), and again. */
+        give_back_held(d, q->want.device);
+        sync_stream(d, q->stream, q->want.stream);
+        rc = ledger_alloc(d, &q->want, q->stream, q->side, out);
+        if (rc == BRIDGE_OK)
+            atomic_fetch_add_explicit(&d->num_retries, 1, RELAXED);
+        /* 2. The frameworks' relief, then 3. waiting for others to free, if
+         *    this thread may (wait.c). */
+        if (retryable(rc)) {
+            ctx_exit(&g); /* the wait may be long; each retry enters again */
+            retry_args a = {q, rc};
+            rc = wait_for_room(d, q->want.device, q->want.size, rc, retry_alloc, &a, out);
+            ctx_enter(d, &g);
+        }
+    }
+    if (retryable(rc) || rc == BRIDGE_E_TAG_LIMIT) { /* refusals, not driver errors */
+        atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
+        atomic_fetch_add_explicit(&d->tag[q->want.tag].num_ooms, 1, RELAXED);
+    }
+    ctx_exit(&g);
+    return rc;
 }
 
 static int alloc_block(int device, size_t size, void *stream, int tag, void **out)
@@ -377,68 +419,16 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
     device_state *d = device_of(device);
     if (!d && !(d = device_use(device, &rc)))
         return rc;
-    CUstream key = stream_key((CUstream)stream);
     if (atomic_load_explicit(&d->num_deferred, RELAXED))
         ledger_flush_deferred(d);
+    request q = request_of(d, device, size, stream, tag);
     /* a CuPy capture of this stream: its graph's pool (graph.c), never the
-     * cache (a cached block would leave the graph at its free) */
+     * cache's other blocks (a cached block would leave the graph at its free) */
     uint64_t bound_pool;
     if (atomic_load_explicit(&d->stream_captures, RELAXED) &&
-        graph_pool_of_stream(d, key, &bound_pool))
-        return graph_alloc(device, size, tag, BRIDGE_STREAM_POOL, bound_pool, stream, out);
-    /* fastest path: a block of this size freed on this stream */
-    if (take_cached(d, device, size, key, tag, out) == BRIDGE_OK)
-        return BRIDGE_OK;
-    ctx_guard g;
-    ctx_enter(d, &g);
-    int captured = atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(d, key);
-    /* fast path: two atomic adds (plus one attribute read under a budget),
-     * one driver call, one shard lock */
-    rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
-    if (rc != BRIDGE_OK)
-        wait_refused(); /* the OOM message tells this refusal's wait, none before */
-    if (retryable(rc)) {
-        /* 1. Cached blocks back to the pool, the stream's pending frees land
-         *    (not while a capture runs: a synchronization could invalidate
-         *    it), deferred frees complete, dead CuPy graphs' pools go. */
-        graph_collect_dead();
-        flush_cache(device);
-        sync_stream(d, (CUstream)stream, key);
-        ledger_flush_deferred(d);
-        rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
-        /* 2. Ask the frameworks to release their caches, then try again.  No
-         *    device-wide synchronization: another library's capture (XLA's)
-         *    may be running, and the pool reuses memory freed on other
-         *    streams by itself.  A thread that will wait leaves the garbage
-         *    collection to its wait (bridge.h, wait.c). */
-        bridge_pressure_fn hook = atomic_load(&pressure_hook); /* one read: see its comment */
-        int stage = wait_would_wait(d, size) ? BRIDGE_RELIEVE_CACHES : BRIDGE_RELIEVE_ALL;
-        if (retryable(rc) && hook && hook(device, size, tag, stage)) {
-            /* The hook may have run Python that switched the context: make
-             * the device's current again (keeping the caller's in `g`). */
-            bridge_drv.cuCtxSetCurrent(d->ctx);
-            graph_collect_dead(); /* the hook's collection may have ended a CuPy graph */
-            flush_cache(device);
-            sync_stream(d, (CUstream)stream, key);
-            ledger_flush_deferred(d);
-            rc = try_alloc(d, device, size, (CUstream)stream, key, tag, captured, out);
-        }
-        if (rc == BRIDGE_OK)
-            atomic_fetch_add_explicit(&d->num_retries, 1, RELAXED);
-        /* 3. Still refused: wait for others to free, if this thread may. */
-        if (retryable(rc)) {
-            ctx_exit(&g); /* the wait may be long; each retry enters again */
-            retry_args a = {d, device, tag, captured, size, (CUstream)stream, key};
-            rc = wait_for_room(d, device, size, rc, retry_alloc, &a, out);
-            ctx_enter(d, &g);
-        }
-    }
-    if (retryable(rc) || rc == BRIDGE_E_TAG_LIMIT) { /* refusals, not driver errors */
-        atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
-        atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
-    }
-    ctx_exit(&g);
-    return rc;
+        graph_pool_of_stream(d, q.want.stream, &bound_pool))
+        request_graph(&q, BRIDGE_STREAM_POOL, bound_pool);
+    return obtain(&q, out);
 }
 
 /* The history's note of an allocation (handed out or refused); off: one
@@ -458,6 +448,25 @@ int bridge_alloc(int device, size_t size, void *stream, int tag, void **out)
     return rc;
 }
 
+int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
+                       void **out)
+{
+    *out = NULL;
+    if (size == 0)
+        return BRIDGE_OK;
+    if (tag < 0 || tag >= BRIDGE_NTAGS)
+        return BRIDGE_E_INVALID;
+    int rc;
+    device_state *d = device_use(device, &rc);
+    if (d) {
+        request q = request_of(d, device, size, stream, tag);
+        request_graph(&q, id0, id1);
+        rc = obtain(&q, out);
+    }
+    note_alloc(rc, device, size, stream, tag, *out);
+    return rc;
+}
+
 int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **out)
 {
     *out = NULL;
@@ -471,7 +480,8 @@ int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **o
     if (!d || atomic_load_explicit(&d->num_deferred, RELAXED) ||
         atomic_load_explicit(&d->stream_captures, RELAXED))
         return BRIDGE_E_MISS; /* a CuPy capture: bridge_alloc routes its arrays to its graph */
-    int rc = take_cached(d, device, size, stream_key((CUstream)stream), tag, out);
+    request q = request_of(d, device, size, stream, tag);
+    int rc = take_cached(&q, out);
     if (rc == BRIDGE_OK)
         note_alloc(rc, device, size, stream, tag, *out);
     return rc;

@@ -43,10 +43,7 @@
 #include <string.h>
 
 #include "ledger.h"
-#include "cache.h"
 #include "graph.h"
-#include "views.h"
-#include "wait.h"
 
 typedef struct gblock {
     uintptr_t ptr;
@@ -581,112 +578,16 @@ static uintptr_t reuse(device_state *d, gpool *p, size_t size, CUstream key, int
     }
 }
 
-int graph_alloc(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
-                void **out)
+uintptr_t graph_reuse(device_state *d, const record *want)
 {
-    *out = NULL;
-    if (size == 0)
-        return BRIDGE_OK;
-    if (tag < 0 || tag >= BRIDGE_NTAGS)
-        return BRIDGE_E_INVALID;
-    int rc;
-    device_state *d = device_use(device, &rc);
-    if (!d)
-        return rc;
-    CUstream key = stream_key((CUstream)stream);
-
-    /* fast path of a pool: a block its graphs freed, no driver call */
     uint64_t got = 0;
     pthread_mutex_lock(&d->capture_lock);
-    gpool *p = find_pool(d, id0, id1);
-    uintptr_t hit = p ? reuse(d, p, size, key, tag, &got) : 0;
+    gpool *p = find_pool(d, want->graph0, want->graph1);
+    uintptr_t hit = p ? reuse(d, p, want->size, want->stream, want->tag, &got) : 0;
     pthread_mutex_unlock(&d->capture_lock);
-    if (hit) {
-        tag_state *t = &d->tag[tag];
-        uint64_t cur = atomic_fetch_add_explicit(&t->current, got, RELAXED) + got;
-        atomic_max(&t->peak, cur);
-        ledger_count_alloc(d, tag, got);
-        *out = (void *)hit;
-        return BRIDGE_OK;
-    }
-
-    /* a block freed on the capturing stream before the capture, kept by the
-     * cache: everything that used it precedes the capture in that stream's
-     * order (torch's private pools take such blocks too) */
-    uintptr_t cached = cache_take(device, key, size);
-    if (cached) {
-        record rec = {.ptr = cached,
-                      .size = size,
-                      .stream = key,
-                      .device = device,
-                      .tag = (uint8_t)tag,
-                      .flags = REC_GRAPH,
-                      .graph0 = id0,
-                      .graph1 = id1,
-                      .owner = thread_self()};
-        tag_state *t = &d->tag[tag];
-        uint64_t cur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
-        if (records_insert(&rec) == 0) {
-            atomic_max(&t->peak, cur);
-            ledger_count_alloc(d, tag, size);
-            atomic_fetch_add_explicit(&d->num_cache_hits, 1, RELAXED);
-            *out = (void *)cached;
-            return BRIDGE_OK;
-        }
-        atomic_fetch_sub_explicit(&t->current, size, RELAXED);
-        ledger_release(d, &rec);
-    }
-
-    rc = ledger_reserve(d, tag, size);
-    if (rc != BRIDGE_OK) {
-        wait_refused(); /* a graph allocation never waits */
-        atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
-        atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
-        return rc;
-    }
-    ctx_guard g;
-    ctx_enter(d, &g);
-    /* Allocated outside the capture, on the side stream, and complete before
-     * the captured work uses it: the graph holds no allocation node. */
-    int mode = capture_mode_relax();
-    CUdeviceptr ptr = 0;
-    CUresult r = bridge_drv.cuMemAllocFromPoolAsync(&ptr, size, d->pool, d->side);
-    if (r == CUDA_SUCCESS)
-        r = bridge_drv.cuStreamSynchronize(d->side);
-    capture_mode_exit(mode);
-    ctx_exit(&g);
-    if (r != CUDA_SUCCESS || !ptr) {
-        wait_refused();
-        ledger_unreserve(d, tag, size);
-        bridge_note_driver_error(r);
-        atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
-        atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
-        return r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_SUCCESS ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
-    }
-    ledger_commit(d, size);
-    record rec = {.ptr = (uintptr_t)ptr,
-                  .size = size,
-                  .stream = key,
-                  .device = device,
-                  .tag = (uint8_t)tag,
-                  .flags = REC_GRAPH,
-                  .graph0 = id0,
-                  .graph1 = id1,
-                  .owner = thread_self()};
-    return ledger_record(d, &rec, out);
-}
-
-int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
-                       void **out)
-{
-    int rc = graph_alloc(device, size, tag, id0, id1, stream, out);
-    /* off: one relaxed load */
-    if (atomic_load_explicit(&bridge_history_on, RELAXED) && size &&
-        (rc == BRIDGE_OK || rc == BRIDGE_E_BUDGET || rc == BRIDGE_E_OOM ||
-         rc == BRIDGE_E_TAG_LIMIT))
-        history_note(rc == BRIDGE_OK ? BRIDGE_EV_ALLOC : BRIDGE_EV_OOM, device, (uintptr_t)*out,
-                     size, stream_key((CUstream)stream), tag);
-    return rc;
+    if (hit)
+        ledger_count_reuse(d, want->tag, got);
+    return hit;
 }
 
 /* A graph block the user freed: on its pool's free list, for the next
@@ -775,9 +676,6 @@ int bridge_graph_adopt(void *ptr, int tag)
     }
     pthread_mutex_unlock(&d->capture_lock);
     atomic_fetch_sub_explicit(&d->graph_bytes, a.size, RELAXED);
-    tag_state *t = &d->tag[tag];
-    uint64_t cur = atomic_fetch_add_explicit(&t->current, a.size, RELAXED) + a.size;
-    atomic_max(&t->peak, cur);
-    ledger_count_alloc(d, tag, a.size);
+    ledger_count_reuse(d, tag, a.size);
     return BRIDGE_OK;
 }

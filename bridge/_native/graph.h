@@ -12,9 +12,10 @@ void graph_block_freed(device_state *d, const record *rec);
 /* The CuPy capture pool bound to a capturing stream key (its id1; id0 is
  * BRIDGE_STREAM_POOL): 1 when there is one. */
 int graph_pool_of_stream(device_state *d, CUstream key, uint64_t *id1);
-/* bridge_alloc_graph without the history's note (bridge_alloc notes it). */
-int graph_alloc(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
-                void **out);
+/* A block the graph pool of `want` (graph0, graph1) freed earlier, reused
+ * for `want` (best fit for its size on its stream key, no driver call): live
+ * again for want->tag and counted; 0 when the pool has none. */
+uintptr_t graph_reuse(device_state *d, const record *want);
 /* The pools of CuPy graphs that died (their user objects' destructors ran:
  * bridge_capture_bind_graph) are released now; how many.  Nothing pending:
  * one relaxed load.  Called with no lock of the core held (it takes the

@@ -252,7 +252,7 @@ int ledger_reserve(device_state *d, int tag, uint64_t size)
     return BRIDGE_OK;
 }
 
-void ledger_unreserve(device_state *d, int tag, uint64_t size)
+static void ledger_unreserve(device_state *d, int tag, uint64_t size)
 {
     share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
     if (sm)
@@ -261,7 +261,8 @@ void ledger_unreserve(device_state *d, int tag, uint64_t size)
     atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
 }
 
-void ledger_commit(device_state *d, uint64_t size)
+/* The driver granted a reserved block: count it as committed. */
+static void ledger_commit(device_state *d, uint64_t size)
 {
     atomic_fetch_add_explicit(&d->committed, size, RELAXED);
     share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
@@ -282,14 +283,70 @@ void ledger_count_alloc(device_state *d, int tag, uint64_t size)
         ;
 }
 
-int ledger_record(device_state *d, const record *rec, void **out)
+void ledger_count_reuse(device_state *d, int tag, uint64_t size)
+{
+    tag_state *t = &d->tag[tag];
+    uint64_t cur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
+    atomic_max(&t->peak, cur);
+    ledger_count_alloc(d, tag, size);
+}
+
+/* A block the pool just gave: its record inserted and counted, *out set;
+ * BRIDGE_E_OOM (the block given back) when there is no host memory for the
+ * record.  The tag's `current` already holds the block's size (reserve). */
+static int ledger_record(device_state *d, const record *rec, void **out)
 {
     if (records_insert(rec) != 0) {
-        /* no host memory for the record: give the block back */
         atomic_fetch_sub_explicit(&d->tag[rec->tag].current, rec->size, RELAXED);
         ledger_release(d, rec);
         return BRIDGE_E_OOM;
     }
+    ledger_count_alloc(d, rec->tag, rec->size);
+    *out = (void *)(uintptr_t)rec->ptr;
+    return BRIDGE_OK;
+}
+
+int ledger_alloc(device_state *d, const record *want, CUstream stream, int side, void **out)
+{
+    int rc = ledger_reserve(d, want->tag, want->size);
+    if (rc != BRIDGE_OK)
+        return rc;
+    CUdeviceptr p = 0;
+    /* relaxed capture mode: a capture another thread runs in global mode
+     * would refuse (and be invalidated by) a pool call of this thread */
+    int mode = capture_mode_relax();
+    CUresult r =
+        bridge_drv.cuMemAllocFromPoolAsync(&p, want->size, d->pool, side ? d->side : stream);
+    if (side && r == CUDA_SUCCESS)
+        r = bridge_drv.cuStreamSynchronize(d->side);
+    capture_mode_exit(mode);
+    if (r != CUDA_SUCCESS || !p) {
+        ledger_unreserve(d, want->tag, want->size);
+        bridge_note_driver_error(r);
+        return r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_SUCCESS ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
+    }
+    ledger_commit(d, want->size);
+    record rec = *want;
+    rec.ptr = (uintptr_t)p;
+    return ledger_record(d, &rec, out);
+}
+
+int ledger_adopt(device_state *d, const record *rec, void **out)
+{
+    tag_state *t = &d->tag[rec->tag];
+    uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
+    uint64_t tcur = atomic_fetch_add_explicit(&t->current, rec->size, RELAXED) + rec->size;
+    int rc = BRIDGE_OK;
+    if (tlimit && tcur > tlimit)
+        rc = BRIDGE_E_TAG_LIMIT;
+    else if (records_insert(rec) != 0)
+        rc = BRIDGE_E_OOM; /* no host memory for the record */
+    if (rc != BRIDGE_OK) {
+        atomic_fetch_sub_explicit(&t->current, rec->size, RELAXED);
+        ledger_release(d, rec);
+        return rc;
+    }
+    atomic_max(&t->peak, tcur);
     ledger_count_alloc(d, rec->tag, rec->size);
     *out = (void *)(uintptr_t)rec->ptr;
     return BRIDGE_OK;

@@ -26,20 +26,28 @@
 /* The device's state, set up on first use (a device outside unify's list:
  * its default pool, no budget); NULL with *rc set when it cannot be. */
 device_state *device_use(int device, int *rc);
-/* Reserve / give back budget bytes for a tag (reserve: BRIDGE_OK or the
- * limit that refused). */
+/* Reserve budget bytes for a tag: BRIDGE_OK or the limit that refused
+ * (managed.c; ledger_alloc for pool blocks). */
 int ledger_reserve(device_state *d, int tag, uint64_t size);
-void ledger_unreserve(device_state *d, int tag, uint64_t size);
-/* The driver granted a reserved block: count it as committed. */
-void ledger_commit(device_state *d, uint64_t size);
+/* A new block from the pool for `want` (its size, tag, stream key, flags and
+ * graph ids; ptr ignored): reserved on the budget, allocated on `stream`, or
+ * on the device's side stream and complete when `side` (a capture runs on
+ * the stream), committed, recorded and counted; *out set.  BRIDGE_OK, the
+ * limit that refused, BRIDGE_E_OOM or BRIDGE_E_DRIVER.  The device's context
+ * is current; any capture mode (the pool call runs relaxed). */
+int ledger_alloc(device_state *d, const record *want, CUstream stream, int side, void **out);
+/* A block already on the budget (the cache's), handed to rec->tag: the tag's
+ * cap checked, the record inserted and counted, *out set.  Refused
+ * (BRIDGE_E_TAG_LIMIT, or BRIDGE_E_OOM: no host memory for the record): the
+ * block went back to the pool. */
+int ledger_adopt(device_state *d, const record *rec, void **out);
+/* A block whose record is live again for `tag` (a graph pool's, reused):
+ * the tag's bytes, peak and counts. */
+void ledger_count_reuse(device_state *d, int tag, uint64_t size);
 /* Count a free on the framework's figures (the memory itself may live on). */
 void ledger_count_free(device_state *d, const record *rec);
 /* Count an allocation on the framework's figures (after the record exists). */
 void ledger_count_alloc(device_state *d, int tag, uint64_t size);
-/* A block the pool just gave: its record inserted and counted, *out set;
- * BRIDGE_E_OOM (the block given back) when there is no host memory for the
- * record.  The tag's `current` already holds the block's size (reserve). */
-int ledger_record(device_state *d, const record *rec, void **out);
 /* Give the block back to the pool now if its streams allow it, else defer it
  * until they do; the ledger is settled when the driver free is issued. */
 void ledger_release(device_state *d, const record *rec);

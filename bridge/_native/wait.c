@@ -351,12 +351,6 @@ static uint64_t wait_time_for(device_state *d, size_t size, int *why)
     return budget_ns;
 }
 
-int wait_would_wait(device_state *d, size_t size)
-{
-    int why;
-    return wait_time_for(d, size, &why) != 0;
-}
-
 /* The wait of one refused allocation, as a state machine.  States: QUEUED
  * (in queue[device], GIL released, the cache held so frees reach the pool),
  * then a loop of TRY -> SLEEP -> TRY ..., then LEFT (off the queue, GIL back,
@@ -390,6 +384,11 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
         return rc;
     int why;
     uint64_t budget_ns = wait_time_for(d, size, &why);
+    /* the frameworks' relief first; a thread that will wait leaves their
+     * garbage collection to its wait */
+    rc = retry(ctx, WAIT_RETRY_RELIEVE | (budget_ns ? 0 : WAIT_RETRY_COLLECT), out);
+    if (!retryable(rc))
+        return rc; /* BRIDGE_OK, a cap or a driver error: no wait */
     if (!budget_ns) {
         tl_last_outcome = why;
         return rc;

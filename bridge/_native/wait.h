@@ -2,7 +2,7 @@
 /* wait.h: waiting for memory others free (wait.c); internal.
  *
  * The device allocation path calls in at two places: bridge_alloc's refusal path (alloc.c:
- * wait_for_room, after the recovery chain) and the ledger's settle
+ * wait_for_room, the recovery chain's last two steps) and the ledger's settle
  * (wait_freed, through ledger_parts, when a free lowered the ledger while
  * somebody waits: wait_count, ledger.h). */
 #ifndef BRIDGE_WAIT_H
@@ -17,28 +17,31 @@ void wait_refused(void);
 /* The ledger of `device` went down: wake its waiters. */
 void wait_freed(int device);
 
-/* One more try of the refused allocation (alloc.c: cache and deferred frees
- * back to the pool, then reserve and allocate); a bridge_status.  `flags`:
+/* One more try of the refused allocation (alloc.c: what the core holds back
+ * to the pool, then reserve and allocate); a bridge_status.  `flags`:
+ *   WAIT_RETRY_RELIEVE  the frameworks are asked to release what they cache
+ *                       first (the pressure hook, BRIDGE_RELIEVE_CACHES; with
+ *                       WAIT_RETRY_COLLECT, BRIDGE_RELIEVE_ALL: their garbage
+ *                       collection too), and the waiter's stream is
+ *                       synchronized; when they release nothing the try is
+ *                       skipped and the last refusal stands;
  *   WAIT_RETRY_FREED    a free settled since the last try: the waiter's own
  *                       stream is synchronized first (not during a capture),
  *                       so that frees issued on it (the stream a producer and
  *                       its consumer share) are really back in the pool;
- *   WAIT_RETRY_COLLECT  the pressure hook's garbage collection runs first
- *                       (BRIDGE_RELIEVE_COLLECT), once a wait: past the grace,
- *                       or before the wait ends in a refusal. */
-enum { WAIT_RETRY_FREED = 1, WAIT_RETRY_COLLECT = 2 };
+ *   WAIT_RETRY_COLLECT  (alone) the pressure hook's garbage collection runs
+ *                       first (BRIDGE_RELIEVE_COLLECT), once a wait: past the
+ *                       grace, or before the wait ends in a refusal. */
+enum { WAIT_RETRY_FREED = 1, WAIT_RETRY_COLLECT = 2, WAIT_RETRY_RELIEVE = 4 };
 typedef int (*wait_retry_fn)(void *ctx, int flags, void **out);
 
-/* Whether a refused allocation of `size` on this thread would wait (its wait
- * time above 0, no capture on the device, a request a free could satisfy):
- * the recovery chain before it then leaves the garbage collection to the
- * wait (BRIDGE_RELIEVE_CACHES). */
-int wait_would_wait(device_state *d, size_t size);
-
-/* The refusal path of bridge_alloc: `rc` is the refusal after the recovery
- * chain.  Waits for room as the calling thread's setting says, retrying with
- * `retry`; BRIDGE_OK with *out set, else the last refusal.  Needs no context
- * and no lock held; never called during a capture on the device. */
+/* The end of bridge_alloc's refusal path: `rc` is the refusal after the
+ * core gave back what it held.  First one try after the frameworks' relief
+ * (WAIT_RETRY_RELIEVE; with their garbage collection unless this thread
+ * will wait, whose wait runs it later, once), then the wait for room as the
+ * calling thread's setting says (its wait time above 0, no capture on the
+ * device, a request a free could satisfy), retrying with `retry`.  BRIDGE_OK
+ * with *out set, else the last refusal.  Needs no context and no lock held. */
 int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry, void *ctx,
                   void **out);
 
