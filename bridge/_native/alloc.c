@@ -256,7 +256,8 @@ static inline request request_of(device_state *d, int device, size_t size, void 
 }
 
 /* A graph pool's request (torch's graph pools and MemPools, a CuPy capture):
- * never the budget's waiting, always on the side stream. */
+ * always on the side stream; refused, it neither runs the frameworks' relief
+ * nor waits. */
 static inline void request_graph(request *q, uint64_t id0, uint64_t id1)
 {
     q->want.flags = REC_GRAPH;
@@ -358,7 +359,7 @@ static int take_cached(request *q, void **out)
 
 /* The one way down for every allocation: the graph pool's free list (a
  * graph request), the cache, the pool; then, refused, the recovery chain
- * and the wait (not for a graph request: its capture must not block). */
+ * and the wait (a graph request: the chain's first step alone). */
 static int obtain(request *q, void **out)
 {
     device_state *d = q->d;
@@ -382,18 +383,20 @@ static int obtain(request *q, void **out)
     int rc = ledger_alloc(d, &q->want, q->stream, q->side, out);
     if (rc != BRIDGE_OK)
         wait_refused(); /* the OOM message tells this refusal's wait, none before */
-    if (retryable(rc) && !graph) {
+    if (retryable(rc)) {
         /* 1. What the core holds back to the pool, the stream's pending frees
          *    land (not while a capture runs: a synchronization could
-         *    invalidate it), and again. */
+         *    invalidate it), and again: a graph request too (the cache's
+         *    blocks are not the capture's; returning them blocks nothing). */
         give_back_held(d, q->want.device);
         sync_stream(d, q->stream, q->want.stream);
         rc = ledger_alloc(d, &q->want, q->stream, q->side, out);
         if (rc == BRIDGE_OK)
             atomic_fetch_add_explicit(&d->num_retries, 1, RELAXED);
         /* 2. The frameworks' relief, then 3. waiting for others to free, if
-         *    this thread may (wait.c). */
-        if (retryable(rc)) {
+         *    this thread may (wait.c); not for a graph request: the relief
+         *    runs Python (its collection), and a capture must not block. */
+        if (retryable(rc) && !graph) {
             ctx_exit(&g); /* the wait may be long; each retry enters again */
             retry_args a = {q, rc};
             rc = wait_for_room(d, q->want.device, q->want.size, rc, retry_alloc, &a, out);

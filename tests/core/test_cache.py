@@ -79,6 +79,36 @@ def test_cached_bytes_count_in_the_budget_and_go_back_under_pressure(cache):
     core.set_limit(0, 0)
 
 
+def test_a_graph_allocation_gives_the_cached_blocks_back_under_the_budget(cache):
+    # A capture's allocation (torch's graph pool, a CuPy capture) that meets the budget while
+    # the cache holds blocks: they go back to the pool and it is tried again, as an ordinary
+    # allocation's are (on the H200 a CuPy capture was refused with the cache still full).
+    # The stand-in lands a stream-ordered free only when its stream is synchronized, which
+    # no step may do during a capture: here the retry still meets the free in flight, and
+    # the next try, after the stream got there, fits.
+    g = (0x5A, 0x5B)
+    core.register_stream(SIDE)  # a stream that lives on (torch's pooled ones, CuPy's)
+    core.set_limit(0, 10 * MIB)
+    rc, p = core.alloc(0, 6 * MIB, SIDE, CUPY)
+    core.free(p)
+    assert stats()["cached"] == 6 * MIB
+    assert core.graph(0, 0, *g) == 0  # GRAPH_BEGIN
+    q = 0
+    try:
+        assert core.alloc_graph(0, 8 * MIB, TORCH, *g)[0] == 1  # BUDGET: the free in flight
+        s = stats()
+        assert s["cached"] == 0 and s["used"] == 0  # the cache's block went back
+        cache.standin_sync_all(0)  # the stream reached the free
+        rc, q = core.alloc_graph(0, 8 * MIB, TORCH, *g)
+        assert rc == 0 and q and stats()["used"] == 8 * MIB
+    finally:
+        core.free(q)
+        core.graph(1, 0, *g)  # GRAPH_END
+        core.graph(2, 0, *g)  # GRAPH_RELEASE
+        core.set_limit(0, 0)
+    assert stats()["used"] == 0
+
+
 def test_cap_and_largest_block(cache):
     core.set_cache(0, 4 * MIB, 2 * MIB)
     ptrs = [core.alloc(0, MIB, 0, CUPY)[1] for _ in range(6)]
