@@ -3,25 +3,14 @@
 
     python3 benchmarks/run_all.py --out DIR [--quick] [--only SECTIONS] [--dry-run]
 
-Writes DIR/results.json (everything, with versions and the GPU), DIR/results.md
-(tables and the verdict on each target), DIR/results.png (ratios against their
-targets), and DIR/raw/ (each child's JSON and log). results.json and
-results.md are rewritten after every child, so a run cut short still leaves
-what it measured. A child that fails, hangs or crashes is recorded and the run
-goes on; work left when the time budget (--budget-s; default 450 s, 150 s with
---quick) runs out is recorded as skipped. The order puts the allocators
-taking turns first (bench_turns.py: the verdict on allocation), then one round
-of every measurement; the second rounds (and the same-process CuPy
-cross-check) come after. Then the benchmarks of issue #20's other targets,
-one section each: trace (bench_trace.py replays the committed traces),
-capacity (bench_capacity.py), wait (bench_wait.py), share (bench_share.py)
-and rmm (bench_rmm.py; recorded as skipped, with the reason, when rmm does not
-import).
-
-A machine with a limit per command runs the suite in parts into one --out
-directory (``--only alloc_turns,alloc,...``, then ``--only trace``, ...): a part
-run merges into the results.json already there, replacing only the sections
-it runs (see SECTIONS and benchmarks/README.md).
+Writes DIR/results.json, DIR/results.md, DIR/results.png and DIR/raw/ (each child's JSON
+and log); results.json and results.md after every child, so that a run cut short keeps what
+it measured. A child that fails, hangs or crashes is recorded and the run goes on; children
+not started within --budget-s are recorded as skipped. The allocators taking turns run first
+(they decide the allocation targets), then every other measurement, then the later sections
+(trace, capacity, wait, share, rmm; rmm recorded as skipped when rmm does not import). A
+run with --only merges into the results.json already in DIR, replacing only the sections it
+runs (benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -46,12 +35,10 @@ DISTRIBUTIONS = ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "jax", "jaxlib
                  "jax-cuda13-plugin", "jax-cuda13-pjrt", "rmm-cu13", "librmm-cu13",
                  "rapids-logger", "numpy", "cuda-bindings", "cuda-core", "cuda-pathfinder",
                  "matplotlib", "bridge")
-#: Every section (--only picks some); the plan runs them in this order, but for
-#: alloc_same_process, which comes after pinned.
+#: Every section (--only picks some), in the plan's order but alloc_same_process (after pinned).
 SECTIONS = ("alloc_turns", "alloc", "alloc_same_process", "mixed", "e2e_turns", "e2e", "pinned",
             "trace", "capacity", "wait", "share", "rmm")
-#: The committed traces bench_trace.py replays (benchmarks/traces/NAME.json.gz).
-TRACES = ("gpt2", "resnet50", "cupy-fft")
+TRACES = report.TRACES  # the committed traces bench_trace.py replays (traces/NAME.json.gz)
 
 
 @dataclass
@@ -59,12 +46,10 @@ class Params:
     iters: int
     warmup: int
     repeats: int
-    alloc_rounds: int
     turns_repeats: int  # rounds of bench_turns.py (the verdict on allocation)
     e2e_steps: int
     e2e_repeats: int
     e2e_warmup: int
-    e2e_rounds: int  # separate processes, one after the other (context)
     e2e_turns: int  # rounds of native and bridge taking turns (the verdict)
     mixed_fraction: float
     budget_s: float
@@ -83,14 +68,12 @@ class Params:
     rmm_quick: bool = False  # bench_rmm.py --quick
 
 
-FULL = Params(iters=5000, warmup=2000, repeats=15, alloc_rounds=1, turns_repeats=61,
-              e2e_steps=100, e2e_repeats=5, e2e_warmup=20, e2e_rounds=1, e2e_turns=16,
-              mixed_fraction=0.572, budget_s=450)
-QUICK = Params(iters=4000, warmup=500, repeats=5, alloc_rounds=1, turns_repeats=9, e2e_steps=30,
-               e2e_repeats=3, e2e_warmup=10, e2e_rounds=1, e2e_turns=4, mixed_fraction=0.15,
-               budget_s=150, trace_rounds=9, trace_passes=1, capacity_budget="8GiB",
-               capacity_splits="0.3,0.5,0.7", capacity_steps=1, wait_rounds=1, wait_steps=60,
-               share_repeats=7, rmm_quick=True)
+FULL = Params(iters=5000, warmup=2000, repeats=15, turns_repeats=61, e2e_steps=100,
+              e2e_repeats=5, e2e_warmup=20, e2e_turns=16, mixed_fraction=0.572, budget_s=450)
+QUICK = Params(iters=4000, warmup=500, repeats=5, turns_repeats=9, e2e_steps=30, e2e_repeats=3,
+               e2e_warmup=10, e2e_turns=4, mixed_fraction=0.15, budget_s=150, trace_rounds=9,
+               trace_passes=1, capacity_budget="8GiB", capacity_splits="0.3,0.5,0.7",
+               capacity_steps=1, wait_rounds=1, wait_steps=60, share_repeats=7, rmm_quick=True)
 
 
 @dataclass
@@ -102,12 +85,8 @@ class Task:
     env: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # copied into the result (round, ...)
     pin: bool = False  # pass --cpu: the CPU found fastest just before the child starts
-    out_flag: str | None = None  # the child's result-file option (default: --json; pinned --out)
+    result_flag: str = "--json"  # the child's result-file option
     skip: str | None = None  # why it is recorded as skipped instead of run
-
-    @property
-    def result_flag(self) -> str:
-        return self.out_flag or ("--out" if self.section == "pinned" else "--json")
 
 
 #: Sections whose child JSON (the benchmark's own schema) is kept whole under "data".
@@ -120,87 +99,56 @@ def plan(p: Params, python: str, quick: bool, mixed_gib: float | None,
 
     rmm_skip: why RMM cannot be used (the rmm section is then recorded as skipped
     and the trace replays leave the rmm configuration out); None when it imports."""
-    alloc_py = os.path.join(HERE, "bench_alloc.py")
+    bench = lambda name: os.path.join(HERE, name)  # noqa: E731
     common = ["--sizes", SIZES, "--iters", str(p.iters), "--warmup", str(p.warmup),
               "--repeats", str(p.repeats)]
-    order = [("torch", "native"), ("torch", "bridge"), ("torch", "async"), ("torch", "rmm"),
-             ("cupy", "native"), ("cupy", "bridge"), ("cupy", "async"), ("cupy", "rmm")]
-
-    def alloc_round(r: int, configs: list) -> list[Task]:
-        return [Task(f"alloc-{fw}-{c}-r{r}", "alloc",
-                     [python, alloc_py, "--framework", fw, "--config", c] + common, 150,
-                     env=ASYNC_ENV if (fw, c) == ("torch", "async") else {},
-                     extra={"round": r, "framework": fw, "config": c}, pin=True)
-                for fw, c in configs]
-
-    def e2e_round(r: int, modes: tuple) -> list[Task]:
-        return [Task(f"e2e-{m}-r{r}", "e2e",
-                     [python, os.path.join(HERE, "bench_e2e.py"), "--mode", m,
-                      "--steps", str(p.e2e_steps), "--repeats", str(p.e2e_repeats),
-                      "--warmup", str(p.e2e_warmup)], 180, extra={"round": r, "mode": m},
-                     pin=True)
-                for m in modes]
-
+    e2e = ["--steps", str(p.e2e_steps), "--warmup", str(p.e2e_warmup)]
     size = ["--gib", str(mixed_gib)] if mixed_gib else ["--fraction", str(p.mixed_fraction)]
     tasks = [Task(f"alloc-turns-{fw}", "alloc_turns",
-                  [python, os.path.join(HERE, "bench_turns.py"), "--framework", fw,
+                  [python, bench("bench_turns.py"), "--framework", fw,
                    "--configs", "native,async,rmm,bridge", "--sizes", SIZES,
                    "--iters", str(p.iters), "--warmup", str(p.warmup),
                    "--repeats", str(p.turns_repeats)], 240, extra={"framework": fw}, pin=True)
              for fw in ("torch", "cupy")]
-    tasks += alloc_round(1, order)
-    tasks += [Task(f"mixed-{m}", "mixed",
-                   [python, os.path.join(HERE, "bench_mixed.py"), "--mode", m] + size, 240,
-                   extra={"mode": m}) for m in ("native", "bridge")]
+    tasks += [Task(f"alloc-{fw}-{c}-r1", "alloc",
+                   [python, bench("bench_alloc.py"), "--framework", fw, "--config", c] + common,
+                   150, env=ASYNC_ENV if (fw, c) == ("torch", "async") else {},
+                   extra={"round": 1, "framework": fw, "config": c}, pin=True)
+              for fw in ("torch", "cupy") for c in ("native", "bridge", "async", "rmm")]
+    tasks += [Task(f"mixed-{m}", "mixed", [python, bench("bench_mixed.py"), "--mode", m] + size,
+                   240, extra={"mode": m}) for m in ("native", "bridge")]
     tasks.append(Task("e2e-turns", "e2e_turns",
-                      [python, os.path.join(HERE, "bench_e2e.py"), "--turns", "native,bridge",
-                       "--steps", str(p.e2e_steps), "--repeats", str(p.e2e_turns),
-                       "--warmup", str(p.e2e_warmup)], 240, pin=True))
-    tasks += e2e_round(1, ("native", "bridge"))
-    pinned = os.path.join(HERE, "bench_pinned.py")
-    if os.path.exists(pinned):
-        # its --out is where it writes its JSON (run_task adds it); --quick or, failing
-        # that, fewer --repeats when it takes them
-        argv = [python, pinned]
-        if quick:
-            flags = _flags(python, pinned)
-            argv += ["--quick"] if "--quick" in flags else \
-                ["--repeats", "3"] if "--repeats" in flags else []
-        tasks.append(Task("pinned", "pinned", argv, 300))
+                      [python, bench("bench_e2e.py"), "--turns", "native,bridge",
+                       "--repeats", str(p.e2e_turns)] + e2e, 240, pin=True))
+    tasks += [Task(f"e2e-{m}-r1", "e2e",
+                   [python, bench("bench_e2e.py"), "--mode", m, "--repeats", str(p.e2e_repeats)]
+                   + e2e, 180, extra={"round": 1, "mode": m}, pin=True)
+              for m in ("native", "bridge")]
+    tasks.append(Task("pinned", "pinned",
+                      [python, bench("bench_pinned.py")] + (["--quick"] if quick else []), 300,
+                      result_flag="--out"))
     tasks.append(Task("alloc-cupy-all", "alloc_same_process",
-                      [python, alloc_py, "--framework", "cupy", "--config", "all"] + common, 150,
-                      extra={"framework": "cupy", "config": "all"}, pin=True))
-    for r in range(2, p.alloc_rounds + 1):
-        tasks += alloc_round(r, order[::-1] if r % 2 == 0 else order)
-    for r in range(2, p.e2e_rounds + 1):
-        tasks += e2e_round(r, ("bridge", "native") if r % 2 == 0 else ("native", "bridge"))
-    tasks += later_sections(p, python, quick, rmm_skip)
-    return tasks
-
-
-def later_sections(p: Params, python: str, quick: bool, rmm_skip: str | None) -> list[Task]:
-    """trace, capacity, wait, share and rmm: one child each (one per trace), in that order.
-
-    Each child's timeout leaves it inside a 450 s part run (--only SECTION) on a machine
-    with a 10-minute limit per command; the quick parameters take a fraction of that."""
-    bench = lambda name: os.path.join(HERE, name)  # noqa: E731
+                      [python, bench("bench_alloc.py"), "--framework", "cupy", "--config", "all"]
+                      + common, 150, extra={"framework": "cupy", "config": "all"}, pin=True))
+    # the later sections, one child each (one per trace); each timeout leaves the child
+    # inside a 450 s part run (--only SECTION) on a machine with a 10-minute command limit
     configs = "native,async,bridge" if rmm_skip else "native,async,rmm,bridge"
-    tasks = [Task(f"trace-{name}", "trace",
-                  [python, bench("bench_trace.py"), "run",
-                   os.path.join(HERE, "traces", f"{name}.json.gz"), "--configs", configs,
-                   "--rounds", str(p.trace_rounds), "--passes", str(p.trace_passes),
-                   "--processes", str(p.trace_processes)],
-                  120 if quick else 300, extra={"trace": name}, out_flag="--out", pin=True)
-             for name in TRACES]
+    tasks += [Task(f"trace-{name}", "trace",
+                   [python, bench("bench_trace.py"), "run",
+                    os.path.join(HERE, "traces", f"{name}.json.gz"), "--configs", configs,
+                    "--rounds", str(p.trace_rounds), "--passes", str(p.trace_passes),
+                    "--processes", str(p.trace_processes)],
+                   120 if quick else 300, extra={"trace": name}, result_flag="--out", pin=True)
+              for name in TRACES]
     tasks.append(Task("capacity", "capacity",
                       [python, bench("bench_capacity.py"), "--budget", p.capacity_budget,
                        "--splits", p.capacity_splits, "--steps", str(p.capacity_steps),
                        "--timeout", "60" if quick else "120"],
-                      150 if quick else 420, out_flag="--out"))
+                      150 if quick else 420, result_flag="--out"))
     tasks.append(Task("wait", "wait",
                       [python, bench("bench_wait.py"), "--rounds", str(p.wait_rounds),
                        "--steps", str(p.wait_steps)],
-                      120 if quick else 300, out_flag="--out"))
+                      120 if quick else 300, result_flag="--out"))
     tasks.append(Task("share-torch", "share",
                       [python, bench("bench_share.py"), "--framework", "torch",
                        "--sizes", SIZES, "--iters", str(p.iters), "--warmup", str(p.warmup),
@@ -209,7 +157,7 @@ def later_sections(p: Params, python: str, quick: bool, rmm_skip: str | None) ->
     tasks.append(Task("rmm", "rmm",
                       [python, bench("bench_rmm.py"), "--sizes", SIZES]
                       + (["--quick"] if p.rmm_quick else []),
-                      90 if quick else 180, pin=True, out_flag="--out",
+                      90 if quick else 180, pin=True, result_flag="--out",
                       skip=f"rmm is not importable: {rmm_skip}" if rmm_skip else None))
     return tasks
 
@@ -225,15 +173,6 @@ def rmm_missing(python: str) -> str | None:
         return None
     lines = (p.stderr or p.stdout).strip().splitlines()
     return (lines[-1] if lines else f"exit status {p.returncode}")[:300]
-
-
-def _flags(python: str, script: str) -> set[str]:
-    """The --options that script's --help lists (empty if it cannot say)."""
-    try:
-        h = subprocess.run([python, script, "--help"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return set()
-    return {w.strip("[],") for w in h.stdout.split() if w.startswith(("--", "[--"))}
 
 
 def child_env(extra: dict) -> tuple[dict, list[str]]:
@@ -288,8 +227,6 @@ def run_task(task: Task, raw_dir: str, timeout: float) -> dict:
     """Run one child; its JSON result, or an error record saying what happened."""
     json_path = os.path.join(raw_dir, task.name + ".json")
     log_path = os.path.join(raw_dir, task.name + ".log")
-    # bench_pinned.py, bench_trace.py, bench_capacity.py, bench_wait.py and bench_rmm.py
-    # name their result file --out; the others --json
     argv = list(task.argv) + [task.result_flag, json_path]
     if task.pin:
         cpu = fastest_cpu()
@@ -317,9 +254,6 @@ def run_task(task: Task, raw_dir: str, timeout: float) -> dict:
     except OSError as exc:
         return {**base, "status": "error", **error_record(exc)}
     elapsed = round(time.perf_counter() - t0, 1)
-    if task.section == "pinned" and os.path.isdir(json_path):  # an --out that was a folder
-        return {**base, **collect_pinned(json_path, rc), "elapsed_s": elapsed,
-                "log_tail": _tail(log_path, 1500)}
     try:
         with open(json_path) as f:
             result = json.load(f)
@@ -344,28 +278,6 @@ def _as_result(task: Task, obj: dict, raw_dir: str) -> dict:
     return {"status": status, "data": obj,
             "files": [os.path.join(os.path.basename(raw_dir), task.name + ".json")],
             **{k: obj[k] for k in ("error", "reason") if isinstance(obj, dict) and obj.get(k)}}
-
-
-def collect_pinned(pinned_dir: str, rc: int) -> dict:
-    """The JSON files a bench_pinned.py that took --out as a folder left there."""
-    files = []
-    for root, _, names in os.walk(pinned_dir):
-        files += [os.path.join(root, n) for n in sorted(names) if n.endswith(".json")]
-    files.sort(key=lambda f: (os.path.basename(f) != "results.json", f))
-    out: dict = {"rc": rc, "files": [os.path.relpath(f, os.path.dirname(pinned_dir))
-                                     for f in files]}
-    if not files:
-        return {**out, "status": "error",
-                "error": f"bench_pinned.py (rc={rc}) left no JSON file in {pinned_dir}"}
-    try:
-        with open(files[0]) as f:
-            out["data"] = json.load(f)
-    except (OSError, ValueError) as exc:
-        return {**out, "status": "error", "error": f"{files[0]}: {exc}"}
-    out["status"] = "ok" if rc == 0 else "error"
-    if rc != 0:
-        out["error"] = f"bench_pinned.py exited {rc}"
-    return out
 
 
 # ---- what is on the machine (a child: it imports the frameworks) ----
@@ -457,7 +369,6 @@ def fresh_results(meta: dict) -> dict:
         "meta": meta,
         "alloc": {"sizes": parse_sizes(SIZES), "runs": []},
         "mixed": {"runs": []}, "e2e": {"runs": []},
-        "pinned": {"status": "skipped", "reason": "benchmarks/bench_pinned.py does not exist"},
         "problems": [],
     }
 
@@ -552,10 +463,6 @@ def main(argv: list[str] | None = None) -> int:
             results["problems"].append(f"earlier results.json unreadable, set aside: {exc}"[:300])
         if earlier:
             merge_earlier(results, earlier, running, {t.name for t in tasks})
-            if "pinned" not in running and "pinned" not in earlier:
-                results.pop("pinned", None)  # "not run", not "skipped"
-        elif "pinned" not in running:
-            results.pop("pinned", None)
     probe_path = os.path.join(raw, "probe.json")
     try:
         subprocess.run([args.python, os.path.abspath(__file__), "--probe", probe_path],

@@ -521,22 +521,12 @@ def test_bench_pinned_result_is_kept_whole(tmp_path):
     )
     raw = tmp_path / "raw"
     raw.mkdir()
-    task = run_all.Task("pinned", "pinned", [sys.executable, str(script)], 30)
+    task = run_all.Task("pinned", "pinned", [sys.executable, str(script)], 30, result_flag="--out")
     result = run_all.run_task(task, str(raw), timeout=30)
     assert result["status"] == "ok" and result["files"] == ["raw/pinned.json"]
     assert result["data"]["h2d_bridge_over_torch"] == {"1 MiB": 0.99}
     c = by_id(report.summarize({"pinned": result}))["pinned.bridge_over_torch"]
     assert c["value"] == 0.99 and c["status"] == "pass"
-
-
-def test_pinned_files_are_collected(tmp_path):
-    d = tmp_path / "pinned"
-    d.mkdir()
-    (d / "other.json").write_text("{}")
-    (d / "results.json").write_text(json.dumps({"ratio": 1.01}))
-    got = run_all.collect_pinned(str(d), 0)
-    assert got["status"] == "ok" and got["data"] == {"ratio": 1.01}
-    assert run_all.collect_pinned(str(tmp_path / "none"), 0)["status"] == "error"
 
 
 FAKE_TORCH = """
