@@ -5,68 +5,22 @@
     python benchmarks/model_cache.py --grid [TRACES...]  (the tiers' settings, searched)
     python benchmarks/model_cache.py --carve-grid        (the carved classes' settings)
 
-Replays each trace as ``bench_trace.py replay`` does: five passes in one process, the pool
-and the cache kept from pass to pass, the blocks still live at the end of a pass freed
-(``live.clear()``, through the cache), 0-byte allocations making none, and the replay's
-``torch.zeros(1)`` first. Prints the cache hits (exact: they depend only on the trace and
-the cache's rules) and the pool's peak reserved / peak live (a model: see ``Pool``),
-beside the H200's figures where measured (``MEASURED``). Policies (``POLICIES``):
+Replays each trace as ``bench_trace.py replay`` does (five passes in one process, pool and
+cache kept from pass to pass, the blocks still live at the end of a pass freed through the
+cache, 0-byte allocations making none, the replay's ``torch.zeros(1)`` first) under each
+policy of ``POLICIES``, and prints the cache hits, the driver calls and the pool's peak
+reserved / peak live beside the H200's figures (``MEASURED``). ``replay(events, policy,
+**settings)`` overrides any ``Settings`` field (the BRIDGE_CACHE_* settings).
 
-- ``none``: no cache (``BRIDGE_CACHE_LIMIT=0``);
-- ``old``: the first cache: exact size per key, 16 blocks a key, 2% of the device,
-  never evicting;
-- ``lru``: the cache of 2026-11-30: one least-recently-cached order under
-  max(64 MiB, live / 16), 16 blocks a key;
-- ``tiers``: cache.c as built: blocks up to 1 MiB under that cap, larger ones in their
-  own order under a fixed 64 MiB, 64 blocks a key;
-- ``onetier`` and ``allhits``: bench_trace.py's ``bridge-onetier`` and ``bridge-allhits``;
-- ``tiers-live16``, ``carve-small``, ``carve-torch`` and ``carve`` (models only, not in
-  cache.c): the large tier's cap also at most live / 16, and requests carved from pool
-  chunks by size class (``Carver``); ``carve`` is the candidate of docs/design.md ("A cache
-  of carved small blocks: the model's figures").
-
-``replay(events, policy, **settings)`` overrides any ``Settings`` field (the
-environment's BRIDGE_CACHE_* settings); ``--grid`` searches SMALL_MAX, LARGE_CAP and
-FRACTION (``GRID``).
-
-The cache (``Cache``) follows bridge/_native/cache.c and ledger.c's ``bridge_free``
-rule for rule: (stream, size) keys of at most ``depth`` blocks, the newest taken first;
-two tiers, each evicting only its own oldest blocks; the small tier's cap
-max(floor, live x fraction) (the put's floor shortcut gives the same cap), the large
-tier's ``large_cap``, both under what the limit leaves; ``live`` = ``held`` - cached,
-``held`` read once per free; evictions handed back 16 at a time, then ``cache_trim``
-(both tiers) while a full batch comes; a block the cache declines (key full, larger
-than its cap) still takes its tier down to the cap. Checked: on the stand-in driver
-the cached bytes after every event of the three traces equal cache.c's
-(tests/benchmarks/test_model_cache.py), and the hits equal the H200's for every measured policy
-(GPT-2 tiers 9,724 of 16,686, onetier 5,591, allhits 15,079; ResNet-50 8,529 of
-14,541, 4,932, 14,034; cupy-fft 703 of 1,041).
-
-What the model got wrong before (it predicted the tiers at 58% / 55% hits, 1.027 /
-1.037): the blocks still live at the end of each pass went straight to the pool,
-where the replay frees them through the cache, which carries them into the next pass
-(ResNet-50: 7,952 hits instead of 8,529, 1.037 instead of 1.054; GPT-2 9,623 instead
-of 9,724); cupy-fft's ten 0-byte allocations a pass were counted and cached (the
-bridge makes none); the cap's limit, the trim on a declined block and the batches of
-16 were left out (no effect on these traces at the defaults). The tier rules
-themselves (the floor, the large tier's cap, the depth) matched.
-
-The pool model: memory is mapped in 32 MiB chunks (measured on the H200:
-``scripts/pool_growth_probe.py``) and never unmapped (the bridge's release threshold);
-requests of at most 1 MiB and larger ones are placed in separate heaps, each best fit
-over coalesced free ranges. Against the H200 (peak reserved / peak live, model - H200):
-GPT-2 none +0.006, old -0.036, lru 0.000, tiers -0.042, onetier +0.006, allhits 0.000;
-ResNet-50 none -0.041, old -0.011, lru -0.094, tiers -0.065, onetier -0.106, allhits
-0.000; cupy-fft tiers -0.299 (three 32 MiB chunks), allhits +0.100 (one). With the
-cache exact, these errors are the pool model's: it matches when the cache keeps
-nearly everything (allhits) and underestimates the driver's pool under churn, most on
-ResNet-50, and it does not see why the tiers cost GPT-2 0.048 more than one tier on
-the H200 (the model: the same 1.027). Other pools tried (separate segments per growth,
-first fit, 2 MiB rounding, other heap boundaries, one heap) fit no better. A pessimistic
-pool (``ChunkedHeap``, ``pool_model="chunked"``: no block of up to 32 MiB straddles a
-chunk) errs high instead; the two bracket the H200's figure of every cached policy on
-GPT-2 and ResNet-50 but onetier (tests/benchmarks/test_model_cache.py keeps it so), and the
-comparison prints both.
+The hits are exact: ``Cache`` follows bridge/_native/cache.c and ledger.c's ``bridge_free``
+rule for rule (tests/benchmarks/test_model_cache.py holds its cached bytes after every event
+of the three traces against cache.c's on the stand-in driver, and its hits against the
+H200's). The pool is a model: memory mapped in 32 MiB chunks (measured:
+``scripts/pool_growth_probe.py``), never unmapped, small (<= 1 MiB) and larger requests in
+separate heaps; ``Heap`` (best fit over coalesced free ranges) reads low under churn,
+``ChunkedHeap`` (no block of up to 32 MiB straddles a chunk) high, and the two bracket the
+H200's figures of the cached policies. The figures: docs/design.md, "A cache of carved
+small blocks: the model's figures".
 """
 
 from __future__ import annotations
