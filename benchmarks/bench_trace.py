@@ -1,71 +1,41 @@
 # SPDX-License-Identifier: Apache-2.0
 """Allocation traces of real work, recorded once and replayed under each allocator.
 
-A trace is the sequence of allocations and frees (size, stream, order) that a
-program made, recorded with the native allocators:
-
     python benchmarks/bench_trace.py record gpt2 --out traces/gpt2.json.gz    (GPU)
-    python benchmarks/bench_trace.py record cupy-fft --out traces/cupy-fft.json.gz
-    python benchmarks/bench_trace.py record resnet50 --out traces/resnet50.json.gz
-
-``gpt2`` trains a 6-layer, width-768 GPT-2 for six steps at sequence lengths
-64 to 512 (torch's memory history); ``resnet50`` runs ResNet-50 training steps
-(needs torchvision); ``cupy-fft`` runs a CuPy preprocessing pipeline (FFT,
-filter, inverse FFT, normalisation) at varying batch sizes, logged through a
-CuPy allocator that wraps CuPy's own pool.
-
-Replaying a trace in a fresh process per allocator (``torch.empty``/``del``
-of uint8 tensors, each on its recorded stream):
-
     python benchmarks/bench_trace.py replay traces/gpt2.json.gz --config bridge --json out.json
     python benchmarks/bench_trace.py run traces/*.json.gz --rounds 21 --cpu 3 --out results.json
+    python benchmarks/bench_trace.py summary traces/*.json.gz                (CPU)
 
-reports the time per event (best pass) and the peak memory the allocator held
-(its pool's or cache's reserved high-water mark) against the trace's peak of
-live bytes: ``reserved / live`` is the fragmentation.
+A trace is the sequence of allocations and frees (size, stream, order) a program made with
+the native allocators: ``gpt2`` trains a 6-layer, width-768 GPT-2 for six steps at sequence
+lengths 64 to 512 (torch's memory history), ``resnet50`` ResNet-50 training steps (needs
+torchvision), ``cupy-fft`` a CuPy FFT pipeline at varying batch sizes (a logging CuPy
+allocator over CuPy's pool). A replay (``torch.empty``/``del`` of uint8 tensors, each on its
+recorded stream) gives the time per event (best pass) and the allocator's peak reserved
+memory against the trace's peak of live bytes (``reserved / live``: the fragmentation).
 
-``run`` times the configurations in turns (trace_turns.py), as bench_turns.py does
-for single sizes: one warm worker process per configuration (``worker``, started all
-together, its allocator set up, the trace loaded, its timing thread pinned to
-``--cpu``, the garbage collector off), blocked on a pipe while another works. A
-round asks each worker in turn for ``--passes`` passes of the trace, the order
-rotating every round; the round's figure is its best pass. The ``--rounds`` are
-split among ``--processes`` generations of fresh workers (3 by default), so that
-one process that runs slow for its whole life holds a third of the rounds, not
-all of them. Per configuration: ``ns_per_round``, and against the first
-configuration (native) ``round_ratios``, their ``ratio_spread`` (median,
-quartiles, min, max, n) and ``median_ratio_to_native``, the verdict (report.py
-takes it over at least MIN_ROUNDS = 9 rounds); ``ns_per_event`` is the best pass
-of all. Memory is each process's own after all its passes (``processes``); the
-configuration's figure is the largest of them. Configurations:
+``run`` times the configurations in turns (trace_turns.py): one warm worker process per
+configuration (its timing thread pinned to ``--cpu``, the garbage collector off), asked in
+turn for ``--passes`` passes a round, the order rotating; the ``--rounds`` are split among
+``--processes`` generations of fresh workers, so that one slow process holds a third of
+them. Against the first configuration: ``round_ratios``, their ``ratio_spread`` and
+``median_ratio_to_native``, the verdict (report.py, over at least MIN_ROUNDS rounds).
+Memory is each process's own; a configuration's figure is the largest. Configurations:
 
-- ``native``: torch's own caching allocator.
-- ``async``: torch's cudaMallocAsync backend.
-- ``rmm``: RMM's CudaAsyncMemoryResource (when installed).
-- ``bridge``: the bridge as shipped (its cache of freed blocks at the defaults).
-- ``bridge-nocache``: the bridge with its cache off (``BRIDGE_CACHE_LIMIT=0``):
-  every event is a driver call.
-- ``bridge-allhits``: the bridge with its cache as large as it can be (limit,
-  floor, fraction and the large tier's cap at the whole device, largest cached
-  block the whole cache; ``ALLHITS_ENV``): as many allocations served from the
-  cache as exact-size reuse allows (the cache's own table, 2,048 (stream,
-  size) keys of 64 blocks each, still bounds it; the result's ``cache_hits``
-  of ``allocs`` says how close it came). Its time is the bridge's cost with the fewest misses.
-- ``bridge-onetier``: the bridge with one order of caching for every size
-  (``ONETIER_ENV``: the small tier's bound at the whole device), as the cache
-  was before its two tiers.
-- ``null-pluggable``: torch on a ``CUDAPluggableAllocator`` backed by
-  ``benchmarks/null_alloc.c`` (compiled at run time): one region taken with
-  cuMemAlloc at setup, then per-size LIFO lists and a bump pointer under one
-  mutex, no driver call per event. It isolates torch's pluggable path at the
-  trace's real numbers of live blocks. ``native`` against ``null-pluggable`` is
-  torch's own allocator against the pluggable path with a free allocator behind
-  it; ``null-pluggable`` against ``bridge`` (and ``bridge-allhits``) is what the
-  bridge costs beyond torch's pluggable path, its cache misses' driver calls
-  included. Its "reserved" is the bump pointer's high-water mark (the sum over
-  sizes of the most blocks of that size live at once: ``null_footprint``); the
-  result carries the region's size, that mark, and the allocations served by
-  the bump pointer against those reused from a list.
+- ``native``: torch's own caching allocator; ``async``: its cudaMallocAsync backend;
+  ``rmm``: RMM's CudaAsyncMemoryResource (when installed); ``bridge``: the bridge as shipped.
+- ``bridge-nocache``: the cache off (``BRIDGE_CACHE_LIMIT=0``): every event a driver call.
+- ``bridge-allhits``: the cache as large as it can be (``ALLHITS_ENV``, and the largest
+  cached block lifted to the limit): the bridge's cost with the fewest misses (its table of
+  2,048 keys of 64 blocks still bounds the hits; ``cache_hits`` of ``allocs`` says how close).
+- ``bridge-onetier``: one order of caching for every size (``ONETIER_ENV``), as before the
+  two tiers.
+- ``null-pluggable``: torch's ``CUDAPluggableAllocator`` on ``null_alloc.c``: one region
+  taken with cuMemAlloc at setup, per-size LIFO lists, no driver call per event. ``native``
+  against ``null-pluggable`` is torch's allocator against its pluggable path with a free
+  allocator behind; ``null-pluggable`` against ``bridge`` is what the bridge costs beyond
+  that path, its misses' driver calls included. Its "reserved" is the bump pointer's
+  high-water mark (``null_footprint``).
 """
 
 from __future__ import annotations
@@ -463,83 +433,60 @@ def replay_events(torch: Any, trace: dict, streams: list[Any], passes: int) -> l
     return times
 
 
-def replay(path: str, config: str, passes: int, json_path: str | None,
-           cpu: int | None = None) -> int:
-    trace = load(path)
+def replayer(trace: dict, config: str, cpu: int | None, info: dict) -> tuple[Callable, Callable]:
+    """The configuration's allocator set up for the trace, the timing thread pinned to
+    ``cpu`` and the garbage collector off: (timed(n): ns per event of each of n passes,
+    stats(): the held peak and the allocator's counters, read after the passes)."""
+    held, extra = _setup(config, trace)
+    pin_cpu(cpu, info)  # after the setup: the threads it started keep their CPUs
+    import torch
 
-    def body(result: dict) -> None:
-        held, extra = _setup(config, trace)
-        pin_cpu(cpu, result)  # after the setup: the threads it started keep their CPUs
-        import torch
+    streams = [torch.cuda.current_stream()]
+    streams += [torch.cuda.Stream() for _ in range(trace["streams"] - 1)]
+    gc.disable()
+    passes = [0]
 
-        streams = [torch.cuda.current_stream()]
-        streams += [torch.cuda.Stream() for _ in range(trace["streams"] - 1)]
-        times = replay_events(torch, trace, streams, passes)
-        peak = held()
-        live = peak_live(trace)
-        result.update(
-            ns_per_event=min(times),
-            ns_per_pass=times,
-            peak_reserved=peak,
-            peak_live=live,
-            reserved_over_live=(peak / live) if peak else None,
-            torch=torch.__version__,
-        )
-        result.update(extra())
+    def timed(n: int) -> list[float]:
+        passes[0] += n
+        return replay_events(torch, trace, streams, n)
+
+    def stats() -> dict:
+        peak, live = held(), peak_live(trace)
+        out = {"peak_reserved": peak, "peak_live": live, "passes": passes[0],
+               "reserved_over_live": (peak / live) if peak else None,
+               "torch": getattr(torch, "__version__", "?"), "pid": os.getpid(), **extra()}
         if config.startswith("bridge"):  # how often the cache served, over all passes
             from bridge._runtime import core
 
             raw = core.stats(0)[1]
-            result.update(allocs=raw["num_allocs"], cache_hits=raw["num_cache_hits"],
-                          cache_limit=raw["cache_limit"])
+            out.update(allocs=raw["num_allocs"], cache_hits=raw["num_cache_hits"],
+                       cache_limit=raw["cache_limit"])
+        return out
 
-    base = {
-        "bench": "trace",
-        "trace": trace["name"],
-        "config": config,
-        "events": len(trace["events"]),
-    }
+    return timed, stats
+
+
+def replay(path: str, config: str, passes: int, json_path: str | None,
+           cpu: int | None = None) -> int:
+    """One replay in this process: ``passes`` passes, the best one's ns per event."""
+    trace = load(path)
+
+    def body(result: dict) -> None:
+        timed, stats = replayer(trace, config, cpu, result)
+        times = timed(passes)
+        result.update(ns_per_event=min(times), ns_per_pass=times, **stats())
+
+    base = {"bench": "trace", "trace": trace["name"], "config": config,
+            "events": len(trace["events"])}
     return run_guarded(json_path, base, body)
 
 
-# ---- configurations in turns: one warm worker process each (trace_turns.py drives them) ----
 def worker_setup(path: str, config: str, cpu: int | None) -> Callable[[dict], dict]:
-    """serve()'s setup for one configuration: the allocator, the trace, its streams.
-
-    Commands: ``warm N`` (N passes, untimed), ``time N`` (N passes: ns per event of
-    each), ``stats`` (the held peak and the allocator's counters, read after the
-    passes). The timing thread is pinned to ``cpu`` after the setup, and the garbage
-    collector is off in every configuration alike."""
+    """serve()'s setup for one configuration (trace_turns.py drives the workers): commands
+    ``warm N`` (N passes, untimed), ``time N`` (ns per event of N passes), ``stats``."""
 
     def setup(info: dict) -> dict:
-        trace = load(path)
-        held, extra = _setup(config, trace)
-        pin_cpu(cpu, info)
-        import torch
-
-        streams = [torch.cuda.current_stream()]
-        streams += [torch.cuda.Stream() for _ in range(trace["streams"] - 1)]
-        gc.disable()
-        passes = [0]
-
-        def timed(n: int) -> list[float]:
-            passes[0] += n
-            return replay_events(torch, trace, streams, n)
-
-        def stats() -> dict:
-            peak, live = held(), peak_live(trace)
-            out = {"peak_reserved": peak, "peak_live": live, "passes": passes[0],
-                   "reserved_over_live": (peak / live) if peak else None,
-                   "torch": getattr(torch, "__version__", "?"), "pid": os.getpid(),
-                   **extra()}  # fmt: skip
-            if config.startswith("bridge"):
-                from bridge._runtime import core
-
-                raw = core.stats(0)[1]
-                out.update(allocs=raw["num_allocs"], cache_hits=raw["num_cache_hits"],
-                           cache_limit=raw["cache_limit"])  # fmt: skip
-            return out
-
+        timed, stats = replayer(load(path), config, cpu, info)
         info.update(pid=os.getpid(), config=config)
         return {"warm": lambda n: (timed(n), None)[1], "time": timed, "stats": stats}
 
