@@ -1,20 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """Turn collected benchmark results into a verdict: results.md and results.png.
 
-Pure Python (matplotlib only for the PNG): no GPU framework is imported, so
-the report can be rebuilt anywhere from a results.json:
-
     python3 benchmarks/report.py DIR        # rewrites DIR/results.md and DIR/results.png
 
-``summarize(results)`` adds ``alloc.summary``, ``e2e.summary`` and ``checks``
-(every target with its value and pass / fail / missing) to the dict that
-run_all.py collected; ``write_markdown`` and ``write_png`` render them.
+No GPU framework is imported (matplotlib only for the PNG): the report can be rebuilt
+anywhere from a results.json. ``summarize(results)`` adds ``alloc.summary``,
+``e2e.summary`` and ``checks`` (every target with its value and pass / fail / missing) to
+what run_all.py collected; ``markdown`` and ``write_png`` render them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import sys
 from collections.abc import Iterable
@@ -59,13 +58,12 @@ TRACES = ("gpt2", "resnet50", "cupy-fft")
 OK_STATUSES = ("ok", "partial")
 
 
-def _cmp(value: float, op: str, target: float) -> bool:
-    return {"<=": value <= target, "<": value < target, ">=": value >= target,
-            ">": value > target}[op]
+OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
 
 
-def _spread(values: list[float]) -> dict:
-    return spread(values, 2)
+def _state(d: dict, n: int = 120) -> str:
+    """'status: reason or error' of a result that holds no figure, at most n characters."""
+    return f"{d.get('status', '?')}: {d.get('reason') or d.get('error') or ''}"[:n]
 
 
 def _check(cid: str, label: str, value: float | None, op: str, target: float,
@@ -73,7 +71,7 @@ def _check(cid: str, label: str, value: float | None, op: str, target: float,
     ok = value is not None and not math.isnan(value)
     return {"id": cid, "label": label, "group": group, "op": op, "target": target,
             "value": round(value, 4) if ok else None,
-            "status": ("pass" if _cmp(value, op, target) else "fail") if ok else "missing",
+            "status": ("pass" if OPS[op](value, target) else "fail") if ok else "missing",
             "note": note}
 
 
@@ -103,7 +101,7 @@ def summarize_alloc(alloc: dict) -> dict:
         for size, ns in (r.get("ns_per_pair") or {}).items():
             summary.setdefault(r["framework"], {}).setdefault(r["config"], {}) \
                 .setdefault(str(size), []).append(float(ns))
-    return {fw: {c: {s: _spread(v) for s, v in sizes.items()} for c, sizes in cfgs.items()}
+    return {fw: {c: {s: spread(v, 2) for s, v in sizes.items()} for c, sizes in cfgs.items()}
             for fw, cfgs in summary.items()}
 
 
@@ -182,7 +180,7 @@ def e2e_checks(e2e: dict, turns: dict | None = None) -> list[dict]:
     for r in runs:
         if r.get("status") == "ok" and r.get("steps_per_s"):
             per_mode.setdefault(r["mode"], []).append(float(r["steps_per_s"]))
-    e2e["summary"] = {m: _spread(v) for m, v in per_mode.items()}
+    e2e["summary"] = {m: spread(v, 2) for m, v in per_mode.items()}
     s = e2e["summary"]
     value, note = None, ""
     modes = (turns or {}).get("modes", {}) if (turns or {}).get("status") in OK_STATUSES else {}
@@ -210,56 +208,21 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _numbers(obj: Any, path: str) -> dict[str, float]:
-    if _is_number(obj):
-        return {path: float(obj)}
-    if isinstance(obj, dict):
-        out: dict[str, float] = {}
-        for k, v in obj.items():
-            out.update(_numbers(v, f"{path}.{k}"))
-        return out
-    return {}
-
-
-def find_ratios(obj: Any, path: str = "") -> dict[str, float]:
-    """Every number under a key named '*ratio*' or '*_over_*', by dotted path."""
-    out: dict[str, float] = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            p = f"{path}.{k}" if path else str(k)
-            name = str(k).lower()
-            if "ratio" in name or "_over_" in name:
-                out.update(_numbers(v, p))
-            else:
-                out.update(find_ratios(v, p))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out.update(find_ratios(v, f"{path}[{i}]"))
-    return out
-
-
 def pinned_checks(pinned: dict) -> list[dict]:
-    """From bench_pinned.py's own figures: a top-level 'ratio' (bridge / torch pinned), else
-    the smallest number under keys named '*ratio*' or '*_over_*' (such as
-    h2d_bridge_over_torch, per size): every one must meet the target."""
+    """bench_pinned.py's 'ratio': the smallest of its bridge / torch pinned bandwidths
+    (bridge_over_torch_pinned, per direction and size)."""
     status = pinned.get("status", "not run")
+    data = _data(pinned)
+    by = data.get("bridge_over_torch_pinned") or {}
+    value = data.get("ratio") if status in OK_STATUSES and _is_number(data.get("ratio")) else None
     if status not in OK_STATUSES:
-        why = pinned.get("reason") or pinned.get("error") or status
-        return [_check("pinned.bridge_over_torch", "pinned: bridge / torch pinned", None,
-                       *PINNED_TARGET, f"{status}: {why}"[:300], group="pinned")]
-    data = pinned.get("data")
-    if isinstance(data, dict) and _is_number(data.get("ratio")):
-        value, note = float(data["ratio"]), "ratio"
+        note = _state({"status": status, **pinned}, 300)
+    elif value is None:
+        note = "no ratio in bench_pinned.py's result"
     else:
-        ratios = find_ratios(data)
-        if ratios:
-            key = min(ratios, key=lambda k: ratios[k])
-            value = ratios[key]
-            note = f"smallest of {len(ratios)}: {key}"
-        else:
-            value, note = None, "bench_pinned.py wrote no '*ratio*' / '*_over_*' figure"
-    if status != "ok":
-        note += f" ({status}: {pinned.get('data', {}).get('errors', '')})"
+        note = f"smallest of {len(by)}: {min(by, key=by.__getitem__)}" if by else "ratio"
+    if status == "partial":
+        note += f" ({status}: {data.get('errors', '')})"
     return [_check("pinned.bridge_over_torch", "pinned: bridge / torch pinned", value,
                    *PINNED_TARGET, note[:300], group="pinned")]
 
@@ -539,17 +502,15 @@ def _md_turns(results: dict) -> list[str]:
         return []
     checks = {c["id"]: c for c in results.get("checks", [])}
     out = ["## Allocation, allocators taking turns (the verdict)", "",
-           "bench_turns.py: one fresh process per allocator, all timing on the same CPU; each "
-           "in turn times one loop of alloc+free pairs per size, the order rotating every "
-           "round, so that all see the same machine within milliseconds. Cells: ns per pair, "
-           "best loop (median loop in brackets). Ratio rows: best against best, then the "
-           "median of the round-by-round ratios.", ""]
+           "bench_turns.py: one process per allocator, all on one CPU, each in turn timing one "
+           "loop per size, the order rotating every round. Cells: ns per alloc+free pair, best "
+           "loop (median loop). Ratios: best against best, then the median of the rounds'.", ""]
     for fw in ("torch", "cupy"):
         t = turns.get(fw)
         if not t:
             continue
         if t.get("status") not in OK_STATUSES:
-            out += [f"{fw}: {t.get('status')}: {t.get('error') or t.get('reason', '')}"[:400], ""]
+            out += [f"{fw}: {_state(t, 400)}", ""]
             continue
         cfg = t.get("configs", {})
         rows = []
@@ -558,9 +519,7 @@ def _md_turns(results: dict) -> list[str]:
             if c is None:
                 continue
             if c.get("status") != "ok":
-                rows.append([LABELS[fw][config], f"{c.get('status')}: "
-                             f"{c.get('reason') or c.get('error', '')}"[:120]]
-                            + [""] * len(sizes))
+                rows.append([LABELS[fw][config], _state(c)] + [""] * len(sizes))
                 continue
             cells = []
             for s in sizes:
@@ -591,15 +550,11 @@ def _md_alloc(results: dict) -> list[str]:
     runs = alloc.get("runs", [])
     out = ["## Allocation, one process after another: ns per alloc+free pair",
            "",
-           "Each configuration in fresh processes (one after another, round after "
-           "round), the timing thread pinned to the CPU that was fastest just before the "
-           "process started; a cell is the median over processes of each process's best timed "
-           "loop (min-max over processes in brackets). Lower is better. Ratios (the verdict "
-           "only where the turns did not run) are bridge / "
-           "baseline from the best process of each: timing noise on this VM only ever slows a "
-           "process down (CPUs lose speed to other tenants, up to 2x, and which CPUs changes "
-           "over time). Last column: the best loop of a tensor op that allocates nothing "
-           "(torch x.add_(1), cupy add(x, 1, out=x)), the speed each process ran at.", ""]
+           "Fresh processes one after another, each pinned to the CPU fastest just before it "
+           "started; a cell is the median over processes of each one's best loop (min-max). "
+           "Ratios (the verdict only where the turns did not run): the best process of each, "
+           "as noise only slows a process down. Last column: the best loop of an op that "
+           "allocates nothing (x.add_(1)), the speed each process ran at.", ""]
     for fw in ("torch", "cupy"):
         header = [f"{fw} allocator"] + [size_label(int(s)) for s in sizes] + ["no-alloc op"]
         rows = []
@@ -648,8 +603,7 @@ def _md_alloc(results: dict) -> list[str]:
             if skipped:
                 out += ["", f"Left out: {skipped}"]
         else:
-            out += [f"Not measured: {same.get('status')}: "
-                    f"{same.get('reason') or same.get('error', '')}"[:400]]
+            out += [f"Not measured: {_state(same, 400)}"]
         out += [""]
     return out
 
@@ -704,16 +658,14 @@ def _md_e2e(results: dict) -> list[str]:
     runs = e2e.get("runs", [])
     turns = results.get("e2e_turns") or {}
     out = ["## End to end: CuPy preprocessing -> DLPack -> torch training step", "",
-           "issue ms: time to issue one step (CPU); step ms: until it finished (synchronized); "
-           "issue close to step means the step is bound by the CPU, so the machine's CPU "
-           "noise moves it. per step: allocation counters over the timed steps.", ""]
+           "issue ms: time to issue one step; step ms: until it finished (issue close to step: "
+           "the step is bound by the CPU). per step: allocation counters.", ""]
     header = ["mode", "steps/s (best)", "median", "min-max", "n", "issue ms", "step ms",
               "per step"]
     if turns:
         out += ["### Taking turns (the verdict)", "",
-                "One fresh process per mode, both on the same CPU; one timed run of "
-                f"{turns.get('steps', '?')} steps each in turn, the order rotating every round; "
-                "the ratio is best run against best run.", ""]
+                f"One process per mode on one CPU, runs of {turns.get('steps', '?')} steps in "
+                "turns; the ratio: best run against best run.", ""]
         modes = turns.get("modes", {})
         if turns.get("status") in OK_STATUSES and modes:
             rows = []
@@ -724,16 +676,14 @@ def _md_e2e(results: dict) -> list[str]:
                     rows.append(_e2e_row(mode, max(v), median(v), f"{min(v):.1f}-{max(v):.1f}",
                                          str(len(v)), [m]))
                 else:
-                    rows.append([mode, "-", "-", f"{m.get('status')}: "
-                                 f"{m.get('error') or m.get('reason', '')}"[:120], "0", "-", "-",
-                                 "-"])
+                    rows.append([mode, "-", "-", _state(m), "0", "-", "-", "-"])
             out += _table(header, rows)
             r = turns.get("turn_ratios", {}).get("native")
             if r:
                 out += ["", f"bridge / native round by round: median {r['median']:.3f}, "
                         f"min {r['min']:.3f}, max {r['max']:.3f} ({r['n']} rounds)"]
         else:
-            out += [f"{turns.get('status')}: {turns.get('error', '')}"[:400]]
+            out += [_state(turns, 400)]
         out += ["", "### One process after another (context)", ""]
     if not runs:
         return out + ["Not run.", ""]
@@ -773,13 +723,13 @@ def _md_pinned(results: dict) -> list[str]:
     p = results.get("pinned", {})
     out = ["## Pinned host memory", ""]
     if p.get("status") not in OK_STATUSES:
-        return out + [f"{p.get('status', 'not run')}: {p.get('reason') or p.get('error', '')}",
-                      ""]
+        return out + [_state({"status": "not run", **p}, 600), ""]
     data = p.get("data") if isinstance(p.get("data"), dict) else {}
     out.append(f"bench_pinned.py output: {', '.join(p.get('files', [])) or 'no JSON file'}")
-    ratios = find_ratios(data)
-    if ratios:
-        out += [""] + _table(["figure", "value"], [[k, f"{v:.3f}"] for k, v in ratios.items()])
+    by = data.get("bridge_over_torch_pinned") or {}
+    if by:
+        out += [""] + _table(["bridge / torch pinned", "ratio"], [[k, f"{v:.3f}"]
+                                                                  for k, v in by.items()])
     bw = data.get("bandwidth")
     if isinstance(bw, dict):
         for direction in ("h2d", "d2h"):
@@ -823,16 +773,11 @@ def _gib(v: Any) -> str:
 
 def _md_trace(results: dict) -> list[str]:
     out = ["## Allocation traces replayed (bench_trace.py)", "",
-           "The committed traces (benchmarks/traces/) replayed with torch.empty / del under "
-           "each allocator, one warm worker process per configuration, workers in turns "
-           "(rounds split among generations of fresh workers); ns per event of the best "
-           "pass, and the allocator's peak reserved memory (the largest of its processes) against "
-           "the trace's peak of live bytes. Targets: bridge ns per event <= native's (the "
-           f"median of at least {TRACE_MIN_ROUNDS} round-by-round ratios, each round's best "
-           "pass against native's in the same round, the workers pinned to one CPU and warm, "
-           "the rounds split among fresh processes); bridge "
-           f"reserved / live {TRACE_FRAG_TARGET[0]} {TRACE_FRAG_TARGET[1]:.2f} and <= native's.",
-           ""]
+           "The committed traces replayed (torch.empty / del) by one warm worker per "
+           "allocator, in turns: ns per event of the best pass; peak reserved (the largest of "
+           "its processes) / the trace's peak live. Targets: bridge / native ns per event <= 1 "
+           f"(the median of >= {TRACE_MIN_ROUNDS} round-by-round ratios); bridge reserved / "
+           f"live {TRACE_FRAG_TARGET[0]} {TRACE_FRAG_TARGET[1]:.2f} and <= native's.", ""]
     trace = results.get("trace") or {}
     replays, why = trace_replays(trace)
     rows = []
@@ -844,9 +789,7 @@ def _md_trace(results: dict) -> list[str]:
             if not isinstance(r, dict):
                 continue
             if not _is_number(r.get("ns_per_event")):
-                rows.append([name, config, f"{r.get('status', '?')}: "
-                             f"{r.get('reason') or r.get('error', '')}"[:120].replace("\n", " ")]
-                            + ["-"] * 6)
+                rows.append([name, config, _state(r).replace("\n", " ")] + ["-"] * 6)
                 continue
             rol = r.get("reserved_over_live")
             sp = r.get("ratio_spread") or {}
@@ -864,7 +807,7 @@ def _md_trace(results: dict) -> list[str]:
                    "/ first config, per round: median [quartiles] (range)", "peak reserved GiB",
                    "peak live GiB", "reserved / live", "cache hits", "rounds / processes"],
                   rows) + [""]
-    return out + _verdict_line(results, "trace")
+    return out
 
 
 def _md_capacity(results: dict) -> list[str]:
@@ -873,15 +816,14 @@ def _md_capacity(results: dict) -> list[str]:
     budget = d.get("budget")
     out = ["## Capacity: the largest batch of a mixed pipeline under one budget "
            "(bench_capacity.py)", "",
-           "CuPy preprocessing then torch training per step; native: CuPy's set_limit and "
-           "torch's memory fraction split the budget (every split tried, the best counts); "
-           "bridge: one budget for both. Target: bridge batch / best native batch "
+           "CuPy preprocessing, then torch training; native: the budget split between CuPy's "
+           "set_limit and torch's memory fraction (the best split counts); bridge: one budget. "
+           "Target: bridge batch / best native batch "
            f"{CAPACITY_TARGET[0]} {CAPACITY_TARGET[1]}." +
            (f" Budget {_gib(budget)} GiB, {d.get('steps', '?')} steps per try." if budget
             else ""), ""]
-    missing = _section_missing(cap)
-    if missing:
-        return out + missing + _verdict_line(results, "capacity")
+    if missing := _section_missing(cap):
+        return out + missing
     rows = []
     for r in d.get("runs", []):
         if not isinstance(r, dict):
@@ -895,19 +837,18 @@ def _md_capacity(results: dict) -> list[str]:
         rows.append([mode, f"{split:.2f}" if _is_number(split) else "-", str(r.get("batch")),
                      f"{r.get('seconds', '-')}", str(len(r.get("tries", [])))])
     out += _table(["mode", "CuPy share", "largest batch", "seconds", "tries"], rows) + [""]
-    return out + _verdict_line(results, "capacity")
+    return out
 
 
 def _md_wait(results: dict) -> list[str]:
     w = results.get("wait")
     out = ["## Waiting at a tight budget (bench_wait.py)", "",
-           "A CuPy producer thread and a torch trainer thread (512 MiB batches): a budget of "
-           "about two batches with wait=30 (tight) vs no budget (unlimited), fresh processes "
-           "in turns. Target: the median over rounds of tight / unlimited steps/s "
+           "A CuPy producer and a torch trainer (512 MiB batches): about two batches' budget "
+           "with wait=30 (tight) vs none (unlimited), processes in turns. Target: the median "
+           "over rounds of tight / unlimited steps/s "
            f"{WAIT_TARGET[0]} {WAIT_TARGET[1]}.", ""]
-    missing = _section_missing(w)
-    if missing:
-        return out + missing + _verdict_line(results, "wait")
+    if missing := _section_missing(w):
+        return out + missing
     rows = []
     for mode, runs in (_data(w).get("runs") or {}).items():
         for i, r in enumerate(runs if isinstance(runs, list) else []):
@@ -922,21 +863,19 @@ def _md_wait(results: dict) -> list[str]:
                          "; ".join(r.get("errors") or [])[:120].replace("|", "/") or "-"])
     out += _table(["mode", "round", "steps/s", "budget GiB", "waits", "wait s", "OOMs",
                    "errors"], rows) + [""]
-    return out + _verdict_line(results, "wait")
+    return out
 
 
 def _md_share(results: dict) -> list[str]:
     sh = results.get("share")
     d = _data(sh)
     out = ["## A cross-process share vs an own budget (bench_share.py)", "",
-           f"framework {d.get('framework', 'torch')}; one fresh worker per configuration, "
-           "timing in turns: own budget, shared budget, and both with the cache off (-pool: "
-           "every allocation passes the budget check). Cells: ns per alloc+free pair, best "
-           "loop; ratios: the median of the round-by-round ratios [min-max]. Target: share / "
+           f"{d.get('framework', 'torch')}, one worker per configuration, in turns; -pool: the "
+           "cache off (every allocation passes the budget check). Cells: ns per alloc+free "
+           "pair, best loop; ratios: median of the rounds' [min-max]. Target: share / "
            f"own (cache hits) {SHARE_TARGET[0]} {SHARE_TARGET[1]:.2f} at every size.", ""]
-    missing = _section_missing(sh)
-    if missing:
-        return out + missing + _verdict_line(results, "share")
+    if missing := _section_missing(sh):
+        return out + missing
     sizes = [str(s) for s in d.get("sizes", [])]
     configs = d.get("configs") or {}
     rows = []
@@ -946,34 +885,32 @@ def _md_share(results: dict) -> list[str]:
             continue
         ns = e.get("ns_per_pair") or {}
         if not ns:
-            rows.append([c, f"{e.get('status')}: {e.get('error') or e.get('reason', '')}"[:120]]
-                        + [""] * (len(sizes) - 1))
+            rows.append([c, _state(e)] + [""] * (len(sizes) - 1))
             continue
         rows.append([c] + [f"{ns[s]:,.0f}" if _is_number(ns.get(s)) else "-" for s in sizes])
     for name, per in (d.get("ratios") or {}).items():
         rows.append([name] + [f"{per[s]['median']:.3f} [{per[s]['min']:.2f}-{per[s]['max']:.2f}]"
                               if isinstance(per.get(s), dict) else "-" for s in sizes])
     out += _table(["configuration"] + [size_label(int(s)) for s in sizes], rows) + [""]
-    return out + _verdict_line(results, "share")
+    return out
 
 
 def _md_rmm(results: dict) -> list[str]:
     r = results.get("rmm")
     d = _data(r)
     out = ["## RMM: the bridge's resource vs RMM's CudaAsyncMemoryResource (bench_rmm.py)", "",
-           "One process, configurations in turns; ns per allocate + free pair, median of the "
-           "rounds: buffer_* an rmm.DeviceBuffer, mr_* the resource's allocate/deallocate. "
+           "One process, in turns; ns per allocate + free pair, median of the rounds: buffer_* "
+           "an rmm.DeviceBuffer, mr_* the resource's allocate/deallocate. "
            f"Target: the worst size's buffer_bridge / buffer_async {RMM_TARGET[0]} "
            f"{RMM_TARGET[1]:.2f}." + (f" RMM {d['rmm']}." if d.get("rmm") else ""), ""]
-    missing = _section_missing(r)
-    if missing:
-        return out + missing + _verdict_line(results, "rmm")
+    if missing := _section_missing(r):
+        return out + missing
     cols = ("buffer_async", "buffer_bridge", "ratio", "mr_async", "mr_bridge", "mr_ratio")
     rows = [[size] + [(f"{e[c]:.3f}" if "ratio" in c else f"{e[c]:,.0f}")
                       if _is_number(e.get(c)) else "-" for c in cols]
             for size, e in (d.get("ns_per_pair") or {}).items() if isinstance(e, dict)]
     out += _table(["size", *cols], rows) + [""]
-    return out + _verdict_line(results, "rmm")
+    return out
 
 
 def markdown(results: dict) -> str:
@@ -990,8 +927,9 @@ def markdown(results: dict) -> str:
          c.get("note", "").replace("|", "/").replace("\n", " ")] for c in checks]) + [""]
     lines += _md_turns(results) + _md_alloc(results) + _md_mixed(results)
     lines += _md_e2e(results) + _md_pinned(results)
-    lines += _md_trace(results) + _md_capacity(results) + _md_wait(results)
-    lines += _md_share(results) + _md_rmm(results)
+    for group, section in (("trace", _md_trace), ("capacity", _md_capacity), ("wait", _md_wait),
+                           ("share", _md_share), ("rmm", _md_rmm)):
+        lines += section(results) + _verdict_line(results, group)
     problems = results.get("problems", [])
     if problems:
         lines += ["## Problems during the run", ""] + [f"- {p}" for p in problems] + [""]

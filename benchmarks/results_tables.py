@@ -91,7 +91,7 @@ def table(name: str, results: dict, source: str) -> str | None:
           f"{c['op']} {c['target']:g}", c["status"],
           str(c.get("note", "")).replace("|", "/").replace("\n", " ")[:300]]
          for c in checks])  # fmt: skip
-    detail = [ln for ln in section(results) if not ln.startswith("Verdict:")]
+    detail = section(results)
     if detail and detail[0].startswith("## "):
         detail[0] = "#" + detail[0]  # a subsection of this table's page
     return "\n".join(lines + [""] + detail).rstrip() + "\n"

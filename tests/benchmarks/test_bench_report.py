@@ -67,7 +67,8 @@ PINNED = {
             "cupy_default": "RuntimeError: no cupy",
         }
     },
-    "h2d_bridge_over_torch": {"1 MiB": 0.99, "256 MiB": 0.93},
+    "bridge_over_torch_pinned": {"h2d 1 MiB": 0.99, "h2d 256 MiB": 0.93, "d2h 1 MiB": 0.995},
+    "ratio": 0.93,
 }
 
 
@@ -269,10 +270,10 @@ def test_mixed_e2e_and_pinned_checks():
     # best process of each mode (the noise only slows a process down)
     assert c["e2e.bridge_over_native"]["value"] == pytest.approx(100.0 / 102.0, abs=1e-4)
     assert c["e2e.bridge_over_native"]["status"] == "pass"
-    # one figure per size (h2d_bridge_over_torch): the smallest decides
+    # one figure per direction and size (bridge_over_torch_pinned): the smallest decides
     assert c["pinned.bridge_over_torch"]["value"] == pytest.approx(0.93)
     assert c["pinned.bridge_over_torch"]["status"] == "fail"
-    assert "h2d_bridge_over_torch.256 MiB" in c["pinned.bridge_over_torch"]["note"]
+    assert "h2d 256 MiB" in c["pinned.bridge_over_torch"]["note"]
 
 
 def test_pinned_top_level_ratio_and_absent_script():
@@ -281,7 +282,11 @@ def test_pinned_top_level_ratio_and_absent_script():
     assert by_id(report.summarize(r))["pinned.bridge_over_torch"]["value"] == 0.99
     r["pinned"] = {
         "status": "partial",
-        "data": {"x": {"a_ratio": 0.97, "b_ratio": 1.2}, "errors": {"alloc_ns": "boom"}},
+        "data": {
+            "bridge_over_torch_pinned": {"h2d 1 MiB": 0.97, "d2h 1 MiB": 1.2},
+            "ratio": 0.97,
+            "errors": {"alloc_ns": "boom"},
+        },
     }
     c = by_id(report.summarize(r))["pinned.bridge_over_torch"]
     assert c["value"] == 0.97 and c["status"] == "pass" and "boom" in c["note"]
@@ -321,7 +326,7 @@ def test_markdown_has_every_section_and_verdict(tmp_path):
         "| bridge | 100.0 | 99.5 | 99.0-100.0 | 2 | 2.25 | 3.50 | allocs 62, cache_hits 57 |",
         "| 2,600 [2,600-2,600] | 9,000 [7,000-11,000] |",
         "## Pinned",
-        "h2d_bridge_over_torch.256 MiB",
+        "| h2d 256 MiB | 0.930 |",
         "| 256 MiB | 52.00 | 55.90 | 20.00 | 16 |",
         "| 4 KiB | 310 | 905 | RuntimeError: no cupy |",
         "timed out after 150 s",
@@ -516,7 +521,8 @@ def test_bench_pinned_result_is_kept_whole(tmp_path):
         textwrap.dedent("""
         import json, sys
         path = sys.argv[sys.argv.index("--out") + 1]
-        json.dump({"status": "ok", "h2d_bridge_over_torch": {"1 MiB": 0.99}}, open(path, "w"))
+        json.dump({"status": "ok", "ratio": 0.99, "bridge_over_torch_pinned": {"h2d 1 MiB": 0.99}},
+                  open(path, "w"))
     """)
     )
     raw = tmp_path / "raw"
@@ -524,7 +530,7 @@ def test_bench_pinned_result_is_kept_whole(tmp_path):
     task = run_all.Task("pinned", "pinned", [sys.executable, str(script)], 30, result_flag="--out")
     result = run_all.run_task(task, str(raw), timeout=30)
     assert result["status"] == "ok" and result["files"] == ["raw/pinned.json"]
-    assert result["data"]["h2d_bridge_over_torch"] == {"1 MiB": 0.99}
+    assert result["data"]["bridge_over_torch_pinned"] == {"h2d 1 MiB": 0.99}
     c = by_id(report.summarize({"pinned": result}))["pinned.bridge_over_torch"]
     assert c["value"] == 0.99 and c["status"] == "pass"
 
