@@ -4,21 +4,14 @@
     python3 benchmarks/bench_turns.py --framework torch --configs native,async,rmm,bridge \\
         --cpu 3 --json r.json
 
-Why: torch fixes its allocator at start, so two allocators cannot be timed in
-one process, and on a shared VM the speed of a CPU moves up to 2x over
-minutes (other tenants), which swamps differences of a few percent between
-processes timed one after the other. Here one worker process per
-configuration sets its allocator up, pins its timing thread to the same CPU
-(``--cpu``) and then waits, blocked on a pipe; the coordinator asks each in
-turn for one timed loop (``--iters`` alloc+free pairs, ~10 ms) per size, the
-order rotating every round. Every configuration thus sees the same machine
-state within milliseconds, round after round.
-
-Result, per configuration: ``ns_per_pair`` (best loop per size), every
-sample, and the best loop of an op that allocates nothing (``floor_ns``);
-``turn_ratios``: for each baseline, bridge / baseline of every round, summarised
-(median, min, max). A configuration that cannot run (RMM not installed) is
-recorded as skipped with the reason; the others go on.
+One worker process per configuration (bench_alloc.py's setup) pins its timing thread to
+``--cpu`` and waits, blocked on a pipe; the coordinator asks each in turn for one timed loop
+(``--iters`` alloc+free pairs, ~10 ms) per size, the order rotating every round, so that
+every configuration sees the same machine within milliseconds (why: benchmarks/README.md,
+"How it measures"). Result, per configuration: ``ns_per_pair`` (best loop per size), every
+sample, ``floor_ns`` (the best loop of an op that allocates nothing); ``turn_ratios``: for
+each baseline, bridge / baseline round by round (median, min, max). A configuration that
+cannot run (RMM not installed) is recorded as skipped with the reason.
 """
 
 from __future__ import annotations

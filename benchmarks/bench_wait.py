@@ -1,30 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """Throughput of a producer/trainer pipeline at a tight budget with waiting vs an unlimited budget.
 
-A CuPy thread fills 512 MiB batches (an elementwise kernel, in place) into a
-queue of four; a torch thread trains a small MLP on them (from_dlpack, zero
-copy) and drops each batch after its step. Both on the bridge, in fresh
-processes that take turns:
+    python benchmarks/bench_wait.py [--rounds 3] [--steps 300] [--out FILE]     (GPU)
 
-- ``unlimited``: no budget;
-- ``tight``: a budget of about two batches (what a step holds with its
-  batch, measured in a warm-up step, plus one batch and 64 MiB) and
-  ``wait=30``: the producer waits for the trainer to free.
+A CuPy thread fills 512 MiB batches (an elementwise kernel, in place) into a queue of four; a
+torch thread trains a small MLP on them (from_dlpack, zero copy) and drops each batch after
+its step. Both on the bridge, in fresh processes that take turns: ``unlimited`` (no budget)
+and ``tight`` (what a step holds with its batch, measured in a warm-up step, plus one batch
+and 64 MiB, with ``wait=30``: the producer waits for the trainer to free).
 
-    python benchmarks/bench_wait.py [--rounds 3] [--steps 300] [--out FILE]
-
-Prints (and with ``--out`` writes) JSON: steps per second per configuration
-and round, the waits and OOMs of each tight run, the round-by-round ratios
-of tight to unlimited and their median (the verdict: the two runs of a round
-take turns), and the ratio of the best tight round to the best unlimited one.
-Each run also gives its steps per second by tenth of the run, the steps in
-which a wait began, the first ten steps' times, the calls and time of the
-recovery chain's Python part (``bridge.recovery.relieve``) and the explicit
-``gc.collect()`` calls. Before waits skipped the collection, each wait episode cost a 300-step run
-0.15-0.36 s while its waits took milliseconds: the chain before the wait ran
-two full collections (the bridge's, and CuPy's ``PlanCache.clear()``, which
-collects even when the cache is empty), each holding the GIL 0.08-0.18 s.
-GPU only.
+Prints (and with ``--out`` writes) JSON: steps per second per configuration and round, the
+round-by-round ratios of tight to unlimited and their median (the verdict), the best rounds'
+ratio; per run the waits and OOMs, steps per second by tenth of the run, the steps in which
+a wait began, the first ten steps' times, the calls and time of the recovery chain's Python
+part (``bridge.recovery.relieve``) and the explicit ``gc.collect()`` calls (a collection
+before each wait once cost a run 0.15-0.36 s: docs/design.md).
 """
 
 from __future__ import annotations

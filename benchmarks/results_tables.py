@@ -3,17 +3,12 @@
 
     python3 benchmarks/results_tables.py RUN_DIR [--dest benchmarks/results]
 
-reads RUN_DIR/results.json (run_all.py's; its checks are recomputed by report.py) and
-writes DEST/<benchmark>.md for every benchmark with at least one figure in that run: the
-run's date, git revision, GPU (name, memory, driver), the versions of the frameworks, each
-target with its value and result, then the benchmark's own table from results.md. A
-benchmark the run has no figure for keeps the table it had: a part run (``--only``)
-refreshes only its own sections, so each table holds its benchmark's latest figure and git
-holds the history. A file in DEST that this script did not write (its first line neither
-MARKER nor TRANSCRIBED) is never overwritten; a table transcribed by hand from older run
-records (first line TRANSCRIBED) is replaced by the next run that has its benchmark's
-figures. Pure Python, no GPU, no framework: ``run_all.py --tables DEST`` calls
-it at the end of a run.
+Writes DEST/<benchmark>.md, for every benchmark with a figure in RUN_DIR/results.json (its
+checks recomputed by report.py): the run's date, git revision, card, versions, each target
+with its value and result, and the benchmark's table from results.md. The others keep their
+table, so that a part run (``--only``) refreshes only its own and git holds the history. It
+overwrites only files whose first line is MARKER (its own) or TRANSCRIBED (copied by hand
+from older run records). ``run_all.py --tables DEST`` calls it at the end of a run.
 """
 
 from __future__ import annotations
