@@ -18,6 +18,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from statistics import median
 from typing import Any
 
 KIB = 1 << 10
@@ -324,11 +325,3 @@ def size_label(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale} {unit}"
     return f"{n} B"
-
-
-def median(values: list[float]) -> float:
-    v = sorted(values)
-    if not v:
-        raise ValueError("median of nothing")
-    mid = len(v) // 2
-    return float(v[mid]) if len(v) % 2 else (v[mid - 1] + v[mid]) / 2.0
