@@ -13,9 +13,7 @@ frees in both frameworks. Reported: training steps per second, the median of
 synchronize), after ``--warmup`` steps.
 
 native: CuPy's MemoryPool and torch's caching allocator;
-bridge: ``bridge.unify(cupy=True, torch=True)``;
-bridge-torch / bridge-cupy: only that framework on the bridge, the other
-native (diagnostics: which side costs what).
+bridge: ``bridge.unify(cupy=True, torch=True)``.
 
 ``--turns native,bridge``: one fresh worker process per mode, set up
 together, then one timed run of each in turn, the order rotating every round
@@ -48,7 +46,7 @@ from _common import (  # noqa: E402
     start_workers,
 )
 
-MODES = ("native", "bridge", "bridge-torch", "bridge-cupy")
+MODES = ("native", "bridge")
 
 
 def build(batch: int, size: int) -> tuple:
@@ -104,7 +102,7 @@ def counters(mode: str) -> dict:
     served (the rest went to the driver's pool); native: torch's segment
     allocations (cudaMalloc calls) and CuPy's pool bytes.
     """
-    if mode.startswith("bridge"):
+    if mode == "bridge":
         from bridge._runtime import core
 
         raw = core.stats(0)[1]
@@ -125,10 +123,10 @@ class Session:
     """One mode set up in this process: timed runs, counters, the issue/finish probe."""
 
     def __init__(self, args: argparse.Namespace, mode: str, info: dict) -> None:
-        if mode.startswith("bridge"):
+        if mode == "bridge":
             import bridge
 
-            bridge.unify(cupy=mode != "bridge-torch", torch=mode != "bridge-cupy")
+            bridge.unify(cupy=True, torch=True)
         import cupy
         import torch
 
@@ -168,7 +166,7 @@ class Session:
             out["issue_ms"] = round(median(issue) * 1e3, 3)
             out["synced_step_ms"] = round(median(total) * 1e3, 3)
         out["final_loss"] = float(self.loss)
-        if self.mode.startswith("bridge"):
+        if self.mode == "bridge":
             import bridge
 
             out["pool_peak_used"] = bridge.stats(0).peak_used
