@@ -293,7 +293,9 @@ with s:
     for _ in range(3):
         g.launch(s)
     s.synchronize()
-ok = bool(cp.all(c == a * 2 + 1))
+# checked on the host: the budget leaves no room for the check's temporaries on the device
+# (the graph keeps b's block for its launches, as CuPy's own pools do)
+ok = bool((c.get() == a.get() * 2 + 1).all())
 retries = bridge.stats(0).num_retries if MODE == "bridge" else None
 report(ok=ok, pressure=retries)
 """
