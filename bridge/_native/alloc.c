@@ -401,6 +401,8 @@ static int obtain(request *q, void **out)
             retry_args a = {q, rc};
             rc = wait_for_room(d, q->want.device, q->want.size, rc, retry_alloc, &a, out);
             ctx_enter(d, &g);
+        } else if (retryable(rc)) {
+            wait_refused_graph(d, q->want.size); /* the OOM message says why it did not wait */
         }
     }
     if (retryable(rc) || rc == BRIDGE_E_TAG_LIMIT) { /* refusals, not driver errors */

@@ -351,6 +351,14 @@ static uint64_t wait_time_for(device_state *d, size_t size, int *why)
     return budget_ns;
 }
 
+void wait_refused_graph(device_state *d, size_t size)
+{
+    int why;
+    wait_refused();
+    if (!wait_time_for(d, size, &why))
+        tl_last_outcome = why;
+}
+
 /* The wait of one refused allocation, as a state machine.  States: QUEUED
  * (in queue[device], GIL released, the cache held so frees reach the pool),
  * then a loop of TRY -> SLEEP -> TRY ..., then LEFT (off the queue, GIL back,

@@ -14,6 +14,11 @@
  * last wait is "none", so its OOM message tells no earlier wait. */
 void wait_refused(void);
 
+/* A refused graph request (a capture's pool, a MemPool): it never waits, and
+ * the thread's last wait says why where a wait was due (BRIDGE_WAIT_CAPTURE
+ * while a capture runs on the device, BRIDGE_WAIT_HOPELESS), else none. */
+void wait_refused_graph(device_state *d, size_t size);
+
 /* The ledger of `device` went down: wake its waiters. */
 void wait_freed(int device);
 

@@ -223,6 +223,30 @@ def test_a_request_larger_than_the_budget_does_not_wait(led):
     assert core.last_wait()[1] == core.WAIT_HOPELESS
 
 
+def test_an_allocation_in_a_cupy_capture_does_not_wait_and_says_why(led):
+    # A CuPy capture's allocation comes from its graph pool and never waits; the thread's
+    # last wait says a capture runs, which the OOM message tells (the H200 showed a bare
+    # message after graph pools took CuPy's captures).
+    core.set_limit(DEV, 64 * MIB)
+    held = led.ok(48 * MIB)
+    rc, pool = core.capture_stream(True, DEV, S2)
+    assert rc == Status.OK
+    try:
+        t0 = time.monotonic()
+        with bridge.waiting(30):
+            rc, _ = _alloc(32 * MIB, S2)
+        assert rc == Status.BUDGET
+        assert time.monotonic() - t0 < 1.0
+        assert core.last_wait() == (0.0, core.WAIT_CAPTURE)
+        assert "a CUDA graph capture runs on this device" in oom_message(
+            DEV, 32 * MIB, rc, framework="cupy"
+        )
+    finally:
+        assert core.capture_stream(False, DEV, pool)[0] == Status.OK
+        core.graph(2, DEV, core.CUPY_POOL, pool)  # RELEASE: its graph is gone
+    led.free(held)
+
+
 # ---- order of service ----
 def test_a_large_request_is_served_before_later_small_ones(led):
     sd = led.sd
