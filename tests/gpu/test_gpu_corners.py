@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# gpu-test: alone (times the host waits it checks for)
 """Issue 30's corners on a real GPU (scripts/gpu-test): pinned memory during another
 thread's capture, CuPy graphs with temporaries, tensors on streams that die first,
 graph outputs read after their graph, and the core's driver calls during captures it

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# gpu-test: alone (sizes its work by the device's free memory)
 """CuPy on the shared pool, on a real GPU. (Run by scripts/gpu-test.)"""
 
 from __future__ import annotations

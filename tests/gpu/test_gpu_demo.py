@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# gpu-test: alone (holds 40 GiB and reads the device)
 """``python -m bridge demo`` on a GPU: both runs, the figures printed, the PNG written.
 (Run by scripts/gpu-test.)"""
 

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# gpu-test: alone (holds most of the device)
 """CuPy, PyTorch and JAX in one process on one pool and one budget (H200).
 (Run by scripts/gpu-test.)"""
 

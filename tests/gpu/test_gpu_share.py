@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# gpu-test: alone (times waits between its processes)
 """One budget for several processes on one GPU (bridge.unify(share=...)).
 
 Four processes (tests/share_gpu_worker.py), each with torch and CuPy, share

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# gpu-test: alone (sizes its work by the device's free memory)
 """Streams, threads, devices and fork on a real GPU. (scripts/gpu-test)
 
 Every scenario runs in fresh processes with the native allocators (the power

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# gpu-test: alone (reads the device's free memory)
 """What tools see under a budget, on a real GPU: free-memory queries, Hugging Face's
 device_map="auto", and torch's memory snapshot. (scripts/gpu-test)
 

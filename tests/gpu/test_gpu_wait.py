@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# gpu-test: alone (times its waits)
 """Waiting for memory others free, on a real GPU. (scripts/gpu-test)
 
 A CuPy producer thread fills batches while a torch thread trains on them, at a

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# gpu-test: alone (the examples size their work by the device)
 """The examples run as written on a GPU machine (gpu tests)."""
 
 from __future__ import annotations

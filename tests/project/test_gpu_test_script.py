@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -58,3 +59,39 @@ def test_a_deadline_starts_no_file_after_it_and_says_which(tmp_path):
         assert f"{name}" in summary and "not run (BRIDGE_GPU_TEST_DEADLINE=0 s)" in summary
     assert "gpu: 0 passed, 0 failed" in summary
     assert "passed in" not in (tmp_path / "gpu-test.log").read_text()  # nothing started
+
+
+def test_jobs_run_every_file_once_and_keep_the_alone_ones_apart(tmp_path):
+    """BRIDGE_GPU_TEST_JOBS=3: every file runs once, in its own process, and its log goes
+    into gpu-test.log whole; a file marked "# gpu-test: alone" is still run."""
+    env = dict(os.environ)
+    env["BRIDGE_CUDA_LIBRARY"] = "/nonexistent/libcuda.so.1"
+    env["BRIDGE_GPU_TEST_SKIP_BUILD"] = "1"
+    env["BRIDGE_GPU_TEST_JOBS"] = "3"
+    names = ["test_gpu_core", "test_gpu_pinned", "test_gpu_graphs", "test_gpu_views"]
+    env["BRIDGE_GPU_TEST_FILES"] = " ".join(f"tests/gpu/{n}.py" for n in names)
+    assert "# gpu-test: alone" in (REPO / "tests/gpu/test_gpu_views.py").read_text()
+    r = subprocess.run(
+        [str(REPO / "scripts" / "gpu-test"), str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr  # no GPU: nothing ran, which is no pass
+    summary = (tmp_path / "summary.txt").read_text()
+    log = (tmp_path / "gpu-test.log").read_text()
+    for n in names:
+        assert summary.count(f"{n} ") == 1, summary
+        assert log.count(f"===== {n} (rc=") == 1, log
+    # each file's log is whole: its header, then its own pytest run to its last line
+    blocks = re.split(r"^===== (test_\w+) \(rc=\d+\)$", log, flags=re.M)[1:]
+    assert sorted(blocks[0::2]) == sorted(names)
+    for body in blocks[1::2]:
+        last = body.strip().splitlines()[-1]
+        assert re.search(r"\d+ (skipped|deselected)|no tests ran", last), body
+    order = [line.split()[0] for line in summary.splitlines() if line.startswith("test_")]
+    assert order[-1] == "test_gpu_views"  # the alone file after those that share the GPU
+    assert "gpu: 0 passed, 0 failed" in summary
+    assert not (tmp_path / ".failed").exists() and not (tmp_path / ".lock").exists()

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# gpu-test: alone (reads the device's figures)
 """bridge doctor / stats (bridge.tools.cli), on the stand-in driver and without any driver."""
 
 from __future__ import annotations
