@@ -77,9 +77,15 @@ def _setup(backend: int) -> int:
             "=cached or auto, or update the NVIDIA driver"
         )
     if rc == Status.INVALID:
+        src, raw = core.pinned_stats()
+        held = (
+            f" (now {raw['n_live_blocks']} lent, {raw['n_pending_blocks']} awaited by a copy)"
+            if src == Status.OK
+            else ""
+        )
         raise BridgeError(
             "the pinned backend can change only while no pinned block is lent "
-            "or awaited by a copy: drop every pinned view and synchronize first"
+            f"or awaited by a copy{held}: drop every pinned view and synchronize first"
         )
     if rc == Status.DEVICE:
         raise BridgeError(
