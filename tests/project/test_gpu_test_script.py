@@ -11,18 +11,25 @@ import subprocess
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def test_no_gpu_test_ran_is_said_and_fails(tmp_path):
+def run_script(out, timeout=300, **variables):
+    """scripts/gpu-test OUT as on a machine without a GPU (no driver), on the bridge
+    installed already, with BRIDGE_GPU_TEST_<NAME> set from ``variables``."""
     env = dict(os.environ)
     env["BRIDGE_CUDA_LIBRARY"] = "/nonexistent/libcuda.so.1"  # no driver, as without a GPU
     env["BRIDGE_GPU_TEST_SKIP_BUILD"] = "1"  # the bridge under test is installed already
-    r = subprocess.run(
-        [str(REPO / "scripts" / "gpu-test"), str(tmp_path)],
+    env.update({f"BRIDGE_GPU_TEST_{k.upper()}": v for k, v in variables.items()})
+    return subprocess.run(
+        [str(REPO / "scripts" / "gpu-test"), str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
+
+
+def test_no_gpu_test_ran_is_said_and_fails(tmp_path):
+    r = run_script(tmp_path)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "gpu-test: NO GPU TEST RAN: every test was skipped. This is not a pass." in r.stdout
     assert "skipped because: no usable CUDA driver" in r.stdout
@@ -40,19 +47,8 @@ def test_the_script_documents_its_exit_status():
 def test_a_deadline_starts_no_file_after_it_and_says_which(tmp_path):
     """BRIDGE_GPU_TEST_DEADLINE: a run that a machine's time limit would cut keeps its
     summary; the files it did not start are listed, and the run does not pass."""
-    env = dict(os.environ)
-    env["BRIDGE_CUDA_LIBRARY"] = "/nonexistent/libcuda.so.1"
-    env["BRIDGE_GPU_TEST_SKIP_BUILD"] = "1"
-    env["BRIDGE_GPU_TEST_DEADLINE"] = "0"
-    env["BRIDGE_GPU_TEST_FILES"] = "tests/gpu/test_gpu_core.py tests/gpu/test_gpu_pinned.py"
-    r = subprocess.run(
-        [str(REPO / "scripts" / "gpu-test"), str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    files = "tests/gpu/test_gpu_core.py tests/gpu/test_gpu_pinned.py"
+    r = run_script(tmp_path, timeout=120, deadline="0", files=files)
     assert r.returncode == 1, r.stdout + r.stderr
     summary = (tmp_path / "summary.txt").read_text()
     for name in ("test_gpu_core", "test_gpu_pinned"):
@@ -64,21 +60,10 @@ def test_a_deadline_starts_no_file_after_it_and_says_which(tmp_path):
 def test_jobs_run_every_file_once_and_keep_the_alone_ones_apart(tmp_path):
     """BRIDGE_GPU_TEST_JOBS=3: every file runs once, in its own process, and its log goes
     into gpu-test.log whole; a file marked "# gpu-test: alone" is still run."""
-    env = dict(os.environ)
-    env["BRIDGE_CUDA_LIBRARY"] = "/nonexistent/libcuda.so.1"
-    env["BRIDGE_GPU_TEST_SKIP_BUILD"] = "1"
-    env["BRIDGE_GPU_TEST_JOBS"] = "3"
     names = ["test_gpu_core", "test_gpu_pinned", "test_gpu_graphs", "test_gpu_views"]
-    env["BRIDGE_GPU_TEST_FILES"] = " ".join(f"tests/gpu/{n}.py" for n in names)
     assert "# gpu-test: alone" in (REPO / "tests/gpu/test_gpu_views.py").read_text()
-    r = subprocess.run(
-        [str(REPO / "scripts" / "gpu-test"), str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    files = " ".join(f"tests/gpu/{n}.py" for n in names)
+    r = run_script(tmp_path, jobs="3", files=files)
     assert r.returncode == 1, r.stdout + r.stderr  # no GPU: nothing ran, which is no pass
     summary = (tmp_path / "summary.txt").read_text()
     log = (tmp_path / "gpu-test.log").read_text()
