@@ -349,9 +349,8 @@ static int retry_alloc(void *ctx, int flags, void **out)
  * cap, no host memory for the record): the block went back to the pool. */
 static int take_cached(request *q, void **out)
 {
-    record rec = q->want;
-    rec.ptr = cache_take(rec.device, rec.stream, rec.size);
-    if (!rec.ptr || ledger_adopt(q->d, &rec, out) != BRIDGE_OK)
+    q->want.ptr = cache_take(q->want.device, q->want.stream, q->want.size);
+    if (!q->want.ptr || ledger_adopt(q->d, &q->want, out) != BRIDGE_OK)
         return BRIDGE_E_MISS;
     atomic_fetch_add_explicit(&q->d->num_cache_hits, 1, RELAXED);
     return BRIDGE_OK;
