@@ -501,17 +501,7 @@ static int add_stream(record *r, void *arg)
         s = stream_key(s) == r->stream ? r->stream : (CUstream)(uintptr_t)1;
     if (s == r->stream)
         return 0;
-    for (uint16_t i = 0; i < r->nrec; i++)
-        if (r->recs[i] == s)
-            return 0;
-    if (r->nrec == UINT16_MAX)
-        return -2;
-    CUstream *n = realloc(r->recs, (r->nrec + 1u) * sizeof *n);
-    if (!n)
-        return -2;
-    n[r->nrec++] = s;
-    r->recs = n;
-    return 0;
+    return records_add_stream(r, s) ? -2 : 0;
 }
 
 int bridge_record_stream(void *ptr, void *stream)

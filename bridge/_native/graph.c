@@ -458,17 +458,8 @@ static int unbind_block(record *r)
     r->flags = 0;
     if (cap == STREAM_LEGACY || (uintptr_t)cap == 0)
         return 0;
-    for (uint16_t i = 0; i < r->nrec; i++)
-        if (r->recs[i] == cap)
-            goto keyed;
-    if (r->nrec == UINT16_MAX)
+    if (records_add_stream(r, cap))
         return -1;
-    CUstream *n = realloc(r->recs, (r->nrec + 1u) * sizeof *n);
-    if (!n)
-        return -1;
-    n[r->nrec++] = cap;
-    r->recs = n;
-keyed:
     r->stream = STREAM_LEGACY;
     return 0;
 }

@@ -176,6 +176,21 @@ uint64_t records_count(void)
     return n;
 }
 
+int records_add_stream(record *r, CUstream s)
+{
+    for (uint16_t i = 0; i < r->nrec; i++)
+        if (r->recs[i] == s)
+            return 0;
+    if (r->nrec == UINT16_MAX)
+        return -1;
+    CUstream *n = realloc(r->recs, (r->nrec + 1u) * sizeof *n);
+    if (!n)
+        return -1;
+    n[r->nrec++] = s;
+    r->recs = n;
+    return 0;
+}
+
 /* A fork child forgets the parent's records without taking a lock. */
 void records_forget_after_fork(void)
 {

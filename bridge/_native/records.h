@@ -50,6 +50,10 @@ int records_update(uintptr_t ptr, int (*fn)(record *r, void *arg), void *arg);
 void records_sweep(int (*fn)(record *r, void *arg), void *arg);
 /* Number of live records (diagnostics and tests). */
 uint64_t records_count(void);
+/* Add `s` to the streams recorded against r (recs[]) unless it is there:
+ * 0, or -1 when there is no host memory or no room (r unchanged).  The
+ * caller holds r's shard lock (records_update's fn). */
+int records_add_stream(record *r, CUstream s);
 /* A fork child forgets every record (no lock taken). */
 void records_forget_after_fork(void);
 

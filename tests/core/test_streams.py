@@ -219,6 +219,30 @@ def test_a_torch_thread_never_waits_on_the_gil_past_the_relief_timeout(sd):
         core.set_limit(DEV, 0)
 
 
+# A stand-in cupy module for the children below, in two parts around the test's own Stream
+# (and Graph): the modules and CuPy's OutOfMemoryError first; then ExternalStream, the
+# modules installed, and the bridge's CuPy adapter imported as `adapter`.
+STANDIN_CUPY = """
+        cupy = types.ModuleType("cupy")
+        cuda = types.ModuleType("cupy.cuda")
+        memory = types.ModuleType("cupy.cuda.memory")
+        class OutOfMemoryError(MemoryError):
+            def __init__(self, size, total, limit=0):
+                super().__init__(size, total, limit)
+        memory.OutOfMemoryError = OutOfMemoryError
+        memory.UnownedMemory = memory.MemoryPointer = object
+"""
+STANDIN_CUPY_ADAPTER = """
+        class ExternalStream(Stream):
+            pass
+        cuda.Stream, cuda.ExternalStream, cuda.memory = Stream, ExternalStream, memory
+        cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0)
+        cupy.cuda = cuda
+        sys.modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.memory": memory})
+        from bridge.adapters import cupy as adapter
+"""
+
+
 # ---- devices outside unify's list; fork ----
 def _child(code: str) -> subprocess.CompletedProcess:
     script = textwrap.dedent(code)
@@ -335,14 +359,9 @@ def test_a_cupy_graph_that_dies_gives_its_pool_back(standin):
         lib.cuGraphExecDestroy.argtypes = lib.cuGraphDestroy.argtypes = [vp]
         assert core.init(os.environ["BRIDGE_CUDA_LIBRARY"]) == 0
         assert core.setup(0, 2**64 - 1) == 0
-        cupy = types.ModuleType("cupy")
-        cuda = types.ModuleType("cupy.cuda")
-        memory = types.ModuleType("cupy.cuda.memory")
-        class OutOfMemoryError(MemoryError):
-            def __init__(self, size, total, limit=0):
-                super().__init__(size, total, limit)
-        memory.OutOfMemoryError = OutOfMemoryError
-        memory.UnownedMemory = memory.MemoryPointer = object
+"""
+        + STANDIN_CUPY
+        + """
         class Graph:  # CuPy 14.2's fields; no _add_ref, no weak reference
             __slots__ = ("graph", "graphExec")
             def __init__(self, graph):
@@ -366,13 +385,9 @@ def test_a_cupy_graph_that_dies_gives_its_pool_back(standin):
                 if rc:
                     raise RuntimeError(f"cudaErrorStreamCaptureInvalidated ({rc})")
                 return Graph(g)
-        class ExternalStream(Stream):
-            pass
-        cuda.Stream, cuda.ExternalStream, cuda.memory = Stream, ExternalStream, memory
-        cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0)
-        cupy.cuda = cuda
-        sys.modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.memory": memory})
-        from bridge.adapters import cupy as adapter
+"""
+        + STANDIN_CUPY_ADAPTER
+        + """
         try:
             weakref.ref(Graph.__new__(Graph))
             raise SystemExit("the stand-in Graph must refuse weak references")
@@ -457,14 +472,9 @@ def test_cupy_captures_are_told_to_the_core(standin):
         from bridge._runtime import core
         assert core.init(os.environ["BRIDGE_CUDA_LIBRARY"]) == 0
         assert core.setup(0, 2**64 - 1) == 0
-        cupy = types.ModuleType("cupy")
-        cuda = types.ModuleType("cupy.cuda")
-        memory = types.ModuleType("cupy.cuda.memory")
-        class OutOfMemoryError(MemoryError):
-            def __init__(self, size, total, limit=0):
-                super().__init__(size, total, limit)
-        memory.OutOfMemoryError = OutOfMemoryError
-        memory.UnownedMemory = memory.MemoryPointer = object
+"""
+        + STANDIN_CUPY
+        + """
         class Stream:
             def __init__(self, device_id=0, fail=False):
                 self.device_id, self.fail = device_id, fail
@@ -475,13 +485,9 @@ def test_cupy_captures_are_told_to_the_core(standin):
             def end_capture(self):
                 make = getattr(self, "make_graph", None)
                 return make() if make else "graph"
-        class ExternalStream(Stream):
-            pass
-        cuda.Stream, cuda.ExternalStream, cuda.memory = Stream, ExternalStream, memory
-        cuda.runtime = types.SimpleNamespace(getDevice=lambda: 0)
-        cupy.cuda = cuda
-        sys.modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.memory": memory})
-        from bridge.adapters import cupy as adapter
+"""
+        + STANDIN_CUPY_ADAPTER
+        + """
         adapter._tell_captures()
         adapter._tell_captures()  # twice: wrapped once
         active = lambda: core.stats(0)[1]["captures_active"]
