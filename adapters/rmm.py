@@ -5,7 +5,11 @@
 (``rmm.mr.set_per_device_resource``) whose two callables are C functions of
 the core: ``bridge._core.StreamAllocator`` (one per device, tag ``rmm``)
 allocates on the stream RMM passes, and ``bridge._core.stream_free`` frees
-after the work queued on the stream RMM frees on. No Python frame runs per
+on the stream RMM frees on, as RMM's own stream-ordered resources do: RMM
+keeps that stream alive while the buffer lives (``DeviceBuffer`` holds a
+reference to it), so the core may give it to the driver at the free, also
+for a stream of its own that the bridge does not know (tag ``rmm`` holds its
+streams: ``set_tag_holds_streams``). No Python frame runs per
 allocation; RMM's own wrapper takes the GIL and builds a ``Stream`` object for
 each call, which is what this path costs over RMM's ``CudaAsyncMemoryResource``
 (benchmarks/bench_rmm.py measures it).
@@ -79,6 +83,8 @@ def install(devices: Iterable[int]) -> None:
     The devices named are set up now (budget, pool); the others are set up by
     their first RMM allocation, as for the other frameworks.
     """
+    # A free's stream is alive during the free (RMM's contract): issue it there.
+    check(core.set_tag_holds_streams(core.TAG_RMM, 1), what="rmm's streams")
     for d in devices:
         _runtime.ensure_device(d)
     for d in range(_runtime.device_count()):

@@ -510,6 +510,35 @@ int bridge_record_stream(void *ptr, void *stream)
     return rc == 0 ? BRIDGE_OK : rc == -2 ? BRIDGE_E_OOM : BRIDGE_E_INVALID;
 }
 
+/* bridge_free_on_stream's change to the record, under the shard lock.  A
+ * tag whose framework keeps the stream it frees on alive during the free
+ * (RMM's deallocate(ptr, size, stream), CuPy's): the free is issued on that
+ * stream, as the framework's own pool does, and after the block's own
+ * stream too where that one is provably alive.  Any other tag, or a graph
+ * block: the stream is recorded, as by bridge_record_stream. */
+static int retarget_free(record *r, void *arg)
+{
+    if ((r->flags & REC_GRAPH) || !stream_tag_holds(r->tag))
+        return add_stream(r, arg);
+    CUstream key = stream_key((CUstream)arg);
+    if (key == r->stream)
+        return 0;
+    if (stream_long_lived(r->stream) && records_add_stream(r, r->stream))
+        return -2;
+    r->stream = key;
+    return 0;
+}
+
+void bridge_free_on_stream(void *ptr, void *stream)
+{
+    /* An unknown pointer or a double free changes nothing here: bridge_free
+     * counts it.  No host memory to record the block's own stream: the free
+     * stays in the block's own order, as bridge_record_stream's would. */
+    if (ptr && !bridge_forked())
+        (void)records_update((uintptr_t)ptr, retarget_free, stream);
+    bridge_free(ptr);
+}
+
 static int copy_record(record *r, void *arg)
 {
     *(record *)arg = *r;

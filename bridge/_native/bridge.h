@@ -137,6 +137,14 @@ void bridge_free(void *ptr);
  * records shard lock and, under it, the cache's lock, both leaves that no
  * holder keeps while calling Python or waiting: fit for holding the GIL. */
 int bridge_free_cached(void *ptr);
+/* bridge_free after the work queued on `stream`, a stream the caller keeps
+ * alive during this call (RMM's deallocate(ptr, size, stream)).  For a tag
+ * that holds its streams (bridge_set_tag_holds_streams) the free is issued
+ * on `stream`, as the framework's own stream-ordered pool issues it, and
+ * after the block's own stream where that one outlives the block; for any
+ * other tag `stream` is recorded first (bridge_record_stream).  Never fails,
+ * as bridge_free. */
+void bridge_free_on_stream(void *ptr, void *stream);
 /* `stream` may use `ptr`: its queued work completes before the memory is
  * reused.  Returns BRIDGE_E_INVALID for an unknown pointer. */
 int bridge_record_stream(void *ptr, void *stream);

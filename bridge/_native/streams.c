@@ -276,10 +276,14 @@ void drain_streams(device_state *d)
  * reference to its Stream, dropped after the free has returned (pyblock.c). */
 static _Atomic unsigned holding_tags = 0;
 
+int stream_tag_holds(int tag)
+{
+    return (atomic_load_explicit(&holding_tags, RELAXED) >> tag) & 1u;
+}
+
 CUstream free_key(const record *rec)
 {
-    if (stream_long_lived(rec->stream) ||
-        (atomic_load_explicit(&holding_tags, RELAXED) & (1u << rec->tag)))
+    if (stream_long_lived(rec->stream) || stream_tag_holds(rec->tag))
         return rec->stream;
     return STREAM_LEGACY;
 }

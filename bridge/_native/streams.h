@@ -41,6 +41,9 @@ int stream_order_after_recorded(const record *rec, CUstream free_stream);
  * driver: a destroyed stream's handle crashed the driver or named a new
  * stream on an H200. */
 CUstream free_key(const record *rec);
+/* Whether tag `tag`'s framework keeps a block's stream alive until its free
+ * returns (bridge_set_tag_holds_streams). */
+int stream_tag_holds(int tag);
 #define STREAM_LEGACY ((CUstream)(uintptr_t)1)
 
 /* Let the frees queued on the device's streams land without a host wait

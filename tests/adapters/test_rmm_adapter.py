@@ -14,7 +14,7 @@ import sys
 import types
 
 import pytest
-from ledger_util import C_RECORD, DEV, MIB, S1, S2, stats
+from ledger_util import C_RECORD, DEV, MIB, S1, S2, S3, stats
 
 import bridge
 from bridge._errors import OutOfMemoryError, Status
@@ -61,9 +61,10 @@ def fake_rmm(standin, monkeypatch):
     monkeypatch.setattr(sys.modules["bridge.unify"], "_bridge", None)
     yield per_device
     sys.modules.pop("bridge.adapters.rmm", None)
+    core.set_tag_holds_streams(core.TAG_RMM, 0)
 
 
-def test_unify_gives_every_device_a_resource_counted_as_rmm(fake_rmm):
+def test_unify_gives_every_device_a_resource_counted_as_rmm(fake_rmm, standin):
     b = bridge.unify(cupy=False, torch=False, rmm=True)
     assert "rmm" in b.frameworks
     from bridge.adapters import rmm as adapter
@@ -75,6 +76,8 @@ def test_unify_gives_every_device_a_resource_counted_as_rmm(fake_rmm):
     assert bridge.stats(0).by_framework["rmm"] == 3 * MIB
     mr.deallocate(p, 3 * MIB, Stream(S1))
     assert bridge.stats(0).by_framework["rmm"] == 0 and stats()["used"] == 0
+    # freed on the stream RMM frees on (RMM keeps it alive through the free)
+    assert standin.standin_pending_on(0, S1) == 3 * MIB
     # device 1's resource allocates on device 1
     q = fake_rmm[1].allocate(MIB, Stream(S1))
     assert core.lookup(q)[2] == 1
@@ -110,21 +113,65 @@ def _raise_oom(size, device, stream, rc):
     raise OutOfMemoryError(f"status {rc}", device=device, size=size)
 
 
-def test_a_free_on_another_stream_waits_for_that_streams_work(led):
-    standin = led.sd
+@pytest.fixture
+def holds(led):
+    """The rmm tag holding its streams, as bridge.adapters.rmm.install sets it."""
+    assert core.set_tag_holds_streams(core.TAG_RMM, 1) == Status.OK
+    yield led
+    core.set_tag_holds_streams(core.TAG_RMM, 0)
+
+
+def test_a_free_is_issued_on_the_stream_rmm_frees_on(holds):
+    """Issue (H200, eleventh session): a DeviceBuffer freed on a non-blocking CuPy
+    stream while a kernel still read it was freed on the legacy stream, which does
+    not wait for a non-blocking stream; a buffer of the same size made at once on
+    another stream got the memory and overwrote what the kernel read. RMM keeps the
+    stream alive through the free, so the free goes on it, as RMM's own
+    CudaAsyncMemoryResource issues it."""
+    standin = holds.sd
     alloc = core.StreamAllocator(DEV, core.TAG_RMM, _raise_oom)
+    p = alloc(MIB, Stream(S1))
+    standin.standin_sync_all(DEV)
+    records = standin.standin_counter(C_RECORD)
+    core.stream_free(p, MIB, Stream(S1))
+    assert standin.standin_pending_on(DEV, S1) == MIB
+    assert standin.standin_pending_on(DEV, 1) == 0  # not the legacy stream
+    assert standin.standin_counter(C_RECORD) == records  # its own stream: no event
+    standin.standin_sync_all(DEV)
+    q = alloc(MIB, S1)  # an int handle works too
+    standin.standin_sync_all(DEV)
+    core.stream_free(q, MIB, Stream(S2))  # freed on another stream: issued there
+    assert standin.standin_pending_on(DEV, S2) == MIB
+    assert standin.standin_pending_on(DEV, S1) == standin.standin_pending_on(DEV, 1) == 0
+    assert stats()["used"] == 0
+
+
+def test_a_free_after_a_long_lived_allocation_stream_waits_for_it_too(holds):
+    standin = holds.sd
+    core.register_stream(S3)
+    try:
+        alloc = core.StreamAllocator(DEV, core.TAG_RMM, _raise_oom)
+        p = alloc(MIB, Stream(S3))
+        standin.standin_sync_all(DEV)
+        records = standin.standin_counter(C_RECORD)
+        core.stream_free(p, MIB, Stream(S2))
+        assert standin.standin_counter(C_RECORD) == records + 1  # S2 after S3's work
+        assert standin.standin_pending_on(DEV, S2) == MIB
+    finally:
+        core.forget_stream(S3)
+    assert stats()["used"] == 0
+
+
+def test_for_a_tag_that_does_not_hold_its_streams_the_free_waits_on_the_legacy_stream(led):
+    standin = led.sd
+    alloc = core.StreamAllocator(DEV, core.TAG_NUMBA, _raise_oom)
     p = alloc(MIB, Stream(S1))
     records = standin.standin_counter(C_RECORD)
     core.stream_free(p, MIB, Stream(S2))  # S2's queued work first: an event on S2
     assert standin.standin_counter(C_RECORD) == records + 1
-    # neither stream is one the core can prove alive (an RMM stream may be
-    # destroyed before its buffers): the legacy stream stands for both, after
-    # every blocking stream's queued work (issue 30, item 4)
+    # neither stream is one the core can prove alive: the legacy stream stands
+    # for both, after every blocking stream's queued work (issue 30, item 4)
     assert standin.standin_pending_on(DEV, 1) == MIB
-    q = alloc(MIB, S1)  # an int handle works too
-    records = standin.standin_counter(C_RECORD)
-    core.stream_free(q, MIB, Stream(S1))  # its own stream: nothing to wait for
-    assert standin.standin_counter(C_RECORD) == records
     assert stats()["used"] == 0
 
 

@@ -201,10 +201,11 @@ static PyObject *py_stream_free(PyObject *m, PyObject *const *args, Py_ssize_t n
     }
     Py_BEGIN_ALLOW_THREADS
     /* The caller's stream may still use the block: its queued work completes
-     * before the memory is reused (a no-op for the allocation's own stream). */
-    if (with_stream && ptr)
-        bridge_record_stream(ptr, stream);
-    bridge_free(ptr);
+     * before the memory is reused. */
+    if (with_stream)
+        bridge_free_on_stream(ptr, stream);
+    else
+        bridge_free(ptr);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
