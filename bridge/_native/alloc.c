@@ -380,7 +380,8 @@ static int obtain(request *q, void **out)
     /* fast path: two atomic adds (plus one attribute read under a budget),
      * one driver call, one shard lock */
     int rc = ledger_alloc(d, &q->want, q->stream, q->side, out);
-    if (rc != BRIDGE_OK)
+    int refused = rc != BRIDGE_OK;
+    if (refused)
         wait_refused(); /* the OOM message tells this refusal's wait, none before */
     if (retryable(rc)) {
         /* 1. What the core holds back to the pool, the stream's pending frees
@@ -408,6 +409,8 @@ static int obtain(request *q, void **out)
         atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
         atomic_fetch_add_explicit(&d->tag[q->want.tag].num_ooms, 1, RELAXED);
     }
+    if (refused)
+        wait_chain_end(); /* the next allocation is a new one to the share */
     ctx_exit(&g);
     return rc;
 }

@@ -574,33 +574,33 @@ static uint64_t others_live(share_member *m)
 /* 1 between a share_reserve that raised the claim and its share_settle (the
  * same thread: an allocation reserves and settles on one thread). */
 static __thread int claim_raised;
-/* This thread's last ask of the others: the wait it was made in (wait.c's
- * wait_current; 0 outside one) and what the others held live then.  A
- * waiting allocation retries many times; asking on each retry made every
- * other member trim over and over (up to 0.5 s each).  It asks once per
- * allocation (before its wait), and again during the wait only when the
- * others have freed memory since. */
-static __thread uint64_t asked_wait, asked_live, asked_ns;
-static __thread int asked_once;
+/* This thread's last ask of the others: the refused allocation it was made
+ * for (wait.c's wait_chain), the wait it was made in (wait_current; 0 before
+ * one) and what the others held live then.  A waiting allocation retries
+ * many times; asking on each retry made every other member trim over and
+ * over (up to 0.5 s each).  So an allocation asks once, in its first try or
+ * its recovery chain, and again during its wait only when the others have
+ * freed memory since.  A new allocation asks afresh: the others may have
+ * freed into their pools since the last one (their published live bytes lag
+ * by up to a round), and skipping the ask refused it with the memory idle in
+ * their pools (H200). */
+static __thread uint64_t asked_chain, asked_wait, asked_live;
+static __thread int asked_once; /* the allocation asked_chain names asked */
 
 static int should_ask(share_member *m)
 {
-    uint64_t w = wait_current(), now = now_ns();
+    uint64_t w = wait_current(), chain = wait_chain();
     uint64_t live = others_live(m);
-    int same;
-    if (!w) /* the recovery chain before a wait: its retries right after an ask */
-        same = now - asked_ns < SHARE_UNRESPONSIVE_NS;
-    else /* a wait: the ask of its own recovery chain (just before it) counts for it */
-        same = asked_wait == w ||
-               (asked_wait == 0 && asked_ns + SHARE_UNRESPONSIVE_NS >= wait_began_ns());
-    if (asked_once && same && live >= asked_live) {
+    /* the ask of this allocation's try or recovery chain counts for its wait */
+    int same = asked_once && asked_chain == chain && (asked_wait == w || asked_wait == 0);
+    if (same && live >= asked_live) {
         asked_wait = w;
         return 0;
     }
     asked_once = 1;
+    asked_chain = chain;
     asked_wait = w;
     asked_live = live;
-    asked_ns = now;
     return 1;
 }
 
@@ -641,6 +641,7 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
         atomic_fetch_add(&m->num_refused, 1);
         return rc;
     }
+    asked_once = 0; /* admitted: the allocation that asked is over */
     claim_raised = 1;
     return BRIDGE_OK;
 }

@@ -99,6 +99,18 @@ uint64_t wait_began_ns(void)
 {
     return tl_wait_began;
 }
+
+static _Thread_local uint64_t tl_chain; /* wait_chain */
+
+uint64_t wait_chain(void)
+{
+    return tl_chain;
+}
+
+void wait_chain_end(void)
+{
+    tl_chain++;
+}
 static bridge_wait_hooks hooks; /* set once by pymod.c before any wait */
 
 static void init_cv(void)

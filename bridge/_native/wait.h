@@ -55,6 +55,11 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
 uint64_t wait_current(void);
 /* When that wait began (CLOCK_MONOTONIC ns). */
 uint64_t wait_began_ns(void);
+/* The calling thread's refused allocation: a number that changes when one
+ * ends (wait_chain_end, alloc.c's obtain after its recovery chain), so that
+ * share.c asks the other members once per allocation, not once per second. */
+uint64_t wait_chain(void);
+void wait_chain_end(void);
 
 void wait_fill_stats(int device, bridge_stats *out);
 /* A fork child: no waiter, fresh lock (no lock taken). */

@@ -735,3 +735,21 @@ def test_a_waiting_allocation_asks_the_others_to_trim_once(workers, share_dir):
     holder.call("free")
     # once the holder freed memory, an ask is worth it again: the next wait gets it
     assert waiter.call("alloc_wait", size=8 * MIB, seconds=2.0)["rc"] == Status.OK
+
+
+def test_a_new_allocation_right_after_a_refusal_asks_again(workers, share_dir):
+    """Issue (H200, eleventh session: test_gpu_share's 6 GiB hold refused though the
+    others held only cached memory): a refused allocation asked the others to trim;
+    they freed within the second after, and the next allocation did not ask (asked
+    under a second ago, and their published live bytes were not yet lower), so it
+    was refused with the memory idle in their pools."""
+    name = _name()
+    a, b = workers(), workers()
+    a.call("join", name=name, budget=64 * MIB)
+    b.call("join", name=name)
+    assert a.call("alloc", size=64 * MIB)["rc"] == Status.OK  # live: no trim helps b
+    assert b.call("alloc", size=32 * MIB)["rc"] == Status.BUDGET  # b asked a
+    a.call("free")  # a's pool keeps it: a's claim stays until a trims
+    out = b.call("alloc", size=32 * MIB)  # within the second: b must ask a again
+    assert out["rc"] == Status.OK, (out, b.call("stats")["share"])
+    assert b.call("stats")["share"]["num_asks"] >= 2

@@ -285,7 +285,10 @@ def test_a_process_killed_mid_run_gives_its_share_back_within_2s(members):
     out = taker.call("alloc_until", size=4 * GIB, fw="torch", seconds=5.0)
     elapsed = time.monotonic() - t0
     assert out["ok"] and elapsed < 2.0, (out, elapsed)
-    assert taker.call("stats")["share"]["num_reclaimed"] >= 1
+    # taken back by a living member: the taker's refusal or any member's scan
+    # (every second), whichever saw the dead pid first
+    living = [w for w in ws if w is not victim and w.proc.poll() is None]
+    assert sum(w.call("stats")["share"]["num_reclaimed"] for w in living) >= 1
     taker.call("free")
 
 
