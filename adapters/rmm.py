@@ -84,7 +84,7 @@ def install(devices: Iterable[int]) -> None:
     their first RMM allocation, as for the other frameworks.
     """
     # A free's stream is alive during the free (RMM's contract): issue it there.
-    check(core.set_tag_holds_streams(core.TAG_RMM, 1), what="rmm's streams")
+    check(core.set_tag_holds_streams(core.TAG_RMM, True), what="rmm's streams")
     for d in devices:
         _runtime.ensure_device(d)
     for d in range(_runtime.device_count()):

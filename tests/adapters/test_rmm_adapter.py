@@ -61,7 +61,7 @@ def fake_rmm(standin, monkeypatch):
     monkeypatch.setattr(sys.modules["bridge.unify"], "_bridge", None)
     yield per_device
     sys.modules.pop("bridge.adapters.rmm", None)
-    core.set_tag_holds_streams(core.TAG_RMM, 0)
+    core.set_tag_holds_streams(core.TAG_RMM, False)
 
 
 def test_unify_gives_every_device_a_resource_counted_as_rmm(fake_rmm, standin):
@@ -116,9 +116,9 @@ def _raise_oom(size, device, stream, rc):
 @pytest.fixture
 def holds(led):
     """The rmm tag holding its streams, as bridge.adapters.rmm.install sets it."""
-    assert core.set_tag_holds_streams(core.TAG_RMM, 1) == Status.OK
+    assert core.set_tag_holds_streams(core.TAG_RMM, True) == Status.OK
     yield led
-    core.set_tag_holds_streams(core.TAG_RMM, 0)
+    core.set_tag_holds_streams(core.TAG_RMM, False)
 
 
 def test_a_free_is_issued_on_the_stream_rmm_frees_on(holds):
