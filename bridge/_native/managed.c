@@ -129,6 +129,7 @@ int bridge_alloc_managed(int device, size_t size, int tag, void **out)
     if (rc != BRIDGE_OK) {
         atomic_fetch_add_explicit(&d->num_ooms, 1, RELAXED);
         atomic_fetch_add_explicit(&d->tag[tag].num_ooms, 1, RELAXED);
+        wait_chain_end(); /* the next allocation asks the share afresh */
         return rc;
     }
     ctx_guard g;

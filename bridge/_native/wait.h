@@ -56,8 +56,9 @@ uint64_t wait_current(void);
 /* When that wait began (CLOCK_MONOTONIC ns). */
 uint64_t wait_began_ns(void);
 /* The calling thread's refused allocation: a number that changes when one
- * ends (wait_chain_end, alloc.c's obtain after its recovery chain), so that
- * share.c asks the other members once per allocation, not once per second. */
+ * ends (wait_chain_end: alloc.c's obtain after its recovery chain, managed.c
+ * after a refusal), so that share.c asks the other members once per
+ * allocation, not once per second. */
 uint64_t wait_chain(void);
 void wait_chain_end(void);
 
