@@ -93,13 +93,6 @@ uint64_t wait_current(void)
     return tl_wait_now;
 }
 
-static _Thread_local uint64_t tl_wait_began;
-
-uint64_t wait_began_ns(void)
-{
-    return tl_wait_began;
-}
-
 static _Thread_local uint64_t tl_chain; /* wait_chain */
 
 uint64_t wait_chain(void)
@@ -433,7 +426,6 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
 
     tl_wait_now = atomic_fetch_add_explicit(&wait_serial, 1, RELAXED) + 1;
     uint64_t t0 = now_ns(), now = t0, deadline = t0 + budget_ns;
-    tl_wait_began = t0;
     if (deadline < t0)
         deadline = UINT64_MAX;
     uint64_t poll = POLL_MIN, next_check = t0 + CHECK_EVERY, collect_at = t0 + COLLECT_AFTER;

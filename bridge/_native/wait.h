@@ -53,8 +53,6 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
 /* The calling thread's wait in progress: a number unique to it, 0 outside
  * wait_for_room's retries (share.c asks the other members once per wait). */
 uint64_t wait_current(void);
-/* When that wait began (CLOCK_MONOTONIC ns). */
-uint64_t wait_began_ns(void);
 /* The calling thread's refused allocation: a number that changes when one
  * ends (wait_chain_end: alloc.c's obtain after its recovery chain, managed.c
  * after a refusal), so that share.c asks the other members once per
