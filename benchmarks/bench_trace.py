@@ -10,9 +10,18 @@ A trace is the sequence of allocations and frees (size, stream, order) a program
 the native allocators: ``gpt2`` trains a 6-layer, width-768 GPT-2 for six steps at sequence
 lengths 64 to 512 (torch's memory history), ``resnet50`` ResNet-50 training steps (needs
 torchvision), ``cupy-fft`` a CuPy FFT pipeline at varying batch sizes (a logging CuPy
-allocator over CuPy's pool). A replay (``torch.empty``/``del`` of uint8 tensors, each on its
-recorded stream) gives the time per event (best pass) and the allocator's peak reserved
-memory against the trace's peak of live bytes (``reserved / live``: the fragmentation).
+allocator over CuPy's pool), ``mixed`` one process where CuPy prepares each batch (decode,
+flips, crops, an FFT low-pass, normalisation) and hands it to torch through DLPack for a
+training step of a small CNN: both frameworks' events in one order, which only a single
+allocator under both sees, so it is recorded under the bridge's own history (the sizes are
+the frameworks' requests, which no allocator changes). A mixed trace's ALLOC events name
+their framework (a fifth field, ``CUPY``); its replay sends those through ``cupy.empty`` on
+the same streams, so ``native`` is torch's caching allocator beside CuPy's ``MemoryPool``
+(what a mixed program holds today), ``async`` torch's cudaMallocAsync beside CuPy's
+``MemoryAsyncPool``, and ``bridge`` one ``unify(cupy=True, torch=True)``. A replay
+(``torch.empty``/``del`` of uint8 tensors, each on its recorded stream) gives the time per
+event (best pass) and the allocator's peak reserved memory against the trace's peak of live
+bytes (``reserved / live``: the fragmentation).
 
 ``run`` times the configurations in turns (trace_turns.py): one warm worker process per
 configuration (its timing thread pinned to ``--cpu``, the garbage collector off), asked in
@@ -59,6 +68,10 @@ from _native import compile_c  # noqa: E402
 from trace_turns import MIN_ROUNDS, run_trace  # noqa: E402
 
 ALLOC, FREE = 0, 1
+#: An ALLOC event's optional fifth field: the framework that made it (absent: torch).
+TORCH, CUPY = 0, 1
+#: Configurations that replay only torch (a mixed trace's CuPy events need CuPy's own allocators).
+TORCH_ONLY = ("rmm", "null-pluggable")
 CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-allhits",
            "bridge-onetier", "null-pluggable")  # fmt: skip
 
@@ -94,6 +107,44 @@ def from_snapshot(snapshot: dict, name: str, device: int = 0) -> dict:
     return make_trace(name, "torch memory history", events)
 
 
+def from_history(events: Iterable[tuple], name: str, frameworks: dict[int, int],
+                 actions: tuple[int, int], device: int = 0) -> dict:
+    """A trace from the bridge's own history (``bridge._core.history_events()``).
+
+    ``frameworks`` maps a ledger tag to TORCH or CUPY (other tags are dropped),
+    ``actions`` is (the history's alloc action, its free action). Each event is
+    ``(time_us, action, device, ptr, size, stream, ...)`` plus its tag at index 7;
+    frees of blocks allocated before the recording began are dropped, streams are
+    numbered in order of first use (the legacy stream, handle 0, is one stream for both
+    frameworks, as it is on the GPU), and an ALLOC of CuPy carries CUPY as a fifth field.
+    """
+    ev_alloc, ev_free = actions
+    stream_ix: dict[int, int] = {}
+    live: dict[int, int] = {}  # address -> id
+    out: list[list[int]] = []
+    next_id = 0
+    for e in events:
+        action, dev, ptr, size, stream, tag = e[1], e[2], e[3], e[4], e[5], e[7]
+        if dev != device or tag not in frameworks:
+            continue
+        if action == ev_alloc:
+            s = stream_ix.setdefault(stream, len(stream_ix))
+            live[ptr] = next_id
+            event = [ALLOC, next_id, int(size), s]
+            if frameworks[tag] != TORCH:
+                event.append(frameworks[tag])
+            out.append(event)
+            next_id += 1
+        elif action == ev_free and ptr in live:
+            out.append([FREE, live.pop(ptr)])
+    return make_trace(name, "bridge history", out)
+
+
+def is_mixed(trace: dict) -> bool:
+    """Whether some of the trace's allocations are CuPy's (replayed through CuPy)."""
+    return any(e[0] == ALLOC and len(e) > 4 and e[4] == CUPY for e in trace["events"])
+
+
 def peak_live(trace: dict) -> int:
     """The most bytes live at once in the trace."""
     live: dict[int, int] = {}
@@ -127,6 +178,8 @@ def summary(trace: dict) -> dict:
         "sizes": len(sizes),
         "streams": trace["streams"],
         "peak_live": peak_live(trace),
+        **({"cupy_events": sum(1 for e in trace["events"] if len(e) > 4 and e[4] == CUPY)}
+           if is_mixed(trace) else {}),
     }
 
 
@@ -217,7 +270,63 @@ def record_cupy_fft(batches: Iterable[int] = (16, 32, 24, 64, 48, 32, 16, 64)) -
     return make_trace("cupy-fft", "CuPy allocator log", events)
 
 
-RECORDERS = {"gpt2": record_gpt2, "resnet50": record_resnet50, "cupy-fft": record_cupy_fft}
+def record_mixed(batches: Iterable[int] = (32, 64, 48, 96, 32, 80, 64, 48)) -> dict:
+    """CuPy preprocessing feeding torch training in one process, under the bridge's history."""
+    import bridge
+
+    bridge.unify(cupy=True, torch=True)
+    import cupy as cp
+    import torch
+    from torch import nn
+
+    from bridge._runtime import core
+
+    torch.manual_seed(0)
+    rs = cp.random.RandomState(0)
+
+    def block(cin: int, cout: int, stride: int) -> list:
+        return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+
+    model = nn.Sequential(*block(3, 32, 1), *block(32, 64, 2), *block(64, 128, 2),
+                          *block(128, 256, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(256, 10)).cuda()  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    side, crop = 160, 128
+    ky = cp.fft.fftfreq(crop)[:, None]
+    kx = cp.fft.rfftfreq(crop)[None, :]
+    lowpass = cp.exp(-(kx**2 + ky**2) * 30.0).astype(cp.float32)
+    mean = cp.asarray([0.485, 0.456, 0.406], dtype=cp.float32)[:, None, None]
+    std = cp.asarray([0.229, 0.224, 0.225], dtype=cp.float32)[:, None, None]
+    tags = {core.TAG_TORCH: TORCH, core.TAG_CUPY: CUPY}
+    if core.history(True, False, 1_000_000, True) != 0:
+        raise RuntimeError("the bridge's history could not be turned on")
+    try:
+        for b in batches:
+            raw = rs.randint(0, 256, (b, 3, side, side), dtype=cp.uint8)  # "decoded" images
+            y0, x0 = (int(v) for v in rs.randint(0, side - crop, 2))
+            x = raw[:, :, y0:y0 + crop, x0:x0 + crop].astype(cp.float32) / 255.0
+            flip = rs.random_sample(b) < 0.5
+            x[flip] = x[flip][..., ::-1]
+            x = cp.fft.irfft2(cp.fft.rfft2(x) * lowpass, s=(crop, crop))
+            x = cp.ascontiguousarray((x - mean) / std, dtype=cp.float32)
+            labels = rs.randint(0, 10, b).astype(cp.int64)
+            del raw, flip
+            xt, yt = torch.from_dlpack(x), torch.from_dlpack(labels)
+            del x, labels
+            loss = nn.functional.cross_entropy(model(xt), yt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del xt, yt, loss
+        torch.cuda.synchronize()
+        events = core.history_events()
+    finally:
+        core.history(False, False, 0, True)
+    return from_history(events, "mixed", tags, (core.EV_ALLOC, core.EV_FREE))
+
+
+RECORDERS = {"gpt2": record_gpt2, "resnet50": record_resnet50, "cupy-fft": record_cupy_fft,
+             "mixed": record_mixed}
 
 
 # ---- null-pluggable: a trivial allocator behind torch's pluggable path ----
@@ -364,6 +473,11 @@ def _setup(config: str, trace: dict | None = None) -> tuple[Callable[[], Any],
                                                             Callable[[], dict]]:  # fmt: skip
     """Install the configuration's allocator; returns a function giving the held peak
     and one giving what else the result should carry (read after the replay)."""
+    mixed = trace is not None and is_mixed(trace)
+    if mixed and config in TORCH_ONLY:
+        raise ValueError(f"configuration {config!r} replays torch only; the trace "
+                         f"{trace['name']!r} has CuPy's events too (use native, async or a "
+                         "bridge configuration)")  # fmt: skip
     if config == "null-pluggable":
         assert trace is not None, "null-pluggable sizes its region from the trace"
         return _setup_null(trace)
@@ -372,7 +486,7 @@ def _setup(config: str, trace: dict | None = None) -> tuple[Callable[[], Any],
         import bridge
 
         os.environ.update(config_env("torch", config))  # replay run by hand
-        bridge.unify(cupy=False, torch=True)
+        bridge.unify(cupy=mixed, torch=True)
         if config == "bridge-allhits":
             info["cache_max_block"] = lift_cache_max_block(0)
     elif config == "rmm":
@@ -385,11 +499,24 @@ def _setup(config: str, trace: dict | None = None) -> tuple[Callable[[], Any],
         torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
     import torch
 
+    if mixed and config == "async":  # CuPy on the device's pool too, beside torch's backend
+        import cupy
+
+        cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
+
     def extra() -> dict:
         return dict(info)
 
     if config == "native":
         torch.cuda.reset_peak_memory_stats()
+        if mixed:
+            # torch's cache and CuPy's pool each only grow during a replay (each gives
+            # memory back only on an OOM, and a replay has none), so their sum at the end
+            # is the most they held together
+            import cupy
+
+            pool = cupy.get_default_memory_pool()
+            return (lambda: torch.cuda.max_memory_reserved() + pool.total_bytes()), extra
         return (lambda: torch.cuda.max_memory_reserved()), extra
     if config == "rmm":
         return (lambda: None), extra  # RMM's pool is its own, with no high-water mark here
@@ -409,14 +536,25 @@ def _setup(config: str, trace: dict | None = None) -> tuple[Callable[[], Any],
     return high, extra
 
 
+def timed_passes(passes: int, events: list, one_pass: Callable[[], None],
+                 synchronize: Callable[[], None]) -> list[float]:
+    """ns per event of each of ``passes`` calls of one_pass (each ends with a synchronize)."""
+    times = []
+    for _ in range(passes):
+        t0 = time.perf_counter_ns()
+        one_pass()
+        synchronize()
+        times.append((time.perf_counter_ns() - t0) / len(events))
+    return times
+
+
 def replay_events(torch: Any, trace: dict, streams: list[Any], passes: int) -> list[float]:
     """Replay the trace ``passes`` times; ns per event of each pass."""
     events = trace["events"]
-    times = []
-    for _ in range(passes):
+
+    def one_pass() -> None:
         live: dict[int, Any] = {}
         current = None
-        t0 = time.perf_counter_ns()
         for e in events:
             if e[0] == ALLOC:
                 s = streams[e[3]]
@@ -427,9 +565,43 @@ def replay_events(torch: Any, trace: dict, streams: list[Any], passes: int) -> l
             else:
                 del live[e[1]]
         live.clear()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter_ns() - t0) / len(events))
+
+    times = timed_passes(passes, events, one_pass, torch.cuda.synchronize)
     torch.cuda.set_stream(streams[0])
+    return times
+
+
+def replay_mixed_events(torch: Any, cupy: Any, trace: dict, streams: list[Any],
+                        cupy_streams: list[Any], passes: int) -> list[float]:
+    """replay_events for a mixed trace: CuPy's events through ``cupy.empty`` on
+    ``cupy_streams`` (the same streams as ``streams``), torch's through ``torch.empty``."""
+    events = trace["events"]
+    t_empty, c_empty, u8, c_u8 = torch.empty, cupy.empty, torch.uint8, cupy.uint8
+
+    def one_pass() -> None:
+        live: dict[int, Any] = {}
+        current = ccurrent = None
+        for e in events:
+            if e[0] == ALLOC:
+                if len(e) > 4 and e[4] == CUPY:
+                    cs = cupy_streams[e[3]]
+                    if cs is not ccurrent:
+                        cs.use()
+                        ccurrent = cs
+                    live[e[1]] = c_empty(e[2], dtype=c_u8)
+                else:
+                    s = streams[e[3]]
+                    if s is not current:
+                        torch.cuda.set_stream(s)
+                        current = s
+                    live[e[1]] = t_empty(e[2], dtype=u8, device="cuda")
+            else:
+                del live[e[1]]
+        live.clear()
+
+    times = timed_passes(passes, events, one_pass, torch.cuda.synchronize)
+    torch.cuda.set_stream(streams[0])
+    cupy_streams[0].use()
     return times
 
 
@@ -443,11 +615,19 @@ def replayer(trace: dict, config: str, cpu: int | None, info: dict) -> tuple[Cal
 
     streams = [torch.cuda.current_stream()]
     streams += [torch.cuda.Stream() for _ in range(trace["streams"] - 1)]
+    if is_mixed(trace):
+        import cupy
+
+        # stream 0 is the legacy stream for both; the others are torch's, shared
+        cupy_streams = [cupy.cuda.Stream.null]
+        cupy_streams += [cupy.cuda.ExternalStream(s.cuda_stream) for s in streams[1:]]
     gc.disable()
     passes = [0]
 
     def timed(n: int) -> list[float]:
         passes[0] += n
+        if is_mixed(trace):
+            return replay_mixed_events(torch, cupy, trace, streams, cupy_streams, n)
         return replay_events(torch, trace, streams, n)
 
     def stats() -> dict:

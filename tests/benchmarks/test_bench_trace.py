@@ -8,6 +8,8 @@ import pathlib
 import sys
 import types
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -88,6 +90,90 @@ def test_the_replay_allocates_each_block_on_its_stream_and_frees_it():
     assert state["stream"] == "s0"  # the default stream is current again
 
 
+# ---- the mixed trace: both frameworks' events in one order ----
+T_TORCH, T_CUPY, T_NUMBA = 1, 2, 3  # ledger tags (any numbers: the caller maps them)
+A, F = 10, 11  # the history's alloc and free actions
+HISTORY = [
+    # (time_us, action, device, ptr, size, stream, stack, tag, extra)
+    (1, F, 0, 0x999, 8, 0, None, T_CUPY, 0),  # a block from before the recording
+    (2, A, 0, 0x100, 4096, 0, None, T_CUPY, 0),
+    (3, A, 0, 0x200, 512, 0, None, T_TORCH, 0),
+    (4, A, 1, 0x300, 512, 0, None, T_TORCH, 0),  # another device: not this trace's
+    (5, A, 0, 0x400, 64, 0, None, T_NUMBA, 0),  # a framework the trace does not replay
+    (6, F, 0, 0x100, 4096, 0, None, T_CUPY, 0),
+    (7, A, 0, 0x100, 1024, 0x77, None, T_TORCH, 0),  # address reused, on a second stream
+    (8, F, 0, 0x200, 512, 0, None, T_TORCH, 0),
+    (9, F, 0, 0x100, 1024, 0x77, None, T_TORCH, 0),
+]
+
+
+def test_the_bridge_history_becomes_one_trace_of_both_frameworks():
+    t = bt.from_history(HISTORY, "m", {T_TORCH: bt.TORCH, T_CUPY: bt.CUPY}, (A, F))
+    assert t["events"] == [
+        [bt.ALLOC, 0, 4096, 0, bt.CUPY],
+        [bt.ALLOC, 1, 512, 0],
+        [bt.FREE, 0],
+        [bt.ALLOC, 2, 1024, 1],
+        [bt.FREE, 1],
+        [bt.FREE, 2],
+    ]
+    assert t["streams"] == 2 and t["source"] == "bridge history"
+    assert bt.is_mixed(t) and not bt.is_mixed(bt.from_snapshot(SNAPSHOT, "x"))
+    assert bt.peak_live(t) == 4096 + 512
+    assert bt.summary(t)["cupy_events"] == 1
+    assert "cupy_events" not in bt.summary(bt.from_snapshot(SNAPSHOT, "x"))
+
+
+def test_a_mixed_replay_sends_each_event_to_its_framework_on_its_stream():
+    calls: list[tuple] = []
+
+    class Block:
+        def __init__(self, who: str, n: int, stream: str) -> None:
+            self.who, self.n = who, n
+            calls.append((who, n, stream))
+
+        def __del__(self) -> None:
+            calls.append(("del", self.who, self.n))
+
+    state = {"torch": "s0", "cupy": "c0"}
+
+    class CStream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def use(self) -> None:
+            state["cupy"] = self.name
+
+    cuda = types.SimpleNamespace(
+        set_stream=lambda s: state.__setitem__("torch", s), synchronize=lambda: None
+    )
+    torch = types.SimpleNamespace(
+        cuda=cuda, uint8="u8", empty=lambda n, dtype, device: Block("torch", n, state["torch"])
+    )
+    cupy = types.SimpleNamespace(uint8="u8", empty=lambda n, dtype: Block("cupy", n, state["cupy"]))
+    t = bt.from_history(HISTORY, "m", {T_TORCH: bt.TORCH, T_CUPY: bt.CUPY}, (A, F))
+    cs = [CStream("c0"), CStream("c1")]
+    times = bt.replay_mixed_events(torch, cupy, t, ["s0", "s1"], cs, passes=2)
+    assert len(times) == 2 and all(x > 0 for x in times)
+    one_pass = [
+        ("cupy", 4096, "c0"),
+        ("torch", 512, "s0"),
+        ("del", "cupy", 4096),
+        ("torch", 1024, "s1"),
+        ("del", "torch", 512),
+        ("del", "torch", 1024),
+    ]
+    assert calls == one_pass * 2
+    assert state == {"torch": "s0", "cupy": "c0"}  # both default streams current again
+
+
+@pytest.mark.parametrize("config", bt.TORCH_ONLY)
+def test_a_torch_only_configuration_refuses_a_mixed_trace_before_touching_anything(config):
+    t = bt.from_history(HISTORY, "m", {T_TORCH: bt.TORCH, T_CUPY: bt.CUPY}, (A, F))
+    with pytest.raises(ValueError, match="replays torch only.*native, async or a bridge"):
+        bt._setup(config, t)
+
+
 # ---- the configurations ----
 def test_the_configurations_keep_the_old_names_and_add_the_two_new():
     assert bt.CONFIGS[:5] == ("native", "async", "rmm", "bridge", "bridge-nocache")
@@ -156,8 +242,6 @@ import ctypes  # noqa: E402
 import random  # noqa: E402
 import subprocess  # noqa: E402
 import threading  # noqa: E402
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="module")

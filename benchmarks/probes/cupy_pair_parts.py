@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Probe: where one CuPy allocation pair's time goes, on the bridge and on CuPy's MemoryPool.
+
+    python benchmarks/probes/cupy_pair_parts.py [--cpu N] [--iters N] [--json FILE]   (GPU)
+
+One process, the timing thread pinned, the collector off. Each line is the best of seven
+loops of ``--iters`` calls, in ns per call: the pieces the bridge's allocator
+(bridge._core.CupyAllocator) calls on every allocation (CuPy's current device and stream,
+the stream's handle, CuPy's UnownedMemory and MemoryPointer around a block), the two
+allocators called directly (an allocation and its free, no array), and ``cupy.empty`` +
+free under each. Issue 34 asks for the bridge at <= 0.90 of MemoryPool; this says how much
+of a pair is CuPy's own object layer, which any allocator that hands CuPy a MemoryPointer
+pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+
+def best_ns(fn, iters: int, loops: int = 7) -> float:
+    out = []
+    for _ in range(loops):
+        t0 = time.perf_counter_ns()
+        fn(iters)
+        out.append((time.perf_counter_ns() - t0) / iters)
+    return round(min(out), 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", type=int, default=None)
+    ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--size", type=int, default=1 << 20)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    import bridge
+
+    bridge.unify(cupy=True, torch=False)
+    import cupy
+    from cupy.cuda import memory as cmem
+
+    from bridge._runtime import core
+
+    mine = cupy.cuda.get_allocator()
+    pool = cupy.get_default_memory_pool()
+    n, it = args.size, args.iters
+    get_device = getattr(cupy.cuda.device, "get_device_id", None) or cupy.cuda.runtime.getDevice
+    get_stream = cupy.cuda.get_current_stream
+    stream = get_stream()
+    dev = get_device()
+    held = mine(n)  # a block to wrap (its address stays valid)
+    ptr, owner = held.ptr, held.mem
+    u8 = cupy.uint8
+    sync = cupy.cuda.Device().synchronize
+    gc.disable()
+
+    def loop(body):
+        def run(k: int) -> None:
+            for _ in range(k):
+                body()
+        return run
+
+    parts = {
+        "python call of a no-op (the loop's own cost)": loop(lambda: None),
+        "CuPy's current device": loop(get_device),
+        "CuPy's current stream": loop(get_stream),
+        "the stream's .ptr": loop(lambda: stream.ptr),
+        "UnownedMemory(ptr, size, owner, device) + its end": loop(
+            lambda: cmem.UnownedMemory(ptr, n, owner, dev)),
+        "MemoryPointer(mem, 0) + its end": loop(lambda: cmem.MemoryPointer(owner, 0)),
+        "bridge allocator(n) + free (no array)": loop(lambda: mine(n)),
+        "MemoryPool.malloc(n) + free (no array)": loop(lambda: pool.malloc(n)),
+    }
+    result: dict = {"bench": "cupy_pair_parts", "cupy": cupy.__version__,
+                    "bridge": bridge.__version__, "size": n, "iters": it, "cpu": args.cpu,
+                    "ns_per_call": {}}
+    for name, fn in parts.items():
+        fn(1000)  # warm
+        result["ns_per_call"][name] = best_ns(fn, it)
+    for label, alloc in (("bridge", mine), ("MemoryPool", pool.malloc)):
+        cupy.cuda.set_allocator(alloc)
+
+        def empties(k: int) -> None:
+            for _ in range(k):
+                cupy.empty(n, dtype=u8)
+            sync()
+
+        empties(1000)
+        result["ns_per_call"][f"cupy.empty(n) + free on {label}"] = best_ns(empties, it)
+    cupy.cuda.set_allocator(mine)
+    del held
+    raw = core.stats(0)[1]
+    result["cache_hits"], result["allocs"] = raw["num_cache_hits"], raw["num_allocs"]
+    text = json.dumps(result, indent=2)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
