@@ -132,10 +132,14 @@ def plan(p: Params, python: str, quick: bool, mixed_gib: float | None,
                       + common, 150, extra={"framework": "cupy", "config": "all"}, pin=True))
     # the later sections, one child each (one per trace); each timeout leaves the child
     # inside a 450 s part run (--only SECTION) on a machine with a 10-minute command limit
-    configs = "native,async,bridge" if rmm_skip else "native,async,rmm,bridge"
+    def trace_configs(name: str) -> str:  # RMM replays torch only
+        no_rmm = rmm_skip or name in report.MIXED_TRACES
+        return "native,async,bridge" if no_rmm else "native,async,rmm,bridge"
+
     tasks += [Task(f"trace-{name}", "trace",
                    [python, bench("bench_trace.py"), "run",
-                    os.path.join(HERE, "traces", f"{name}.json.gz"), "--configs", configs,
+                    os.path.join(HERE, "traces", f"{name}.json.gz"), "--configs",
+                    trace_configs(name),
                     "--rounds", str(p.trace_rounds), "--passes", str(p.trace_passes),
                     "--processes", str(p.trace_processes)],
                    120 if quick else 300, extra={"trace": name}, result_flag="--out", pin=True)

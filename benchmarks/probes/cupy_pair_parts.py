@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+import warnings
 
 
 def best_ns(fn, iters: int, loops: int = 7) -> float:
@@ -38,19 +39,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20000)
     ap.add_argument("--size", type=int, default=1 << 20)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--native", action="store_true",
+                    help="CuPy alone: no bridge in the process (its lines are left out)")
     args = ap.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
-    import bridge
+    if not args.native:
+        import bridge
 
-    bridge.unify(cupy=True, torch=False)
+        bridge.unify(cupy=True, torch=False)
     import cupy
     from cupy.cuda import memory as cmem
 
-    from bridge._runtime import core
-
-    mine = cupy.cuda.get_allocator()
     pool = cupy.get_default_memory_pool()
+    mine = pool.malloc if args.native else cupy.cuda.get_allocator()
     n, it = args.size, args.iters
     get_device = getattr(cupy.cuda.device, "get_device_id", None) or cupy.cuda.runtime.getDevice
     get_stream = cupy.cuda.get_current_stream
@@ -68,24 +70,31 @@ def main(argv: list[str] | None = None) -> int:
                 body()
         return run
 
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        get_device(), get_stream()
     parts = {
         "python call of a no-op (the loop's own cost)": loop(lambda: None),
         "CuPy's current device": loop(get_device),
+        "cupy.cuda.runtime.getDevice": loop(cupy.cuda.runtime.getDevice),
         "CuPy's current stream": loop(get_stream),
         "the stream's .ptr": loop(lambda: stream.ptr),
         "UnownedMemory(ptr, size, owner, device) + its end": loop(
             lambda: cmem.UnownedMemory(ptr, n, owner, dev)),
         "MemoryPointer(mem, 0) + its end": loop(lambda: cmem.MemoryPointer(owner, 0)),
-        "bridge allocator(n) + free (no array)": loop(lambda: mine(n)),
         "MemoryPool.malloc(n) + free (no array)": loop(lambda: pool.malloc(n)),
     }
+    if not args.native:
+        parts["bridge allocator(n) + free (no array)"] = loop(lambda: mine(n))
     result: dict = {"bench": "cupy_pair_parts", "cupy": cupy.__version__,
-                    "bridge": bridge.__version__, "size": n, "iters": it, "cpu": args.cpu,
-                    "ns_per_call": {}}
+                    "bridge": None if args.native else bridge.__version__, "size": n,
+                    "iters": it, "cpu": args.cpu, "ns_per_call": {},
+                    "warnings_of_device_and_stream": [str(w.message)[:200] for w in caught]}
     for name, fn in parts.items():
         fn(1000)  # warm
         result["ns_per_call"][name] = best_ns(fn, it)
-    for label, alloc in (("bridge", mine), ("MemoryPool", pool.malloc)):
+    allocators = [("MemoryPool", pool.malloc)] + ([] if args.native else [("bridge", mine)])
+    for label, alloc in allocators:
         cupy.cuda.set_allocator(alloc)
 
         def empties(k: int) -> None:
@@ -97,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         result["ns_per_call"][f"cupy.empty(n) + free on {label}"] = best_ns(empties, it)
     cupy.cuda.set_allocator(mine)
     del held
-    raw = core.stats(0)[1]
-    result["cache_hits"], result["allocs"] = raw["num_cache_hits"], raw["num_allocs"]
+    if not args.native:
+        from bridge._runtime import core
+
+        raw = core.stats(0)[1]
+        result["cache_hits"], result["allocs"] = raw["num_cache_hits"], raw["num_allocs"]
     text = json.dumps(result, indent=2)
     if args.json:
         with open(args.json, "w") as f:

@@ -285,6 +285,7 @@ def test_plan_runs_the_later_sections_after_the_others_in_order():
         "trace-gpt2",
         "trace-resnet50",
         "trace-cupy-fft",
+        "trace-mixed",
         "capacity",
         "wait",
         "share-torch",
@@ -296,7 +297,8 @@ def test_plan_runs_the_later_sections_after_the_others_in_order():
         t = by[f"trace-{name}"]
         assert t.argv[2] == "run" and t.argv[3].endswith(f"traces/{name}.json.gz")
         assert pathlib.Path(t.argv[3]).is_file()  # the committed trace
-        assert t.argv[t.argv.index("--configs") + 1] == "native,async,rmm,bridge"
+        want = "native,async,bridge" if name in report.MIXED_TRACES else "native,async,rmm,bridge"
+        assert t.argv[t.argv.index("--configs") + 1] == want
         assert t.result_flag == "--out" and t.extra == {"trace": name}
     assert by["capacity"].result_flag == by["wait"].result_flag == "--out"
     assert by["rmm"].result_flag == "--out" and by["share-torch"].result_flag == "--json"
@@ -355,6 +357,7 @@ def test_only_and_dry_run_print_the_part(capsys, tmp_path):
         "trace-gpt2",
         "trace-resnet50",
         "trace-cupy-fft",
+        "trace-mixed",
         "wait",
     ]
     assert all("--out " + str(tmp_path / "raw") in ln for ln in lines)
@@ -424,7 +427,7 @@ def test_part_runs_merge_into_one_results_json(tmp_path, monkeypatch):
     second = json.loads((out / "results.json").read_text())
     assert second["alloc_turns"] == first["alloc_turns"]  # kept
     assert any(p.startswith("alloc-turns-torch:") for p in second["problems"])
-    assert set(second["trace"]) == {"gpt2", "resnet50", "cupy-fft"}
+    assert set(second["trace"]) == {"gpt2", "resnet50", "cupy-fft", "mixed"}
     assert second["trace"]["gpt2"]["data"] == CANNED["trace-gpt2"]
     assert second["capacity"]["data"]["ratio"] == 2.0
     assert [p["only"] for p in second["meta"]["parts"]] == ["alloc_turns", "trace,capacity"]
