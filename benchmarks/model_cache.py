@@ -190,6 +190,10 @@ POLICIES = {
     # empty one returned at once), larger ones in the large tier under min(64 MiB, live/16)
     "carve": Settings(carve=((MIB, 2 * MIB, DEVICE), (10 * MIB, 64 * MIB, 0)),
                       large_fraction=1 / 16),
+    # every size carved (twelfth session, docs/design.md "The model's frontier on four
+    # traces"): up to 1 MiB from 2 MiB chunks (kept), the rest from 64 MiB chunks (a larger
+    # request: a chunk of its own), at most 64 MiB of empty chunks kept
+    "carve-all": Settings(limit=0, carve=((MIB, 2 * MIB, DEVICE), (DEVICE, 64 * MIB, 64 * MIB))),
 }
 
 EVICT_MAX = 16  # BRIDGE_CACHE_EVICT_MAX: blocks one put or trim hands back
