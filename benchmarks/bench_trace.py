@@ -615,7 +615,8 @@ def replayer(trace: dict, config: str, cpu: int | None, info: dict) -> tuple[Cal
 
     streams = [torch.cuda.current_stream()]
     streams += [torch.cuda.Stream() for _ in range(trace["streams"] - 1)]
-    if is_mixed(trace):
+    mixed = is_mixed(trace)
+    if mixed:
         import cupy
 
         # stream 0 is the legacy stream for both; the others are torch's, shared
@@ -626,7 +627,7 @@ def replayer(trace: dict, config: str, cpu: int | None, info: dict) -> tuple[Cal
 
     def timed(n: int) -> list[float]:
         passes[0] += n
-        if is_mixed(trace):
+        if mixed:
             return replay_mixed_events(torch, cupy, trace, streams, cupy_streams, n)
         return replay_events(torch, trace, streams, n)
 
