@@ -122,7 +122,9 @@ typedef struct ctx_guard {
 } ctx_guard;
 /* Make the device's primary context current for a driver call (torch's
  * autograd thread has none; a caller may have another device's current) and
- * put the caller's back afterwards, "none" included. */
+ * put the caller's back afterwards, "none" included, except on device 0:
+ * a thread with none keeps device 0's there (the runtime's own choice for
+ * it), so the runtime's next call does not take its context-less path. */
 void ctx_enter(device_state *d, ctx_guard *g);
 void ctx_exit(ctx_guard *g);
 /* While a capture runs, driver calls on other streams must not invalidate

@@ -97,6 +97,28 @@ def test_a_thread_without_context_is_left_without_one(led):
     assert after_free == (0, None)
 
 
+def test_a_thread_without_context_keeps_device_0s_after_a_driver_call_there(led):
+    """A context-less thread's runtime device is 0, and its first runtime call would
+    make device 0's primary context current: the core leaves that one current (put
+    back "none", cudaGetDevice ran its slow context-less path, about 1.15 us instead
+    of 50 ns on an H200, until something bound a context)."""
+    sd = led.sd
+
+    def run():
+        sd.standin_clear_current()
+        rc, p0 = core.alloc(0, MIB, S1, TAG_CUPY)  # a miss: a driver call in device 0's context
+        assert rc == Status.OK
+        ctx, primary = ctypes.c_void_p(), ctypes.c_void_p()
+        after_alloc = sd.cuCtxGetCurrent(ctypes.byref(ctx)), ctx.value
+        assert sd.cuDevicePrimaryCtxRetain(ctypes.byref(primary), 0) == 0
+        core.free(p0)
+        return after_alloc, primary.value, core.current_device()
+
+    after_alloc, primary, device = _in_thread(run)
+    assert after_alloc == (0, primary) and primary
+    assert device == (Status.OK, 0)
+
+
 # ---- record_stream ----
 def test_record_stream_orders_the_free_after_the_recorded_streams(led):
     p = led.ok(MIB, stream=S1)
