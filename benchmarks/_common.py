@@ -37,6 +37,9 @@ ALLHITS_ENV = {"BRIDGE_CACHE_LIMIT": "100%", "BRIDGE_CACHE_FLOOR": "100%",
 #: One order of caching for every size (the small tier reaches the whole device):
 #: the cache as it was before the two tiers, for comparison.
 ONETIER_ENV = {"BRIDGE_CACHE_SMALL_MAX": "100%"}
+#: "bridge-pluggable": torch through its CUDAPluggableAllocator over the core (the fallback
+#: where the C++ allocator cannot be built), the same core and cache behind it.
+PLUGGABLE_ENV = {"BRIDGE_TORCH_PLUGGABLE": "1"}
 
 
 def config_env(framework: str, config: str) -> dict[str, str]:
@@ -49,6 +52,8 @@ def config_env(framework: str, config: str) -> dict[str, str]:
         return dict(ALLHITS_ENV)
     if config == "bridge-onetier":
         return dict(ONETIER_ENV)
+    if config == "bridge-pluggable":
+        return dict(PLUGGABLE_ENV)
     return {}
 
 

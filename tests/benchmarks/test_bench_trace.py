@@ -200,6 +200,15 @@ def test_allhits_sets_the_cache_as_large_as_the_environment_allows():
     assert config_env("torch", "bridge-nocache") == {"BRIDGE_CACHE_LIMIT": "0"}
 
 
+def test_pluggable_runs_torch_on_the_adapters_fallback_switch():
+    from _common import config_env
+
+    from bridge.adapters import torch_build
+
+    assert config_env("torch", "bridge-pluggable") == {torch_build.PLUGGABLE_ENV: "1"}
+    assert torch_build.PLUGGABLE_ENV == "BRIDGE_TORCH_PLUGGABLE"
+
+
 def test_allhits_caches_a_block_above_the_default_largest(standin):
     """A fresh process on the stand-in with bridge-allhits' environment: the caps
     (the small tier's and the large tier's) are the device, and after
