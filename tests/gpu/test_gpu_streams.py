@@ -288,7 +288,9 @@ def fresh_thread():  # a thread that never touched CUDA: no current context
     out["after"] = int(cu.cuCtxGetCurrent()[1] or 0)
     out["device"] = cupy.cuda.runtime.getDevice()
     del a
+(err,) = cu.cuInit(0)
 err, primary = cu.cuDevicePrimaryCtxRetain(cu.CUdevice(0))
+assert err == cu.CUresult.CUDA_SUCCESS, err
 t = threading.Thread(target=fresh_thread)
 t.start()
 t.join()
