@@ -343,11 +343,11 @@ def test_free_driver_error_persisting_keeps_figures_exact(led):
     # the driver still holds the block: honestly counted as someone else's
     assert others() == 5 * MIB
     # (undo the stand-in's leak so later tests start from an empty pool; the
-    # core left this thread without a context, as it found it)
-    ctx = ctypes.c_void_p()
-    assert led.sd.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and not ctx.value
+    # core left this context-less thread with device 0's primary context, the
+    # one its first runtime call would have made current)
+    ctx, current = ctypes.c_void_p(), ctypes.c_void_p()
     assert led.sd.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), DEV) == 0
-    assert led.sd.cuCtxSetCurrent(ctx) == 0
+    assert led.sd.cuCtxGetCurrent(ctypes.byref(current)) == 0 and current.value == ctx.value
     free = led.sd.cuMemFreeAsync
     free.argtypes = [ctypes.c_ulonglong, ctypes.c_void_p]
     assert free(p, None) == 0
