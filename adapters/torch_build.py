@@ -30,20 +30,32 @@ __all__ = [
     "location",
 ]
 
-import glob
-import hashlib
 import importlib.util
 import os
 import shutil
 import sys
-import sysconfig
 import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-#: The folder of built torch allocators (default ``~/.cache/bridge``).
-CACHE_DIR_ENV = "BRIDGE_CACHE_DIR"
+from .native_build import (
+    CACHE_DIR_ENV,
+    NO_CUDA_HEADERS,
+    cache_dir,
+    cached,
+    core_headers,
+    cuda_include_dirs,
+    cxx,
+    digest,
+    flag_from_env,
+    has_cuda_headers,
+    import_built,
+    last_line,
+    native_dir,
+    staging,
+)
+
 #: ``1``: use torch's ``CUDAPluggableAllocator`` even where the C++ allocator builds.
 PLUGGABLE_ENV = "BRIDGE_TORCH_PLUGGABLE"
 
@@ -52,8 +64,6 @@ SOURCES = [_HERE / "_torch_allocator.cpp", _HERE / "_torch_history.cpp"]
 HEADER = _HERE / "_torch_allocator.h"
 # the core's entry points it calls by name (compiled into bridge._core from _torch_abi.cpp)
 ABI_HEADER = _HERE / "_torch_abi.h"
-_NATIVE = _HERE.parent / "_native"  # installed layout: bridge/adapters -> bridge/_native
-_HEADER_NAME = "bridge.h"
 
 #: Why the C++ allocator is not available (empty when it is).
 reason = ""
@@ -65,39 +75,16 @@ build_seconds = 0.0
 location = ""
 
 
-def _native_dir() -> Path:
-    """Where ``bridge.h`` lives: beside the package (installed) or in the checkout."""
-    for candidate in (_NATIVE, _HERE.parent / "bridge" / "_native"):
-        if (candidate / _HEADER_NAME).is_file():
-            return candidate
-    import bridge
-
-    return Path(bridge.__file__).resolve().parent / "_native"
-
-
 def pluggable_from_env() -> bool:
     """Whether ``BRIDGE_TORCH_PLUGGABLE`` asks for torch's ``CUDAPluggableAllocator``.
 
     Unset, empty or ``0``: no; ``1``: yes; anything else raises ``ValueError``
     naming the variable.
     """
-    raw = os.environ.get(PLUGGABLE_ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(
-            f"{PLUGGABLE_ENV}={os.environ[PLUGGABLE_ENV]!r} is not 0 or 1: 1 runs torch on "
-            "torch's CUDAPluggableAllocator instead of the bridge's torch allocator; unset it "
-            "or write 0 for the bridge's."
-        )
-    return raw == "1"
-
-
-def cache_dir() -> Path:
-    """The folder of built torch allocators: ``$BRIDGE_CACHE_DIR``, else ``~/.cache/bridge``."""
-    root = os.environ.get(CACHE_DIR_ENV, "").strip()
-    if root:
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "bridge"
+    return flag_from_env(
+        PLUGGABLE_ENV,
+        "runs torch on torch's CUDAPluggableAllocator instead of the bridge's torch allocator",
+    )
 
 
 #: The variables this module reads, as rows of bridge._env's table (``name, who, read,
@@ -116,35 +103,14 @@ VARIABLES: tuple[tuple[str, str, Any, Any], ...] = (
     ),
     (
         CACHE_DIR_ENV,
-        "the bridge's torch allocator is built and kept there",
+        "the bridge's torch allocator and RMM resource are built and kept there",
         lambda t: str(cache_dir()),
-        lambda v, t: ("info", f"the bridge's torch allocator is built and kept in {v}."),
+        lambda v, t: (
+            "info",
+            f"the bridge's torch allocator and RMM resource are built and kept in {v}.",
+        ),
     ),
 )
-
-
-def cuda_include_dirs() -> list[str]:
-    """Folders holding CUDA's runtime headers, toolkit first, then the NVIDIA wheels."""
-    found: list[str] = []
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    if "torch" in sys.modules:  # torch's own guess, where torch is loaded already
-        try:
-            from torch.utils.cpp_extension import CUDA_HOME
-
-            roots.append(CUDA_HOME)
-        except ImportError:  # a torch without the extension builder
-            pass
-    roots.append("/usr/local/cuda")
-    for root in roots:
-        if root and os.path.isfile(os.path.join(root, "include", "cuda_runtime_api.h")):
-            found.append(os.path.join(root, "include"))
-            break
-    spec = importlib.util.find_spec("nvidia")
-    for base in (spec.submodule_search_locations or []) if spec else []:
-        for inc in sorted(glob.glob(os.path.join(base, "*", "include"))):
-            if os.path.isdir(inc) and inc not in found:
-                found.append(inc)
-    return found
 
 
 def _torch() -> Any:
@@ -156,33 +122,11 @@ def _torch() -> Any:
 def key() -> str:
     """What the built module depends on, as one short hash (the cache's folder name)."""
     torch = _torch()
-    h = hashlib.sha256()
-    for path in (*SOURCES, HEADER, ABI_HEADER):
-        h.update(path.read_bytes())
-    h.update((_native_dir() / _HEADER_NAME).read_bytes())
-    h.update((_native_dir() / "frameworks.h").read_bytes())  # the tags bridge.h includes
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
-    for part in (
-        torch.__version__,
-        str(torch.version.cuda),
-        str(abi),
-        sys.version,
-        sysconfig.get_platform(),
-    ):
-        h.update(part.encode())
-    return h.hexdigest()[:16]
-
-
-def _import(name: str, folder: Path) -> ModuleType | None:
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    for path in (folder / f"{name}{suffix}", folder / f"{name}.so"):
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location(name, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-    return None
+    return digest(
+        [*SOURCES, HEADER, ABI_HEADER, *core_headers()],
+        [torch.__version__, str(torch.version.cuda), str(abi)],
+    )
 
 
 def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
@@ -205,7 +149,7 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
         return None
     name = f"bridge_torch_{key()}"
     folder = cache_dir() / name
-    module = _import(name, folder)
+    module = import_built(name, folder)
     if module is not None:
         reason, built_from_cache, build_seconds, location = "", True, 0.0, str(folder)
         return module
@@ -218,11 +162,6 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
         return None
     from torch.utils import cpp_extension
 
-    # Built beside the cache's folder and renamed into place when complete, so
-    # a process starting meanwhile never imports a half-written module.
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = folder.parent / f"{name}.building-{os.getpid()}"
-    staging.mkdir(exist_ok=True)
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
     print(
         f"bridge: compiling its torch allocator for torch {torch.__version__} (once, about 30 s; "
@@ -232,26 +171,21 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
     )
     start = time.perf_counter()
     try:
-        module = cpp_extension.load(
-            name=name,
-            sources=[str(p) for p in SOURCES],
-            extra_include_paths=[str(_native_dir()), *cuda_include_dirs()],
-            extra_cflags=["-O2", "-g0"],
-            extra_ldflags=[f"-L{torch_lib}", "-lc10_cuda", "-ltorch_cuda", "-s"],
-            build_directory=str(staging),
-            with_cuda=False,
-            verbose=verbose,
-        )
+        with staging(folder) as stage:
+            module = cpp_extension.load(
+                name=name,
+                sources=[str(p) for p in SOURCES],
+                extra_include_paths=[str(native_dir()), *cuda_include_dirs()],
+                extra_cflags=["-O2", "-g0"],
+                extra_ldflags=[f"-L{torch_lib}", "-lc10_cuda", "-ltorch_cuda", "-s"],
+                build_directory=str(stage),
+                with_cuda=False,
+                verbose=verbose,
+            )
     except Exception as exc:  # noqa: BLE001 - any build failure means: fall back
-        shutil.rmtree(staging, ignore_errors=True)
-        text = [line for line in str(exc).strip().splitlines() if line.strip()]
-        reason = "building it failed: " + (text[-1] if text else type(exc).__name__)
+        reason = "building it failed: " + last_line(exc)
         return None
     build_seconds = time.perf_counter() - start
-    try:
-        os.replace(staging, folder)
-    except OSError:  # another process put its build there first: keep theirs
-        shutil.rmtree(staging, ignore_errors=True)
     reason, built_from_cache, location = "", False, str(folder)
     return module
 
@@ -292,22 +226,15 @@ def describe() -> tuple[str, str]:
 
 def cached_builds() -> list[Path]:
     """The torch allocators built so far (one folder per torch and source version)."""
-    root = cache_dir()
-    return sorted(
-        p for p in root.glob("bridge_torch_*") if p.is_dir() and ".building-" not in p.name
-    )
+    return cached("bridge_torch_")
 
 
 def missing_tools() -> str:
     """What the build lacks, in words (empty when nothing); imports no framework."""
-    if not any(shutil.which(cxx) for cxx in (os.environ.get("CXX") or "c++", "g++", "clang++")):
+    if cxx() is None:
         return "no C++ compiler (install g++ or clang++)"
     if importlib.util.find_spec("ninja") is None and not shutil.which("ninja"):
         return "ninja is not installed (pip install ninja)"
-    if not any(os.path.isfile(os.path.join(d, "cuda_runtime_api.h")) for d in cuda_include_dirs()):
-        return (
-            "CUDA's runtime headers (cuda_runtime_api.h) were not found: install a CUDA "
-            "toolkit and set CUDA_HOME, or pip install the nvidia-cuda-runtime wheel of "
-            "torch's CUDA version"
-        )
+    if not has_cuda_headers():
+        return NO_CUDA_HEADERS
     return ""
