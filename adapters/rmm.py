@@ -1,24 +1,39 @@
 # SPDX-License-Identifier: Apache-2.0
 """RMM on the shared pool: every device's RMM resource allocates through the ledger.
 
-``install`` gives each visible device an ``rmm.mr.CallbackMemoryResource``
-(``rmm.mr.set_per_device_resource``) whose two callables are C functions of
-the core: ``bridge._core.StreamAllocator`` (one per device, tag ``rmm``)
-allocates on the stream RMM passes, and ``bridge._core.stream_free`` frees
-on the stream RMM frees on, as RMM's own stream-ordered resources do: RMM
-keeps that stream alive while the buffer lives (``DeviceBuffer`` holds a
-reference to it), so the core may give it to the driver at the free, also
-for a stream of its own that the bridge does not know (tag ``rmm`` holds its
-streams: ``set_tag_holds_streams``). No Python frame runs per
-allocation; RMM's own wrapper takes the GIL and builds a ``Stream`` object for
-each call, which is what this path costs over RMM's ``CudaAsyncMemoryResource``
-(benchmarks/bench_rmm.py measures it).
+``install`` gives each visible device a resource of the bridge's
+(``rmm.mr.set_per_device_resource``), counted under tag ``rmm``, that
+allocates on the stream RMM passes and frees on the stream RMM frees on, as
+RMM's own stream-ordered resources do: RMM keeps that stream alive while the
+buffer lives (``DeviceBuffer`` holds a reference to it), so the core may give
+it to the driver at the free, also for a stream of its own that the bridge
+does not know (tag ``rmm`` holds its streams: ``set_tag_holds_streams``).
+
+Which resource (``path()``, ``path_reason()``; ``bridge doctor`` says which
+would run):
+
+- ``"bridge"``: ``BridgeResource`` (``_rmm_resource.pyx``), an
+  ``rmm.mr.DeviceMemoryResource`` whose C++ resource calls the core's
+  ``bridge_alloc`` and ``bridge_free_on_stream`` from C: no GIL and no Python
+  per allocation. Compiled against the installed RMM on the first
+  ``unify(rmm=True)`` (``rmm_build``: needs Cython and a C++ compiler, once,
+  into the cache the torch allocator uses).
+- ``"callback"``, where that cannot be built or ``BRIDGE_RMM_CALLBACK=1``:
+  an ``rmm.mr.CallbackMemoryResource`` whose two callables are C functions of
+  the core (``bridge._core.StreamAllocator``, ``bridge._core.stream_free``).
+  No Python frame runs per allocation, but RMM's wrapper takes the GIL and
+  builds a ``Stream`` object for each call (benchmarks/bench_rmm.py measures
+  both against RMM's ``CudaAsyncMemoryResource``); the bridge warns once.
+
+Both refuse the same way: a refused allocation calls ``_on_failure`` with the
+GIL, which sets up a device first used now or raises the bridge's
+``OutOfMemoryError`` (a ``MemoryError``); RMM turns it into
+``rmm::out_of_memory`` in C++, and that into ``MemoryError`` at the Python
+surface, as for RMM's own resources.
 
 Everything built on RMM's current device resource follows: ``rmm.DeviceBuffer``,
 ``rmm.allocators.cupy.rmm_cupy_allocator`` (CuPy arrays then count as ``rmm``),
-cuDF, cuML, XGBoost. An allocation past the budget raises ``MemoryError``, as
-RMM's own resources do (RMM turns the callback's ``MemoryError`` into
-``rmm::out_of_memory``, and that into ``MemoryError`` at the Python surface).
+cuDF, cuML, XGBoost.
 
 ``rmm.reinitialize()`` or ``rmm.mr.set_current_device_resource(...)`` after
 ``bridge.unify(rmm=True)`` replaces the bridge's resource: call unify after them.
@@ -26,8 +41,9 @@ RMM's own resources do (RMM turns the callback's ``MemoryError`` into
 
 from __future__ import annotations
 
-__all__ = ["install", "installed", "resource"]
+__all__ = ["install", "installed", "path", "path_reason", "resource"]
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,7 +54,10 @@ from bridge import _runtime
 from bridge._errors import OOM_STATUSES, OutOfMemoryError, Status, check, oom_message
 from bridge._runtime import core
 
-_resources: dict[int, Any] = {}  # device -> the CallbackMemoryResource set for it
+_resources: dict[int, Any] = {}  # device -> the resource set for it
+_module: Any = None  # the compiled BridgeResource's module, once loaded
+_path = ""  # "bridge" (the C++ resource) or "callback", once chosen
+_path_reason = ""  # why the callback resource runs
 
 
 def installed(device: int | None = None) -> bool:
@@ -48,18 +67,65 @@ def installed(device: int | None = None) -> bool:
     return mr is not None and rmm.mr.get_per_device_resource(d) is mr
 
 
+def path() -> str:
+    """Which resource runs: ``"bridge"`` (the C++ one), ``"callback"``, or ``""`` (none yet)."""
+    return _path
+
+
+def path_reason() -> str:
+    """Why RMM's ``CallbackMemoryResource`` stands in (empty on the C++ path)."""
+    return _path_reason
+
+
+def _native() -> Any:
+    """The compiled resource's module (built on the first call), or None: the callback path."""
+    global _module, _path, _path_reason
+    if _path:
+        return _module
+    from . import rmm_build
+
+    module = rmm_build.load()
+    reason = rmm_build.reason
+    if module is not None:
+        try:
+            module.load_core(core.__file__)
+        except RuntimeError as exc:
+            module, reason = None, f"its module cannot reach the core: {exc}"
+    if module is None:
+        _path, _path_reason = "callback", reason
+        warnings.warn(
+            "bridge: RMM runs on RMM's CallbackMemoryResource, not the bridge's C++ RMM "
+            f"resource, because {reason}. On this path {rmm_build.FALLBACK_COSTS}. "
+            "`python -m bridge build-rmm` builds the resource and says what it needs.",
+            RuntimeWarning,
+            stacklevel=5,  # _native, resource, install, unify: the caller of unify
+        )
+    else:
+        _module, _path, _path_reason = module, "bridge", ""
+    return _module
+
+
 def resource(device: int) -> Any:
     """The bridge's RMM resource of a device (a new one the first time)."""
     mr = _resources.get(device)
     if mr is None:
-        alloc = core.StreamAllocator(device, core.TAG_RMM, _on_failure)
-        mr = rmm.mr.CallbackMemoryResource(alloc, core.stream_free)
+        native = _native()
+        if native is not None:
+            mr = native.BridgeResource(device, core.TAG_RMM, _on_failure)
+        else:
+            alloc = core.StreamAllocator(device, core.TAG_RMM, _on_failure)
+            mr = rmm.mr.CallbackMemoryResource(alloc, core.stream_free)
         _resources[device] = mr
     return mr
 
 
 def _on_failure(size: int, device: int, stream: int, rc: int) -> int:
-    """The slow path: set up a device first used now, or raise RMM's OOM (MemoryError)."""
+    """The slow path of both resources: set up a device first used now, or raise the OOM.
+
+    Called with the GIL by the resource's allocation when the core refused it
+    (``rc``); returns an address, or raises the bridge's ``OutOfMemoryError``
+    (a ``MemoryError``, which RMM raises as its own ``MemoryError``).
+    """
     if rc in (Status.DEVICE, Status.NOTINIT):
         _runtime.ensure_device(device)
         rc, ptr = core.alloc(device, size, stream, core.TAG_RMM)
@@ -95,5 +161,5 @@ def install(devices: Iterable[int]) -> None:
 
 @_runtime.on_reset
 def _forget() -> None:
-    """A fork child (or a test) starts without the parent's resources."""
+    """A fork child (or a test) starts without the parent's resources (the module stays)."""
     _resources.clear()

@@ -125,6 +125,8 @@ REGISTRY: tuple[Framework, ...] = (
         core.TAG_RMM,
         "bridge.adapters.rmm",
         "#8172b3",
+        env=("BRIDGE_RMM_CALLBACK",),
+        variables="bridge.adapters.rmm_build",
         install=((13, "rmm-cu13"), (12, "rmm-cu12")),
     ),
 )

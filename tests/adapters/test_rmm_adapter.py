@@ -1,67 +1,36 @@
 # SPDX-License-Identifier: Apache-2.0
 """bridge.adapters.rmm and the core's StreamAllocator / stream_free, on the stand-in driver.
 
-RMM needs a GPU to import, so these tests put a stand-in ``rmm`` module in
-``sys.modules``: its ``CallbackMemoryResource`` calls the two callables as RMM's
-C++ callback resource does (``allocate(nbytes, Stream)``, ``deallocate(ptr,
-nbytes, Stream)``; a ``MemoryError`` from ``allocate`` becomes RMM's
-``MemoryError``). The real RMM is tested by tests/gpu/test_gpu_rmm.py.
+RMM needs a GPU to allocate, so these tests put a stand-in ``rmm`` module in
+``sys.modules`` (tests/rmm_util.py) and run the callback resource
+(``BRIDGE_RMM_CALLBACK=1``): its ``CallbackMemoryResource`` calls the two
+callables as RMM's C++ callback resource does. The C++ resource is
+test_rmm_resource.py's; the real RMM is tested by tests/gpu/test_gpu_rmm.py.
 """
 
 from __future__ import annotations
 
-import sys
 import types
 
 import pytest
 from ledger_util import C_RECORD, DEV, MIB, S1, S2, S3, stats
+from rmm_util import Stream, forget_fake_rmm, install_fake_rmm
 
 import bridge
 from bridge._errors import OutOfMemoryError, Status
 from bridge._runtime import core
 
-
-class Stream:
-    """rmm.pylibrmm.stream.Stream: the CUDA stream protocol."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
-
-class CallbackMemoryResource:
-    def __init__(self, allocate_func, deallocate_func) -> None:
-        self.allocate_func, self.deallocate_func = allocate_func, deallocate_func
-
-    def allocate(self, nbytes: int, stream: Stream) -> int:
-        try:
-            return self.allocate_func(nbytes, stream)
-        except MemoryError as exc:  # rmm::out_of_memory, back as MemoryError
-            raise MemoryError(str(exc)) from None
-
-    def deallocate(self, ptr: int, nbytes: int, stream: Stream) -> None:
-        self.deallocate_func(ptr, nbytes, stream)
+# the callback resource is asked for: its one-time warning says so, which is not news here
+pytestmark = pytest.mark.filterwarnings("ignore:bridge. RMM runs on:RuntimeWarning")
 
 
 @pytest.fixture
 def fake_rmm(standin, monkeypatch):
-    """A stand-in rmm with per-device resources; the bridge's adapter imported on it."""
-    per_device: dict[int, object] = {}
-    mr = types.ModuleType("rmm.mr")
-    mr.CallbackMemoryResource = CallbackMemoryResource
-    mr.get_per_device_resource = lambda d: per_device.get(d)
-    mr.set_per_device_resource = per_device.__setitem__
-    rmm = types.ModuleType("rmm")
-    rmm.mr = mr
-    monkeypatch.setitem(sys.modules, "rmm", rmm)
-    monkeypatch.setitem(sys.modules, "rmm.mr", mr)
-    monkeypatch.delitem(sys.modules, "bridge.adapters.rmm", raising=False)
-    monkeypatch.setattr(sys.modules["bridge.unify"], "_bridge", None)
-    yield per_device
-    sys.modules.pop("bridge.adapters.rmm", None)
-    core.set_tag_holds_streams(core.TAG_RMM, False)
+    """A stand-in rmm with per-device resources; the bridge's adapter imported on it, on
+    the callback resource."""
+    monkeypatch.setenv("BRIDGE_RMM_CALLBACK", "1")
+    yield install_fake_rmm(monkeypatch)
+    forget_fake_rmm()
 
 
 def test_unify_gives_every_device_a_resource_counted_as_rmm(fake_rmm, standin):
@@ -70,6 +39,7 @@ def test_unify_gives_every_device_a_resource_counted_as_rmm(fake_rmm, standin):
     from bridge.adapters import rmm as adapter
 
     assert sorted(fake_rmm) == [0, 1] and adapter.installed(0) and adapter.installed(1)
+    assert adapter.path() == "callback" and "BRIDGE_RMM_CALLBACK=1" in adapter.path_reason()
     mr = fake_rmm[0]
     p = mr.allocate(3 * MIB, Stream(S1))
     assert core.lookup(p) == (Status.OK, 3 * MIB, 0, core.TAG_RMM)

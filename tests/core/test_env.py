@@ -28,6 +28,7 @@ BAD = {
     "BRIDGE_SHARE_DIR": "/nonexistent/bridge-shares",
     "BRIDGE_SHARE_GROWTH": "3MiB",
     "BRIDGE_TORCH_PLUGGABLE": "maybe",
+    "BRIDGE_RMM_CALLBACK": "yes",
 }
 GOOD = {
     "BRIDGE_GPU_MEMORY_LIMIT": "25%",
@@ -44,6 +45,7 @@ GOOD = {
     "BRIDGE_SHARE_GROWTH": "4MiB",
     "BRIDGE_CUDA_LIBRARY": "libcuda.so.1",
     "BRIDGE_TORCH_PLUGGABLE": "1",
+    "BRIDGE_RMM_CALLBACK": "1",
     "BRIDGE_CACHE_DIR": "/tmp/bridge-cache",
 }
 FREE_FORM = {"BRIDGE_CUDA_LIBRARY", "BRIDGE_CACHE_DIR"}  # paths: any value is read as it is
