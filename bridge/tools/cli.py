@@ -30,7 +30,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from bridge import _runtime
@@ -172,23 +172,36 @@ def _doctor_cmd(args: argparse.Namespace, out: TextIO) -> int:
     return EXIT_ERROR if report.errors else EXIT_OK
 
 
+def _built_line(package: str, builder: str) -> str | None:
+    """What an adapter's build module says will run (``describe``); None without the package."""
+    try:
+        if importlib.util.find_spec(package) is None:
+            return None
+    except (ImportError, ValueError):  # a package in sys.modules without a spec
+        return None
+    _, text = importlib.import_module(builder).describe()
+    return str(text)
+
+
 def _torch_allocator_line() -> str | None:
     """Which torch allocator a ``unify(torch=True)`` here installs, and why; None without torch."""
-    if importlib.util.find_spec("torch") is None:
-        return None
-    _, text = importlib.import_module("bridge.adapters.torch_build").describe()
-    return text
+    return _built_line("torch", "bridge.adapters.torch_build")
+
+
+def _rmm_resource_line() -> str | None:
+    """Which RMM resource a ``unify(rmm=True)`` here installs, and why; None without RMM."""
+    return _built_line("rmm", "bridge.adapters.rmm_build")
 
 
 def _print_stats(snaps: list[Stats], args: argparse.Namespace, out: TextIO, tty: bool) -> None:
     shares = _share.list_shares()
-    torch_line = _torch_allocator_line()
+    built = {"torch": _torch_allocator_line(), "rmm": _rmm_resource_line()}
+    keys = {"torch": "torch_allocator", "rmm": "rmm_resource"}
     if args.json:
         doc: dict = {"time": time.time(), "devices": [s.as_dict() for s in snaps]}
         if shares:
             doc["shares"] = [sh.as_dict() for sh in shares]
-        if torch_line:
-            doc["torch_allocator"] = torch_line
+        doc.update({keys[name]: line for name, line in built.items() if line})
         out.write(json.dumps(doc, separators=(",", ":")) + "\n")
     else:
         if tty:
@@ -197,8 +210,9 @@ def _print_stats(snaps: list[Stats], args: argparse.Namespace, out: TextIO, tty:
         out.write(format_table(snaps) + "\n")
         if shares:
             out.write("\n" + format_shares(shares) + "\n")
-        if torch_line:
-            out.write(f"torch: {torch_line}\n")
+        for name, line in built.items():
+            if line:
+                out.write(f"{name}: {line}\n")
         if args.watching:
             out.write("\n")
     out.flush()
@@ -293,31 +307,55 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "Exits 1 when it cannot be built (the pluggable fallback would run).",
     )
     b.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    r = sub.add_parser(
+        "build-rmm",
+        help="build the bridge's C++ RMM resource for the installed RMM",
+        description="Compile the bridge's C++ RMM resource (an rmm.mr.DeviceMemoryResource "
+        "over the core, with Cython and a C++ compiler) for the installed RMM into the "
+        "cache, so the first bridge.unify(rmm=True) does not; say where it is, or what the "
+        "build lacks. Exits 1 when it cannot be built (the callback fallback would run).",
+    )
+    r.add_argument("--verbose", action="store_true", help="show Cython's and the compiler's output")
     demo.add_parser(sub)
     return p
 
 
-def _build_torch_cmd(args: argparse.Namespace, out: TextIO) -> int:
+# command -> (build module, what it builds, the fallback's words, the framework's version)
+_BUILDS: dict[str, tuple[str, str, str, Callable[[Any], str]]] = {
+    "build-torch": (
+        "bridge.adapters.torch_build",
+        "the bridge's torch allocator",
+        "bridge.unify(torch=True) would use torch's CUDAPluggableAllocator.",
+        lambda m: f"torch {m._torch().__version__}",
+    ),
+    "build-rmm": (
+        "bridge.adapters.rmm_build",
+        "the bridge's C++ RMM resource",
+        "bridge.unify(rmm=True) would use RMM's CallbackMemoryResource.",
+        lambda m: f"RMM {m.version()}",
+    ),
+}
+
+
+def _build_cmd(args: argparse.Namespace, out: TextIO) -> int:
+    name, what, fallback, version = _BUILDS[args.command]
+    framework = args.command.split("-", 1)[1]
     try:
-        torch_build: Any = importlib.import_module("bridge.adapters.torch_build")
+        builder: Any = importlib.import_module(name)
     except ImportError as exc:
-        print(f"torch is not importable ({exc}): install torch first.", file=out)
+        print(f"{framework} is not importable ({exc}): install {framework} first.", file=out)
         return EXIT_ERROR
-    module = torch_build.load(verbose=args.verbose)
+    module = builder.load(verbose=args.verbose)
     if module is None:
-        print(f"the bridge's torch allocator is not available: {torch_build.reason}.", file=out)
-        print("bridge.unify(torch=True) would use torch's CUDAPluggableAllocator.", file=out)
+        print(f"{what} is not available: {builder.reason}.", file=out)
+        print(fallback, file=out)
         return EXIT_ERROR
     how = (
         "found in the cache"
-        if torch_build.built_from_cache
-        else (f"built in {torch_build.build_seconds:.1f} s")
+        if builder.built_from_cache
+        else (f"built in {builder.build_seconds:.1f} s")
     )
-    print(
-        f"the bridge's torch allocator for torch {torch_build._torch().__version__}: {how}, "
-        f"in {torch_build.location}",
-        file=out,
-    )
+    print(f"{what} for {version(builder)}: {how}, in {builder.location}", file=out)
     return 0
 
 
@@ -361,8 +399,8 @@ def main(
             return _stats_cmd(args, out, err)
         if args.command == "demo":
             return demo.run(args, out, err)
-        if args.command == "build-torch":
-            return _build_torch_cmd(args, out)
+        if args.command in _BUILDS:
+            return _build_cmd(args, out)
         parser.print_help(out)
         return EXIT_USAGE
     except BrokenPipeError:

@@ -127,12 +127,17 @@ def _torch(dists: dict[str, str], driver: dict) -> Framework:
     return fw
 
 
-def _torch_allocator(fw: Framework) -> None:
-    """Which torch allocator unify(torch=True) will install, and why (torch_build)."""
+def _built(fw: Framework, builder: str) -> None:
+    """What an adapter's module built on first use says will run, and why (its describe)."""
     import importlib
 
-    level, text = importlib.import_module("bridge.adapters.torch_build").describe()
+    level, text = importlib.import_module(builder).describe()
     fw.add(level, text)
+
+
+def _torch_allocator(fw: Framework) -> None:
+    """Which torch allocator unify(torch=True) will install, and why (torch_build)."""
+    _built(fw, "bridge.adapters.torch_build")
 
 
 def _cupy(dists: dict[str, str], driver: dict) -> Framework:
@@ -243,6 +248,7 @@ def _rmm(dists: dict[str, str], driver: dict) -> Framework:
         "resource allocate from the shared pool (call it after rmm.reinitialize(), which "
         "would replace it).",
     )
+    _built(fw, "bridge.adapters.rmm_build")  # which resource: the C++ one or the callback
     m = re.search(r"cu(\d+)", names[0])
     if m:
         _cuda_major_check(fw, int(m.group(1)), driver)

@@ -495,6 +495,8 @@ def _table(out: str) -> dict[int, dict[str, str]]:
     assert tuple(lines[header]) == COLUMNS
     rows = {}
     for cells in lines[header + 1 :]:
+        if not cells[0].isdigit():  # the lines below the table (shares, torch:, rmm:)
+            break
         # "16.00 GiB" is two words: put the numbers and their units back together
         merged, i = [cells[0]], 1
         while i < len(cells):
@@ -749,6 +751,42 @@ def test_stats_says_which_torch_allocator_runs(allocations, monkeypatch):
     assert rc == 0 and "torch: the bridge's torch allocator: x" in out.splitlines()
     doc = json.loads(run_main("stats", "--json")[1])
     assert doc["torch_allocator"] == "the bridge's torch allocator: x"
+
+
+def test_stats_says_which_rmm_resource_runs(allocations, monkeypatch):
+    from bridge.tools import cli
+
+    monkeypatch.setattr(cli, "_rmm_resource_line", lambda: None)  # no RMM installed
+    rc, out, _ = run_main("stats")
+    assert rc == 0 and not any(line.startswith("rmm: ") for line in out.splitlines())
+    assert "rmm_resource" not in json.loads(run_main("stats", "--json")[1])
+    monkeypatch.setattr(cli, "_rmm_resource_line", lambda: "the bridge's C++ RMM resource: x")
+    rc, out, _ = run_main("stats")
+    assert rc == 0 and "rmm: the bridge's C++ RMM resource: x" in out.splitlines()
+    doc = json.loads(run_main("stats", "--json")[1])
+    assert doc["rmm_resource"] == "the bridge's C++ RMM resource: x"
+
+
+def test_build_rmm_says_where_the_module_is_or_why_not(monkeypatch):
+    from bridge.adapters import rmm_build
+
+    monkeypatch.setattr(rmm_build, "version", lambda: "26.10.00")
+
+    def failed(**kw):
+        rmm_build.reason = "Cython is not installed (pip install cython)"
+
+    monkeypatch.setattr(rmm_build, "load", failed)
+    rc, out, _ = run_main("build-rmm")
+    assert rc == 1 and "resource is not available: Cython is not installed" in out
+    assert "would use RMM's CallbackMemoryResource" in out
+    monkeypatch.setattr(rmm_build, "load", lambda **kw: object())
+    monkeypatch.setattr(rmm_build, "built_from_cache", False)
+    monkeypatch.setattr(rmm_build, "build_seconds", 6.04)
+    monkeypatch.setattr(rmm_build, "location", "/cache/bridge_rmm_x")
+    rc, out, _ = run_main("build-rmm")
+    assert rc == 0 and out.strip() == (
+        "the bridge's C++ RMM resource for RMM 26.10.00: built in 6.0 s, in /cache/bridge_rmm_x"
+    )
 
 
 def test_doctor_says_where_a_cuda12_torch_comes_from(standin, tmp_path):
