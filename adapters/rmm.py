@@ -41,7 +41,7 @@ cuDF, cuML, XGBoost.
 
 from __future__ import annotations
 
-__all__ = ["install", "installed", "path", "path_reason", "resource"]
+__all__ = ["callback_resource", "install", "installed", "path", "path_reason", "resource"]
 
 import warnings
 from collections.abc import Iterable
@@ -113,10 +113,16 @@ def resource(device: int) -> Any:
         if native is not None:
             mr = native.BridgeResource(device, core.TAG_RMM, _on_failure)
         else:
-            alloc = core.StreamAllocator(device, core.TAG_RMM, _on_failure)
-            mr = rmm.mr.CallbackMemoryResource(alloc, core.stream_free)
+            mr = callback_resource(device)
         _resources[device] = mr
     return mr
+
+
+def callback_resource(device: int) -> Any:
+    """A new callback resource of a device: RMM's ``CallbackMemoryResource`` over the core's C
+    callables (the fallback; benchmarks/bench_rmm.py measures it beside the C++ one)."""
+    alloc = core.StreamAllocator(device, core.TAG_RMM, _on_failure)
+    return rmm.mr.CallbackMemoryResource(alloc, core.stream_free)
 
 
 def _on_failure(size: int, device: int, stream: int, rc: int) -> int:
