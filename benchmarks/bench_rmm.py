@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One RMM allocation on the bridge against RMM's own CudaAsyncMemoryResource.
+"""One RMM allocation on the bridge's resources against RMM's own CudaAsyncMemoryResource.
 
     python3 benchmarks/bench_rmm.py --out rmm.json [--sizes 512,1MiB,64MiB] [--cpu 2]
 
@@ -13,15 +13,20 @@ with the timed thread pinned to one CPU (``--cpu``). Per size, ns per
 allocate + free pair, median of ``--repeats`` rounds of ``--iters`` pairs:
 
   buffer_async    ``rmm.DeviceBuffer(size=n, mr=CudaAsyncMemoryResource())`` + drop
-  buffer_bridge   the same with the bridge's resource (``bridge.unify(rmm=True)``):
-                  RMM's CallbackMemoryResource on the core's C callables
+  buffer_bridge   the same with the resource ``bridge.unify(rmm=True)`` installs: the
+                  bridge's C++ resource (``BridgeResource``; ``path`` says which ran:
+                  "bridge", or "callback" with ``path_reason`` where it did not build)
+  buffer_callback the same with the fallback: RMM's CallbackMemoryResource on the
+                  core's C callables (``BRIDGE_RMM_CALLBACK=1``)
   mr_async        ``mr.allocate(n)`` + ``mr.deallocate(p, n)`` on RMM's async resource
-  mr_bridge       the same on the bridge's resource (RMM's Python wrapper, no buffer)
+  mr_bridge       the same on unify's resource (RMM's Python wrapper, no buffer)
+  mr_callback     the same on the callback resource
 
-``ratio`` = buffer_bridge / buffer_async per size (1.0: as fast as RMM's own);
-``worst_ratio`` their largest. All on the default stream, where the bridge's
-cache of freed blocks serves a same-size request without a driver call (as it
-does for any repeated allocation on one stream).
+``ratio`` = buffer_bridge / buffer_async per size (1.0: as fast as RMM's own; the
+target is <= 1.05), ``callback_ratio`` = buffer_callback / buffer_async;
+``worst_ratio`` and ``worst_callback_ratio`` their largest. All on the default
+stream, where the bridge's cache of freed blocks serves a same-size request
+without a driver call (as it does for any repeated allocation on one stream).
 """
 
 from __future__ import annotations
@@ -71,9 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         pin_cpu(args.cpu, result)
         bridge.unify(cupy=False, torch=False, rmm=True)
         mine = adapter.resource(0)
+        callback = adapter.callback_resource(0)
         theirs = rmm.mr.CudaAsyncMemoryResource()
         result.update({"rmm": rmm.__version__, "bridge": bridge.__version__,
-                       "iters": args.iters, "repeats": args.repeats})
+                       "iters": args.iters, "repeats": args.repeats,
+                       "path": adapter.path(), "path_reason": adapter.path_reason(),
+                       "resource": type(mine).__name__})
 
         def buffer(mr, n):
             def one() -> None:
@@ -87,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             return one
 
         configs = {"buffer_async": (buffer, theirs), "buffer_bridge": (buffer, mine),
-                   "mr_async": (resource, theirs), "mr_bridge": (resource, mine)}
+                   "buffer_callback": (buffer, callback), "mr_async": (resource, theirs),
+                   "mr_bridge": (resource, mine), "mr_callback": (resource, callback)}
         sizes = parse_sizes(args.sizes)
         per_size: dict[str, dict] = {}
         for n in sizes:
@@ -106,11 +115,14 @@ def main(argv: list[str] | None = None) -> int:
                 gc.enable()
             entry = {name: round(median(v), 1) for name, v in rounds.items()}
             entry["ratio"] = round(entry["buffer_bridge"] / entry["buffer_async"], 3)
+            entry["callback_ratio"] = round(entry["buffer_callback"] / entry["buffer_async"], 3)
             entry["mr_ratio"] = round(entry["mr_bridge"] / entry["mr_async"], 3)
+            entry["mr_callback_ratio"] = round(entry["mr_callback"] / entry["mr_async"], 3)
             per_size[size_label(n)] = entry
         rmm.mr.get_current_device_resource()  # still the bridge's after the runs
         result["ns_per_pair"] = per_size
         result["worst_ratio"] = max(e["ratio"] for e in per_size.values())
+        result["worst_callback_ratio"] = max(e["callback_ratio"] for e in per_size.values())
         result["stats"] = bridge.stats(0).as_dict()
 
     return run_guarded(args.out, {"benchmark": "rmm"}, body)

@@ -902,12 +902,16 @@ def _md_rmm(results: dict) -> list[str]:
     d = _data(r)
     out = ["## RMM: the bridge's resource vs RMM's CudaAsyncMemoryResource (bench_rmm.py)", "",
            "One process, in turns; ns per allocate + free pair, median of the rounds: buffer_* "
-           "an rmm.DeviceBuffer, mr_* the resource's allocate/deallocate. "
+           "an rmm.DeviceBuffer, mr_* the resource's allocate/deallocate; *_bridge on the "
+           "resource unify(rmm=True) installs"
+           + (f" ({d['resource']}, path {d['path']})" if d.get("path") else "")
+           + ", *_callback on the callback fallback. "
            f"Target: the worst size's buffer_bridge / buffer_async {RMM_TARGET[0]} "
            f"{RMM_TARGET[1]:.2f}." + (f" RMM {d['rmm']}." if d.get("rmm") else ""), ""]
     if missing := _section_missing(r):
         return out + missing
-    cols = ("buffer_async", "buffer_bridge", "ratio", "mr_async", "mr_bridge", "mr_ratio")
+    cols = ("buffer_async", "buffer_bridge", "ratio", "buffer_callback", "callback_ratio",
+            "mr_async", "mr_bridge", "mr_ratio")
     rows = [[size] + [(f"{e[c]:.3f}" if "ratio" in c else f"{e[c]:,.0f}")
                       if _is_number(e.get(c)) else "-" for c in cols]
             for size, e in (d.get("ns_per_pair") or {}).items() if isinstance(e, dict)]
