@@ -283,10 +283,11 @@ out = {}
 def fresh_thread():  # a thread that never touched CUDA: no current context
     out["before"] = int(cu.cuCtxGetCurrent()[1] or 0)
     a = cupy.empty((3 << 20) + 4096, dtype=cupy.uint8)  # a size nothing cached: a pool call
-    a[:] = 7
-    out["sum"] = int(a.sum())
+    # read before any kernel: CuPy's kernel launch binds a context of its own
     out["after"] = int(cu.cuCtxGetCurrent()[1] or 0)
     out["device"] = cupy.cuda.runtime.getDevice()
+    a[:] = 7
+    out["sum"] = int(a.sum())
     del a
 (err,) = cu.cuInit(0)
 err, primary = cu.cuDevicePrimaryCtxRetain(cu.CUdevice(0))
