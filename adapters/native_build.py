@@ -19,8 +19,10 @@ __all__ = [
     "core_headers",
     "cuda_include_dirs",
     "cxx",
+    "describe_build",
     "digest",
     "flag_from_env",
+    "switch_variable",
     "has_cuda_headers",
     "import_built",
     "last_line",
@@ -39,6 +41,7 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 #: The folder of the built modules (default ``~/.cache/bridge``).
 CACHE_DIR_ENV = "BRIDGE_CACHE_DIR"
@@ -70,6 +73,49 @@ def flag_from_env(name: str, meaning: str) -> bool:
             "for the bridge's."
         )
     return raw == "1"
+
+
+def switch_variable(name: str, who: str, read: Any, on: str, off: str) -> tuple[str, str, Any, Any]:
+    """The row of bridge._env's table for a module's fallback switch (``name``,
+    read by ``read()``): doctor's words when it is set (``on``) and when not (``off``)."""
+    return (
+        name,
+        who,
+        lambda t: read(),
+        lambda v, t: ("info", on) if v else ("ok", off),
+    )
+
+
+def describe_build(
+    what: str,
+    switch: tuple[str, Any],
+    fallback: str,
+    problem: str,
+    builds: list[Path],
+    missing: str,
+    again: str,
+    first: str,
+) -> tuple[str, str]:
+    """Which module a ``unify`` will install, and why: (doctor's level, words).
+
+    ``what`` names the module ("the bridge's torch allocator"); ``switch`` is its
+    fallback variable and reader; ``fallback`` says what runs instead; ``problem``
+    is why it cannot be built whatever the tools (empty: none), ``missing`` the tool
+    it lacks; ``again`` ends the words when ``builds`` has some, ``first`` says
+    when and how it is compiled when there are none.
+    """
+    name, read = switch
+    try:
+        if read():
+            return "warn", f"{name} is set: {fallback}."
+    except ValueError as exc:
+        return "warn", str(exc)
+    for cannot in (problem, "" if builds else missing):
+        if cannot:
+            return "warn", f"{what} cannot be built here: {cannot}; {fallback}."
+    if builds:
+        return "ok", f"{what}: {len(builds)} build(s) in {cache_dir()}; {again}"
+    return "ok", f"{what} is compiled {first}"
 
 
 def native_dir() -> Path:

@@ -47,6 +47,7 @@ from .native_build import (
     core_headers,
     cuda_include_dirs,
     cxx,
+    describe_build,
     digest,
     flag_from_env,
     has_cuda_headers,
@@ -54,6 +55,7 @@ from .native_build import (
     last_line,
     native_dir,
     staging,
+    switch_variable,
 )
 
 #: ``1``: use torch's ``CUDAPluggableAllocator`` even where the C++ allocator builds.
@@ -91,15 +93,12 @@ def pluggable_from_env() -> bool:
 #: describe``; frameworks.py's torch row points it here): ``bridge doctor`` checks them
 #: with these very readers.
 VARIABLES: tuple[tuple[str, str, Any, Any], ...] = (
-    (
+    switch_variable(
         PLUGGABLE_ENV,
         "bridge.unify(torch=True) raises ValueError on it",
-        lambda t: pluggable_from_env(),
-        lambda v, t: (
-            ("info", "torch runs on torch's CUDAPluggableAllocator, not the bridge's own.")
-            if v
-            else ("ok", "valid: torch runs on the bridge's own torch allocator where it builds.")
-        ),
+        pluggable_from_env,
+        "torch runs on torch's CUDAPluggableAllocator, not the bridge's own.",
+        "valid: torch runs on the bridge's own torch allocator where it builds.",
     ),
     (
         CACHE_DIR_ENV,
@@ -203,24 +202,17 @@ def describe() -> tuple[str, str]:
 
     The level is doctor's (``"ok"`` or ``"warn"``); imports no framework.
     """
-    try:
-        pluggable = pluggable_from_env()
-    except ValueError as exc:
-        return "warn", str(exc)
-    if pluggable:
-        return "warn", f"{PLUGGABLE_ENV} is set: {_FALLBACK}."
-    built = cached_builds()
-    missing = missing_tools()
-    if missing and not built:
-        return "warn", f"the bridge's torch allocator cannot be built here: {missing}; {_FALLBACK}."
-    if built:
-        return "ok", (
-            f"the bridge's torch allocator: {len(built)} build(s) in {cache_dir()}; one for "
-            "another torch is compiled on the first unify(torch=True)."
-        )
-    return "ok", (
-        "the bridge's torch allocator is compiled for this torch on the first "
-        "unify(torch=True) (about 30 s, once); `python -m bridge build-torch` does it now."
+    builds = cached_builds()
+    return describe_build(
+        "the bridge's torch allocator",
+        (PLUGGABLE_ENV, pluggable_from_env),
+        _FALLBACK,
+        "",
+        builds,
+        missing_tools(),
+        "one for another torch is compiled on the first unify(torch=True).",
+        "for this torch on the first unify(torch=True) (about 30 s, once); "
+        "`python -m bridge build-torch` does it now.",
     )
 
 

@@ -739,32 +739,27 @@ def test_doctor_warns_about_two_cuda_majors(standin, tmp_path):
     assert "Summary: 1 thing(s) to look at above" in r.stdout
 
 
-def test_stats_says_which_torch_allocator_runs(allocations, monkeypatch):
+@pytest.mark.parametrize(
+    "line_fn, prefix, key, words",
+    [
+        ("_torch_allocator_line", "torch: ", "torch_allocator", "the bridge's torch allocator: x"),
+        ("_rmm_resource_line", "rmm: ", "rmm_resource", "the bridge's C++ RMM resource: x"),
+    ],
+)
+def test_stats_says_which_torch_allocator_and_rmm_resource_run(
+    allocations, monkeypatch, line_fn, prefix, key, words
+):
     from bridge.tools import cli
 
-    monkeypatch.setattr(cli, "_torch_allocator_line", lambda: None)  # no torch installed
+    monkeypatch.setattr(cli, line_fn, lambda: None)  # the framework is not installed
     rc, out, _ = run_main("stats")
-    assert rc == 0 and not any(line.startswith("torch: ") for line in out.splitlines())
-    assert "torch_allocator" not in json.loads(run_main("stats", "--json")[1])
-    monkeypatch.setattr(cli, "_torch_allocator_line", lambda: "the bridge's torch allocator: x")
+    assert rc == 0 and not any(line.startswith(prefix) for line in out.splitlines())
+    assert key not in json.loads(run_main("stats", "--json")[1])
+    monkeypatch.setattr(cli, line_fn, lambda: words)
     rc, out, _ = run_main("stats")
-    assert rc == 0 and "torch: the bridge's torch allocator: x" in out.splitlines()
+    assert rc == 0 and prefix + words in out.splitlines()
     doc = json.loads(run_main("stats", "--json")[1])
-    assert doc["torch_allocator"] == "the bridge's torch allocator: x"
-
-
-def test_stats_says_which_rmm_resource_runs(allocations, monkeypatch):
-    from bridge.tools import cli
-
-    monkeypatch.setattr(cli, "_rmm_resource_line", lambda: None)  # no RMM installed
-    rc, out, _ = run_main("stats")
-    assert rc == 0 and not any(line.startswith("rmm: ") for line in out.splitlines())
-    assert "rmm_resource" not in json.loads(run_main("stats", "--json")[1])
-    monkeypatch.setattr(cli, "_rmm_resource_line", lambda: "the bridge's C++ RMM resource: x")
-    rc, out, _ = run_main("stats")
-    assert rc == 0 and "rmm: the bridge's C++ RMM resource: x" in out.splitlines()
-    doc = json.loads(run_main("stats", "--json")[1])
-    assert doc["rmm_resource"] == "the bridge's C++ RMM resource: x"
+    assert doc[key] == words
 
 
 def test_build_rmm_says_where_the_module_is_or_why_not(monkeypatch):
