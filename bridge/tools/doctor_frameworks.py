@@ -123,7 +123,7 @@ def _torch(dists: dict[str, str], driver: dict) -> Framework:
             f"CUDA {cuda} build; call bridge.unify(torch=True) before the first CUDA tensor.",
         )
         _cuda_major_check(fw, int(cuda.split(".")[0]), driver)
-        _torch_allocator(fw)
+        _built(fw, "bridge.adapters.torch_build")  # which allocator: the C++ one or pluggable
     return fw
 
 
@@ -133,11 +133,6 @@ def _built(fw: Framework, builder: str) -> None:
 
     level, text = importlib.import_module(builder).describe()
     fw.add(level, text)
-
-
-def _torch_allocator(fw: Framework) -> None:
-    """Which torch allocator unify(torch=True) will install, and why (torch_build)."""
-    _built(fw, "bridge.adapters.torch_build")
 
 
 def _cupy(dists: dict[str, str], driver: dict) -> Framework:
