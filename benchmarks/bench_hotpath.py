@@ -21,7 +21,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _native import ROOT, compare, compile_c, sources  # noqa: E402
 
-CORE_C = ("driver.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "wait.c",
+CORE_C = ("driver.c", "counts.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c", "wait.c",
           "share.c", "pinned.c", "views.c", "device.c", "alloc.c")
 
 

@@ -352,7 +352,7 @@ static int take_cached(request *q, void **out)
     q->want.ptr = cache_take(q->want.device, q->want.stream, q->want.size);
     if (!q->want.ptr || ledger_adopt(q->d, &q->want, out) != BRIDGE_OK)
         return BRIDGE_E_MISS;
-    atomic_fetch_add_explicit(&q->d->num_cache_hits, 1, RELAXED);
+    counts_cache_hit(q->want.device);
     return BRIDGE_OK;
 }
 
@@ -606,8 +606,8 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->peak_used = atomic_load(&d->peak);
     out->release_threshold = atomic_load(&d->release_threshold);
     out->total = d->total;
-    out->num_allocs = atomic_load(&d->num_allocs);
-    out->num_frees = atomic_load(&d->num_frees);
+    uint64_t sums[BRIDGE_NTAGS][COUNT_TAG_FIGURES];
+    counts_sum(device, sums, &out->num_allocs, &out->num_frees, &out->num_cache_hits);
     out->num_ooms = atomic_load(&d->num_ooms);
     out->num_retries = atomic_load(&d->num_retries);
     out->num_bad_frees = atomic_load(&bad_frees);
@@ -615,7 +615,6 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->num_deferred = atomic_load(&d->num_deferred);
     out->graph_bytes = atomic_load(&d->graph_bytes);
     out->cached = cache_bytes(device);
-    out->num_cache_hits = atomic_load(&d->num_cache_hits);
     out->num_order_fallbacks = atomic_load(&d->num_order_fallbacks);
     out->num_pool_read_errors = atomic_load(&d->num_pool_read_errors);
     out->captures_active = (uint64_t)atomic_load(&d->captures_active);
@@ -629,12 +628,19 @@ int bridge_get_stats(int device, bridge_stats *out)
     wait_fill_stats(device, out);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];
-        out->tag[i] = (bridge_tag_stats){
-            atomic_load(&t->current),         atomic_load(&t->peak),
-            atomic_load(&t->allocated),       atomic_load(&t->freed),
-            atomic_load(&t->num_allocs),      atomic_load(&t->num_frees),
-            atomic_load(&t->num_ooms),        atomic_load(&t->limit),
-            (uint64_t)atomic_load(&t->count), (uint64_t)atomic_load(&t->count_peak)};
+        uint64_t since[COUNT_TAG_FIGURES]; /* the sums less the last reset's */
+        for (int k = 0; k < COUNT_TAG_FIGURES; k++)
+            since[k] = sums[i][k] - atomic_load(&t->base[k]);
+        out->tag[i] = (bridge_tag_stats){atomic_load(&t->current),
+                                         atomic_load(&t->peak),
+                                         since[COUNT_ALLOCATED],
+                                         since[COUNT_FREED],
+                                         since[COUNT_ALLOCS],
+                                         since[COUNT_FREES],
+                                         atomic_load(&t->num_ooms),
+                                         atomic_load(&t->limit),
+                                         (uint64_t)atomic_load(&t->count),
+                                         (uint64_t)atomic_load(&t->count_peak)};
     }
     CUresult r;
     int mode = capture_mode_relax(); /* figures asked for during another's capture */

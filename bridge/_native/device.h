@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "bridge.h"
+#include "counts.h"
 #include "driver.h"
 #include "records.h"
 
@@ -25,10 +26,10 @@
 typedef struct tag_state {
     _Atomic uint64_t current;   /* live bytes; what the framework sees */
     _Atomic uint64_t peak;      /* max of current since reset */
-    _Atomic uint64_t allocated; /* cumulative bytes */
-    _Atomic uint64_t freed;     /* cumulative bytes */
-    _Atomic uint64_t num_allocs;
-    _Atomic uint64_t num_frees;
+    /* the cumulative figures (bytes allocated and freed, allocations, frees)
+     * are counted per thread (counts.h); these are their sums at the last
+     * reset, which the figures read leave out */
+    _Atomic uint64_t base[COUNT_TAG_FIGURES];
     _Atomic uint64_t num_ooms;
     _Atomic uint64_t limit;     /* the framework's own cap; 0 = none */
     _Atomic int64_t count;      /* live blocks (allocations not yet freed); never reset */
@@ -54,9 +55,8 @@ typedef struct device_state {
     _Atomic uint64_t limit;     /* budget; 0 = none */
     _Atomic uint64_t peak;      /* max of reserved after a passed check */
     tag_state tag[BRIDGE_NTAGS];
-    _Atomic uint64_t num_allocs, num_frees, num_ooms, num_retries;
+    _Atomic uint64_t num_ooms, num_retries; /* allocations, frees and cache hits: counts.h */
     _Atomic uint64_t num_driver_errors;
-    _Atomic uint64_t num_cache_hits;       /* allocations served from the cache */
     _Atomic uint64_t graph_bytes;          /* graph blocks the user freed, kept for the graph */
     _Atomic uint64_t last_pool_used;       /* last USED_MEM_CURRENT read that succeeded */
     _Atomic uint64_t num_pool_read_errors; /* budget checks that used last_pool_used */
@@ -80,7 +80,7 @@ typedef struct device_state {
      *   wait.c's hold_lock -> the shard locks (its sweep), then mu
      *   share.c's join_lock -> a member's lock
      * Leaves (nothing is taken under them): setup_lock (ledger.c), a
-     * cache's lock (cache.c), a member's lock (share.c),
+     * cache's lock (cache.c), a member's lock (share.c), spare_lock (counts.c),
      * hist_mu (views.c), long_lived_lock (streams.c), released_lock
      * (graph.c), managed.c's lock, the pinned pool's lock, driver.c's. */
     pthread_mutex_t capture_lock;

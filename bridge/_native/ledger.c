@@ -273,9 +273,7 @@ static void ledger_commit(device_state *d, uint64_t size)
 void ledger_count_alloc(device_state *d, int tag, uint64_t size)
 {
     tag_state *t = &d->tag[tag];
-    atomic_fetch_add_explicit(&t->allocated, size, RELAXED);
-    atomic_fetch_add_explicit(&t->num_allocs, 1, RELAXED);
-    atomic_fetch_add_explicit(&d->num_allocs, 1, RELAXED);
+    counts_alloc((int)(d - bridge_devices), tag, size);
     int64_t live = atomic_fetch_add_explicit(&t->count, 1, RELAXED) + 1;
     int64_t peak = atomic_load_explicit(&t->count_peak, RELAXED);
     while (peak < live &&
@@ -602,6 +600,7 @@ static void forget_after_fork(void)
      * by a thread that no longer exists: forget everything, take no lock. */
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     setup_lock = fresh;
+    counts_forget_after_fork();
     for (int i = 0; i < BRIDGE_MAX_DEVICES; i++) {
         device_state *d = &bridge_devices[i];
         atomic_store(&d->ready, 0);
@@ -646,14 +645,15 @@ int bridge_reset_accumulated(int device, int tag)
         return BRIDGE_E_DEVICE;
     if (tag < -1 || tag >= BRIDGE_NTAGS)
         return BRIDGE_E_INVALID;
+    /* the sums become the bases: no thread's copy is written (counts.h) */
+    uint64_t sums[BRIDGE_NTAGS][COUNT_TAG_FIGURES];
+    counts_sum(device, sums, NULL, NULL, NULL);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         if (tag != -1 && tag != i)
             continue;
         tag_state *t = &d->tag[i];
-        atomic_store(&t->allocated, 0);
-        atomic_store(&t->freed, 0);
-        atomic_store(&t->num_allocs, 0);
-        atomic_store(&t->num_frees, 0);
+        for (int k = 0; k < COUNT_TAG_FIGURES; k++)
+            atomic_store(&t->base[k], sums[i][k]);
         atomic_store(&t->num_ooms, 0);
     }
     return BRIDGE_OK;

@@ -66,11 +66,8 @@ int ledger_trim(device_state *d, uint64_t keep);
 /* A free's accumulated figures (ledger_count_free less the tag's current bytes). */
 static inline void ledger_count_freed(device_state *d, const record *rec)
 {
-    tag_state *t = &d->tag[rec->tag];
-    atomic_fetch_add_explicit(&t->freed, rec->size, RELAXED);
-    atomic_fetch_add_explicit(&t->num_frees, 1, RELAXED);
-    atomic_fetch_add_explicit(&d->num_frees, 1, RELAXED);
-    atomic_fetch_sub_explicit(&t->count, 1, RELAXED);
+    counts_free(rec->device, rec->tag, rec->size);
+    atomic_fetch_sub_explicit(&d->tag[rec->tag].count, 1, RELAXED);
 }
 
 /* Threads waiting on each device (wait.c raises and lowers it).  A free that

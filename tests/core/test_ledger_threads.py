@@ -10,6 +10,7 @@ they allocate, and undo what they add to the stand-in (the `led` fixture).
 from __future__ import annotations
 
 import ctypes
+import threading
 
 from ledger_util import (
     C_FREE,
@@ -117,6 +118,87 @@ def test_a_thread_without_context_keeps_device_0s_after_a_driver_call_there(led)
     after_alloc, primary, device = _in_thread(run)
     assert after_alloc == (0, primary) and primary
     assert device == (Status.OK, 0)
+
+
+# ---- the cumulative figures, counted per thread ----
+def _tag(s: dict, tag: int) -> dict:
+    return s["tags"][tag]
+
+
+def test_figures_keep_the_counts_of_threads_that_ended(led):
+    """The allocation and free counts and bytes are kept per thread (counts.h) and
+    added up when read: what threads that ended counted stays in the figures, and a
+    thread started later (which takes over an ended thread's copy) adds to them."""
+    core.set_cache(DEV, 64 * MIB)
+    s0 = stats()
+    rounds, threads, per = 2, 6, 25
+    errors: list[int] = []
+
+    def work(i: int) -> None:
+        for _ in range(per):  # the legacy stream (0) outlives every block: its frees are cached
+            rc, p = core.alloc(DEV, (i + 1) * MIB, 0, TAG_TORCH)
+            if rc != Status.OK:
+                errors.append(rc)
+            core.free(p)
+
+    try:
+        for _ in range(rounds):  # the second round's threads take over the first's copies
+            ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+        s = stats()
+    finally:
+        core.set_cache(DEV, 0)  # the cached blocks back to the pool
+    assert errors == []
+    n = rounds * threads * per
+    nbytes = rounds * per * MIB * sum(i + 1 for i in range(threads))
+    assert s["num_allocs"] - s0["num_allocs"] == n
+    assert s["num_frees"] - s0["num_frees"] == n
+    t, t0 = _tag(s, TAG_TORCH), _tag(s0, TAG_TORCH)
+    assert (t["num_allocs"] - t0["num_allocs"], t["num_frees"] - t0["num_frees"]) == (n, n)
+    assert (t["allocated"] - t0["allocated"], t["freed"] - t0["freed"]) == (nbytes, nbytes)
+    # each thread's first allocation of its size misses; the rest are hits on its stream
+    assert s["num_cache_hits"] - s0["num_cache_hits"] >= n - rounds * threads
+    assert t["current"] == 0 and t["count"] == t0["count"]
+
+
+def test_reset_accumulated_zeroes_a_tag_while_other_threads_count(led):
+    """A reset starts the tag's figures from 0 without writing any thread's copy:
+    what a thread counts after the reset shows, what it counted before does not, and
+    the device's own counts and the other tags are untouched."""
+    rc, p = core.alloc(DEV, MIB, S1, TAG_TORCH)
+    core.free(p)
+    rc, q = core.alloc(DEV, 2 * MIB, S1, TAG_CUPY)
+    core.free(q)
+    before = stats()
+    first, go, done = threading.Event(), threading.Event(), threading.Event()
+
+    def other() -> None:  # a thread that counted before the reset and counts after it
+        rc, p = core.alloc(DEV, 3 * MIB, S2, TAG_TORCH)
+        core.free(p)
+        first.set()
+        go.wait(10)
+        rc, p = core.alloc(DEV, 5 * MIB, S2, TAG_TORCH)
+        core.free(p)
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    assert first.wait(10)  # its first pair is counted before the reset
+    assert core.reset_accumulated(DEV, TAG_TORCH) == Status.OK
+    z = _tag(stats(), TAG_TORCH)
+    assert (z["allocated"], z["freed"], z["num_allocs"], z["num_frees"]) == (0, 0, 0, 0)
+    go.set()
+    t.join()
+    assert done.is_set()
+    s = stats()
+    tt = _tag(s, TAG_TORCH)
+    figures = (tt["allocated"], tt["freed"], tt["num_allocs"], tt["num_frees"])
+    assert figures == (5 * MIB, 5 * MIB, 1, 1)
+    assert _tag(s, TAG_CUPY)["allocated"] == _tag(before, TAG_CUPY)["allocated"]
+    assert s["num_allocs"] == before["num_allocs"] + 2  # the device's counts: never reset
 
 
 # ---- record_stream ----
