@@ -12,6 +12,7 @@ framework.
 from __future__ import annotations
 
 __all__ = [
+    "build_timed",
     "CACHE_DIR_ENV",
     "NO_CUDA_HEADERS",
     "cache_dir",
@@ -38,7 +39,8 @@ import os
 import shutil
 import sys
 import sysconfig
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -235,3 +237,22 @@ def last_line(exc: BaseException) -> str:
     """A failed build's last non-empty line of words (the compiler's error, usually)."""
     text = [line for line in str(exc).strip().splitlines() if line.strip()]
     return text[-1] if text else type(exc).__name__
+
+
+def build_timed(
+    folder: Path, banner: str, build: Callable[[Path], ModuleType]
+) -> tuple[ModuleType | None, str, float]:
+    """A first start's build: say so, build in :func:`staging`, time it.
+
+    ``build(stage)`` compiles into ``stage`` and returns the module. Returns
+    ``(module, "", seconds)``, or ``(None, reason, 0.0)`` when it raised (any failure
+    means: fall back, with the compiler's last line as the reason).
+    """
+    print(banner, file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    try:
+        with staging(folder) as stage:
+            module = build(stage)
+    except Exception as exc:  # noqa: BLE001 - any build or load failure means: fall back
+        return None, "building it failed: " + last_line(exc), 0.0
+    return module, "", time.perf_counter() - start

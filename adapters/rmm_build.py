@@ -50,13 +50,13 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from .native_build import (
     NO_CUDA_HEADERS,
+    build_timed,
     cache_dir,
     cached,
     core_headers,
@@ -67,8 +67,6 @@ from .native_build import (
     flag_from_env,
     has_cuda_headers,
     import_built,
-    last_line,
-    staging,
     switch_variable,
 )
 
@@ -356,24 +354,22 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
     if problem:
         reason = problem
         return None
-    print(
+
+    def build_into(stage: Path) -> ModuleType:
+        _compile(folder.name, stage, verbose)
+        module = import_built(folder.name, stage)
+        if module is None:
+            raise RuntimeError(f"the compiler wrote no module in {stage}")
+        return module
+
+    banner = (
         f"bridge: compiling its RMM resource for RMM {version()} (once, about 10 s; kept in "
-        f"{folder.parent})",
-        file=sys.stderr,
-        flush=True,
+        f"{folder.parent})"
     )
-    start = time.perf_counter()
-    try:
-        with staging(folder) as stage:
-            _compile(folder.name, stage, verbose)
-            module = import_built(folder.name, stage)
-            if module is None:
-                raise RuntimeError(f"the compiler wrote no module in {stage}")
-    except Exception as exc:  # noqa: BLE001 - any build or load failure means: fall back
-        reason = "building it failed: " + last_line(exc)
+    module, reason, seconds = build_timed(folder, banner, build_into)
+    if module is None:
         return None
-    build_seconds = time.perf_counter() - start
-    reason, built_from_cache, location = "", False, str(folder)
+    build_seconds, built_from_cache, location = seconds, False, str(folder)
     return module
 
 

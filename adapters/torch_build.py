@@ -33,8 +33,6 @@ __all__ = [
 import importlib.util
 import os
 import shutil
-import sys
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -42,6 +40,7 @@ from typing import Any
 from .native_build import (
     CACHE_DIR_ENV,
     NO_CUDA_HEADERS,
+    build_timed,
     cache_dir,
     cached,
     core_headers,
@@ -52,9 +51,7 @@ from .native_build import (
     flag_from_env,
     has_cuda_headers,
     import_built,
-    last_line,
     native_dir,
-    staging,
     switch_variable,
 )
 
@@ -162,30 +159,27 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
     from torch.utils import cpp_extension
 
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    print(
+
+    def build_into(stage: Path) -> ModuleType:
+        return cpp_extension.load(
+            name=name,
+            sources=[str(p) for p in SOURCES],
+            extra_include_paths=[str(native_dir()), *cuda_include_dirs()],
+            extra_cflags=["-O2", "-g0"],
+            extra_ldflags=[f"-L{torch_lib}", "-lc10_cuda", "-ltorch_cuda", "-s"],
+            build_directory=str(stage),
+            with_cuda=False,
+            verbose=verbose,
+        )
+
+    banner = (
         f"bridge: compiling its torch allocator for torch {torch.__version__} (once, about 30 s; "
-        f"kept in {folder.parent})",
-        file=sys.stderr,
-        flush=True,
+        f"kept in {folder.parent})"
     )
-    start = time.perf_counter()
-    try:
-        with staging(folder) as stage:
-            module = cpp_extension.load(
-                name=name,
-                sources=[str(p) for p in SOURCES],
-                extra_include_paths=[str(native_dir()), *cuda_include_dirs()],
-                extra_cflags=["-O2", "-g0"],
-                extra_ldflags=[f"-L{torch_lib}", "-lc10_cuda", "-ltorch_cuda", "-s"],
-                build_directory=str(stage),
-                with_cuda=False,
-                verbose=verbose,
-            )
-    except Exception as exc:  # noqa: BLE001 - any build failure means: fall back
-        reason = "building it failed: " + last_line(exc)
+    module, reason, seconds = build_timed(folder, banner, build_into)
+    if module is None:
         return None
-    build_seconds = time.perf_counter() - start
-    reason, built_from_cache, location = "", False, str(folder)
+    build_seconds, built_from_cache, location = seconds, False, str(folder)
     return module
 
 
