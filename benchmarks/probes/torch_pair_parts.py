@@ -146,16 +146,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu", type=int, default=None)
     ap.add_argument("--iters", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--build-dir", default=os.path.join(os.path.expanduser("~"), ".cache",
-                                                        "bridge-probes", "torch_pair_parts"))
+    ap.add_argument(
+        "--build-dir",
+        default=os.path.join(
+            os.path.expanduser("~"), ".cache", "bridge-probes", "torch_pair_parts"
+        ),
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--worker", choices=("native", "bridge"), default=None)
     args = ap.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
-    me = [sys.executable, os.path.abspath(__file__), "--iters", str(args.iters),
-          "--build-dir", args.build_dir] + (["--cpu", str(args.cpu)] if args.cpu is not None else [])
+    pin = ["--cpu", str(args.cpu)] if args.cpu is not None else []
+    me = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--iters",
+        str(args.iters),
+        "--build-dir",
+        args.build_dir,
+        *pin,
+    ]
     runs: dict = {"native": [], "bridge": []}
     for r in range(args.rounds):
         order = ("native", "bridge") if r % 2 == 0 else ("bridge", "native")
@@ -170,12 +182,19 @@ def main(argv: list[str] | None = None) -> int:
         summary[cfg] = {}
         for k, v in keys.items():
             if isinstance(v, dict):
-                summary[cfg][k] = {p: round(statistics.median(x["ns_per_pair"][k][p] for x in rs), 1)
-                                   for p in v}  # fmt: skip
+                summary[cfg][k] = {
+                    p: round(statistics.median(x["ns_per_pair"][k][p] for x in rs), 1) for p in v
+                }
             else:
                 summary[cfg][k] = round(statistics.median(x["ns_per_pair"][k] for x in rs), 1)
-    result = {"bench": "torch_pair_parts", "rounds": args.rounds, "iters": args.iters,
-              "cpu": args.cpu, "median_of_processes": summary, "runs": runs}
+    result = {
+        "bench": "torch_pair_parts",
+        "rounds": args.rounds,
+        "iters": args.iters,
+        "cpu": args.cpu,
+        "median_of_processes": summary,
+        "runs": runs,
+    }
     text = json.dumps(result, indent=2)
     if args.json:
         with open(args.json, "w") as f:
