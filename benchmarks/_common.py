@@ -33,10 +33,14 @@ NOCACHE_ENV = {"BRIDGE_CACHE_LIMIT": "0"}
 # caps = the whole device whatever the live bytes); bench_trace.py also lifts its
 # largest cached block (256 MiB by default) once the bridge is set up
 ALLHITS_ENV = {"BRIDGE_CACHE_LIMIT": "100%", "BRIDGE_CACHE_FLOOR": "100%",
-               "BRIDGE_CACHE_FRACTION": "1", "BRIDGE_CACHE_LARGE_CAP": "100%"}  # fmt: skip
+               "BRIDGE_CACHE_FRACTION": "1", "BRIDGE_CACHE_LARGE_CAP": "100%",
+               "BRIDGE_CACHE_LARGE_FRACTION": "0"}  # fmt: skip
 #: One order of caching for every size (the small tier reaches the whole device):
 #: the cache as it was before the two tiers, for comparison.
 ONETIER_ENV = {"BRIDGE_CACHE_SMALL_MAX": "100%"}
+#: "bridge-fixedlarge": the large tier under its fixed 64 MiB cap alone, whatever is live
+#: (the cache before the sixteenth session), for comparison.
+FIXEDLARGE_ENV = {"BRIDGE_CACHE_LARGE_FRACTION": "0"}
 #: "bridge-pluggable": torch through its CUDAPluggableAllocator over the core (the fallback
 #: where the C++ allocator cannot be built), the same core and cache behind it.
 PLUGGABLE_ENV = {"BRIDGE_TORCH_PLUGGABLE": "1"}
@@ -52,6 +56,8 @@ def config_env(framework: str, config: str) -> dict[str, str]:
         return dict(ALLHITS_ENV)
     if config == "bridge-onetier":
         return dict(ONETIER_ENV)
+    if config == "bridge-fixedlarge":
+        return dict(FIXEDLARGE_ENV)
     if config == "bridge-pluggable":
         return dict(PLUGGABLE_ENV)
     return {}

@@ -39,6 +39,8 @@ Memory is each process's own; a configuration's figure is the largest. Configura
   2,048 keys of 64 blocks still bounds the hits; ``cache_hits`` of ``allocs`` says how close).
 - ``bridge-onetier``: one order of caching for every size (``ONETIER_ENV``), as before the
   two tiers.
+- ``bridge-fixedlarge``: the large tier under its fixed cap alone (``FIXEDLARGE_ENV``), as
+  before its cap followed the live bytes.
 - ``bridge-pluggable``: torch through its ``CUDAPluggableAllocator`` over the same core
   (``PLUGGABLE_ENV``, the fallback where the C++ allocator cannot be built): against
   ``bridge``, what the C++ torch allocator changes, memory included.
@@ -76,7 +78,7 @@ TORCH, CUPY = 0, 1
 #: Configurations that replay only torch (a mixed trace's CuPy events need CuPy's own allocators).
 TORCH_ONLY = ("rmm", "null-pluggable")
 CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-allhits",
-           "bridge-onetier", "bridge-pluggable", "null-pluggable")  # fmt: skip
+           "bridge-onetier", "bridge-fixedlarge", "bridge-pluggable", "null-pluggable")  # fmt: skip
 
 
 # ---- traces ----

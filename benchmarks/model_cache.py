@@ -155,14 +155,18 @@ class Settings:
     floor: int = 64 * MIB  # the small tier's cap is at least this (BRIDGE_CACHE_FLOOR)
     small_max: int = MIB  # the largest block of the small tier (BRIDGE_CACHE_SMALL_MAX)
     large_cap: int = 64 * MIB  # the large tier's cap (BRIDGE_CACHE_LARGE_CAP)
+    #: the large tier's cap is also at most this share of the live bytes, but never less
+    #: than the block being cached (BRIDGE_CACHE_LARGE_FRACTION; 0: the fixed cap alone)
+    large_fraction: float = 1 / 8
     depth: int = 64  # blocks a (stream, size) key (BRIDGE_CACHE_DEPTH)
     evict: bool = True  # False: a block that does not fit is declined (the first cache)
     #: carved classes (a model only, not in cache.c): (largest request, chunk bytes, empty
     #: chunk bytes kept) each; a request up to a class's largest (the first that takes it)
     #: is carved from that class's chunks (Carver), never reaching the two tiers
     carve: tuple[tuple[int, int, int], ...] = ()
-    #: a model only: the large tier's cap is also at most this share of the live bytes
-    large_fraction: float = 0.0
+    #: a model only: the large tier's cap is also at most this share of the live bytes,
+    #: with no floor (set with large_fraction 0)
+    large_live_min: float = 0.0
 
 
 POLICIES = {
@@ -171,29 +175,37 @@ POLICIES = {
     "old": Settings(floor=DEVICE // 50, fraction=0, small_max=DEVICE, depth=16, evict=False),
     # the cache of 2026-11-30: one order, max(64 MiB, live / 16), 16 blocks a key
     "lru": Settings(small_max=DEVICE, depth=16),
-    # cache.c as built: two tiers, 64 blocks a key
+    # cache.c as built: two tiers, 64 blocks a key, the large tier's cap
+    # min(64 MiB, max(live / 8, the block cached)) (sixteenth session)
     "tiers": Settings(),
+    # the tiers before: the large tier's cap a fixed 64 MiB (what MEASURED's "tiers-fixed"
+    # rows ran)
+    "tiers-fixed": Settings(large_fraction=0),
     # bench_trace.py's bridge-onetier (BRIDGE_CACHE_SMALL_MAX=100%)
     "onetier": Settings(small_max=DEVICE),
-    # bench_trace.py's bridge-allhits (limit, floor, fraction 1, large cap: the device;
-    # lift_cache_max_block: the largest cached block the limit)
-    "allhits": Settings(limit=DEVICE, max_block=DEVICE, fraction=1, floor=DEVICE, large_cap=DEVICE),
-    # today's tiers with the large tier's cap also at most 1/16 of live (one min in cache.c)
-    "tiers-live16": Settings(large_fraction=1 / 16),
+    # bench_trace.py's bridge-allhits (limit, floor, fraction 1, large cap: the device, no
+    # share of live; lift_cache_max_block: the largest cached block the limit)
+    "allhits": Settings(limit=DEVICE, max_block=DEVICE, fraction=1, floor=DEVICE, large_cap=DEVICE,
+                        large_fraction=0),
+    # the fixed tiers with the large tier's cap also at most 1/16 of live, no floor (a model
+    # only: a loop of one large size would miss)
+    "tiers-live16": Settings(large_fraction=0, large_live_min=1 / 16),
     # carved classes (docs/design.md, "A cache of carved small blocks: the model's
     # figures"). carve-small: requests up to 1 MiB carved from 2 MiB chunks (every empty
     # chunk kept), larger ones in today's large tier
-    "carve-small": Settings(carve=((MIB, 2 * MIB, DEVICE),)),
+    "carve-small": Settings(carve=((MIB, 2 * MIB, DEVICE),), large_fraction=0),
     # torch's layout: also 1-10 MiB carved from 20 MiB chunks, every empty chunk kept
-    "carve-torch": Settings(carve=((MIB, 2 * MIB, DEVICE), (10 * MIB, 20 * MIB, DEVICE))),
+    "carve-torch": Settings(carve=((MIB, 2 * MIB, DEVICE), (10 * MIB, 20 * MIB, DEVICE)),
+                            large_fraction=0),
     # the candidate: up to 1 MiB from 2 MiB chunks (kept), 1-10 MiB from 64 MiB chunks (an
     # empty one returned at once), larger ones in the large tier under min(64 MiB, live/16)
     "carve": Settings(carve=((MIB, 2 * MIB, DEVICE), (10 * MIB, 64 * MIB, 0)),
-                      large_fraction=1 / 16),
+                      large_fraction=0, large_live_min=1 / 16),
     # every size carved (twelfth session, docs/design.md "The model's frontier on four
     # traces"): up to 1 MiB from 2 MiB chunks (kept), the rest from 64 MiB chunks (a larger
     # request: a chunk of its own), at most 64 MiB of empty chunks kept
-    "carve-all": Settings(limit=0, carve=((MIB, 2 * MIB, DEVICE), (DEVICE, 64 * MIB, 64 * MIB))),
+    "carve-all": Settings(limit=0, carve=((MIB, 2 * MIB, DEVICE), (DEVICE, 64 * MIB, 64 * MIB)),
+                          large_fraction=0),
 }
 
 EVICT_MAX = 16  # BRIDGE_CACHE_EVICT_MAX: blocks one put or trim hands back
@@ -227,14 +239,19 @@ class Cache:
         self.tier[t] -= size
         return block
 
-    def cap_for(self, t: int, held: int) -> int:
+    def cap_for(self, t: int, held: int, size: int = 0) -> int:
+        """cache.c's cap_for; ``size``: the block being cached (0: a trim)."""
         room = max(self.s.limit - self.tier[1 - t], 0)
+        live = max(held - self.bytes, 0)
         if t == 1:
             cap = self.s.large_cap
-            if self.s.large_fraction:  # a model only: the large tier's cap also follows live
-                cap = min(cap, int(max(held - self.bytes, 0) * self.s.large_fraction))
+            if self.s.large_fraction:  # cache.c's share, in its 1/65536 steps
+                q16 = int(self.s.large_fraction * 65536 + 0.5)
+                cap = min(cap, max((live * q16) >> 16, size))
+            if self.s.large_live_min:  # a model only: the large tier's cap also follows live
+                cap = min(cap, int(live * self.s.large_live_min))
         else:
-            share = (max(held - self.bytes, 0) * self.q16) >> 16
+            share = (live * self.q16) >> 16
             cap = min(share, room) if share > self.s.floor else self.s.floor
         return min(cap, room)
 
@@ -255,9 +272,9 @@ class Cache:
         have = self.tier[t]
         if t == 0:  # under the floor (and the limit): under the cap, whatever live is
             low = min(s.floor, max(s.limit - self.tier[1], 0))
-            cap = low if have + size <= low else self.cap_for(0, held)
+            cap = low if have + size <= low else self.cap_for(0, held, size)
         else:
-            cap = self.cap_for(1, held)
+            cap = self.cap_for(1, held, size)
         fits = (s.evict or have + size <= cap) and size <= cap and len(self.keys[key]) < s.depth
         evicted = []
         if s.evict and have + size > cap:
@@ -464,21 +481,22 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
 
 #: the H200's replays (bench_trace.py, five passes, warm-up included): peak reserved /
 #: peak live, cache hits, allocations. none / old / lru: benchmarks/results of
-#: 2026-11-30; tiers / onetier / allhits: the two tiers at 64 blocks a key (main, fd3da62).
+#: 2026-11-30; tiers-fixed / onetier / allhits: the two tiers at 64 blocks a key, the large
+#: tier's cap a fixed 64 MiB (main, fd3da62).
 MEASURED = {
     ("gpt2", "none"): (1.008, None, None),
     ("gpt2", "old"): (1.464, None, None),
     ("gpt2", "lru"): (1.027, 5578, 16686),
-    ("gpt2", "tiers"): (1.069, 9724, 16686),
+    ("gpt2", "tiers-fixed"): (1.069, 9724, 16686),
     ("gpt2", "onetier"): (1.021, 5591, 16686),
     ("gpt2", "allhits"): (2.473, 15079, 16686),
     ("resnet50", "none"): (1.060, None, None),
     ("resnet50", "old"): (1.511, None, None),
     ("resnet50", "lru"): (1.189, 4749, 14541),
-    ("resnet50", "tiers"): (1.119, 8529, 14541),
+    ("resnet50", "tiers-fixed"): (1.119, 8529, 14541),
     ("resnet50", "onetier"): (1.201, 4932, 14541),
     ("resnet50", "allhits"): (1.722, 14034, 14541),
-    ("cupy-fft", "tiers"): (1.898, 703, 1041),
+    ("cupy-fft", "tiers-fixed"): (1.898, 703, 1041),
     ("cupy-fft", "allhits"): (3.497, None, None),
 }
 
@@ -562,7 +580,8 @@ def carve_grid(traces: list[dict]) -> list[dict]:
                                "keep": keep_name if med else "-", "large": cap_name}
         for trace in traces:
             r, c = (replay(trace["events"], "tiers", warmup=True, carve=carve, large_cap=cap,
-                           large_fraction=frac, pool_model=m) for m in ("heap", "chunked"))
+                           large_fraction=0, large_live_min=frac, pool_model=m)
+                    for m in ("heap", "chunked"))
             row[trace["name"]] = (r["hits"], r["reserved_over_live"], c["reserved_over_live"])
         rows.append(row)
     return rows

@@ -107,6 +107,12 @@ VARIABLES: tuple[Variable, ...] = (
         _runtime.CACHE_LARGE_CAP_ENV, POOL, _device_size(_runtime.CACHE_LARGE_CAP_ENV), _bytes
     ),
     Variable(
+        _runtime.CACHE_LARGE_FRACTION_ENV,
+        POOL,
+        lambda t: _runtime.cache_large_fraction_from_env(),
+        lambda v, t: _valid(f"the large tier's cap is at most {v:g} of the live bytes"),
+    ),
+    Variable(
         PINNED_LIMIT_ENV,
         PINNED,
         lambda t: size_from_env(PINNED_LIMIT_ENV, total=t.host, of=HOST_MEMORY),

@@ -33,13 +33,16 @@ CACHE_LIMIT_ENV = "BRIDGE_CACHE_LIMIT"  # bytes of freed blocks kept per device 
 CACHE_FRACTION_ENV = "BRIDGE_CACHE_FRACTION"  # a fraction (0.0625) or a percentage (6.25%)
 CACHE_FLOOR_ENV = "BRIDGE_CACHE_FLOOR"  # a size: the cap is at least this (under the limit)
 # two tiers: that cap holds the blocks of at most small_max bytes; larger ones have
-# their own order of caching under a fixed cap, cached_large <= min(limit, large_cap)
+# their own order of caching under their own cap,
+# cached_large <= min(limit, large_cap, max(live * large_fraction, the block cached))
 CACHE_SMALL_MAX_ENV = "BRIDGE_CACHE_SMALL_MAX"  # a size: the small tier's largest block
 CACHE_LARGE_CAP_ENV = "BRIDGE_CACHE_LARGE_CAP"  # a size: the large tier's cap
+CACHE_LARGE_FRACTION_ENV = "BRIDGE_CACHE_LARGE_FRACTION"  # a fraction or a percentage; 0: none
 DEFAULT_CACHE_FRACTION = 1 / 16
 DEFAULT_CACHE_FLOOR = 64 << 20
 DEFAULT_CACHE_SMALL_MAX = 1 << 20
 DEFAULT_CACHE_LARGE_CAP = 64 << 20
+DEFAULT_CACHE_LARGE_FRACTION = 1 / 8
 GIB = 1 << 30
 
 
@@ -54,8 +57,12 @@ def default_cache_limit(total: int) -> int:
     return max(GIB, total // 50)
 
 
-def cache_fraction_from_env() -> float:
-    """BRIDGE_CACHE_FRACTION as a fraction of the live bytes (default 1/16).
+def cache_fraction_from_env(
+    name: str = CACHE_FRACTION_ENV, default: float = DEFAULT_CACHE_FRACTION
+) -> float:
+    """BRIDGE_CACHE_FRACTION (or ``name``) as a fraction of the live bytes.
+
+    Default 1/16 (``default``); BRIDGE_CACHE_LARGE_FRACTION's is 1/8.
 
     Raises
     ------
@@ -63,19 +70,23 @@ def cache_fraction_from_env() -> float:
         Naming the variable and its value when it is not a fraction in [0, 65536]
         or a percentage.
     """
-    raw = os.environ.get(CACHE_FRACTION_ENV, "").strip()
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_CACHE_FRACTION
+        return default
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
         value = -1.0
     if not 0 <= value <= 65536:
         raise ValueError(
-            f"{CACHE_FRACTION_ENV}={raw!r}: use a fraction of the live bytes (0.0625) "
-            "or a percentage (6.25%)"
+            f"{name}={raw!r}: use a fraction of the live bytes (0.0625) or a percentage (6.25%)"
         )
     return value
+
+
+def cache_large_fraction_from_env() -> float:
+    """BRIDGE_CACHE_LARGE_FRACTION: the large tier's share of the live bytes (default 1/8)."""
+    return cache_fraction_from_env(CACHE_LARGE_FRACTION_ENV, DEFAULT_CACHE_LARGE_FRACTION)
 
 
 _lock = threading.RLock()
@@ -194,6 +205,11 @@ def ensure_device(device: int) -> None:
                 DEFAULT_CACHE_SMALL_MAX if small_max is None else small_max,
                 DEFAULT_CACHE_LARGE_CAP if large_cap is None else large_cap,
             ),
+            what="sizing the cache",
+            device=device,
+        )
+        check(
+            core.set_cache_large_fraction(device, cache_large_fraction_from_env()),
             what="sizing the cache",
             device=device,
         )

@@ -158,6 +158,8 @@ def standin():
         core.set_cache(d, 0)  # off by default here: tests of the cache turn it on
         core.set_cache_fraction(d, 1 / 16, 64 << 20)  # the cap's defaults
         core.set_cache_tiers(d, 1 << 20, 64 << 20)  # the tiers' defaults
+        # the large tier's fixed cap, as most tests assume; tests of its share set one
+        core.set_cache_large_fraction(d, 0)
         for tag in range(core.NTAGS):
             core.set_tag_limit(d, tag, 0)
             core.set_tag_cached(tag, True)

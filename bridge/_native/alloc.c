@@ -118,6 +118,16 @@ int bridge_set_cache_tiers(int device, uint64_t small_max, uint64_t large_cap)
     return BRIDGE_OK;
 }
 
+int bridge_set_cache_large_fraction(int device, double fraction)
+{
+    if (!device_of(device))
+        return BRIDGE_E_DEVICE;
+    if (!(fraction >= 0.0 && fraction <= 65536.0))
+        return BRIDGE_E_INVALID;
+    cache_set_large_fraction(device, (uint64_t)(fraction * 65536.0 + 0.5));
+    return BRIDGE_OK;
+}
+
 /* records_take's `keep` for bridge_free: a graph block stays in the table,
  * marked freed by the user, because replays may still write it; the pool's
  * release returns it.  Runs under the shard lock, so the mark and the figures
@@ -625,6 +635,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->cached_large = cache_tier_bytes(device, 1);
     out->cache_small_max = cache_small_max(device);
     out->cache_large_cap = cache_large_cap(device);
+    out->cache_large_fraction = (double)cache_large_fraction_q16(device) / 65536.0;
     wait_fill_stats(device, out);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];

@@ -162,11 +162,15 @@ int bridge_set_cache(int device, uint64_t limit, uint64_t max_block);
  * fraction in [0, 65536] (kept to 1/65536); BRIDGE_E_INVALID otherwise. */
 int bridge_set_cache_fraction(int device, double fraction, uint64_t floor);
 /* Two tiers: blocks of at most `small_max` bytes are capped as above; larger
- * ones have their own least-recently-cached order under a fixed cap,
- * cached_large <= min(limit, large_cap), and each tier evicts only its own
- * blocks.  Defaults: 1 MiB and 64 MiB.  Blocks already cached stay where
- * they are. */
+ * ones have their own least-recently-cached order under their cap,
+ * cached_large <= min(limit, large_cap, max(live * large_fraction, the block
+ * being cached)), and each tier evicts only its own blocks.  Defaults: 1 MiB
+ * and 64 MiB.  Blocks already cached stay where they are. */
 int bridge_set_cache_tiers(int device, uint64_t small_max, uint64_t large_cap);
+/* The large tier's share of the live bytes (default 1/8; 0: the fixed cap
+ * alone).  One block up to large_cap is always cacheable.
+ * fraction in [0, 65536] (kept to 1/65536); BRIDGE_E_INVALID otherwise. */
+int bridge_set_cache_large_fraction(int device, double fraction);
 /* Blocks freed on `stream` may be cached: it lives as long as the process
  * (torch's pooled streams).  Default streams need no registration; other
  * streams' blocks are never cached, since a user stream may be destroyed
@@ -353,7 +357,8 @@ typedef struct bridge_stats {
     uint64_t cached_small;    /* `cached` in the small tier (blocks <= cache_small_max) */
     uint64_t cached_large;    /* ... and in the large tier */
     uint64_t cache_small_max; /* the largest block of the small tier */
-    uint64_t cache_large_cap; /* the large tier's fixed cap (under cache_limit) */
+    uint64_t cache_large_cap; /* the large tier's cap (under cache_limit) ... */
+    double cache_large_fraction; /* ... and its share of the live bytes (0: none) */
 } bridge_stats;
 
 int bridge_get_stats(int device, bridge_stats *out);

@@ -64,7 +64,8 @@ typedef struct dcache {
     _Atomic uint64_t fraction;  /* the small tier's share of live bytes, x 65536 */
     _Atomic uint64_t floor;     /* the small tier's cap is at least this */
     _Atomic uint64_t small_max; /* the largest block of the small tier */
-    _Atomic uint64_t large_cap; /* the large tier's fixed cap */
+    _Atomic uint64_t large_cap; /* the large tier's cap ... */
+    _Atomic uint64_t large_fraction; /* ... and its share of live, x 65536; 0: none */
     uint32_t keys;              /* slots with size != 0; <= SLOTS / 2 */
     uint32_t live_keys;         /* slots with n > 0; <= keys */
     int held;                   /* threads waiting for memory (wait.c): while > 0
@@ -81,7 +82,8 @@ static dcache caches[BRIDGE_MAX_DEVICES] = {
                                       .fraction = BRIDGE_CACHE_FRACTION_Q16,
                                       .floor = BRIDGE_CACHE_FLOOR,
                                       .small_max = BRIDGE_CACHE_SMALL_MAX,
-                                      .large_cap = BRIDGE_CACHE_LARGE_CAP}};
+                                      .large_cap = BRIDGE_CACHE_LARGE_CAP,
+                                      .large_fraction = BRIDGE_CACHE_LARGE_FRACTION_Q16}};
 
 #define RELAXED memory_order_relaxed
 
@@ -215,26 +217,46 @@ static uint32_t new_node(dcache *c)
     return i;
 }
 
+/* live * q16 / 65536, without overflow */
+static inline uint64_t share_of(uint64_t live, uint64_t q16)
+{
+    unsigned __int128 share = ((unsigned __int128)live * q16) >> 16;
+    return share > UINT64_MAX ? UINT64_MAX : (uint64_t)share;
+}
+
 /* The cap of each tier; `held`: the device's committed bytes, the cached ones
- * included (live = held - cached).  The limit bounds both tiers together:
- * each has the room under it that the other leaves.
+ * included (live = held - cached); `size`: the block being cached (0 for a
+ * trim).  The limit bounds both tiers together: each has the room under it
+ * that the other leaves.
  *     small: cached_small <= min(limit - cached_large, max(floor, live * fraction))
- *     large: cached_large <= min(limit - cached_small, large_cap) */
-static uint64_t cap_for(dcache *c, int t, uint64_t held)
+ *     large: cached_large <= min(limit - cached_small, large_cap,
+ *                                max(live * large_fraction, size))
+ * The large tier's share keeps large blocks from pinning the pool's chunks
+ * where little else is live; with `size` as its floor, a block up to
+ * large_cap always fits, evicting the tier's older blocks (a loop of one large
+ * size hits as before).  large_fraction 0: the fixed cap alone. */
+static uint64_t cap_for(dcache *c, int t, uint64_t held, uint64_t size)
 {
     uint64_t limit = atomic_load_explicit(&c->limit, RELAXED);
     uint64_t other = atomic_load_explicit(&c->tiers[!t].bytes, RELAXED);
     uint64_t room = limit > other ? limit - other : 0;
+    uint64_t cached = atomic_load_explicit(&c->bytes, RELAXED);
+    uint64_t live = held > cached ? held - cached : 0;
     uint64_t cap;
     if (t == TIER_LARGE) {
         cap = atomic_load_explicit(&c->large_cap, RELAXED);
+        uint64_t q16 = atomic_load_explicit(&c->large_fraction, RELAXED);
+        if (q16) {
+            uint64_t share = share_of(live, q16);
+            if (share < size)
+                share = size;
+            if (share < cap)
+                cap = share;
+        }
     } else {
-        uint64_t cached = atomic_load_explicit(&c->bytes, RELAXED);
-        uint64_t live = held > cached ? held - cached : 0;
         uint64_t floor = atomic_load_explicit(&c->floor, RELAXED);
-        unsigned __int128 share =
-            ((unsigned __int128)live * atomic_load_explicit(&c->fraction, RELAXED)) >> 16;
-        cap = share > floor ? (share > room ? room : (uint64_t)share) : floor;
+        uint64_t share = share_of(live, atomic_load_explicit(&c->fraction, RELAXED));
+        cap = share > floor ? (share > room ? room : share) : floor;
     }
     return cap < room ? cap : room;
 }
@@ -332,9 +354,9 @@ static int put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64
             uint64_t large = atomic_load_explicit(&c->tiers[TIER_LARGE].bytes, RELAXED);
             limit = limit > large ? limit - large : 0;
             low = low < limit ? low : limit;
-            cap = bytes + size <= low ? low : cap_for(c, t, held);
+            cap = bytes + size <= low ? low : cap_for(c, t, held, size);
         } else {
-            cap = cap_for(c, t, held);
+            cap = cap_for(c, t, held, size);
         }
         /* no eviction allowed: no room in the block's tier as it is, no change
          * (not even a new key) */
@@ -391,7 +413,7 @@ int cache_trim(int device, uint64_t held, cache_block *evicted)
     /* each tier down to its cap, the small one first (the large tier's cap
      * is then read with the small tier's bytes after the eviction) */
     for (int t = 0; c->slots && t < TIERS && k < BRIDGE_CACHE_EVICT_MAX; t++)
-        k += evict(c, t, cap_for(c, t, held), 0, evicted + k, BRIDGE_CACHE_EVICT_MAX - k);
+        k += evict(c, t, cap_for(c, t, held, 0), 0, evicted + k, BRIDGE_CACHE_EVICT_MAX - k);
     pthread_mutex_unlock(&c->lock);
     return k;
 }
@@ -524,6 +546,16 @@ uint64_t cache_small_max(int device)
 uint64_t cache_large_cap(int device)
 {
     return atomic_load(&caches[device].large_cap);
+}
+
+void cache_set_large_fraction(int device, uint64_t fraction_q16)
+{
+    atomic_store(&caches[device].large_fraction, fraction_q16);
+}
+
+uint64_t cache_large_fraction_q16(int device)
+{
+    return atomic_load(&caches[device].large_fraction);
 }
 
 uint64_t cache_tier_bytes(int device, int large)

@@ -195,7 +195,9 @@ def test_allhits_sets_the_cache_as_large_as_the_environment_allows():
         "BRIDGE_CACHE_FLOOR": "100%",
         "BRIDGE_CACHE_FRACTION": "1",
         "BRIDGE_CACHE_LARGE_CAP": "100%",
+        "BRIDGE_CACHE_LARGE_FRACTION": "0",
     }
+    assert config_env("torch", "bridge-fixedlarge") == {"BRIDGE_CACHE_LARGE_FRACTION": "0"}
     assert config_env("torch", "null-pluggable") == {}
     assert config_env("torch", "bridge-nocache") == {"BRIDGE_CACHE_LIMIT": "0"}
 

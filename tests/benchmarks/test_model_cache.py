@@ -81,6 +81,8 @@ SETTINGS = {
     "one tier, 1/8": {"small_max": mc.DEVICE, "fraction": 1 / 8},
     "4 MiB, large 256 MiB": {"small_max": 4 * MIB, "large_cap": 256 * MIB},
     "a limit that binds": {"limit": 100 * MIB, "floor": 16 * MIB},
+    "the large tier's cap fixed": {"large_fraction": 0},
+    "the large tier at 1/32 of live": {"large_fraction": 1 / 32, "large_cap": 256 * MIB},
 }
 
 
@@ -101,6 +103,7 @@ def test_the_model_caches_as_cache_c_does(standin, setting):
         core.set_cache(0, s.limit, s.max_block)
         core.set_cache_fraction(0, s.fraction, s.floor)
         core.set_cache_tiers(0, s.small_max, s.large_cap)
+        core.set_cache_large_fraction(0, s.large_fraction)
         before = core.stats(0)[1]
         got = []
         for _ in range(passes):

@@ -691,3 +691,88 @@ def test_trim_after_a_full_batch_trims_both_tiers(cache):
 def test_cache_tiers_from_the_environment(standin, env, expect):
     out = _device_1_stats(env, "s['cache_small_max'], s['cache_large_cap']")
     assert tuple(int(x) for x in out.split()) == expect
+
+
+# ---- the large tier's share of the live bytes (BRIDGE_CACHE_LARGE_FRACTION) ----
+def test_the_large_tier_keeps_one_block_where_little_is_live(cache):
+    """With little live, the large tier's cap is the block being cached: each free
+    evicts the older large blocks, and a loop of one large size still hits."""
+    core.set_cache(0, 1 << 30)
+    core.set_cache_large_fraction(0, 1 / 8)
+    blocks = [core.alloc(0, 16 * MIB, 0, TORCH)[1] for _ in range(4)]
+    before = frees(cache)
+    for p in blocks:
+        core.free(p)
+    assert stats()["cached_large"] == 16 * MIB  # the newest alone
+    assert frees(cache) == before + 3  # the three older ones went back to the pool
+    allocs = cache.standin_counter(0)
+    for _ in range(3):  # one size in a loop: served from the cache every time
+        rc, p = core.alloc(0, 16 * MIB, 0, TORCH)
+        assert rc == 0 and p == blocks[-1]
+        core.free(p)
+    assert cache.standin_counter(0) == allocs
+    # a 64 MiB block (the large cap) with nothing else live is kept too
+    rc, big = core.alloc(0, 64 * MIB, 0, TORCH)
+    core.free(big)
+    assert stats()["cached_large"] == 64 * MIB
+    assert core.alloc(0, 64 * MIB, 0, TORCH) == (0, big)
+    core.free(big)
+
+
+def test_the_large_tier_follows_the_live_bytes_up_to_its_cap(cache):
+    core.set_cache(0, 1 << 30)
+    core.set_cache_large_fraction(0, 1 / 8)
+    rc, held = core.alloc(0, 256 * MIB, 0, OTHER)  # live: 256 MiB -> a share of 32 MiB
+    blocks = [core.alloc(0, 8 * MIB, 0, TORCH)[1] for _ in range(6)]
+    for p in blocks:
+        core.free(p)
+    assert stats()["cached_large"] == 32 * MIB  # four of the six
+    more = [core.alloc(0, 8 * MIB, 0, TORCH)[1] for _ in range(6)]
+    core.free(held)
+    rc, held = core.alloc(0, 1 << 30, 0, OTHER)  # live 1 GiB: 128 MiB, above the cap
+    for p in more:
+        core.free(p)
+    assert stats()["cached_large"] == 48 * MIB  # all six: under the 64 MiB cap
+    core.free(held)
+
+
+def test_a_large_fraction_of_zero_is_the_fixed_cap(cache):
+    core.set_cache(0, 1 << 30)
+    assert core.set_cache_large_fraction(0, 0) == 0
+    blocks = [core.alloc(0, 16 * MIB, 0, TORCH)[1] for _ in range(4)]
+    for p in blocks:
+        core.free(p)
+    assert stats()["cached_large"] == 64 * MIB  # all four, whatever is live
+    assert stats()["cache_large_fraction"] == 0
+
+
+def test_the_large_fraction_is_set_checked_and_reported(cache):
+    assert core.set_cache_large_fraction(0, 0.25) == 0
+    assert stats()["cache_large_fraction"] == 0.25
+    from bridge._errors import Status
+
+    assert core.set_cache_large_fraction(0, -0.5) == Status.INVALID  # nothing changed
+    assert core.set_cache_large_fraction(0, float("nan")) == Status.INVALID
+    assert stats()["cache_large_fraction"] == 0.25
+    assert core.set_cache_large_fraction(5, 0.5) == Status.DEVICE
+
+
+@pytest.mark.parametrize(
+    ("env", "expect"),
+    [
+        ({}, 0.125),
+        ({"BRIDGE_CACHE_LARGE_FRACTION": "25%"}, 0.25),
+        ({"BRIDGE_CACHE_LARGE_FRACTION": "0"}, 0.0),
+    ],
+)
+def test_the_large_fraction_from_the_environment(standin, env, expect):
+    out = _device_1_stats(env, "s['cache_large_fraction']")
+    assert float(out) == expect
+
+
+def test_a_bad_large_fraction_in_the_environment_names_the_variable(standin, monkeypatch):
+    from bridge import _runtime
+
+    monkeypatch.setenv("BRIDGE_CACHE_LARGE_FRACTION", "half")
+    with pytest.raises(ValueError, match="BRIDGE_CACHE_LARGE_FRACTION='half'"):
+        _runtime.cache_large_fraction_from_env()

@@ -513,6 +513,16 @@ static PyObject *py_set_cache_tiers(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_cache_tiers(dev, small_max, large_cap));
 }
 
+static PyObject *py_set_cache_large_fraction(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    double fraction;
+    if (!PyArg_ParseTuple(args, "id", &dev, &fraction))
+        return NULL;
+    return PyLong_FromLong(bridge_set_cache_large_fraction(dev, fraction));
+}
+
 static PyObject *py_register_stream(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -788,6 +798,16 @@ static int put(PyObject *d, const char *key, uint64_t v)
     return r;
 }
 
+static int put_float(PyObject *d, const char *key, double v)
+{
+    PyObject *o = PyFloat_FromDouble(v);
+    if (!o)
+        return -1;
+    int r = PyDict_SetItemString(d, key, o);
+    Py_DECREF(o);
+    return r;
+}
+
 static PyObject *py_stats(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -839,14 +859,9 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(num_wait_interrupts)
     PUT(waiting)
 #undef PUT
-    {
-        PyObject *f = PyFloat_FromDouble(s.cache_fraction);
-        if (!f || PyDict_SetItemString(d, "cache_fraction", f) < 0) {
-            Py_XDECREF(f);
-            goto fail;
-        }
-        Py_DECREF(f);
-    }
+    if (put_float(d, "cache_fraction", s.cache_fraction) < 0 ||
+        put_float(d, "cache_large_fraction", s.cache_large_fraction) < 0)
+        goto fail;
     {
         PyObject *tags = PyList_New(BRIDGE_NTAGS);
         if (!tags)
@@ -981,6 +996,11 @@ static PyMethodDef methods[] = {
      "set_cache_tiers(device, small_max=1MiB, large_cap=64MiB) -> status: blocks above "
      "small_max have their own least-recently-cached order under a fixed cap, "
      "cached_large <= min(limit, large_cap); each tier evicts only its own blocks"},
+    {"set_cache_large_fraction", py_set_cache_large_fraction, METH_VARARGS,
+     "set_cache_large_fraction(device, fraction) -> status: the large tier's cap is also at "
+     "most this share of the bytes the frameworks hold, but never less than the block being "
+     "cached: cached_large <= min(limit, large_cap, max(live * fraction, block)) (default "
+     "1/8; 0: the fixed cap alone)"},
     {"register_stream", py_register_stream, METH_VARARGS,
      "register_stream(handle) -> status: blocks freed on it may be cached"},
     {"forget_stream", py_forget_stream, METH_VARARGS,
