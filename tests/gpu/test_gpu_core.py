@@ -55,7 +55,7 @@ def test_pool_figures_equal_the_driver(clean):
 
     core = clean
     base_ledger = bridge.stats(0).ledger
-    sizes = [1 * MIB, 7 * MIB + 3, 48 * MIB]  # under the cache's 64 MiB floor: all kept
+    sizes = [1 * MIB, 7 * MIB + 3, 48 * MIB]
     ptrs = []
     for n in sizes:
         rc, p = core.alloc(0, n, 0, TAG_OTHER)
@@ -73,7 +73,10 @@ def test_pool_figures_equal_the_driver(clean):
         core.free(p)
     ctx_sync()
     s = bridge.stats(0)
-    assert s.cached == sum(sizes)  # kept for the next allocation of the same size
+    # kept for the next allocation of the same size: the 1 MiB block under the small
+    # tier's 64 MiB floor; of the two large ones, with nothing else live, the newest alone
+    # (the large tier's cap: max(live / 8, the block being cached), at most 64 MiB)
+    assert s.cached == 1 * MIB + 48 * MIB
     assert s.ledger - s.cached == base_ledger
     assert pool.used_bytes() + s.cached == driver_pool_attr(USED)
     pool.free_all_blocks()
@@ -86,7 +89,9 @@ def test_default_cache_holds_a_training_steps_worth(clean):
     in two tiers. Blocks of at most 1 MiB are held under a cap that follows the live
     bytes (1/16 of them, at least 64 MiB): with 25 GiB live, 1.5 GiB of them (24 sizes,
     64 blocks each) stay cached and come back without a driver call. Larger blocks have
-    their own 64 MiB: a freed 128 MiB block goes back to the pool."""
+    their own 64 MiB, at most 1/8 of the live bytes but always room for the block being
+    cached: with 25 GiB live, four 16 MiB blocks all stay; a freed 128 MiB block goes back
+    to the pool."""
     import bridge
 
     core = clean
@@ -94,6 +99,7 @@ def test_default_cache_holds_a_training_steps_worth(clean):
     assert raw["cache_limit"] == max(GIB, raw["total"] // 50)
     assert raw["cache_fraction"] == 1 / 16
     assert (raw["cache_small_max"], raw["cache_large_cap"]) == (MIB, 64 * MIB)
+    assert raw["cache_large_fraction"] == 1 / 8
     rc, ballast = core.alloc(0, 25 * GIB, 0, TAG_OTHER)  # live: small cap 25/16 GiB
     assert rc == 0
     sizes = [MIB - 512 * k for k in range(24)] * core.CACHE_DEPTH  # ~1.5 GiB
@@ -113,10 +119,17 @@ def test_default_cache_holds_a_training_steps_worth(clean):
         again.append(p)
     assert sorted(again) == sorted(ptrs)  # the same blocks
     assert core.stats(0)[1]["num_cache_hits"] - hits == len(sizes)
+    quads = [core.alloc(0, 16 * MIB, 0, TAG_OTHER)[1] for _ in range(4)]
+    for p in quads:
+        core.free(p)
+    assert core.stats(0)[1]["cached_large"] == 64 * MIB  # 25 GiB / 8 is past the cap
+    assert sorted(core.alloc(0, 16 * MIB, 0, TAG_OTHER)[1] for _ in range(4)) == sorted(quads)
+    for p in quads:
+        core.free(p)
     rc, big = core.alloc(0, 128 * MIB, 0, TAG_OTHER)
     assert rc == 0
     core.free(big)
-    assert core.stats(0)[1]["cached_large"] == 0  # over the large tier's 64 MiB
+    assert core.stats(0)[1]["cached_large"] == 64 * MIB  # 128 MiB: over the large cap
     for p in again:
         core.free(p)
     core.free(ballast)
