@@ -788,9 +788,9 @@ static PyObject *py_lookup(PyObject *m, PyObject *args)
     return Py_BuildValue("inii", rc, (Py_ssize_t)size, dev, tag);
 }
 
-static int put(PyObject *d, const char *key, uint64_t v)
+/* d[key] = o, the reference to o given up (o NULL: the error already set) */
+static int put_new(PyObject *d, const char *key, PyObject *o)
 {
-    PyObject *o = PyLong_FromUnsignedLongLong(v);
     if (!o)
         return -1;
     int r = PyDict_SetItemString(d, key, o);
@@ -798,14 +798,14 @@ static int put(PyObject *d, const char *key, uint64_t v)
     return r;
 }
 
+static int put(PyObject *d, const char *key, uint64_t v)
+{
+    return put_new(d, key, PyLong_FromUnsignedLongLong(v));
+}
+
 static int put_float(PyObject *d, const char *key, double v)
 {
-    PyObject *o = PyFloat_FromDouble(v);
-    if (!o)
-        return -1;
-    int r = PyDict_SetItemString(d, key, o);
-    Py_DECREF(o);
-    return r;
+    return put_new(d, key, PyFloat_FromDouble(v));
 }
 
 static PyObject *py_stats(PyObject *m, PyObject *args)
