@@ -5,7 +5,13 @@
  * The callable handed to cupy.cuda.set_allocator by the CuPy adapter
  * (adapters/cupy.py): it asks CuPy for the device and stream, allocates,
  * and wraps the block (a Block, pyblock.h) in CuPy's UnownedMemory +
- * MemoryPointer.  A block the core's cache of freed blocks holds is taken
+ * MemoryPointer.  CuPy's device and stream come from its own C functions
+ * when the adapter hands their capsules over (Cython exports a module's
+ * cdef and cpdef functions in `__pyx_capi__`, each capsule named by the
+ * function's C signature): a C call each, where the Python callables cost a
+ * Python call and an int object, and the stream is asked for on the device
+ * already known.  A capsule whose name is not the signature this file calls
+ * is not used: the Python callables stay the path then.  A block the core's cache of freed blocks holds is taken
  * with the GIL kept (bridge_alloc_cached: a lock and a pop, no driver call,
  * no wait); only a miss releases the GIL around bridge_alloc, which may call
  * the driver, run the recovery chain or wait for memory.  Releasing it on
@@ -16,6 +22,7 @@
  */
 #include "pyblock.h"
 
+#include <string.h>
 #include <structmember.h>
 
 #include "bridge.h"
@@ -24,6 +31,23 @@ static PyObject *str_ptr; /* interned "ptr" */
 
 typedef bridge_Block Block;
 
+/* CuPy's C functions, as Cython declares them (cupy/cuda/device.pxd and
+ * stream.pxd): `cpdef int get_device_id() except? -1` and
+ * `cpdef get_current_stream(int device_id=*)`.  A cpdef function takes a
+ * leading skip-dispatch flag; its optional arguments come in a struct
+ * whose first field counts those given. */
+typedef int (*cupy_device_fn)(int skip_dispatch);
+typedef struct {
+    int n; /* optional arguments given */
+    int device_id;
+} cupy_stream_opt;
+typedef PyObject *(*cupy_stream_fn)(int skip_dispatch, cupy_stream_opt *opt);
+
+#define CUPY_DEVICE_SIGNATURE "int (int __pyx_skip_dispatch)"
+#define CUPY_STREAM_SIGNATURE                                                                  \
+    "PyObject *(int __pyx_skip_dispatch, struct "                                              \
+    "__pyx_opt_args_4cupy_4cuda_6stream_get_current_stream *__pyx_optional_args)"
+
 typedef struct {
     PyObject_HEAD
     PyObject *get_device; /* () -> int: CuPy's current device */
@@ -31,6 +55,9 @@ typedef struct {
     PyObject *unowned;    /* cupy.cuda.memory.UnownedMemory */
     PyObject *pointer;    /* cupy.cuda.memory.MemoryPointer */
     PyObject *on_failure; /* (size, device, stream, status) -> MemoryPointer or raise */
+    PyObject *capsules;   /* (device capsule, stream capsule) in use, or None */
+    cupy_device_fn device_c; /* CuPy's get_device_id, or NULL: call get_device */
+    cupy_stream_fn stream_c; /* CuPy's get_current_stream, or NULL: call get_stream */
     int tag;
     unsigned long long num_gil_releases; /* calls that went to bridge_alloc without the GIL */
     vectorcallfunc vectorcall;
@@ -43,6 +70,7 @@ static int CupyAllocator_traverse(CupyAllocator *self, visitproc visit, void *ar
     Py_VISIT(self->unowned);
     Py_VISIT(self->pointer);
     Py_VISIT(self->on_failure);
+    Py_VISIT(self->capsules);
     return 0;
 }
 
@@ -53,6 +81,9 @@ static int CupyAllocator_clear(CupyAllocator *self)
     Py_CLEAR(self->unowned);
     Py_CLEAR(self->pointer);
     Py_CLEAR(self->on_failure);
+    Py_CLEAR(self->capsules);
+    self->device_c = NULL;
+    self->stream_c = NULL;
     return 0;
 }
 
@@ -101,14 +132,28 @@ static PyObject *CupyAllocator_vectorcall(PyObject *callable, PyObject *const *a
     size_t size = PyLong_AsSize_t(args[0]);
     if (size == (size_t)-1 && PyErr_Occurred())
         return NULL;
-    PyObject *o = PyObject_CallNoArgs(self->get_device);
-    if (!o)
-        return NULL;
-    long dev = PyLong_AsLong(o);
-    Py_DECREF(o);
-    if (dev == -1 && PyErr_Occurred())
-        return NULL;
-    PyObject *stream_obj = PyObject_CallNoArgs(self->get_stream);
+    long dev;
+    PyObject *o;
+    if (self->device_c) {
+        int d = self->device_c(1);
+        if (d == -1 && PyErr_Occurred())
+            return NULL;
+        dev = d;
+    } else {
+        o = PyObject_CallNoArgs(self->get_device);
+        if (!o)
+            return NULL;
+        dev = PyLong_AsLong(o);
+        Py_DECREF(o);
+        if (dev == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    PyObject *stream_obj;
+    if (self->stream_c) {
+        cupy_stream_opt opt = {1, (int)dev}; /* the device's stream: no second lookup */
+        stream_obj = self->stream_c(1, &opt);
+    } else
+        stream_obj = PyObject_CallNoArgs(self->get_stream);
     if (!stream_obj)
         return NULL;
     o = PyObject_GetAttr(stream_obj, str_ptr);
@@ -143,13 +188,30 @@ static PyObject *CupyAllocator_vectorcall(PyObject *callable, PyObject *const *a
     return out;
 }
 
+/* The function a capsule holds when its name is `signature`; NULL (no error
+ * set) for None, another signature or anything else. */
+static void *capsule_function(PyObject *capsule, const char *signature)
+{
+    if (!capsule || !PyCapsule_CheckExact(capsule))
+        return NULL;
+    const char *name = PyCapsule_GetName(capsule);
+    if (!name || strcmp(name, signature) != 0)
+        return NULL;
+    void *fn = PyCapsule_GetPointer(capsule, name);
+    if (!fn)
+        PyErr_Clear();
+    return fn;
+}
+
 static PyObject *CupyAllocator_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {
-        "get_device", "get_stream", "unowned_memory", "memory_pointer", "on_failure", "tag", NULL};
-    PyObject *gd, *gs, *um, *mp, *of;
+    static char *names[] = {"get_device", "get_stream",     "unowned_memory",
+                            "memory_pointer", "on_failure", "tag",
+                            "device_capsule", "stream_capsule", NULL};
+    PyObject *gd, *gs, *um, *mp, *of, *dcap = NULL, *scap = NULL;
     int tag = BRIDGE_TAG_CUPY;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|i", names, &gd, &gs, &um, &mp, &of, &tag))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|iOO", names, &gd, &gs, &um, &mp, &of, &tag,
+                                     &dcap, &scap))
         return NULL;
     if (tag < 0 || tag >= BRIDGE_NTAGS) {
         PyErr_Format(PyExc_ValueError, "tag must be in [0, %d), got %d", BRIDGE_NTAGS, tag);
@@ -168,6 +230,21 @@ static PyObject *CupyAllocator_new(PyTypeObject *type, PyObject *args, PyObject 
     self->unowned = um;
     self->pointer = mp;
     self->on_failure = of;
+    /* both of CuPy's functions, or neither: the device and its stream come one way */
+    void *dfn = capsule_function(dcap, CUPY_DEVICE_SIGNATURE);
+    void *sfn = capsule_function(scap, CUPY_STREAM_SIGNATURE);
+    if (dfn && sfn) {
+        self->device_c = (cupy_device_fn)dfn;
+        self->stream_c = (cupy_stream_fn)sfn;
+        self->capsules = PyTuple_Pack(2, dcap, scap);
+        if (!self->capsules) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    } else {
+        Py_INCREF(Py_None);
+        self->capsules = Py_None;
+    }
     self->tag = tag;
     self->vectorcall = CupyAllocator_vectorcall;
     return (PyObject *)self;
@@ -188,6 +265,20 @@ static PyMethodDef CupyAllocator_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *CupyAllocator_direct(CupyAllocator *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->device_c != NULL);
+}
+
+static PyGetSetDef CupyAllocator_getset[] = {
+    {"direct_lookups", (getter)CupyAllocator_direct, NULL,
+     "Whether CuPy's device and stream come from its C functions (their capsules), not from "
+     "Python calls.",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMemberDef CupyAllocator_members[] = {
     {"num_gil_releases", T_ULONGLONG, offsetof(CupyAllocator, num_gil_releases), READONLY,
      "Calls that released the GIL: those the cache of freed blocks could not serve."},
@@ -199,7 +290,12 @@ PyDoc_STRVAR(CupyAllocator_doc,
              "\n"
              "A block the core's cache of freed blocks holds (same size, same stream) is\n"
              "served with the GIL held; any other request releases the GIL while the core\n"
-             "allocates.  num_gil_releases (read-only) counts the calls that released it.");
+             "allocates.  num_gil_releases (read-only) counts the calls that released it.\n"
+             "\n"
+             "device_capsule and stream_capsule: CuPy's get_device_id and\n"
+             "get_current_stream from their modules' __pyx_capi__; when both carry the\n"
+             "signatures this type calls, they replace get_device and get_stream\n"
+             "(direct_lookups tells).");
 
 static PyTypeObject CupyAllocatorType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.CupyAllocator",
@@ -213,6 +309,7 @@ static PyTypeObject CupyAllocatorType = {
     .tp_clear = (inquiry)CupyAllocator_clear,
     .tp_methods = CupyAllocator_methods,
     .tp_members = CupyAllocator_members,
+    .tp_getset = CupyAllocator_getset,
     .tp_new = CupyAllocator_new,
 };
 

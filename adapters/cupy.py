@@ -19,6 +19,7 @@ __all__ = [
     "installed",
     "malloc",
     "malloc_managed",
+    "new_allocator",
     "pinned_allocator",
     "OutOfMemoryError",
     "install_views",
@@ -68,6 +69,38 @@ def _current_stream_fn() -> Callable[[], Any]:
 
 def _current_device_fn() -> Callable[[], int]:
     return getattr(cupy.cuda.device, "get_device_id", None) or cupy.cuda.runtime.getDevice
+
+
+def _capsules() -> dict[str, Any]:
+    """CuPy's own C functions for the device and its stream, as Cython exports them
+    (``__pyx_capi__``): the allocator calls them directly when their signatures are the
+    ones it knows (``direct_lookups``), and the Python callables otherwise."""
+    import importlib
+
+    out = {}
+    for key, module, name in (
+        ("device_capsule", "cupy.cuda.device", "get_device_id"),
+        ("stream_capsule", "cupy.cuda.stream", "get_current_stream"),
+    ):
+        try:
+            out[key] = getattr(importlib.import_module(module), "__pyx_capi__", {}).get(name)
+        except ImportError:
+            out[key] = None
+    return out
+
+
+def new_allocator(direct: bool = True) -> Any:
+    """A ``bridge._core.CupyAllocator`` as :func:`install` makes it (``direct``: with
+    CuPy's C functions for the device and stream where their signatures are known)."""
+    return core.CupyAllocator(
+        _current_device_fn(),
+        _current_stream_fn(),
+        _cmem.UnownedMemory,
+        _cmem.MemoryPointer,
+        _on_failure,
+        core.TAG_CUPY,
+        **(_capsules() if direct else {}),
+    )
 
 
 def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
@@ -419,14 +452,7 @@ def install(devices: Iterable[int]) -> None:
     for d in devices:
         _runtime.ensure_device(d)
     if _allocator is None:
-        _allocator = core.CupyAllocator(
-            _current_device_fn(),
-            _current_stream_fn(),
-            _cmem.UnownedMemory,
-            _cmem.MemoryPointer,
-            _on_failure,
-            core.TAG_CUPY,
-        )
+        _allocator = new_allocator()
     cupy.cuda.set_allocator(_allocator)
     _tell_captures()
     cupy.cuda.set_pinned_memory_allocator(pinned_allocator())

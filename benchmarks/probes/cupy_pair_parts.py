@@ -6,11 +6,12 @@
 One process, the timing thread pinned, the collector off. Each line is the best of seven
 loops of ``--iters`` calls, in ns per call: the pieces the bridge's allocator
 (bridge._core.CupyAllocator) calls on every allocation (CuPy's current device and stream,
-the stream's handle, CuPy's UnownedMemory and MemoryPointer around a block), the two
-allocators called directly (an allocation and its free, no array), and ``cupy.empty`` +
-free under each. Issue 34 asks for the bridge at <= 0.90 of MemoryPool; this says how much
-of a pair is CuPy's own object layer, which any allocator that hands CuPy a MemoryPointer
-pays.
+the stream's handle, CuPy's UnownedMemory and MemoryPointer around a block), the
+allocators called directly (an allocation and its free, no array; the bridge's twice: with
+CuPy's C functions for the device and stream, ``direct_lookups``, and with the Python calls
+it made before), and ``cupy.empty`` + free under each. Issue 34 asks for the bridge at
+<= 0.90 of MemoryPool; this says how much of a pair is CuPy's own object layer, which any
+allocator that hands CuPy a MemoryPointer pays.
 """
 
 from __future__ import annotations
@@ -84,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         "MemoryPointer(mem, 0) + its end": loop(lambda: cmem.MemoryPointer(owner, 0)),
         "MemoryPool.malloc(n) + free (no array)": loop(lambda: pool.malloc(n)),
     }
+    slow = None
     if not args.native:
+        from bridge.adapters import cupy as adapter
+
+        slow = adapter.new_allocator(direct=False)  # CuPy's device and stream by Python calls
         parts["bridge allocator(n) + free (no array)"] = loop(lambda: mine(n))
+        parts["bridge allocator(n) + free, Python lookups"] = loop(lambda: slow(n))
     result: dict = {"bench": "cupy_pair_parts", "cupy": cupy.__version__,
                     "bridge": None if args.native else bridge.__version__, "size": n,
                     "iters": it, "cpu": args.cpu, "ns_per_call": {},
@@ -93,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in parts.items():
         fn(1000)  # warm
         result["ns_per_call"][name] = best_ns(fn, it)
-    allocators = [("MemoryPool", pool.malloc)] + ([] if args.native else [("bridge", mine)])
+    allocators = [("MemoryPool", pool.malloc)]
+    if slow is not None:
+        allocators += [("bridge", mine), ("bridge, Python lookups", slow)]
+        result["direct_lookups"] = mine.direct_lookups
     for label, alloc in allocators:
         cupy.cuda.set_allocator(alloc)
 

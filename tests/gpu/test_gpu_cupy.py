@@ -172,3 +172,46 @@ def test_current_device_picks_the_pool(fresh):
     with cupy.cuda.Device(1):
         a = cupy.ones(MIB, dtype=cupy.uint8)
         assert core.lookup(a.data.ptr)[2] == 1
+
+
+def _stream_keyed_reuse(cupy) -> tuple[int, int, int]:
+    """A block freed on the legacy default stream is reused there, not on the per-thread one."""
+    n = 5 * MIB + 512
+    a = cupy.empty(n, dtype=cupy.uint8)
+    a[:] = 1
+    p = a.data.ptr
+    del a  # kept for the legacy stream (the bridge's cache; CuPy's pool: its free list)
+    with cupy.cuda.Stream.ptds:
+        b = cupy.empty(n, dtype=cupy.uint8)  # another stream: never the block just freed
+        b[:] = 3
+        cupy.cuda.Stream.ptds.synchronize()
+    c = cupy.empty(n, dtype=cupy.uint8)
+    c[:] = 2
+    assert int(c.sum()) == 2 * n and int(b.sum()) == 3 * n
+    out = (p, b.data.ptr, c.data.ptr)
+    del b, c
+    cupy.cuda.Device().synchronize()
+    return out
+
+
+@pytest.mark.parametrize("allocator", ["native", "bridge"])
+def test_the_allocation_stream_is_cupys_current_one(fresh, allocator):
+    """CuPy's device and stream, read through CuPy's own C functions on the bridge
+    (``direct_lookups``): a block is reused on the stream CuPy allocated it on and on no
+    other. The native half runs the same steps on a CuPy ``MemoryPool`` of its own."""
+    from bridge.adapters import cupy as adapter
+
+    cupy = fresh
+    if allocator == "native":
+        pool = cupy.cuda.MemoryPool()
+        cupy.cuda.set_allocator(pool.malloc)
+        try:
+            p, other, again = _stream_keyed_reuse(cupy)
+        finally:
+            cupy.cuda.set_allocator(adapter._allocator)
+            pool.free_all_blocks()
+    else:
+        assert adapter.installed()
+        assert adapter._allocator.direct_lookups is True  # CuPy's signatures as this file knows
+        p, other, again = _stream_keyed_reuse(cupy)
+    assert again == p and other != p
