@@ -11,9 +11,9 @@
  * function's C signature): a C call each, where the Python callables cost a
  * Python call and an int object, and the stream is asked for on the device
  * already known.  A capsule whose name is not the signature this file calls
- * is not used: the Python callables stay the path then.  A block the core's cache of freed blocks holds is taken
- * with the GIL kept (bridge_alloc_cached: a lock and a pop, no driver call,
- * no wait); only a miss releases the GIL around bridge_alloc, which may call
+ * is not used: the Python callables stay the path then.  A block the core's
+ * cache of freed blocks holds is taken with the GIL kept (bridge_alloc_cached:
+ * a lock and a pop, no driver call, no wait); only a miss releases the GIL around bridge_alloc, which may call
  * the driver, run the recovery chain or wait for memory.  Releasing it on
  * every call let other threads take it each time, and the allocating thread
  * could then wait a whole switch interval to get it back (a convoy).  CuPy's
