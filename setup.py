@@ -18,7 +18,7 @@ elif not os.environ.get("BRIDGE_DEBUG"):  # what people install: no debug inform
 native = "bridge/_native"
 # the C core (no Python), then its CPython bindings (python/), then what adapters add to the
 # module: their C and C++ live beside them (bridge/adapters is adapters/; frameworks.h lists them)
-CORE = ("driver.c", "counts.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c",
+CORE = ("driver.c", "counts.c", "records.c", "cache.c", "carve.c", "streams.c", "ledger.c", "graph.c",
         "wait.c", "device.c", "alloc.c",
         "share.c", "pinned.c", "views.c", "managed.c")
 BINDINGS = ("pymod.c", "pypinned.c", "dlpack.c", "pyviews.c", "pycallback.c", "pyshare.c",

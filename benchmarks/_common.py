@@ -41,6 +41,8 @@ ONETIER_ENV = {"BRIDGE_CACHE_SMALL_MAX": "100%"}
 #: "bridge-fixedlarge": the large tier under its fixed 64 MiB cap alone, whatever is live
 #: (the cache before the sixteenth session), for comparison.
 FIXEDLARGE_ENV = {"BRIDGE_CACHE_LARGE_FRACTION": "0"}
+#: "bridge-carve": blocks carved from pool chunks (carve.c; off by default)
+CARVE_ENV = {"BRIDGE_CACHE_CARVE": "1"}
 #: "bridge-pluggable": torch through its CUDAPluggableAllocator over the core (the fallback
 #: where the C++ allocator cannot be built), the same core and cache behind it.
 PLUGGABLE_ENV = {"BRIDGE_TORCH_PLUGGABLE": "1"}
@@ -60,6 +62,8 @@ def config_env(framework: str, config: str) -> dict[str, str]:
         return dict(FIXEDLARGE_ENV)
     if config == "bridge-pluggable":
         return dict(PLUGGABLE_ENV)
+    if config == "bridge-carve":
+        return dict(CARVE_ENV)
     return {}
 
 

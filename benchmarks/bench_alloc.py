@@ -46,7 +46,7 @@ from _common import (  # noqa: E402
 )
 
 FRAMEWORKS = ("torch", "cupy")
-CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "all")
+CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-carve", "all")
 
 
 _KEEP: list = []  # objects that must outlive the timed loops (RMM's memory resource)
@@ -89,7 +89,7 @@ def setup_torch(config: str, info: dict) -> Callable[[int, int], None]:
         if "cudaMallocAsync" not in conf:
             raise RuntimeError("config async needs PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "
                                f"in the environment (it is {conf!r}); run_all.py sets it")
-    elif config not in ("native", "bridge", "bridge-nocache"):
+    elif config not in ("native", "bridge", "bridge-nocache", "bridge-carve"):
         raise ValueError(f"torch has no configuration {config!r}")
     torch.empty(1, device="cuda")  # start CUDA and the allocator
     torch.cuda.synchronize()

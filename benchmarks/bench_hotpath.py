@@ -21,8 +21,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _native import ROOT, compare, compile_c, sources  # noqa: E402
 
-CORE_C = ("driver.c", "counts.c", "records.c", "cache.c", "streams.c", "ledger.c", "graph.c",
-          "wait.c", "share.c", "pinned.c", "views.c", "device.c", "alloc.c")
+CORE_C = ("driver.c", "counts.c", "records.c", "cache.c", "carve.c", "streams.c", "ledger.c",
+          "graph.c", "wait.c", "share.c", "pinned.c", "views.c", "device.c", "alloc.c")
 
 
 def main(argv: list[str] | None = None) -> int:

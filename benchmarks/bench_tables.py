@@ -30,9 +30,10 @@ def main(argv: list[str] | None = None) -> int:
 
         def run(rev: str | None) -> str:
             src = pathlib.Path(tmp) / (rev or "tree")
-            sources(rev, src)
+            names = sources(rev, src)
+            core = [str(src / c) for c in ("records.c", "cache.c", "carve.c") if c in names]
             exe = compile_c(src / "bench_tables", [str(ROOT / "benchmarks" / "bench_tables.c"),
-                            str(src / "records.c"), str(src / "cache.c")], f"-I{src}")  # fmt: skip
+                            *core], f"-I{src}")  # fmt: skip
             return subprocess.run([str(exe), str(args.n)], capture_output=True, text=True,
                                   check=True, timeout=1800).stdout  # fmt: skip
 

@@ -145,6 +145,28 @@ class Pool:
         self.heaps[block[0]].release(block[1], block[2])
 
 
+class RecordingPool(Pool):
+    """A Pool that also writes down the calls that reach it, so that the GPU's own pool can
+    be given the same calls (probes/pool_sequence.py): ``ops`` gets the size of each
+    allocation, ``-1 - k`` for the release of the k-th block allocated, and (replay) 0 at
+    the end of each pass."""
+
+    def __init__(self, heap: type[Heap], ops: list[int]) -> None:
+        super().__init__(heap)
+        self.ops, self.ids, self.n = ops, {}, 0
+
+    def alloc(self, n: int) -> tuple[int, int, int]:
+        block = super().alloc(n)
+        self.ids[block] = self.n
+        self.n += 1
+        self.ops.append(n)
+        return block
+
+    def release(self, block: tuple[int, int, int]) -> None:
+        super().release(block)
+        self.ops.append(-1 - self.ids.pop(block))
+
+
 @dataclass(frozen=True)
 class Settings:
     """The cache's settings, as cache.c holds them (defaults: cache.h and ledger.c)."""
@@ -167,6 +189,17 @@ class Settings:
     #: a model only: the large tier's cap is also at most this share of the live bytes,
     #: with no floor (set with large_fraction 0)
     large_live_min: float = 0.0
+
+
+def live_chunk(share: float, low: int, high: int) -> Any:
+    """A chunk size that follows the live bytes: ``share`` of them, rounded up to a power
+    of two, within [low, high] (a carved class's ``chunk`` or ``keep``)."""
+
+    def size(live: int) -> int:
+        want = max(int(live * share), 1)
+        return min(high, max(low, 1 << (want - 1).bit_length()))
+
+    return size
 
 
 POLICIES = {
@@ -204,6 +237,12 @@ POLICIES = {
     # every size carved (twelfth session, docs/design.md "The model's frontier on four
     # traces"): up to 1 MiB from 2 MiB chunks (kept), the rest from 64 MiB chunks (a larger
     # request: a chunk of its own), at most 64 MiB of empty chunks kept
+    # carving as built in carve.c (BRIDGE_CACHE_CARVE=1): up to 1 MiB from 2 MiB chunks,
+    # larger requests from chunks of 1/8 of the live bytes (a power of two, 32 to 256 MiB),
+    # no empty chunk kept (the best of the carved policies on the H200's pool:
+    # probes/pool_sequence.py, docs/design.md)
+    "carve-live": Settings(limit=0, carve=((MIB, 2 * MIB, 0),
+                                           (DEVICE, live_chunk(1 / 8, 32 * MIB, 256 * MIB), 0))),
     "carve-all": Settings(limit=0, carve=((MIB, 2 * MIB, DEVICE), (DEVICE, 64 * MIB, 64 * MIB)),
                           large_fraction=0),
 }
@@ -309,10 +348,14 @@ class Carver:
     class's empty chunks stay within ``keep`` bytes, else the oldest empty one goes back
     to the pool at once; ``flush`` (pressure: an allocation that would fail, empty_cache)
     returns every empty chunk. ``mapped`` counts the chunks taken from the pool (each a
-    driver call, the class's only misses), ``returned`` those given back."""
+    driver call, the class's only misses), ``returned`` those given back. ``chunk`` and
+    ``keep`` may also be functions of the bytes live when a chunk is taken or a block freed
+    (``live_chunk``: chunks that follow the program's size)."""
 
-    def __init__(self, pool: Pool, largest: int, chunk: int, keep: int) -> None:
-        self.pool, self.largest, self.chunk, self.keep = pool, largest, chunk, keep
+    def __init__(self, pool: Pool, largest: int, chunk: Any, keep: Any) -> None:
+        self.pool, self.largest = pool, largest
+        self.chunk_of = chunk if callable(chunk) else (lambda live, c=chunk: c)
+        self.keep_of = keep if callable(keep) else (lambda live, k=keep: k)
         self.fits: dict[int, list] = defaultdict(list)  # stream -> sorted (size, no, offset)
         self.ranges: dict[int, list] = {}  # chunk no -> its free (offset, size), by offset
         self.info: dict[int, list] = {}  # chunk no -> [pool block, stream, blocks live, bytes]
@@ -327,7 +370,7 @@ class Carver:
         bisect.insort(self.fits[stream], (size, no, off))
         bisect.insort(self.ranges[no], (off, size))
 
-    def alloc(self, n: int, stream: int) -> tuple[tuple, bool]:
+    def alloc(self, n: int, stream: int, live: int = 0) -> tuple[tuple, bool]:
         """(the carved block, whether a new chunk was taken from the pool)."""
         n = max(512, -(-n // 512) * 512)
         fits = self.fits[stream]
@@ -335,7 +378,7 @@ class Carver:
         new = i == len(fits)
         if new:
             no, self.next_no = self.next_no, self.next_no + 1
-            size = max(self.chunk, -(-n // CARVE_ROUND) * CARVE_ROUND)
+            size = max(self.chunk_of(live), -(-n // CARVE_ROUND) * CARVE_ROUND)
             self.info[no] = [self.pool.alloc(size), stream, 0, size]
             self.ranges[no] = []
             self._link(stream, no, 0, size)
@@ -350,7 +393,7 @@ class Carver:
         self.info[no][2] += 1
         return ("carved", self, no, off, n), new
 
-    def free(self, block: tuple) -> None:
+    def free(self, block: tuple, live: int = 0) -> None:
         """Give a carved block back to its chunk, coalesced with its free neighbours."""
         _, _, no, off, n = block
         stream = self.info[no][1]
@@ -368,7 +411,8 @@ class Carver:
         self.info[no][2] -= 1
         if self.info[no][2] == 0:
             self.empty[no] = self.info[no][3]
-            while sum(self.empty.values()) > self.keep:
+            keep = self.keep_of(live)
+            while sum(self.empty.values()) > keep:
                 self._return(next(iter(self.empty)))
 
     def _return(self, no: int) -> None:
@@ -391,7 +435,7 @@ class Carver:
 
 def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | None = None,
            warmup: bool = False, record: list | None = None, pool_model: str = "heap",
-           **settings: Any) -> dict:  # fmt: skip
+           ops: list | None = None, **settings: Any) -> dict:  # fmt: skip
     """Replay the trace ``passes`` times as bench_trace.py's replay does, under a policy
     (a POLICIES name; ``depth`` and ``settings``: Settings fields that override it).
 
@@ -399,28 +443,34 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
     still live at the end of a pass are freed through the cache (``live.clear()``);
     0-byte allocations make no allocation; ``warmup``: the replay's ``torch.zeros(1)``
     (4 bytes, freed into the cache) comes first, counted as an allocation as the
-    bridge counts it. ``record``: a list that gets the cached bytes after every event
+    bridge counts it. ``record``: a list that gets the cached bytes (the carved chunks' idle
+    bytes included) after every event
     and after each pass's last frees (to hold against cache.c's on the stand-in driver).
-    ``pool_model``: a POOLS name."""
+    ``pool_model``: a POOLS name. ``ops``: a list that gets the calls reaching the pool
+    (RecordingPool), and 0 after each pass."""
     s = POLICIES[policy]
     if depth is not None:
         settings["depth"] = depth
     s = replace(s, **settings)
     if s.carve:  # the tiers see only what no class carves: the large tier takes all of it
         s = replace(s, small_max=max(c[0] for c in s.carve))
-    pool = Pool(POOLS[pool_model])
+    pool = Pool(POOLS[pool_model]) if ops is None else RecordingPool(POOLS[pool_model], ops)
     cache = Cache(s)
     carvers = [Carver(pool, *c) for c in s.carve]
     live: dict[int, tuple | None] = {}
-    live_bytes = peak_live = hits = allocs = peak_reserved = 0
+    live_bytes = peak_live = hits = allocs = peak_reserved = carved_live = 0
+
+    def kept() -> int:  # the bytes kept for reuse: cached blocks, chunks' idle bytes
+        return cache.bytes + sum(c.held for c in carvers) - carved_live
 
     def alloc(size: int, stream: int) -> tuple:
-        nonlocal live_bytes, peak_live, hits, allocs, peak_reserved
+        nonlocal live_bytes, peak_live, hits, allocs, peak_reserved, carved_live
         allocs += 1
         carver = next((c for c in carvers if size <= c.largest), None)
         if carver is not None:
-            block, new = carver.alloc(size, stream)
+            block, new = carver.alloc(size, stream, live_bytes)
             hits += not new
+            carved_live += size
         elif (block := cache.take((stream, size))) is None:
             block = pool.alloc(size)
         else:
@@ -431,11 +481,12 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
         return (block, size, stream)
 
     def free(item: tuple) -> None:
-        nonlocal live_bytes
+        nonlocal live_bytes, carved_live
         block, size, stream = item
         live_bytes -= size
         if block[0] == "carved":
-            block[1].free(block)
+            carved_live -= size
+            block[1].free(block, live_bytes)
             return
         held = live_bytes + cache.bytes  # ledger.c's cache_held: committed - size
         kept, evicted = cache.put((stream, size), size, block, held)
@@ -458,13 +509,15 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
                 if item is not None:
                     free(item)
             if record is not None:
-                record.append(cache.bytes)
+                record.append(kept())
         for item in live.values():  # bench_trace.py's live.clear(): freed in order
             if item is not None:
                 free(item)
         live.clear()
         if record is not None:
-            record.append(cache.bytes)
+            record.append(kept())
+        if ops is not None:
+            ops.append(0)  # the end of a pass (bench_trace.py synchronizes there)
     assert peak_reserved == pool.reserved()  # the pool never unmaps
     return {
         "hits": hits / allocs,
@@ -474,7 +527,7 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
         "peak_reserved": pool.reserved(),
         "peak_live": peak_live,
         "driver_calls": pool.calls,  # allocations and frees that reached the pool
-        "chunks": [{"largest": c.largest, "chunk": c.chunk, "mapped": c.mapped,
+        "chunks": [{"largest": c.largest, "chunk": c.chunk_of(peak_live), "mapped": c.mapped,
                     "returned": c.returned, "held": c.held} for c in carvers],  # fmt: skip
     }
 

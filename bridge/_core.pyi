@@ -70,6 +70,8 @@ class RawStats(TypedDict):
     cache_small_max: int
     cache_large_cap: int
     cache_large_fraction: float
+    carve_held: int
+    carve_on: int
     num_cache_hits: int
     num_order_fallbacks: int
     num_pool_read_errors: int
@@ -172,6 +174,15 @@ def set_cache(device: int, limit: int, max_block: int = ..., /) -> int: ...
 def set_cache_fraction(device: int, fraction: float, floor: int = ..., /) -> int: ...
 def set_cache_tiers(device: int, small_max: int = ..., large_cap: int = ..., /) -> int: ...
 def set_cache_large_fraction(device: int, fraction: float, /) -> int: ...
+def set_cache_carve(
+    device: int,
+    share: float = ...,
+    min: int = ...,
+    max: int = ...,
+    keep: int = ...,
+    small_keep: int = ...,
+    /,
+) -> int: ...
 def register_stream(stream: int, /) -> int: ...
 def forget_stream(stream: int, /) -> int: ...
 

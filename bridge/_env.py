@@ -113,6 +113,14 @@ VARIABLES: tuple[Variable, ...] = (
         lambda v, t: _valid(f"the large tier's cap is at most {v:g} of the live bytes"),
     ),
     Variable(
+        _runtime.CACHE_CARVE_ENV,
+        POOL,
+        lambda t: _runtime.cache_carve_from_env(),
+        lambda v, t: _valid(
+            "the cache carves its blocks from pool chunks" if v else "carving is off"
+        ),
+    ),
+    Variable(
         PINNED_LIMIT_ENV,
         PINNED,
         lambda t: size_from_env(PINNED_LIMIT_ENV, total=t.host, of=HOST_MEMORY),

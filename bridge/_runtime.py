@@ -38,6 +38,8 @@ CACHE_FLOOR_ENV = "BRIDGE_CACHE_FLOOR"  # a size: the cap is at least this (unde
 CACHE_SMALL_MAX_ENV = "BRIDGE_CACHE_SMALL_MAX"  # a size: the small tier's largest block
 CACHE_LARGE_CAP_ENV = "BRIDGE_CACHE_LARGE_CAP"  # a size: the large tier's cap
 CACHE_LARGE_FRACTION_ENV = "BRIDGE_CACHE_LARGE_FRACTION"  # a fraction or a percentage; 0: none
+# carving (off by default): the cache's requests carved from pool chunks (docs/design.md)
+CACHE_CARVE_ENV = "BRIDGE_CACHE_CARVE"  # 1 / on, 0 / off
 DEFAULT_CACHE_FRACTION = 1 / 16
 DEFAULT_CACHE_FLOOR = 64 << 20
 DEFAULT_CACHE_SMALL_MAX = 1 << 20
@@ -87,6 +89,22 @@ def cache_fraction_from_env(
 def cache_large_fraction_from_env() -> float:
     """BRIDGE_CACHE_LARGE_FRACTION: the large tier's share of the live bytes (default 1/8)."""
     return cache_fraction_from_env(CACHE_LARGE_FRACTION_ENV, DEFAULT_CACHE_LARGE_FRACTION)
+
+
+def cache_carve_from_env() -> bool:
+    """BRIDGE_CACHE_CARVE: whether the cache carves its blocks from pool chunks (default off).
+
+    Raises
+    ------
+    ValueError
+        Naming the variable and its value when it is neither on nor off.
+    """
+    raw = os.environ.get(CACHE_CARVE_ENV, "").strip().lower()
+    if raw in ("", "0", "off", "false", "no"):
+        return False
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    raise ValueError(f"{CACHE_CARVE_ENV}={raw!r}: use 1 (carve blocks from chunks) or 0 (off)")
 
 
 _lock = threading.RLock()
@@ -213,6 +231,8 @@ def ensure_device(device: int) -> None:
             what="sizing the cache",
             device=device,
         )
+        if cache_carve_from_env():
+            check(core.set_cache_carve(device), what="turning carving on", device=device)
         _configured.add(device)
 
 

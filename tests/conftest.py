@@ -160,6 +160,7 @@ def standin():
         core.set_cache_tiers(d, 1 << 20, 64 << 20)  # the tiers' defaults
         # the large tier's fixed cap, as most tests assume; tests of its share set one
         core.set_cache_large_fraction(d, 0)
+        core.set_cache_carve(d, 0, 0, 0)  # carving off, its empty chunks returned
         for tag in range(core.NTAGS):
             core.set_tag_limit(d, tag, 0)
             core.set_tag_cached(tag, True)

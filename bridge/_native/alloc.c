@@ -11,6 +11,7 @@
  */
 #include "ledger.h"
 #include "cache.h"
+#include "carve.h"
 #include "graph.h"
 #include "views.h"
 #include "wait.h"
@@ -62,6 +63,7 @@ static void release_evicted(int device, uint64_t held, cache_block *evicted, int
 static void flush_cache(int device)
 {
     cache_flush(device, release_cached);
+    carve_flush(device, release_cached);
 }
 
 int bridge_forget_stream(void *stream)
@@ -70,8 +72,10 @@ int bridge_forget_stream(void *stream)
      * lives until this returns), then it is forgotten; a block cached on it
      * meanwhile is freed on the legacy stream later, never on its handle */
     for (int i = 0; i < BRIDGE_MAX_DEVICES; i++)
-        if (device_of(i))
+        if (device_of(i)) {
             cache_flush_stream(i, (CUstream)stream, release_cached);
+            carve_forget_stream(i, (CUstream)stream, release_cached);
+        }
     int rc = stream_forget((CUstream)stream);
     for (int i = 0; i < BRIDGE_MAX_DEVICES; i++)
         if (device_of(i))
@@ -118,6 +122,19 @@ int bridge_set_cache_tiers(int device, uint64_t small_max, uint64_t large_cap)
     return BRIDGE_OK;
 }
 
+int bridge_set_cache_carve(int device, double share, uint64_t min, uint64_t max, uint64_t keep,
+                           uint64_t small_keep)
+{
+    if (!device_of(device))
+        return BRIDGE_E_DEVICE;
+    if (!(share >= 0.0 && share <= 65536.0) || (max && (!min || min > max)))
+        return BRIDGE_E_INVALID;
+    carve_set(device, (uint64_t)(share * 65536.0 + 0.5), min, max, keep, small_keep);
+    if (!max)
+        carve_flush(device, release_cached); /* off: no empty chunk is kept */
+    return BRIDGE_OK;
+}
+
 int bridge_set_cache_large_fraction(int device, double fraction)
 {
     if (!device_of(device))
@@ -155,6 +172,93 @@ static inline int cacheable(const record *rec)
            stream_long_lived(rec->stream);
 }
 
+/* ---- carved blocks (carve.c) ---- */
+/* Carved frees that must wait: a capture of the block's stream runs, or a
+ * stream recorded against it could not be ordered before its chunk's.  Each
+ * returns to its chunk once no capture runs on the device (the next carved
+ * free or carved allocation there retries them).  Their bytes stay in
+ * `reserved`, in no tag and not in `cached`.  Under pending_lock, a leaf. */
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static record *pending;
+static size_t npending, cappending;
+static _Atomic size_t pending_count;
+
+static void hold_back(const record *rec)
+{
+    pthread_mutex_lock(&pending_lock);
+    if (npending == cappending) {
+        size_t want = cappending ? 2 * cappending : 16;
+        record *p = realloc(pending, want * sizeof *p);
+        if (p) {
+            pending = p;
+            cappending = want;
+        }
+    }
+    if (npending < cappending) {
+        pending[npending++] = *rec;
+        atomic_store(&pending_count, npending);
+    } else {
+        /* no host memory to hold it: the range stays carved (lost to reuse
+         * until the process ends, never handed out twice) */
+        atomic_fetch_add_explicit(&bridge_devices[rec->device].num_order_fallbacks, 1, RELAXED);
+        free(rec->recs);
+    }
+    pthread_mutex_unlock(&pending_lock);
+}
+
+static int carved_return(device_state *d, const record *rec);
+
+/* The held-back frees of devices with no capture now, once more. */
+static void retry_held_back(void)
+{
+    pthread_mutex_lock(&pending_lock);
+    record *mine = pending;
+    size_t n = npending;
+    pending = NULL;
+    npending = cappending = 0;
+    atomic_store(&pending_count, 0);
+    pthread_mutex_unlock(&pending_lock);
+    for (size_t i = 0; i < n; i++)
+        if (carved_return(&bridge_devices[mine[i].device], &mine[i]))
+            hold_back(&mine[i]);
+    free(mine);
+}
+
+/* A carved block back to its chunk, in stream order: 0 when given back, 1
+ * when it must wait (a capture of its stream, or of a stream recorded against
+ * it; a recorded stream that could not be ordered). */
+static int carved_return(device_state *d, const record *rec)
+{
+    if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(d, rec->stream))
+        return 1;
+    if (rec->nrec) {
+        /* the chunk's stream waits for the recorded streams' work: what is
+         * carved from the range next runs after it */
+        ctx_guard g;
+        ctx_enter(d, &g);
+        int mode = capture_mode_relax();
+        int o = stream_order_after_recorded(rec, stream_handle(rec->stream));
+        capture_mode_exit(mode);
+        ctx_exit(&g);
+        if (o != 0)
+            return 1;
+        free(rec->recs);
+    }
+    carve_give(rec->device, rec->ptr, rec->size, atomic_load(&wait_count[rec->device]) > 0,
+               release_cached);
+    return 0;
+}
+
+/* bridge_free's end for a carved block (the tag's figures already counted). */
+static void carved_free(device_state *d, const record *rec)
+{
+    if (carved_return(d, rec))
+        hold_back(rec);
+    else if (atomic_load_explicit(&pending_count, RELAXED) &&
+             !atomic_load_explicit(&d->captures_active, RELAXED))
+        retry_held_back();
+}
+
 void bridge_free(void *ptr)
 {
     if (!ptr || bridge_forked())
@@ -174,6 +278,10 @@ void bridge_free(void *ptr)
         return;
     }
     ledger_count_free(d, &rec);
+    if (rec.flags & REC_CARVED) {
+        carved_free(d, &rec);
+        return;
+    }
     /* During a capture, a block of a captured stream (one the captured work
      * may still use) is held back until it ends; others go on as usual, so
      * memory other threads free meanwhile is usable at once. */
@@ -216,7 +324,7 @@ void bridge_free(void *ptr)
 static int cache_or_keep(record *r)
 {
     device_state *d = &bridge_devices[r->device];
-    if ((r->flags & REC_GRAPH) || !cacheable(r) ||
+    if ((r->flags & (REC_GRAPH | REC_CARVED)) || !cacheable(r) ||
         atomic_load_explicit(&d->captures_active, RELAXED) ||
         atomic_load_explicit(&d->num_deferred, RELAXED))
         return FREE_DECLINED;
@@ -366,6 +474,61 @@ static int take_cached(request *q, void **out)
     return BRIDGE_OK;
 }
 
+/* May the request be carved (carve.c): carving on, the cache on (jax=True
+ * turns it off), the tag cached, a stream that outlives its blocks, and no
+ * capture on the device (a capture's allocations take graph.c's path). */
+static inline int carvable(const request *q)
+{
+    int dev = q->want.device;
+    return carve_on(dev) && !(q->want.flags & REC_GRAPH) && cache_limit(dev) &&
+           !(atomic_load_explicit(&uncached_tags, RELAXED) & (1u << q->want.tag)) &&
+           !atomic_load_explicit(&q->d->captures_active, RELAXED) &&
+           !atomic_load_explicit(&q->d->stream_captures, RELAXED) &&
+           stream_long_lived(q->want.stream);
+}
+
+/* A carved block handed to the request's tag; refused (the tag's cap, no
+ * host memory for the record): given back to its chunk. */
+static int adopt_carved(request *q, uintptr_t p, void **out)
+{
+    record want = q->want;
+    want.ptr = p;
+    want.flags |= REC_CARVED;
+    int rc = ledger_adopt(q->d, &want, out);
+    if (rc != BRIDGE_OK)
+        carve_give(want.device, p, want.size, 0, release_cached);
+    return rc;
+}
+
+/* Carving's fast path: a free range of the stream's chunks (no driver call). */
+static int take_carved(request *q, void **out)
+{
+    uintptr_t p = carve_take(q->want.device, q->want.stream, q->want.size);
+    if (!p || adopt_carved(q, p, out) != BRIDGE_OK)
+        return BRIDGE_E_MISS;
+    counts_cache_hit(q->want.device);
+    return BRIDGE_OK;
+}
+
+/* A new chunk for the request, sized by the bytes live now, and the block
+ * carved from it (a driver call: the device's context is current).  A chunk
+ * the budget or the pool refuses: BRIDGE_E_MISS, and the request goes to the
+ * pool as it would without carving (with the recovery chain). */
+static int carve_new_chunk(request *q, void **out)
+{
+    device_state *d = q->d;
+    uint64_t live = 0;
+    for (int t = 0; t < BRIDGE_NTAGS; t++)
+        live += atomic_load_explicit(&d->tag[t].current, RELAXED);
+    uint64_t bytes = carve_chunk_bytes(q->want.device, q->want.size, live);
+    uintptr_t base;
+    if (ledger_alloc_chunk(d, bytes, q->stream, &base) != BRIDGE_OK)
+        return BRIDGE_E_MISS;
+    uintptr_t p =
+        carve_add(q->want.device, q->want.stream, base, bytes, q->want.size, release_cached);
+    return p && adopt_carved(q, p, out) == BRIDGE_OK ? BRIDGE_OK : BRIDGE_E_MISS;
+}
+
 /* The one way down for every allocation: the graph pool's free list (a
  * graph request), the cache, the pool; then, refused, the recovery chain
  * and the wait (a graph request: the chain's first step alone). */
@@ -382,11 +545,24 @@ static int obtain(request *q, void **out)
      * such blocks too) */
     if (take_cached(q, out) == BRIDGE_OK)
         return BRIDGE_OK;
+    /* carving (off unless asked for): a free range of the stream's chunks */
+    int carve = carvable(q);
+    if (carve) {
+        if (atomic_load_explicit(&pending_count, RELAXED))
+            retry_held_back();
+        if (take_carved(q, out) == BRIDGE_OK)
+            return BRIDGE_OK;
+    }
     ctx_guard g;
     ctx_enter(d, &g);
     if (!graph) /* a capture the core does not run (CuPy's Stream.begin_capture without it) */
         q->side = atomic_load_explicit(&d->captures_active, RELAXED) &&
                   stream_capturing(d, q->want.stream);
+    /* ... or a new chunk to carve it from */
+    if (carve && !q->side && carve_new_chunk(q, out) == BRIDGE_OK) {
+        ctx_exit(&g);
+        return BRIDGE_OK;
+    }
     /* fast path: two atomic adds (plus one attribute read under a budget),
      * one driver call, one shard lock */
     int rc = ledger_alloc(d, &q->want, q->stream, q->side, out);
@@ -499,6 +675,8 @@ int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **o
         return BRIDGE_E_MISS; /* a CuPy capture: bridge_alloc routes its arrays to its graph */
     request q = request_of(d, device, size, stream, tag);
     int rc = take_cached(&q, out);
+    if (rc != BRIDGE_OK && carvable(&q))
+        rc = take_carved(&q, out); /* no chunk taken here: that is a driver call */
     if (rc == BRIDGE_OK)
         note_alloc(rc, device, size, stream, tag, *out);
     return rc;
@@ -531,8 +709,8 @@ int bridge_record_stream(void *ptr, void *stream)
  * block: the stream is recorded, as by bridge_record_stream. */
 static int retarget_free(record *r, void *arg)
 {
-    if ((r->flags & REC_GRAPH) || !stream_tag_holds(r->tag))
-        return add_stream(r, arg);
+    if ((r->flags & (REC_GRAPH | REC_CARVED)) || !stream_tag_holds(r->tag))
+        return add_stream(r, arg); /* a carved block stays on its chunk's stream */
     CUstream key = stream_key((CUstream)arg);
     if (key == r->stream)
         return 0;
@@ -589,6 +767,7 @@ int bridge_trim(int device, uint64_t keep)
 static void forget_after_fork(void)
 {
     cache_forget_after_fork();
+    carve_forget_after_fork();
     graph_forget_after_fork();
     records_forget_after_fork();
     history_forget_after_fork();
@@ -636,6 +815,8 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->cache_small_max = cache_small_max(device);
     out->cache_large_cap = cache_large_cap(device);
     out->cache_large_fraction = (double)cache_large_fraction_q16(device) / 65536.0;
+    out->carve_held = carve_held(device);
+    out->carve_on = (uint64_t)carve_on(device);
     wait_fill_stats(device, out);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];

@@ -171,6 +171,16 @@ int bridge_set_cache_tiers(int device, uint64_t small_max, uint64_t large_cap);
  * alone).  One block up to large_cap is always cacheable.
  * fraction in [0, 65536] (kept to 1/65536); BRIDGE_E_INVALID otherwise. */
 int bridge_set_cache_large_fraction(int device, double fraction);
+/* Carving (off by default; docs/design.md "Carving blocks from chunks"): the
+ * requests the cache may serve are carved from pool chunks of their stream,
+ * those of at most 1 MiB from 2 MiB chunks, larger ones from chunks of
+ * `share` of the live bytes rounded up to a power of two within [min, max];
+ * empty chunks kept: `keep` bytes of large ones, `small_keep` of small ones.
+ * max 0: off (the empty chunks go back; blocks carved before return to their
+ * chunks as they are freed).  share in [0, 65536] and 0 < min <= max when on;
+ * BRIDGE_E_INVALID otherwise. */
+int bridge_set_cache_carve(int device, double share, uint64_t min, uint64_t max, uint64_t keep,
+                           uint64_t small_keep);
 /* Blocks freed on `stream` may be cached: it lives as long as the process
  * (torch's pooled streams).  Default streams need no registration; other
  * streams' blocks are never cached, since a user stream may be destroyed
@@ -359,6 +369,8 @@ typedef struct bridge_stats {
     uint64_t cache_small_max; /* the largest block of the small tier */
     uint64_t cache_large_cap; /* the large tier's cap (under cache_limit) ... */
     double cache_large_fraction; /* ... and its share of the live bytes (0: none) */
+    uint64_t carve_held;         /* bytes of the chunks blocks are carved from */
+    uint64_t carve_on;           /* 1 while carving is on */
 } bridge_stats;
 
 int bridge_get_stats(int device, bridge_stats *out);

@@ -10,6 +10,7 @@
  * the tier's oldest block, wherever its key is: both O(1).  The node keeps
  * its tier, so a change of the boundary leaves every block where it was. */
 #include "cache.h"
+#include "carve.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -502,7 +503,8 @@ uint64_t cache_blocks(int device)
 
 uint64_t cache_bytes(int device)
 {
-    return atomic_load(&caches[device].bytes);
+    /* the carved classes' idle bytes too: every byte kept for reuse */
+    return atomic_load(&caches[device].bytes) + carve_idle(device);
 }
 
 uint64_t cache_limit(int device)

@@ -213,6 +213,39 @@ int bridge_others(int device, uint64_t *out)
     return BRIDGE_OK;
 }
 
+/* The device's part of a reservation: `reserved`, checked against the budget
+ * (what others hold in the pool included) and the share's claim. */
+static int reserve_device(device_state *d, uint64_t size)
+{
+    uint64_t r = atomic_fetch_add_explicit(&d->reserved, size, memory_order_acq_rel) + size;
+    uint64_t limit = atomic_load_explicit(&d->limit, RELAXED);
+    if (limit) {
+        /* one driver call: what others hold in the pool counts too */
+        uint64_t others = others_of(d);
+        if (r > limit || others > limit - r) {
+            atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
+            return BRIDGE_E_BUDGET;
+        }
+    }
+    /* the budget of the processes sharing this GPU (share.c): one load when
+     * there is none */
+    share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
+    if (sm && told.reserve_growth(d, sm, size) != BRIDGE_OK) {
+        atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
+        return BRIDGE_E_BUDGET;
+    }
+    atomic_max(&d->peak, r);
+    return BRIDGE_OK;
+}
+
+static void unreserve_device(device_state *d, uint64_t size)
+{
+    share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
+    if (sm)
+        told.settle_growth(d, sm, size, 0);
+    atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
+}
+
 /* Fast path without a budget: two atomic adds. */
 int ledger_reserve(device_state *d, int tag, uint64_t size)
 {
@@ -228,37 +261,19 @@ int ledger_reserve(device_state *d, int tag, uint64_t size)
         atomic_fetch_sub_explicit(&t->current, size, RELAXED);
         return BRIDGE_E_TAG_LIMIT;
     }
-    uint64_t r = atomic_fetch_add_explicit(&d->reserved, size, memory_order_acq_rel) + size;
-    uint64_t limit = atomic_load_explicit(&d->limit, RELAXED);
-    if (limit) {
-        /* one driver call: what others hold in the pool counts too */
-        uint64_t others = others_of(d);
-        if (r > limit || others > limit - r) {
-            atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
-            atomic_fetch_sub_explicit(&t->current, size, RELAXED);
-            return BRIDGE_E_BUDGET;
-        }
-    }
-    /* the budget of the processes sharing this GPU (share.c): one load when
-     * there is none */
-    share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
-    if (sm && told.reserve_growth(d, sm, size) != BRIDGE_OK) {
-        atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
+    int rc = reserve_device(d, size);
+    if (rc != BRIDGE_OK) {
         atomic_fetch_sub_explicit(&t->current, size, RELAXED);
-        return BRIDGE_E_BUDGET;
+        return rc;
     }
-    atomic_max(&d->peak, r);
     atomic_max(&t->peak, tcur);
     return BRIDGE_OK;
 }
 
 static void ledger_unreserve(device_state *d, int tag, uint64_t size)
 {
-    share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
-    if (sm)
-        told.settle_growth(d, sm, size, 0);
     atomic_fetch_sub_explicit(&d->tag[tag].current, size, RELAXED);
-    atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
+    unreserve_device(d, size);
 }
 
 /* The driver granted a reserved block: count it as committed. */
@@ -329,6 +344,28 @@ int ledger_alloc(device_state *d, const record *want, CUstream stream, int side,
     return ledger_record(d, &rec, out);
 }
 
+int ledger_alloc_chunk(device_state *d, uint64_t size, CUstream stream, uintptr_t *out)
+{
+    *out = 0;
+    if (size > d->total)
+        return BRIDGE_E_OOM;
+    int rc = reserve_device(d, size);
+    if (rc != BRIDGE_OK)
+        return rc;
+    CUdeviceptr p = 0;
+    int mode = capture_mode_relax();
+    CUresult r = bridge_drv.cuMemAllocFromPoolAsync(&p, size, d->pool, stream);
+    capture_mode_exit(mode);
+    if (r != CUDA_SUCCESS || !p) {
+        unreserve_device(d, size);
+        bridge_note_driver_error(r);
+        return r == CUDA_ERROR_OUT_OF_MEMORY || r == CUDA_SUCCESS ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
+    }
+    ledger_commit(d, size);
+    *out = (uintptr_t)p;
+    return BRIDGE_OK;
+}
+
 int ledger_adopt(device_state *d, const record *rec, void **out)
 {
     tag_state *t = &d->tag[rec->tag];
@@ -341,7 +378,8 @@ int ledger_adopt(device_state *d, const record *rec, void **out)
         rc = BRIDGE_E_OOM; /* no host memory for the record */
     if (rc != BRIDGE_OK) {
         atomic_fetch_sub_explicit(&t->current, rec->size, RELAXED);
-        ledger_release(d, rec);
+        if (!(rec->flags & REC_CARVED)) /* a carved block: the caller gives it back */
+            ledger_release(d, rec);
         return rc;
     }
     atomic_max(&t->peak, tcur);

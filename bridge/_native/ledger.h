@@ -36,10 +36,16 @@ int ledger_reserve(device_state *d, int tag, uint64_t size);
  * limit that refused, BRIDGE_E_OOM or BRIDGE_E_DRIVER.  The device's context
  * is current; any capture mode (the pool call runs relaxed). */
 int ledger_alloc(device_state *d, const record *want, CUstream stream, int side, void **out);
+/* A chunk of `size` from the pool for the carved blocks (carve.c), on
+ * `stream`: reserved on the budget (in no tag: its bytes are idle until
+ * carved) and committed, with no record; *out set.  BRIDGE_OK, the limit that
+ * refused, BRIDGE_E_OOM or BRIDGE_E_DRIVER.  The device's context is current. */
+int ledger_alloc_chunk(device_state *d, uint64_t size, CUstream stream, uintptr_t *out);
 /* A block already on the budget (the cache's), handed to rec->tag: the tag's
  * cap checked, the record inserted and counted, *out set.  Refused
  * (BRIDGE_E_TAG_LIMIT, or BRIDGE_E_OOM: no host memory for the record): the
- * block went back to the pool. */
+ * block went back to the pool, or for a carved one (REC_CARVED) is the
+ * caller's to give back. */
 int ledger_adopt(device_state *d, const record *rec, void **out);
 /* A block whose record is live again for `tag` (a graph pool's, reused):
  * the tag's bytes, peak and counts. */

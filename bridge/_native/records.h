@@ -17,6 +17,7 @@
 /* record flags */
 #define REC_GRAPH      1u /* owned by a captured graph until it is released */
 #define REC_USER_FREED 2u /* graph block the user has freed (memory kept) */
+#define REC_CARVED     4u /* carved from a chunk (carve.c): its free returns it there */
 
 typedef struct record {
     uintptr_t ptr;   /* key; 0 = empty slot, 1 = tombstone */

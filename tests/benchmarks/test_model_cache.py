@@ -277,3 +277,95 @@ def test_the_pool_models_bracket_the_h200_where_the_cache_keeps_blocks():
         )
         inside[(name, policy)] = low - 0.001 <= gpu <= high + 0.001
     assert all(inside.values()), inside
+
+
+@pytest.mark.parametrize("policy", ["none", "tiers", "carve-all"])
+def test_the_recorded_pool_calls_replay_to_the_same_pool(policy):
+    """replay(ops=...) writes down every call that reaches the pool, in order
+    (probes/pool_sequence.py gives them to the GPU's pool): as many as the model counts,
+    each release of a block allocated before and not yet released, and the same calls
+    made on a fresh pool model reach the same peak reserved."""
+    events = mc.load(str(TRACES / "cupy-fft.json.gz"))["events"]
+    ops: list[int] = []
+    r = mc.replay(events, policy, warmup=True, ops=ops)
+    assert ops.count(0) == 5 and ops[-1] == 0  # the end of each pass
+    assert len(ops) - 5 == r["driver_calls"] > 0
+    pool, blocks, peak = mc.Pool(mc.Heap), [], 0
+    for op in ops:
+        if op == 0:
+            continue
+        if op > 0:
+            blocks.append(pool.alloc(op))
+            peak = max(peak, pool.reserved())
+        else:
+            k = -1 - op
+            assert 0 <= k < len(blocks) and blocks[k] is not None  # live, released once
+            pool.release(blocks[k])
+            blocks[k] = None
+    assert peak == r["peak_reserved"]
+    assert r == mc.replay(events, policy, warmup=True)  # recording changes nothing
+
+
+CARVINGS = {  # core.set_cache_carve's arguments, and the model's policy with them
+    "as built": ((1 / 8, 32 * MIB, 256 * MIB, 0, 0), "carve-live"),
+    "64 MiB chunks, 64 MiB kept, small ones all kept": (
+        (0, 64 * MIB, 64 * MIB, 64 * MIB, mc.DEVICE),
+        "carve-all",
+    ),
+}
+
+
+@pytest.mark.parametrize("carving", sorted(CARVINGS))
+def test_the_model_carves_as_carve_c_does(standin, carving):
+    """Carving on (carve.c): the bytes kept for reuse after every event of the traces (the
+    chunks' idle bytes), the hits and the chunks' bytes at the end, the model's and the
+    core's; every pointer the core hands out lies in one chunk, and no two live blocks
+    overlap."""
+    import gzip
+    import json
+
+    from bridge._runtime import core
+
+    args, policy = CARVINGS[carving]
+    standin.standin_set_capacity(0, 1 << 50)
+    for name, passes in (("gpt2", 1), ("resnet50", 1), ("cupy-fft", 5), ("mixed", 2)):
+        with gzip.open(TRACES / f"{name}.json.gz") as f:
+            events = json.load(f)["events"]
+        limit = core.stats(0)[1]["cache_limit"]
+        core.set_cache(0, 1 << 30)  # carving is part of the cache: off with it
+        assert core.set_cache_carve(0, *args) == 0
+        before = core.stats(0)[1]
+        got = []
+        for _ in range(passes):
+            live: dict = {}
+            spans: dict = {}
+            for e in events:
+                if e[0] == 0:
+                    rc, p = core.alloc(0, e[2], 0, 2)
+                    assert rc == 0
+                    live[e[1]] = p
+                    if p:
+                        spans[p] = p + e[2]
+                elif live[e[1]]:
+                    p = live.pop(e[1])
+                    del spans[p]
+                    core.free(p)
+                got.append(core.stats(0)[1]["cached"])
+            starts = sorted(spans)
+            ends = [spans[a] for a in starts]
+            assert all(e <= b for e, b in zip(ends, starts[1:], strict=False)), name  # no overlap
+            for p in live.values():
+                if p:
+                    core.free(p)
+            got.append(core.stats(0)[1]["cached"])
+        after = core.stats(0)[1]
+        want: list = []
+        r = mc.replay(events, policy, passes=passes, record=want)
+        assert after["carve_on"] == 1 and after["num_retries"] == before["num_retries"]
+        assert after["num_cache_hits"] - before["num_cache_hits"] == r["cache_hits"], name
+        assert got == want, name
+        assert after["carve_held"] == sum(c["held"] for c in r["chunks"]), name
+        assert core.set_cache_carve(0, 0, 0, 0) == 0  # off: the empty chunks go back
+        core.set_cache(0, 0)
+        assert core.stats(0)[1]["carve_held"] == 0 and core.stats(0)[1]["cached"] == 0
+        core.set_cache(0, limit)

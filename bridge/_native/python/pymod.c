@@ -523,6 +523,17 @@ static PyObject *py_set_cache_large_fraction(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_cache_large_fraction(dev, fraction));
 }
 
+static PyObject *py_set_cache_carve(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    double share = 1.0 / 8;
+    unsigned long long lo = 32ull << 20, hi = 256ull << 20, keep = 0, small_keep = 0;
+    if (!PyArg_ParseTuple(args, "i|dKKKK", &dev, &share, &lo, &hi, &keep, &small_keep))
+        return NULL;
+    return PyLong_FromLong(bridge_set_cache_carve(dev, share, lo, hi, keep, small_keep));
+}
+
 static PyObject *py_register_stream(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -858,6 +869,8 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(num_wait_all_waiting)
     PUT(num_wait_interrupts)
     PUT(waiting)
+    PUT(carve_held)
+    PUT(carve_on)
 #undef PUT
     if (put_float(d, "cache_fraction", s.cache_fraction) < 0 ||
         put_float(d, "cache_large_fraction", s.cache_large_fraction) < 0)
@@ -996,6 +1009,9 @@ static PyMethodDef methods[] = {
      "set_cache_tiers(device, small_max=1MiB, large_cap=64MiB) -> status: blocks above "
      "small_max have their own least-recently-cached order under a fixed cap, "
      "cached_large <= min(limit, large_cap); each tier evicts only its own blocks"},
+    {"set_cache_carve", py_set_cache_carve, METH_VARARGS,
+     "set_cache_carve(device, share=1/8, min=32 MiB, max=256 MiB, keep=0, small_keep=0) -> "
+     "status: carve the cache's requests from pool chunks (max 0: off)"},
     {"set_cache_large_fraction", py_set_cache_large_fraction, METH_VARARGS,
      "set_cache_large_fraction(device, fraction) -> status: the large tier's cap is also at "
      "most this share of the bytes the frameworks hold, but never less than the block being "
