@@ -40,7 +40,7 @@ RECORDED = (
     TORCH_SETUP
     + """
 side = torch.cuda.Stream()
-wrong = 0
+wrong = held = 0
 for i in range(40):
     for n in (1 << 16, 1 << 20):  # 256 KiB (the small class) and 4 MiB floats
         keep = torch.ones(n, device="cuda")  # the chunk stays in use
@@ -54,8 +54,9 @@ for i in range(40):
         z = torch.full((n,), -7.0, device="cuda")  # x's bytes again, on the default stream
         torch.cuda.synchronize()
         wrong += int((y != 2 * i).sum()) + int((z != -7).sum())
+        held = max(held, carve_held() or 0)  # while blocks are live (none is kept empty)
         del y, z, keep
-report(wrong=wrong, held=carve_held())
+report(wrong=wrong, held=held)
 """
 )
 
@@ -140,7 +141,9 @@ CUPY = """
 import cupy as cp
 if MODE == "bridge":
     import bridge
+    from bridge._runtime import core
     bridge.unify(cupy=True, torch=False)
+held = 0
 streams = [cp.cuda.Stream(non_blocking=True) for _ in range(3)]
 wrong = 0
 for rep in range(30):
@@ -150,12 +153,10 @@ for rep in range(30):
                 a = cp.full(n, rep * 4 + k, dtype=cp.int32)
                 b = a * 2
                 wrong += int((b != 2 * (rep * 4 + k)).sum())
+                if MODE == "bridge":  # while a and b are live (no chunk is kept empty)
+                    held = max(held, core.stats(0)[1]["carve_held"])
                 del a, b
-held = None
-if MODE == "bridge":
-    from bridge._runtime import core
-    held = core.stats(0)[1]["carve_held"]
-report(wrong=wrong, held=held)
+report(wrong=wrong, held=held if MODE == "bridge" else None)
 """
 
 
