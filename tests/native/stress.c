@@ -523,6 +523,59 @@ static void phase_cross(void)
     check_idle("cross");
 }
 
+/* ---- phase: carve (blocks carved from pool chunks: BRIDGE_CACHE_CARVE=1) ---- */
+static void phase_carve(void)
+{
+    reset();
+    const uint64_t limit = 24 * MIB; /* chunks of 2-8 MiB: the budget refuses some */
+    uint64_t cache = stats_of(0).cache_limit;
+    CHECK(bridge_set_cache(0, 64 * MIB, 256 * MIB) == BRIDGE_OK, "set_cache");
+    CHECK(bridge_set_cache_carve(0, 1.0 / 8, 2 * MIB, 8 * MIB, 4 * MIB, 2 * MIB) == BRIDGE_OK,
+          "set_cache_carve");
+    CHECK(bridge_set_limit(0, limit) == BRIDGE_OK, "set_limit");
+    for (int i = 0; i < 8; i++) /* their blocks are carved too */
+        CHECK(bridge_register_stream(stream_of(i)) == BRIDGE_OK, "register_stream");
+    uint64_t driver_allocs = standin.counter(0), allocs = stats_of(0).num_allocs;
+    worker w[8];
+    for (int i = 0; i < 8; i++)
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 3000 * scale,
+                        .limit = limit,
+                        .max_size = i % 2 ? 3 * MIB : 64 * KIB,
+                        .seed = 0xCA47Eull * (uint64_t)(i + 3),
+                        .tags = BRIDGE_NTAGS,
+                        .default_streams = i < 4 && i % 2 == 0,
+                        .cached_first = i % 3 == 0};
+    run_threads(8, edge_thread, w, sizeof w[0]);
+    bridge_stats s = stats_of(0);
+    CHECK(s.peak_used <= limit, "peak %" PRIu64 " passed the budget", s.peak_used);
+    CHECK(s.carve_on == 1, "carving is off");
+    CHECK(standin.counter(0) - driver_allocs < s.num_allocs - allocs,
+          "carving served no allocation");
+    /* carved here, freed on another thread */
+    CHECK(bridge_set_limit(0, 0) == BRIDGE_OK, "set_limit");
+    ring.producers_left = 4;
+    for (int i = 0; i < 8; i++)
+        w[i] = (worker){.id = i, /* 0-3 produce on registered streams, 4-7 free */
+                        .dev = 0,
+                        .iters = 2000 * scale,
+                        .max_size = 256 * KIB,
+                        .seed = 0xC0FFEEull * (uint64_t)(i + 11)};
+    run_threads(8, cross_thread, w, sizeof w[0]);
+    printf("  carve: %" PRIu64 " allocations, %" PRIu64 " from the driver, %" PRIu64
+           " bytes in chunks at the end\n",
+           stats_of(0).num_allocs - allocs, standin.counter(0) - driver_allocs,
+           stats_of(0).carve_held);
+    for (int i = 0; i < 8; i++)
+        bridge_forget_stream(stream_of(i));
+    CHECK(bridge_set_cache_carve(0, 0, 0, 0, 0, 0) == BRIDGE_OK, "carving off");
+    CHECK(bridge_set_cache(0, cache, 256 * MIB) == BRIDGE_OK, "set_cache");
+    check_idle("carve");
+    CHECK(stats_of(0).carve_held == 0, "carve: %" PRIu64 " bytes of chunks left",
+          stats_of(0).carve_held);
+}
+
 /* ---- phase: limits (budget, tag caps, hook changed under the allocators) ---- */
 static atomic_int limits_stop;
 static atomic_int hook_calls;
@@ -1538,6 +1591,8 @@ int main(int argc, char **argv)
     phase_double();
     printf("stress: cache\n");
     phase_cache();
+    printf("stress: carve\n");
+    phase_carve();
     printf("stress: graph\n");
     phase_graph();
     printf("stress: corners\n");
