@@ -491,8 +491,8 @@ void carve_forget_after_fork(void)
     for (int i = 0; i < BRIDGE_MAX_DEVICES; i++) {
         dcarve *c = &carves[i];
         c->lock = fresh;
-        c->chunks = NULL; /* the parent's: leaked, as the cache's nodes are not (a child
-                             that never allocates on the device pays nothing) */
+        c->chunks = NULL; /* the parent's bookkeeping: left, not freed, as the cache's
+                             nodes are (the child owns none of the parent's chunks) */
         c->nchunks = c->capchunks = 0;
         c->lists = NULL;
         c->nlists = c->caplists = 0;
