@@ -99,6 +99,16 @@ def memset(ptr: int, value: int, n: int) -> None:
     assert err == cu.CUresult.CUDA_SUCCESS, err
 
 
+def carving() -> bool:
+    """Whether this run carves the cache's blocks from pool chunks (BRIDGE_CACHE_CARVE=1).
+    A carved block's chunk holds idle bytes while the block lives (counted as cached), and
+    a chunk that empties goes back to the pool at once: tests of the tiers' figures read
+    them accordingly."""
+    from bridge._runtime import cache_carve_from_env
+
+    return cache_carve_from_env()
+
+
 def ctx_sync() -> None:
     cu = _cu()
     (err,) = cu.cuCtxSynchronize()

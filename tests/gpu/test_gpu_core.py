@@ -14,6 +14,7 @@ from gpu_util import (
     RESERVED,
     THRESHOLD,
     USED,
+    carving,
     ctx_sync,
     device_bytes,
     driver_pool_attr,
@@ -54,7 +55,9 @@ def test_pool_figures_equal_the_driver(clean):
     import bridge
 
     core = clean
+    carved = carving()
     base_ledger = bridge.stats(0).ledger
+    assert bridge.stats(0).cached == 0  # the fixture emptied the cache
     sizes = [1 * MIB, 7 * MIB + 3, 48 * MIB]
     ptrs = []
     for n in sizes:
@@ -63,11 +66,14 @@ def test_pool_figures_equal_the_driver(clean):
         ptrs.append(p)
     ctx_sync()
     pool = bridge.pool(0)
-    assert pool.used_bytes() == driver_pool_attr(USED)
-    assert pool.total_bytes() == driver_pool_attr(RESERVED)
-    assert pool.free_bytes() == driver_pool_attr(RESERVED) - driver_pool_attr(USED)
     s = bridge.stats(0)
-    assert s.ledger - base_ledger == sum(sizes)
+    # the bridge's cache counts as free: carved blocks' chunks hold idle bytes, the tiers
+    # nothing yet
+    assert s.cached > 0 if carved else s.cached == 0
+    assert pool.used_bytes() == driver_pool_attr(USED) - s.cached
+    assert pool.total_bytes() == driver_pool_attr(RESERVED)
+    assert pool.free_bytes() == driver_pool_attr(RESERVED) - driver_pool_attr(USED) + s.cached
+    assert s.ledger - s.cached - base_ledger == sum(sizes)
     assert s.used >= sum(sizes)
     for p in ptrs:
         core.free(p)
@@ -75,8 +81,9 @@ def test_pool_figures_equal_the_driver(clean):
     s = bridge.stats(0)
     # kept for the next allocation of the same size: the 1 MiB block under the small
     # tier's 64 MiB floor; of the two large ones, with nothing else live, the newest alone
-    # (the large tier's cap: max(live / 8, the block being cached), at most 64 MiB)
-    assert s.cached == 1 * MIB + 48 * MIB
+    # (the large tier's cap: max(live / 8, the block being cached), at most 64 MiB).
+    # Carving: every chunk emptied, and went back to the pool at once.
+    assert s.cached == (0 if carved else 1 * MIB + 48 * MIB)
     assert s.ledger - s.cached == base_ledger
     assert pool.used_bytes() + s.cached == driver_pool_attr(USED)
     pool.free_all_blocks()
@@ -92,9 +99,19 @@ def test_default_cache_holds_a_training_steps_worth(clean):
     their own 64 MiB, at most 1/8 of the live bytes but always room for the block being
     cached: with 25 GiB live, four 16 MiB blocks all stay; a freed 128 MiB block goes back
     to the pool."""
+    core = clean
+    if carving():  # a test of the two tiers: what reaches them with carving off
+        core.set_cache_carve(0, 0, 0, 0)
+    try:
+        tiers_hold_a_training_steps_worth(core)
+    finally:
+        if carving():
+            core.set_cache_carve(0)
+
+
+def tiers_hold_a_training_steps_worth(core) -> None:
     import bridge
 
-    core = clean
     raw = core.stats(0)[1]
     assert raw["cache_limit"] == max(GIB, raw["total"] // 50)
     assert raw["cache_fraction"] == 1 / 16
@@ -157,8 +174,9 @@ def test_budget_holds_under_threads_on_real_memory(clean):
     import bridge
 
     core = clean
-    base = bridge.stats(0).ledger
-    limit = base + 1 * GIB
+    s = bridge.stats(0)
+    base = s.ledger - s.cached  # in use (carving: a live block's chunk holds idle bytes)
+    limit = s.ledger + 1 * GIB
     core.set_limit(0, limit)
     core.reset_peak(0, -1)
     refused = [0] * 8
@@ -289,4 +307,5 @@ def test_double_free_is_counted_not_raised(clean):
     after = bridge.stats(0)
     assert after.num_bad_frees == before.num_bad_frees + 2
     assert after.tags[0]["current"] == before.tags[0]["current"] - MIB
-    assert after.ledger == before.ledger  # the block is cached, still on the ledger
+    # the block is cached, still on the ledger; carving: its 2 MiB chunk emptied, went back
+    assert after.ledger == before.ledger - (2 * MIB if carving() else 0)

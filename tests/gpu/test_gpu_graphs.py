@@ -8,7 +8,7 @@ Every scenario runs twice, in fresh processes: with the native allocators
 from __future__ import annotations
 
 import pytest
-from gpu_util import TORCH_GRAPH_SNIPPET, run_mode
+from gpu_util import TORCH_GRAPH_SNIPPET, carving, run_mode
 
 pytestmark = pytest.mark.gpu
 MODES = ("native", "bridge")
@@ -306,5 +306,7 @@ def test_a_cupy_capture_under_memory_pressure(mode):
     pytest.importorskip("cupy")
     r = run_mode(CUPY_CAPTURE, mode)
     assert r["ok"]
-    if mode == "bridge":
+    if mode == "bridge" and not carving():
         assert r["pressure"] >= 1  # the capture's allocation met the budget and was retried
+    # Carving: the freed 64 MiB block was a chunk of its own, back in the pool at once, so
+    # the budget set from the cached bytes leaves the capture room and nothing is retried.
