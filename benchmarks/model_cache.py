@@ -131,11 +131,14 @@ class Pool:
     def __init__(self, heap: type[Heap] = Heap) -> None:
         self.heaps = (heap(), heap())
         self.calls = 0  # driver calls: cuMemAllocFromPoolAsync and cuMemFreeAsync
+        self.before_alloc: list[Any] = []  # called before each allocation (lazy carvers)
 
     def reserved(self) -> int:
         return sum(h.top for h in self.heaps)
 
     def alloc(self, n: int) -> tuple[int, int, int]:
+        for hook in self.before_alloc:
+            hook()
         self.calls += 1
         k = int(n > MIB)
         return (k, *self.heaps[k].alloc(n))
@@ -189,6 +192,8 @@ class Settings:
     #: a model only: the large tier's cap is also at most this share of the live bytes,
     #: with no floor (set with large_fraction 0)
     large_live_min: float = 0.0
+    #: a model only: the carved classes return an emptied chunk lazily (Carver's ``lazy``)
+    carve_lazy: bool = False
 
 
 def live_chunk(share: float, low: int, high: int) -> Any:
@@ -243,6 +248,11 @@ POLICIES = {
     # probes/pool_sequence.py, docs/design.md)
     "carve-live": Settings(limit=0, carve=((MIB, 2 * MIB, 0),
                                            (DEVICE, live_chunk(1 / 8, 32 * MIB, 256 * MIB), 0))),
+    # carve-live with an emptied chunk returned lazily (Carver's ``lazy``): a loop of one
+    # large size keeps its chunk (a model only)
+    "carve-lazy": Settings(limit=0, carve_lazy=True,
+                           carve=((MIB, 2 * MIB, 0),
+                                  (DEVICE, live_chunk(1 / 8, 32 * MIB, 256 * MIB), 0))),
     "carve-all": Settings(limit=0, carve=((MIB, 2 * MIB, DEVICE), (DEVICE, 64 * MIB, 64 * MIB)),
                           large_fraction=0),
 }
@@ -350,10 +360,20 @@ class Carver:
     returns every empty chunk. ``mapped`` counts the chunks taken from the pool (each a
     driver call, the class's only misses), ``returned`` those given back. ``chunk`` and
     ``keep`` may also be functions of the bytes live when a chunk is taken or a block freed
-    (``live_chunk``: chunks that follow the program's size)."""
+    (``live_chunk``: chunks that follow the program's size).
 
-    def __init__(self, pool: Pool, largest: int, chunk: Any, keep: Any) -> None:
-        self.pool, self.largest = pool, largest
+    ``lazy``: the newest chunk to empty past ``keep`` is not returned at once but at the next
+    call that takes memory from the pool (any class, the tiers too), unless the next
+    request of its class is carved from it first and it is no larger than the chunk that
+    request would take now: a loop of one large size reuses its chunk, and the pool never
+    holds it beside a new one."""
+
+    def __init__(self, pool: Pool, largest: int, chunk: Any, keep: Any,
+                 lazy: bool = False) -> None:  # fmt: skip
+        self.pool, self.largest, self.lazy = pool, largest, lazy
+        self.pending: list[int] = []  # lazy: emptied chunks past keep, not yet returned
+        if lazy:
+            pool.before_alloc.append(self.settle)
         self.chunk_of = chunk if callable(chunk) else (lambda live, c=chunk: c)
         self.keep_of = keep if callable(keep) else (lambda live, k=keep: k)
         self.fits: dict[int, list] = defaultdict(list)  # stream -> sorted (size, no, offset)
@@ -370,11 +390,22 @@ class Carver:
         bisect.insort(self.fits[stream], (size, no, off))
         bisect.insort(self.ranges[no], (off, size))
 
+    def settle(self, target: int | None = None, most: int = 0) -> None:
+        """Return the pending chunks, but ``target`` if it holds at most ``most`` bytes."""
+        for no in self.pending:
+            if no in self.empty and (no != target or self.info[no][3] > most):
+                self._return(no)
+        self.pending.clear()
+
     def alloc(self, n: int, stream: int, live: int = 0) -> tuple[tuple, bool]:
         """(the carved block, whether a new chunk was taken from the pool)."""
         n = max(512, -(-n // 512) * 512)
         fits = self.fits[stream]
         i = bisect.bisect_left(fits, (n, -1, -1))
+        if self.pending:
+            want = max(self.chunk_of(live), -(-n // CARVE_ROUND) * CARVE_ROUND)
+            self.settle(fits[i][1] if i < len(fits) else None, want)
+            i = bisect.bisect_left(fits, (n, -1, -1))
         new = i == len(fits)
         if new:
             no, self.next_no = self.next_no, self.next_no + 1
@@ -413,7 +444,11 @@ class Carver:
             self.empty[no] = self.info[no][3]
             keep = self.keep_of(live)
             while sum(self.empty.values()) > keep:
-                self._return(next(iter(self.empty)))
+                oldest = next(iter(self.empty))
+                if oldest == no and self.lazy:
+                    self.pending.append(no)  # the next pool call or carve decides
+                    break
+                self._return(oldest)
 
     def _return(self, no: int) -> None:
         block, stream, _, size = self.info.pop(no)
@@ -424,6 +459,7 @@ class Carver:
         self.returned += 1
 
     def flush(self) -> None:
+        self.pending.clear()
         for no in list(self.empty):
             self._return(no)
 
@@ -456,7 +492,7 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
         s = replace(s, small_max=max(c[0] for c in s.carve))
     pool = Pool(POOLS[pool_model]) if ops is None else RecordingPool(POOLS[pool_model], ops)
     cache = Cache(s)
-    carvers = [Carver(pool, *c) for c in s.carve]
+    carvers = [Carver(pool, *c, lazy=s.carve_lazy) for c in s.carve]
     live: dict[int, tuple | None] = {}
     live_bytes = peak_live = hits = allocs = peak_reserved = carved_live = 0
 

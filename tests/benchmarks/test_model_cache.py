@@ -177,6 +177,31 @@ def test_empty_chunks_are_kept_within_keep_and_flushed_under_pressure():
     assert c.returned == 2 and c.held == 0
 
 
+def test_a_lazy_carver_keeps_an_emptied_chunk_until_the_next_pool_call_or_carve():
+    pool = mc.Pool()
+    c = mc.Carver(pool, largest=mc.DEVICE, chunk=32 * MIB, keep=0, lazy=True)
+    for _ in range(100):  # a loop of one large size: one chunk, carved again each time
+        blk, _new = c.alloc(64 * MIB, 0)
+        c.free(blk)
+    assert c.mapped == 1 and c.returned == 0 and c.pending == [0]
+    assert pool.calls == 1
+    # a request it does not fit (another stream): the pending chunk goes back before the
+    # pool is asked, so the pool never holds both
+    other, new = c.alloc(MIB, 1)
+    assert new and c.returned == 1 and pool.reserved() == 64 * MIB  # not 96: never both
+    c.free(other)
+    # a request it fits but that would take a smaller chunk now: returned, a new one taken
+    c2 = mc.Carver(mc.Pool(), largest=mc.DEVICE, chunk=32 * MIB, keep=0, lazy=True)
+    c2.free(c2.alloc(128 * MIB, 0)[0])
+    small, new = c2.alloc(MIB, 0)
+    assert new and c2.returned == 1 and c2.held == 32 * MIB
+    # the eager carver returns it at every free
+    c3 = mc.Carver(mc.Pool(), largest=mc.DEVICE, chunk=32 * MIB, keep=0)
+    for _ in range(100):
+        c3.free(c3.alloc(64 * MIB, 0)[0])
+    assert c3.mapped == c3.returned == 100
+
+
 def test_each_stream_carves_its_own_chunks_and_a_large_request_gets_its_own():
     pool = mc.Pool()
     c = mc.Carver(pool, largest=mc.DEVICE, chunk=32 * MIB, keep=mc.DEVICE)
