@@ -12,6 +12,13 @@ every configuration sees the same machine within milliseconds (why: benchmarks/R
 sample, ``floor_ns`` (the best loop of an op that allocates nothing); ``turn_ratios``: for
 each baseline, bridge / baseline round by round (median, min, max). A configuration that
 cannot run (RMM not installed) is recorded as skipped with the reason.
+
+``--processes N``: N generations of workers, one after another, each a fresh process per
+configuration taking ``--repeats`` rounds. A process keeps a speed of its own for its whole
+life (where its code and thread-local data landed), and one worker per configuration puts
+that offset into every round; over generations ``turn_ratios`` also gives each
+generation's median (``process_medians``) and their median (``process_median``), the
+figure a slow or fast process moves least.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from _common import (  # noqa: E402
     check_pair_args,
     config_env,
     end_of_turns,
+    median,
     pin_cpu,
     run_guarded,
     serve,
@@ -63,31 +71,52 @@ def coordinate(args: argparse.Namespace, result: dict) -> None:
         env.update(config_env(args.framework, c))
         argv = [sys.executable, me, "--worker", "--framework", args.framework, "--config", c]
         specs[c] = (argv + (["--cpu", str(args.cpu)] if args.cpu is not None else []), env)
-    workers = start_workers(specs, configs)
-    samples, floors = take_turns(workers, configs, args.sizes, args.warmup, args.iters,
-                                 args.repeats, floor_iters=max(1, args.iters // 4))  # fmt: skip
+    generations = []
+    for g in range(args.processes):
+        status = configs if g == 0 else {}  # the first generation's status and info stay
+        workers = start_workers(specs, status)
+        for c, st in status.items():
+            if g and st["status"] != "ok":  # a later generation that could not start
+                configs[c].update(status=st["status"], error=st.get("error") or st.get("reason"))
+        generations.append(take_turns(workers, configs, args.sizes, args.warmup, args.iters,
+                                      args.repeats, floor_iters=max(1, args.iters // 4)))
+    timed = [c for c in configs if any(c in gs for gs, _ in generations)]
+    samples = {c: {str(n): [v for gs, _ in generations for v in gs.get(c, {}).get(str(n), [])]
+                   for n in args.sizes} for c in timed}  # fmt: skip
+    floors = {c: [v for _, gf in generations for v in gf.get(c, [])] for c in timed}
     for c, per_size in samples.items():
         done = {s: v for s, v in per_size.items() if v}
         configs[c]["ns_samples"] = {s: [round(x, 1) for x in v] for s, v in done.items()}
         configs[c]["ns_per_pair"] = {s: round(min(v), 1) for s, v in done.items()}
         if floors[c]:
             configs[c]["floor_ns"] = round(min(floors[c]), 1)
-    result["turn_ratios"] = turn_ratios(samples)
+    result["turn_ratios"] = turn_ratios([gs for gs, _ in generations])
     end_of_turns(configs, result, "ns_per_pair")
 
 
-def turn_ratios(samples: dict) -> dict:
-    """{baseline: {size: spread of bridge / baseline, round by round}} (rounds both ran)."""
+def turn_ratios(generations: list[dict]) -> dict:
+    """{baseline: {size: spread of bridge / baseline, round by round}} over the rounds both
+    ran in each generation of workers; with more than one generation, also each
+    generation's median (``process_medians``) and their median (``process_median``)."""
     out: dict = {}
-    bridge = samples.get("bridge", {})
-    for base, per_size in samples.items():
-        if base == "bridge":
-            continue
-        for size, values in per_size.items():
-            pairs = list(zip(bridge.get(size, []), values, strict=False))
-            if pairs:
-                out.setdefault(base, {})[size] = spread([b / v for b, v in pairs])
-    return out
+    for samples in generations:
+        bridge = samples.get("bridge", {})
+        for base, per_size in samples.items():
+            if base == "bridge":
+                continue
+            for size, values in per_size.items():
+                pairs = list(zip(bridge.get(size, []), values, strict=False))
+                if pairs:
+                    out.setdefault(base, {}).setdefault(size, []).append([b / v for b, v in pairs])
+    result: dict = {}
+    for base, per_size in out.items():
+        for size, gens in per_size.items():
+            r = spread([x for g in gens for x in g])
+            if len(generations) > 1:
+                r["process_medians"] = [round(median(g), 4) for g in gens]
+                r["process_median"] = round(median(r["process_medians"]), 4)
+            result.setdefault(base, {})[size] = r
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)  # worker only
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     add_pair_args(p, iters=5000, repeats=41, repeats_help="rounds (timed loops per size)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="generations of workers, each a fresh process per configuration "
+                        "taking --repeats rounds (default 1)")  # fmt: skip
     args = p.parse_args(argv)
     if args.worker:
         return serve(worker_setup(args))
@@ -107,9 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--configs: distinct names from {', '.join(bench_alloc.CONFIGS[:-1])}, "
                 f"with bridge (got {args.configs})")
     check_pair_args(p, args)
+    if args.processes < 1:
+        p.error(f"--processes must be >= 1 (got {args.processes})")
     base = {"bench": "alloc_turns", "framework": args.framework, "sizes": args.sizes,
             "iters": args.iters, "repeats": args.repeats, "warmup": args.warmup,
-            "cpu": args.cpu, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "processes": args.processes, "cpu": args.cpu,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     return run_guarded(args.json, base, lambda result: coordinate(args, result))
 
 

@@ -622,6 +622,31 @@ def test_turns_alternate_fresh_workers_and_compare_to_bridge(tmp_path):
     assert "rmm" not in r["turn_ratios"]
 
 
+def test_turns_over_generations_of_fresh_workers_give_each_generations_median(tmp_path):
+    """bench_turns.py --processes 3: three generations of workers, each taking every round."""
+    import subprocess
+
+    (tmp_path / "torch.py").write_text(FAKE_TORCH)
+    (tmp_path / "bridge.py").write_text(FAKE_BRIDGE)
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    argv = [sys.executable, str(BENCH / "bench_turns.py"), "--framework", "torch",
+            "--configs", "native,bridge", "--sizes", "1MiB", "--iters", "50", "--warmup", "5",
+            "--repeats", "3", "--processes", "3", "--json", str(out)]  # fmt: skip
+    subprocess.run(argv, env=env, timeout=180, check=True)
+    r = json.loads(out.read_text())
+    assert r["status"] == "ok" and r["processes"] == 3, r
+    for c in ("native", "bridge"):
+        assert len(r["configs"][c]["ns_samples"]["1048576"]) == 9  # 3 rounds x 3 generations
+    ratio = r["turn_ratios"]["native"]["1048576"]
+    assert ratio["n"] == 9 and len(ratio["process_medians"]) == 3
+    assert 0.2 < ratio["process_median"] < 0.9  # bridge's stand-in pair costs half native's
+    assert sorted(ratio["process_medians"])[1] == ratio["process_median"]
+    bad = subprocess.run(argv[:-2] + ["--processes", "0"], env=env, timeout=60,
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "--processes must be >= 1" in bad.stderr
+
+
 def test_turns_with_no_worker_able_to_start_is_an_error(tmp_path):
     import subprocess
 
