@@ -43,6 +43,8 @@ ONETIER_ENV = {"BRIDGE_CACHE_SMALL_MAX": "100%"}
 FIXEDLARGE_ENV = {"BRIDGE_CACHE_LARGE_FRACTION": "0"}
 #: "bridge-carve": blocks carved from pool chunks (carve.c; off by default)
 CARVE_ENV = {"BRIDGE_CACHE_CARVE": "1"}
+#: "bridge-unowned": CuPy's blocks in CuPy's UnownedMemory, not BridgeMemory (adapters/cupy_memory.py)
+UNOWNED_ENV = {"BRIDGE_CUPY_UNOWNED": "1"}
 #: "bridge-pluggable": torch through its CUDAPluggableAllocator over the core (the fallback
 #: where the C++ allocator cannot be built), the same core and cache behind it.
 PLUGGABLE_ENV = {"BRIDGE_TORCH_PLUGGABLE": "1"}
@@ -64,6 +66,8 @@ def config_env(framework: str, config: str) -> dict[str, str]:
         return dict(PLUGGABLE_ENV)
     if config == "bridge-carve":
         return dict(CARVE_ENV)
+    if config == "bridge-unowned":
+        return dict(UNOWNED_ENV)
     return {}
 
 

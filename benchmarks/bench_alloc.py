@@ -46,7 +46,8 @@ from _common import (  # noqa: E402
 )
 
 FRAMEWORKS = ("torch", "cupy")
-CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-carve", "all")
+CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-carve", "bridge-unowned",
+           "all")
 
 
 _KEEP: list = []  # objects that must outlive the timed loops (RMM's memory resource)

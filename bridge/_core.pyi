@@ -129,11 +129,22 @@ class CupyAllocator:
         memory_pointer: Any,
         on_failure: Callable[[int, int, int, int], Any],
         tag: int = ...,
+        device_capsule: Any = ...,
+        stream_capsule: Any = ...,
+        base_memory: type | None = ...,
     ) -> CupyAllocator: ...
     def __call__(self, size: int, /) -> Any: ...
     def wrap(self, block: Block, /) -> Any: ...
     @property
     def num_gil_releases(self) -> int: ...
+    @property
+    def direct_lookups(self) -> bool: ...
+    @property
+    def memory_objects(self) -> str:
+        """``"BridgeMemory"`` (CuPy's layout checked out) or ``"UnownedMemory"``."""
+    @property
+    def memory_problem(self) -> str | None:
+        """Why blocks are wrapped in ``UnownedMemory``; None when they are BridgeMemory."""
 
 @final
 class StreamAllocator:

@@ -111,6 +111,8 @@ REGISTRY: tuple[Framework, ...] = (
         "bridge.adapters.cupy",
         "#4c72b0",
         pointers=True,
+        env=("BRIDGE_CUPY_UNOWNED",),
+        variables="bridge.adapters.cupy_memory",
         install=((13, "cupy-cuda13x"), (12, "cupy-cuda12x")),
     ),
     Framework(

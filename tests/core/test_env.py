@@ -31,6 +31,7 @@ BAD = {
     "BRIDGE_SHARE_GROWTH": "3MiB",
     "BRIDGE_TORCH_PLUGGABLE": "maybe",
     "BRIDGE_RMM_CALLBACK": "yes",
+    "BRIDGE_CUPY_UNOWNED": "on",
 }
 GOOD = {
     "BRIDGE_GPU_MEMORY_LIMIT": "25%",
@@ -50,6 +51,7 @@ GOOD = {
     "BRIDGE_CUDA_LIBRARY": "libcuda.so.1",
     "BRIDGE_TORCH_PLUGGABLE": "1",
     "BRIDGE_RMM_CALLBACK": "1",
+    "BRIDGE_CUPY_UNOWNED": "1",
     "BRIDGE_CACHE_DIR": "/tmp/bridge-cache",
 }
 FREE_FORM = {"BRIDGE_CUDA_LIBRARY", "BRIDGE_CACHE_DIR"}  # paths: any value is read as it is

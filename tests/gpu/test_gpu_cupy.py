@@ -215,3 +215,77 @@ def test_the_allocation_stream_is_cupys_current_one(fresh, allocator):
         assert adapter._allocator.direct_lookups is True  # CuPy's signatures as this file knows
         p, other, again = _stream_keyed_reuse(cupy)
     assert again == p and other != p
+
+
+def _views_and_pointers(cupy) -> tuple[int, list[int], int]:
+    """A view that outlives its array, pointer arithmetic and DLPack on the array's memory:
+    (the view's sum, a slice read back, whether DLPack's array shares the address)."""
+    a = cupy.arange(1 << 20, dtype=cupy.int32)
+    view = a[10:20]
+    del a  # the view keeps the memory: its values stay
+    shifted = view.data + 8  # two int32 on: the same memory object
+    assert shifted.mem is view.data.mem and shifted.ptr == view.data.ptr + 8
+    back = cupy.from_dlpack(view)
+    shared = int(back.data.ptr == view.data.ptr)
+    out = int(view.sum()), cupy.asnumpy(back[:3]).tolist(), shared
+    del view, shifted, back
+    return out
+
+
+@pytest.mark.parametrize("allocator", ["native", "bridge"])
+def test_blocks_are_bridge_memory_in_cupys_memory_pointer(fresh, allocator):
+    """CuPy's blocks on the bridge are BridgeMemory, a BaseMemory made in C, inside CuPy's
+    own MemoryPointer (CuPy 14's layout checks out); views, pointer arithmetic and DLPack
+    read them as CuPy's own. The native half runs the same steps on a CuPy MemoryPool."""
+    from cupy.cuda import memory as cmem
+
+    import bridge
+    from bridge.adapters import cupy as adapter
+
+    cupy = fresh
+    if allocator == "native":
+        pool = cupy.cuda.MemoryPool()
+        cupy.cuda.set_allocator(pool.malloc)
+        try:
+            got = _views_and_pointers(cupy)
+        finally:
+            cupy.cuda.set_allocator(adapter._allocator)
+            pool.free_all_blocks()
+    else:
+        alloc = adapter._allocator
+        assert alloc.memory_objects == "BridgeMemory", alloc.memory_problem
+        before = bridge.stats(0).by_framework["cupy"]
+        a = cupy.empty(3 * MIB, dtype=cupy.uint8)
+        mem = a.data.mem
+        assert type(mem).__name__ == "BridgeMemory" and isinstance(mem, cmem.BaseMemory)
+        assert isinstance(a.data, cmem.MemoryPointer)
+        assert (mem.ptr, mem.size, mem.device_id) == (a.data.ptr, 3 * MIB, 0)
+        assert a.data.device_id == 0 and int(a.data) == mem.ptr
+        assert bridge.stats(0).by_framework["cupy"] == before + 3 * MIB
+        del a, mem
+        assert bridge.stats(0).by_framework["cupy"] == before  # its end freed the block
+        got = _views_and_pointers(cupy)
+        cupy.cuda.Device().synchronize()
+        assert bridge.stats(0).by_framework["cupy"] == before
+    assert got == (sum(range(10, 20)), [10, 11, 12], 1)
+
+
+def test_cupy_unowned_keeps_cupys_unowned_memory():
+    """BRIDGE_CUPY_UNOWNED=1: the blocks are CuPy's UnownedMemory with a Block as owner."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import bridge, cupy\n"
+        "bridge.unify(cupy=True, torch=False)\n"
+        "from bridge.adapters import cupy as adapter\n"
+        "a = cupy.arange(1000, dtype=cupy.int64)\n"
+        "print(adapter._allocator.memory_objects, type(a.data.mem).__name__,\n"
+        "      type(a.data.mem._owner).__name__, int(a.sum()))\n"
+    )
+    env = dict(os.environ, BRIDGE_CUPY_UNOWNED="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["UnownedMemory", "UnownedMemory", "Block", str(sum(range(1000)))]

@@ -16,7 +16,7 @@ unsigned long long block_gil_releases;
  * driver call and no wait (bridge_free_cached: a shard lock and the cache's
  * lock, neither held by anyone waiting for the GIL); only otherwise is the
  * GIL released, around bridge_free (driver frees, evictions, deferred frees). */
-static void free_block(void *p)
+void block_free(void *p)
 {
     if (bridge_free_cached(p) != BRIDGE_E_MISS)
         return;
@@ -31,7 +31,7 @@ static void Block_dealloc(Block *self)
     void *p = self->ptr;
     self->ptr = NULL;
     if (p)
-        free_block(p);
+        block_free(p);
     Py_CLEAR(self->stream);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -74,7 +74,7 @@ PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
 {
     Block *b = PyObject_New(Block, &BlockType);
     if (!b) {
-        free_block(ptr);
+        block_free(ptr);
         return NULL;
     }
     b->ptr = ptr;

@@ -21,6 +21,9 @@ extern PyTypeObject BlockType;
 /* Frees of Blocks that released the GIL (bridge_free after a
  * bridge_free_cached miss); read and written under the GIL. */
 extern unsigned long long block_gil_releases;
+/* Free an allocation with the GIL held (a Block's dealloc does): into the
+ * core's cache when that needs no driver call, else with the GIL released. */
+void block_free(void *ptr);
 /* A new Block owning `ptr` (freed at once if the object cannot be made). */
 PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream);
 /* After a refused allocation: when its wait gave up for Ctrl-C, run the
