@@ -100,13 +100,6 @@ class CupyStandIn:
         )
 
 
-@pytest.fixture
-def cache(led):
-    core.set_cache(DEV, 64 * MIB)
-    yield led
-    core.set_cache(DEV, 0)
-
-
 def test_the_capsules_replace_both_python_calls(cache):
     cupy = CupyStandIn()
     alloc = cupy.allocator()

@@ -58,7 +58,7 @@ def make_allocator(stream: int = DEFAULT, tag: int = TAG_CUPY):
 
 
 @pytest.fixture
-def cache(led):
+def cache(led):  # the shared one (conftest.py), with the capture stream adopted
     led.sd.standin_adopt_stream(CAP, DEV)
     core.set_cache(DEV, 64 * MIB)
     yield led

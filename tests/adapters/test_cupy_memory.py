@@ -83,13 +83,6 @@ def allocator(base=mem_types.BaseMemory, pointer=mem_types.MemoryPointer, stream
     )  # fmt: skip
 
 
-@pytest.fixture
-def cache(led):
-    core.set_cache(DEV, 64 * MIB)
-    yield led
-    core.set_cache(DEV, 0)
-
-
 def test_a_block_is_bridge_memory_in_cupys_memory_pointer(cache):
     alloc = allocator()
     assert alloc.memory_objects == "BridgeMemory" and alloc.memory_problem is None
