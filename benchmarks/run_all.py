@@ -16,6 +16,7 @@ runs (benchmarks/README.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -23,7 +24,6 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -41,18 +41,21 @@ SECTIONS = ("alloc_turns", "alloc", "alloc_same_process", "mixed", "e2e_turns", 
 TRACES = report.TRACES  # the committed traces bench_trace.py replays (traces/NAME.json.gz)
 
 
-@dataclass
+@dataclasses.dataclass
 class Params:
     iters: int
     warmup: int
     repeats: int
-    turns_repeats: int  # rounds of bench_turns.py (the verdict on allocation)
+    turns_repeats: int  # rounds of bench_turns.py per generation (the verdict on allocation)
     e2e_steps: int
     e2e_repeats: int
     e2e_warmup: int
     e2e_turns: int  # rounds of native and bridge taking turns (the verdict)
     mixed_fraction: float
     budget_s: float
+    # generations of fresh workers in bench_turns.py (--processes): a process keeps a speed
+    # offset of its own for its life, and the rounds of several generations average it out
+    turns_processes: int = 9
     # bench_trace.py run: warm workers in turns, pinned to one CPU; the verdict is the median
     # of the round-by-round ratios (at least report.TRACE_MIN_ROUNDS of them)
     trace_rounds: int = 21
@@ -68,22 +71,23 @@ class Params:
     rmm_quick: bool = False  # bench_rmm.py --quick
 
 
-FULL = Params(iters=5000, warmup=2000, repeats=15, turns_repeats=61, e2e_steps=100,
+FULL = Params(iters=5000, warmup=2000, repeats=15, turns_repeats=21, e2e_steps=100,
               e2e_repeats=5, e2e_warmup=20, e2e_turns=16, mixed_fraction=0.572, budget_s=450)
 QUICK = Params(iters=4000, warmup=500, repeats=5, turns_repeats=9, e2e_steps=30, e2e_repeats=3,
-               e2e_warmup=10, e2e_turns=4, mixed_fraction=0.15, budget_s=150, trace_rounds=9,
+               e2e_warmup=10, e2e_turns=4, mixed_fraction=0.15, budget_s=150,
+               turns_processes=1, trace_rounds=9,
                trace_passes=1, capacity_budget="8GiB", capacity_splits="0.3,0.5,0.7",
                capacity_steps=1, wait_rounds=1, wait_steps=60, share_repeats=7, rmm_quick=True)
 
 
-@dataclass
+@dataclasses.dataclass
 class Task:
     name: str
     section: str  # one of SECTIONS
     argv: list[str]
     timeout: float
-    env: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)  # copied into the result (round, ...)
+    env: dict = dataclasses.field(default_factory=dict)
+    extra: dict = dataclasses.field(default_factory=dict)  # copied into the result (round, ...)
     pin: bool = False  # pass --cpu: the CPU found fastest just before the child starts
     result_flag: str = "--json"  # the child's result-file option
     skip: str | None = None  # why it is recorded as skipped instead of run
@@ -108,7 +112,8 @@ def plan(p: Params, python: str, quick: bool, mixed_gib: float | None,
                   [python, bench("bench_turns.py"), "--framework", fw,
                    "--configs", "native,async,rmm,bridge", "--sizes", SIZES,
                    "--iters", str(p.iters), "--warmup", str(p.warmup),
-                   "--repeats", str(p.turns_repeats)], 240, extra={"framework": fw}, pin=True)
+                   "--repeats", str(p.turns_repeats), "--processes", str(p.turns_processes)],
+                  300, extra={"framework": fw}, pin=True)
              for fw in ("torch", "cupy")]
     tasks += [Task(f"alloc-{fw}-{c}-r1", "alloc",
                    [python, bench("bench_alloc.py"), "--framework", fw, "--config", c] + common,
@@ -132,9 +137,10 @@ def plan(p: Params, python: str, quick: bool, mixed_gib: float | None,
                       + common, 150, extra={"framework": "cupy", "config": "all"}, pin=True))
     # the later sections, one child each (one per trace); each timeout leaves the child
     # inside a 450 s part run (--only SECTION) on a machine with a 10-minute command limit
-    def trace_configs(name: str) -> str:  # RMM replays torch only
+    def trace_configs(name: str) -> str:  # RMM replays torch only; carving: off by default
         no_rmm = rmm_skip or name in report.MIXED_TRACES
-        return "native,async,bridge" if no_rmm else "native,async,rmm,bridge"
+        return ",".join(["native", "async"] + ([] if no_rmm else ["rmm"])
+                        + ["bridge", "bridge-carve"])
 
     tasks += [Task(f"trace-{name}", "trace",
                    [python, bench("bench_trace.py"), "run",
@@ -410,6 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables", metavar="DEST", default=None,
                     help="at the end, write one table per benchmark with figures in this run "
                          "into DEST (results_tables.py; e.g. benchmarks/results)")
+    ap.add_argument("--trace-rounds", type=int, default=None,
+                    help="rounds of each trace replay in turns (21; --quick 9; fewer than "
+                         f"{report.TRACE_MIN_ROUNDS} give no time verdict)")
+    ap.add_argument("--capacity-splits", default=None,
+                    help="CuPy's shares of the budget tried natively by the capacity search "
+                         "(comma list of fractions; default 0.2,0.3,...,0.7)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     ap.add_argument("--probe", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -418,6 +430,20 @@ def main(argv: list[str] | None = None) -> int:
     if not args.out:
         ap.error("--out DIR is required")
     p = QUICK if args.quick else FULL
+    if args.trace_rounds is not None:
+        if args.trace_rounds < report.TRACE_MIN_ROUNDS:
+            ap.error(f"--trace-rounds: at least {report.TRACE_MIN_ROUNDS} rounds give the "
+                     f"trace's time verdict (got {args.trace_rounds})")
+        p = dataclasses.replace(p, trace_rounds=args.trace_rounds)
+    if args.capacity_splits is not None:
+        try:
+            splits = [float(x) for x in args.capacity_splits.split(",") if x.strip()]
+        except ValueError:
+            splits = []
+        if not splits or not all(0 < x < 1 for x in splits):
+            ap.error("--capacity-splits: a comma list of fractions between 0 and 1, e.g. "
+                     f"0.45,0.5,0.55 (got {args.capacity_splits!r})")
+        p = dataclasses.replace(p, capacity_splits=",".join(f"{x:g}" for x in splits))
     budget = args.budget_s if args.budget_s is not None else p.budget_s
     out = os.path.abspath(args.out)
     raw = os.path.join(out, "raw")

@@ -297,7 +297,12 @@ def test_plan_runs_the_later_sections_after_the_others_in_order():
         t = by[f"trace-{name}"]
         assert t.argv[2] == "run" and t.argv[3].endswith(f"traces/{name}.json.gz")
         assert pathlib.Path(t.argv[3]).is_file()  # the committed trace
-        want = "native,async,bridge" if name in report.MIXED_TRACES else "native,async,rmm,bridge"
+        # carving (off by default) beside the default cache; RMM replays torch's events only
+        want = (
+            "native,async,bridge,bridge-carve"
+            if name in report.MIXED_TRACES
+            else "native,async,rmm,bridge,bridge-carve"
+        )
         assert t.argv[t.argv.index("--configs") + 1] == want
         assert t.result_flag == "--out" and t.extra == {"trace": name}
     assert by["capacity"].result_flag == by["wait"].result_flag == "--out"
@@ -345,7 +350,7 @@ def test_without_rmm_the_rmm_section_is_skipped_with_the_reason():
         )
     }
     assert "No module named 'rmm'" in tasks["rmm"].skip
-    assert _arg(tasks["trace-gpt2"], "--configs") == "native,async,bridge"
+    assert _arg(tasks["trace-gpt2"], "--configs") == "native,async,bridge,bridge-carve"
     why = run_all.rmm_missing(sys.executable)  # None where rmm imports
     assert why is None or "rmm" in why
 
@@ -685,3 +690,81 @@ def test_the_trace_section_defaults_give_a_verdict_of_rounds_in_turns():
             t = tasks[f"trace-{name}"]
             assert int(_arg(t, "--rounds")) >= report.TRACE_MIN_ROUNDS
             assert int(_arg(t, "--processes")) == 3 and t.pin
+
+
+def test_carving_is_checked_beside_the_default_cache_where_a_trace_replayed_it():
+    """bridge-carve (off by default, the memory answer of issue 34) gets the same three
+    checks as bridge, under its own ids; runs without it add none."""
+    out = trace_out("gpt2")
+    assert not any(
+        ".carve." in k
+        for k in {x["id"] for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
+    )
+    live = 5 * GIB
+    out["gpt2"]["bridge-carve"] = {
+        **replay("bridge-carve", 2300.0, int(live * 1.04), live, "gpt2"),
+        **turns([2300 / 2500] * 9),
+    }
+    res = {"gpt2": {"status": "ok", "data": out}}
+    c = {x["id"]: x for x in report.trace_checks(res)}
+    assert c["trace.gpt2.carve.time"]["value"] == pytest.approx(0.92)
+    assert c["trace.gpt2.carve.time"]["label"] == "trace gpt2: bridge-carve / native ns per event"
+    assert c["trace.gpt2.carve.reserved_over_live"]["value"] == pytest.approx(1.04, abs=1e-3)
+    assert c["trace.gpt2.carve.reserved_over_live"]["status"] == "pass"
+    assert c["trace.gpt2.carve.reserved_vs_native"]["value"] == pytest.approx(1.04 / 1.20, abs=1e-3)
+    assert c["trace.gpt2.time"]["value"] == pytest.approx(0.96)  # the default's, unchanged
+    # a trace that ran without carving: its carving checks are missing, with the reason
+    c = {
+        x["id"]: x
+        for x in report.trace_checks(res | {"mixed": {"status": "ok", "data": trace_out("mixed")}})
+    }
+    assert c["trace.mixed.carve.time"]["status"] == "missing"
+    assert "bridge-carve: not run" in c["trace.mixed.carve.time"]["note"]
+
+
+def test_the_turns_run_in_generations_of_fresh_workers():
+    """Full: 21 rounds in each of nine generations (the figure a process's own speed moves
+    least); quick: one generation."""
+    for params, quick, gens in ((run_all.FULL, False, "9"), (run_all.QUICK, True, "1")):
+        tasks = {t.name: t for t in run_all.plan(params, sys.executable, quick, None)}
+        for fw in ("torch", "cupy"):
+            assert _arg(tasks[f"alloc-turns-{fw}"], "--processes") == gens
+    assert (
+        _arg(
+            {t.name: t for t in run_all.plan(run_all.FULL, sys.executable, False, None)}[
+                "alloc-turns-torch"
+            ],
+            "--repeats",
+        )
+        == "21"
+    )
+
+
+def test_trace_rounds_and_capacity_splits_for_a_short_machine(capsys):
+    assert (
+        run_all.main(
+            [
+                "--out",
+                "x",
+                "--dry-run",
+                "--only",
+                "trace,capacity",
+                "--trace-rounds",
+                "9",
+                "--capacity-splits",
+                "0.45, 0.5,0.55",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert out.count("--rounds 9 ") == len(run_all.TRACES)
+    assert "--splits 0.45,0.5,0.55 " in out
+    for argv, says in (
+        (["--trace-rounds", "3"], "at least 9 rounds"),
+        (["--capacity-splits", "0.5,1.5"], "fractions between 0 and 1"),
+        (["--capacity-splits", "half"], "fractions between 0 and 1"),
+    ):
+        with pytest.raises(SystemExit):
+            run_all.main(["--out", "x", "--dry-run"] + argv)
+        assert says in capsys.readouterr().err
