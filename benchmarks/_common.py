@@ -43,7 +43,8 @@ ONETIER_ENV = {"BRIDGE_CACHE_SMALL_MAX": "100%"}
 FIXEDLARGE_ENV = {"BRIDGE_CACHE_LARGE_FRACTION": "0"}
 #: "bridge-carve": blocks carved from pool chunks (carve.c; off by default)
 CARVE_ENV = {"BRIDGE_CACHE_CARVE": "1"}
-#: "bridge-unowned": CuPy's blocks in CuPy's UnownedMemory, not BridgeMemory (adapters/cupy_memory.py)
+#: "bridge-unowned": CuPy's blocks in CuPy's UnownedMemory, not BridgeMemory
+#: (adapters/cupy_memory.py)
 UNOWNED_ENV = {"BRIDGE_CUPY_UNOWNED": "1"}
 #: "bridge-pluggable": torch through its CUDAPluggableAllocator over the core (the fallback
 #: where the C++ allocator cannot be built), the same core and cache behind it.

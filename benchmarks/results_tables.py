@@ -43,6 +43,9 @@ BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[dict], list[str]]]] = {
     "rmm": (("rmm",), report._md_rmm),
 }
 
+#: benchmark -> the run_all.py sections that measure it (a part run names its sections)
+SECTIONS = {"alloc": ("alloc_turns", "alloc", "alloc_same_process"), "e2e": ("e2e_turns", "e2e")}
+
 #: the distributions a table names, in this order, where the run recorded them
 VERSIONS = ("bridge", "torch", "cupy", "cupy-cuda13x", "cupy-cuda12x", "jax", "jaxlib",
             "rmm-cu13", "numpy", "cuda-bindings", "cuda-core")  # fmt: skip
@@ -68,6 +71,22 @@ def versions(meta: dict) -> str:
     return ", ".join(f"{n} {have[n]}" for n in names) or "not recorded"
 
 
+def measured_by(name: str, meta: dict) -> tuple[str, str]:
+    """(date, command) of the part runs that measured this benchmark: every part whose --only
+    names one of its sections, the earliest one's date; a run without parts, or a benchmark
+    no part names: the run's own."""
+    mine = set(SECTIONS.get(name, (name,)))
+    parts = []
+    for part in meta.get("parts") or []:
+        only = part.get("only")
+        names = set(only.split(",")) if isinstance(only, str) else set(only or ())
+        if names & mine:
+            parts.append(part)
+    if not parts:
+        return str(meta.get("date", "?")), f"`{meta.get('command', '?')}`"
+    return str(parts[0].get("date", "?")), "; ".join(f"`{p.get('command', '?')}`" for p in parts)
+
+
 def table(name: str, results: dict, source: str) -> str | None:
     """The markdown table of one benchmark, or None when the run has no figure of it."""
     groups, section = BENCHMARKS[name]
@@ -75,11 +94,12 @@ def table(name: str, results: dict, source: str) -> str | None:
     if not any(c.get("value") is not None for c in checks):
         return None
     meta = results.get("meta", {})
+    date, command = measured_by(name, meta)
     lines = [MARKER, "", f"# {name}: the latest figures", "",
-             f"- run: {meta.get('date', '?')}, git {meta.get('git') or '?'}"
+             f"- run: {date}, git {meta.get('git') or '?'}"
              f"{', quick' if meta.get('quick') else ''} (from {source})",
              f"- card: {card(meta)}", f"- versions: {versions(meta)}",
-             f"- command: `{meta.get('command', '?')}`", ""]  # fmt: skip
+             f"- command: {command}", ""]  # fmt: skip
     lines += report._table(
         ["metric", "value", "target", "result", "note"],
         [[c["label"], "-" if c["value"] is None else f"{c['value']:.3f}",
@@ -123,10 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dest", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                    "results"),
                     help="where the tables go (default: benchmarks/results)")  # fmt: skip
+    ap.add_argument("--source", default=None,
+                    help="where the run's files are kept, as the tables should say it (e.g. "
+                         "'git show COMMIT:benchmarks/results/FOLDER/results.json'; default: "
+                         "the run directory, relative to --dest)")
     args = ap.parse_args(argv)
     with open(os.path.join(args.run, "results.json")) as f:
         results = json.load(f)
-    source = os.path.relpath(os.path.abspath(args.run), os.path.abspath(args.dest))
+    source = args.source or os.path.relpath(os.path.abspath(args.run),
+                                            os.path.abspath(args.dest))
     for name, what in write_tables(results, args.dest, source).items():
         print(f"{name:>9}: {what}")
     return 0

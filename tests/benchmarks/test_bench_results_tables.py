@@ -120,3 +120,38 @@ def test_run_all_takes_a_tables_option():
 
     assert "--tables" in inspect.getsource(run_all.main)
     assert run_all.main(["--out", "/nonexistent", "--dry-run", "--only", "rmm"]) == 0
+
+
+def test_each_table_names_the_part_run_that_measured_it(tmp_path, capsys):
+    """A run in parts (--only, merged into one results.json): a table's date and command are
+    those of the part that ran its sections, not the last part's; --source says where the
+    run's files are kept."""
+    res = run()
+    res["meta"]["parts"] = [
+        {"date": "2026-12-03T10:00:00+00:00", "command": "run_all.py --only trace",
+         "only": "trace", "quick": False},
+        {"date": "2026-12-03T11:00:00+00:00", "command": "run_all.py --only capacity,wait",
+         "only": "capacity,wait", "quick": False},
+    ]  # fmt: skip
+    res["meta"]["date"], res["meta"]["command"] = "2026-12-03T11:00:00+00:00", "last part"
+    rt.write_tables(res, str(tmp_path), "r")
+    trace = (tmp_path / "trace.md").read_text()
+    assert "- run: 2026-12-03T10:00:00+00:00," in trace
+    assert "- command: `run_all.py --only trace`" in trace
+    assert "- command: `run_all.py --only capacity,wait`" in (tmp_path / "wait.md").read_text()
+    # two parts measured the trace: both named, the first one's date
+    res["meta"]["parts"].append(
+        {"date": "2026-12-03T12:00:00+00:00", "command": "again", "only": "trace,rmm"}
+    )
+    rt.write_tables(res, str(tmp_path), "r")
+    trace = (tmp_path / "trace.md").read_text()
+    assert "- run: 2026-12-03T10:00:00+00:00," in trace
+    assert "- command: `run_all.py --only trace`; `again`" in trace
+    # a benchmark no part names (share, rmm here): the run's own meta
+    assert "- command: `last part`" in (tmp_path / "share.md").read_text()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "results.json").write_text(json.dumps(res))
+    where = "git show abc1234:benchmarks/results/F/results.json"
+    assert rt.main([str(run_dir), "--dest", str(tmp_path / "t"), "--source", where]) == 0
+    assert f"(from {where})" in (tmp_path / "t" / "trace.md").read_text()
