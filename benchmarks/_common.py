@@ -339,6 +339,18 @@ def parse_sizes(text: str) -> list[int]:
     return out
 
 
+def parse_fractions(text: str) -> list[float]:
+    """'0.45,0.5,0.55' -> [0.45, 0.5, 0.55]: shares strictly between 0 and 1 (ValueError)."""
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or not all(0.0 < x < 1.0 for x in out):
+        raise ValueError("fractions between 0 and 1, comma-separated, e.g. 0.45,0.5,0.55 "
+                         f"(got {text!r})")
+    return out
+
+
 def size_label(n: int) -> str:
     """512 -> '512 B', 1048576 -> '1 MiB'."""
     for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):

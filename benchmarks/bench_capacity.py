@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import ALLOCATOR_ENV, parse_sizes, write_json  # noqa: E402
+from _common import ALLOCATOR_ENV, parse_fractions, parse_sizes, write_json  # noqa: E402
 
 RAW = 512  # the side of the raw images CuPy filters
 HW = 128  # the side of the images torch trains on (a 4 x 4 mean of the raw ones)
@@ -244,11 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     (budget,) = parse_sizes(args.budget)
     try:
-        splits = [float(s) for s in args.splits.split(",") if s.strip()]
-    except ValueError:
-        ap.error(f"--splits: numbers in (0, 1), comma-separated (got {args.splits!r})")
-    if not splits or not all(0.0 < s < 1.0 for s in splits):
-        ap.error(f"--splits: numbers in (0, 1), comma-separated (got {args.splits!r})")
+        splits = parse_fractions(args.splits)
+    except ValueError as exc:
+        ap.error(f"--splits: {exc}")
     if min(args.steps, args.start, args.limit) < 1:
         ap.error("--steps, --start and --limit must be at least 1")
     if args.child:

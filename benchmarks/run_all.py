@@ -16,7 +16,6 @@ runs (benchmarks/README.md).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -24,11 +23,19 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import report  # noqa: E402
-from _common import ALLOCATOR_ENV, ASYNC_ENV, error_record, parse_sizes, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    ALLOCATOR_ENV,
+    ASYNC_ENV,
+    error_record,
+    parse_fractions,
+    parse_sizes,
+    write_json,
+)
 
 SIZES = "512,1MiB,64MiB"
 DISTRIBUTIONS = ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "jax", "jaxlib",
@@ -41,7 +48,7 @@ SECTIONS = ("alloc_turns", "alloc", "alloc_same_process", "mixed", "e2e_turns", 
 TRACES = report.TRACES  # the committed traces bench_trace.py replays (traces/NAME.json.gz)
 
 
-@dataclasses.dataclass
+@dataclass
 class Params:
     iters: int
     warmup: int
@@ -80,14 +87,14 @@ QUICK = Params(iters=4000, warmup=500, repeats=5, turns_repeats=9, e2e_steps=30,
                capacity_steps=1, wait_rounds=1, wait_steps=60, share_repeats=7, rmm_quick=True)
 
 
-@dataclasses.dataclass
+@dataclass
 class Task:
     name: str
     section: str  # one of SECTIONS
     argv: list[str]
     timeout: float
-    env: dict = dataclasses.field(default_factory=dict)
-    extra: dict = dataclasses.field(default_factory=dict)  # copied into the result (round, ...)
+    env: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # copied into the result (round, ...)
     pin: bool = False  # pass --cpu: the CPU found fastest just before the child starts
     result_flag: str = "--json"  # the child's result-file option
     skip: str | None = None  # why it is recorded as skipped instead of run
@@ -434,16 +441,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.trace_rounds < report.TRACE_MIN_ROUNDS:
             ap.error(f"--trace-rounds: at least {report.TRACE_MIN_ROUNDS} rounds give the "
                      f"trace's time verdict (got {args.trace_rounds})")
-        p = dataclasses.replace(p, trace_rounds=args.trace_rounds)
+        p = replace(p, trace_rounds=args.trace_rounds)
     if args.capacity_splits is not None:
         try:
-            splits = [float(x) for x in args.capacity_splits.split(",") if x.strip()]
-        except ValueError:
-            splits = []
-        if not splits or not all(0 < x < 1 for x in splits):
-            ap.error("--capacity-splits: a comma list of fractions between 0 and 1, e.g. "
-                     f"0.45,0.5,0.55 (got {args.capacity_splits!r})")
-        p = dataclasses.replace(p, capacity_splits=",".join(f"{x:g}" for x in splits))
+            splits = parse_fractions(args.capacity_splits)
+        except ValueError as exc:
+            ap.error(f"--capacity-splits: {exc}")
+        p = replace(p, capacity_splits=",".join(f"{x:g}" for x in splits))
     budget = args.budget_s if args.budget_s is not None else p.budget_s
     out = os.path.abspath(args.out)
     raw = os.path.join(out, "raw")
