@@ -49,6 +49,8 @@ UNOWNED_ENV = {"BRIDGE_CUPY_UNOWNED": "1"}
 #: "bridge-pluggable": torch through its CUDAPluggableAllocator over the core (the fallback
 #: where the C++ allocator cannot be built), the same core and cache behind it.
 PLUGGABLE_ENV = {"BRIDGE_TORCH_PLUGGABLE": "1"}
+#: the cache without its thread slots (cache.c), the shared lists alone, for comparison.
+NOSLOT_ENV = {"BRIDGE_CACHE_THREAD_SLOT": "0"}
 
 
 def config_env(framework: str, config: str) -> dict[str, str]:
@@ -69,6 +71,8 @@ def config_env(framework: str, config: str) -> dict[str, str]:
         return dict(CARVE_ENV)
     if config == "bridge-unowned":
         return dict(UNOWNED_ENV)
+    if config == "bridge-noslot":
+        return dict(NOSLOT_ENV)
     return {}
 
 

@@ -9,6 +9,9 @@ torch configurations (``torch.empty(n, dtype=torch.uint8, device='cuda')``, drop
            variable; this script checks that torch really uses that backend)
   rmm      RMM's CUDAPluggableAllocator over ``rmm.mr.CudaAsyncMemoryResource``
   bridge   ``bridge.unify(cupy=False, torch=True)``
+  bridge-nocache, bridge-carve, bridge-noslot
+           the same with the cache off, with carving, without the thread slots
+           (``BRIDGE_CACHE_THREAD_SLOT=0``: the shared lists alone)
 cupy configurations (``cupy.empty(n, dtype=cupy.uint8)``, dropped):
   native   CuPy's default ``MemoryPool``
   async    ``cupy.cuda.MemoryAsyncPool`` (the device's default pool)
@@ -90,7 +93,7 @@ def setup_torch(config: str, info: dict) -> Callable[[int, int], None]:
         if "cudaMallocAsync" not in conf:
             raise RuntimeError("config async needs PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "
                                f"in the environment (it is {conf!r}); run_all.py sets it")
-    elif config not in ("native", "bridge", "bridge-nocache", "bridge-carve"):
+    elif config not in ("native", "bridge", "bridge-nocache", "bridge-carve", "bridge-noslot"):
         raise ValueError(f"torch has no configuration {config!r}")
     torch.empty(1, device="cuda")  # start CUDA and the allocator
     torch.cuda.synchronize()

@@ -185,6 +185,9 @@ class Settings:
     large_fraction: float = 1 / 8
     depth: int = 64  # blocks a (stream, size) key (BRIDGE_CACHE_DEPTH)
     evict: bool = True  # False: a block that does not fit is declined (the first cache)
+    #: the thread slot in front of the lists (cache.c since the twenty-third session;
+    #: BRIDGE_CACHE_THREAD_SLOT); False: the lists alone, as the earlier caches were
+    slot: bool = True
     #: carved classes (a model only, not in cache.c): (largest request, chunk bytes, empty
     #: chunk bytes kept) each; a request up to a class's largest (the first that takes it)
     #: is carved from that class's chunks (Carver), never reaching the two tiers
@@ -210,9 +213,10 @@ def live_chunk(share: float, low: int, high: int) -> Any:
 POLICIES = {
     "none": Settings(limit=0),
     # the first cache: 2% of the device, never evicting, 16 blocks a key
-    "old": Settings(floor=DEVICE // 50, fraction=0, small_max=DEVICE, depth=16, evict=False),
+    "old": Settings(floor=DEVICE // 50, fraction=0, small_max=DEVICE, depth=16, evict=False,
+                    slot=False),
     # the cache of 2026-11-30: one order, max(64 MiB, live / 16), 16 blocks a key
-    "lru": Settings(small_max=DEVICE, depth=16),
+    "lru": Settings(small_max=DEVICE, depth=16, slot=False),
     # cache.c as built: two tiers, 64 blocks a key, the large tier's cap
     # min(64 MiB, max(live / 8, the block cached)) (sixteenth session)
     "tiers": Settings(),
@@ -266,7 +270,9 @@ class Cache:
 
     ``put`` is ``cache_put`` (``evict`` False: ``cache_put_no_evict``), ``trim`` is
     ``cache_trim``; ``held`` is what ledger.c passes: the committed bytes (live and
-    cached) less the block being freed, read once per free."""
+    cached) less the block being freed, read once per free. ``slot``: the replaying
+    thread's slot (cache.c's thread slots), the block it freed last, counted in its tier,
+    the newest of its tier and key, beside the lists' ``depth`` per key."""
 
     def __init__(self, s: Settings) -> None:
         self.s = s
@@ -275,12 +281,18 @@ class Cache:
         self.tier = [0, 0]  # cached bytes per tier
         self.keys: dict[tuple, list] = defaultdict(list)  # key -> [(tier, serial)], newest last
         self.serial = 0
+        self.slot: tuple | None = None  # (key, block, size, tier)
 
     @property
     def bytes(self) -> int:
         return self.tier[0] + self.tier[1]
 
     def take(self, key: tuple) -> tuple | None:
+        if self.slot is not None and self.slot[0] == key:
+            block, size, t = self.slot[1:]
+            self.slot = None
+            self.tier[t] -= size
+            return block
         if not self.keys[key]:
             return None
         t, i = self.keys[key].pop()
@@ -313,34 +325,79 @@ class Cache:
             out.append(block)
         return out
 
+    def put_cap(self, t: int, held: int, size: int) -> int:
+        """cache.c's put_cap: the cap a block of ``size`` is held to in tier t."""
+        if t == 0:  # under the floor (and the limit): under the cap, whatever live is
+            low = min(self.s.floor, max(self.s.limit - self.tier[1], 0))
+            if self.tier[0] + size <= low:
+                return low
+        return self.cap_for(t, held, size)
+
     def put(self, key: tuple, size: int, block: tuple, held: int) -> tuple[bool, list]:
         s = self.s
         if not s.limit or size > s.max_block:
             return False, []
         t = int(size > s.small_max)
+        cap = self.put_cap(t, held, size)
         have = self.tier[t]
-        if t == 0:  # under the floor (and the limit): under the cap, whatever live is
-            low = min(s.floor, max(s.limit - self.tier[1], 0))
-            cap = low if have + size <= low else self.cap_for(0, held, size)
-        else:
-            cap = self.cap_for(1, held, size)
-        fits = (s.evict or have + size <= cap) and size <= cap and len(self.keys[key]) < s.depth
+        if not s.slot:  # the lists alone: cache.c's put_listed
+            fits = (s.evict or have + size <= cap) and size <= cap and len(self.keys[key]) < s.depth
+            evicted = []
+            if s.evict and have + size > cap:
+                evicted = self.evict(t, cap, size if fits else 0, EVICT_MAX)
+            if fits and self.tier[t] + size <= cap:
+                self.serial += 1
+                self.order[t][self.serial] = (key, block, size)
+                self.keys[key].append((t, self.serial))
+                self.tier[t] += size
+                return True, evicted
+            return False, evicted
+        if self.slot is None and have + size <= cap:  # cache.c's path without the lock
+            self.slot = (key, block, size, t)
+            self.tier[t] += size
+            return True, []
+        old, self.slot = self.slot, None  # still counted in its tier
+        want = (s.evict or have + size <= cap) and size <= cap
         evicted = []
         if s.evict and have + size > cap:
-            evicted = self.evict(t, cap, size if fits else 0, EVICT_MAX)
-        if fits and self.tier[t] + size <= cap:
-            self.serial += 1
-            self.order[t][self.serial] = (key, block, size)
-            self.keys[key].append((t, self.serial))
-            self.tier[t] += size
-            return True, evicted
-        return False, evicted
+            extra = size if want else 0
+            evicted = self.evict(t, cap, extra, EVICT_MAX)
+            # the slot's block is the newest below this one: evicted last
+            if old and old[3] == t and self.tier[t] + extra > cap and len(evicted) < EVICT_MAX:
+                evicted.append(old[1])
+                self.tier[t] -= old[2]
+                old = None
+        kept = False
+        if want and self.tier[t] + size <= cap:
+            kept = True
+            if old and len(self.keys[old[0]]) < s.depth:  # into the lists, their newest
+                self.serial += 1
+                self.order[old[3]][self.serial] = old[:3]
+                self.keys[old[0]].append((old[3], self.serial))
+                old = None
+            elif old and s.evict and len(evicted) < EVICT_MAX:
+                evicted.append(old[1])
+                self.tier[old[3]] -= old[2]
+                old = None
+            elif old:
+                kept = False  # no room for the older block: this one is not kept
+            if kept:
+                self.slot = (key, block, size, t)
+                self.tier[t] += size
+        if old:
+            self.slot = old
+        return kept, evicted
 
     def trim(self, held: int) -> list:
         out: list = []
         for t in (0, 1):
             if len(out) < EVICT_MAX:
                 out += self.evict(t, self.cap_for(t, held), 0, EVICT_MAX - len(out))
+            if (len(out) < EVICT_MAX and self.slot is not None and self.slot[3] == t
+                    and self.tier[t] > self.cap_for(t, held)):  # the slot last
+                out.append(self.slot[1])
+                self.tier[t] -= self.slot[2]
+                self.slot = None
         return out
 
 

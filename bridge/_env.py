@@ -121,6 +121,16 @@ VARIABLES: tuple[Variable, ...] = (
         ),
     ),
     Variable(
+        _runtime.CACHE_THREAD_SLOT_ENV,
+        POOL,
+        lambda t: _runtime.cache_thread_slot_from_env(),
+        lambda v, t: _valid(
+            "each thread's newest freed block waits in a slot of its own"
+            if v
+            else "freed blocks go to the shared cache alone"
+        ),
+    ),
+    Variable(
         PINNED_LIMIT_ENV,
         PINNED,
         lambda t: size_from_env(PINNED_LIMIT_ENV, total=t.host, of=HOST_MEMORY),

@@ -40,6 +40,8 @@ CACHE_LARGE_CAP_ENV = "BRIDGE_CACHE_LARGE_CAP"  # a size: the large tier's cap
 CACHE_LARGE_FRACTION_ENV = "BRIDGE_CACHE_LARGE_FRACTION"  # a fraction or a percentage; 0: none
 # carving (off by default): the cache's requests carved from pool chunks (docs/design.md)
 CACHE_CARVE_ENV = "BRIDGE_CACHE_CARVE"  # 1 / on, 0 / off
+# each thread's newest freed block in a slot of its own, in front of the lists (default on)
+CACHE_THREAD_SLOT_ENV = "BRIDGE_CACHE_THREAD_SLOT"  # 1 / on, 0 / off
 DEFAULT_CACHE_FRACTION = 1 / 16
 DEFAULT_CACHE_FLOOR = 64 << 20
 DEFAULT_CACHE_SMALL_MAX = 1 << 20
@@ -91,20 +93,33 @@ def cache_large_fraction_from_env() -> float:
     return cache_fraction_from_env(CACHE_LARGE_FRACTION_ENV, DEFAULT_CACHE_LARGE_FRACTION)
 
 
-def cache_carve_from_env() -> bool:
-    """BRIDGE_CACHE_CARVE: whether the cache carves its blocks from pool chunks (default off).
+def switch_from_env(name: str, default: bool, what: str) -> bool:
+    """An on/off variable: 1, on, true, yes or 0, off, false, no; unset or empty: default.
 
     Raises
     ------
     ValueError
         Naming the variable and its value when it is neither on nor off.
     """
-    raw = os.environ.get(CACHE_CARVE_ENV, "").strip().lower()
-    if raw in ("", "0", "off", "false", "no"):
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("0", "off", "false", "no"):
         return False
     if raw in ("1", "on", "true", "yes"):
         return True
-    raise ValueError(f"{CACHE_CARVE_ENV}={raw!r}: use 1 (carve blocks from chunks) or 0 (off)")
+    raise ValueError(f"{name}={raw!r}: use 1 ({what}) or 0 (off)")
+
+
+def cache_carve_from_env() -> bool:
+    """BRIDGE_CACHE_CARVE: whether the cache carves its blocks from pool chunks (default off)."""
+    return switch_from_env(CACHE_CARVE_ENV, False, "carve blocks from chunks")
+
+
+def cache_thread_slot_from_env() -> bool:
+    """BRIDGE_CACHE_THREAD_SLOT: whether each thread's newest freed block waits in a slot of
+    its own, taken back without a lock (default on)."""
+    return switch_from_env(CACHE_THREAD_SLOT_ENV, True, "a slot per thread")
 
 
 _lock = threading.RLock()
@@ -233,6 +248,11 @@ def ensure_device(device: int) -> None:
         )
         if cache_carve_from_env():
             check(core.set_cache_carve(device), what="turning carving on", device=device)
+        check(
+            core.set_cache_thread_slots(device, cache_thread_slot_from_env()),
+            what="setting the cache's thread slots",
+            device=device,
+        )
         _configured.add(device)
 
 

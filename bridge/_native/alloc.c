@@ -145,6 +145,14 @@ int bridge_set_cache_large_fraction(int device, double fraction)
     return BRIDGE_OK;
 }
 
+int bridge_set_cache_thread_slots(int device, int on)
+{
+    if (!device_of(device))
+        return BRIDGE_E_DEVICE;
+    cache_set_thread_slots(device, on);
+    return BRIDGE_OK;
+}
+
 /* records_take's `keep` for bridge_free: a graph block stays in the table,
  * marked freed by the user, because replays may still write it; the pool's
  * release returns it.  Runs under the shard lock, so the mark and the figures

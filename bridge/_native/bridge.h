@@ -171,6 +171,12 @@ int bridge_set_cache_tiers(int device, uint64_t small_max, uint64_t large_cap);
  * alone).  One block up to large_cap is always cacheable.
  * fraction in [0, 65536] (kept to 1/65536); BRIDGE_E_INVALID otherwise. */
 int bridge_set_cache_large_fraction(int device, double fraction);
+/* Each thread's newest freed block waits in a slot of that thread's (on by
+ * default): its next allocation of that size and stream takes it back, and a
+ * free into an empty slot, with no lock; the slots are the newest end of the
+ * cache's order (the hits and the cached bytes are the lists' alone would
+ * give, on one thread).  Off: freed blocks go to the shared lists alone. */
+int bridge_set_cache_thread_slots(int device, int on);
 /* Carving (off by default; docs/design.md "Carving blocks from chunks"): the
  * requests the cache may serve are carved from pool chunks of their stream,
  * those of at most 1 MiB from 2 MiB chunks, larger ones from chunks of

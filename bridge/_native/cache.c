@@ -8,13 +8,18 @@
  * (top = newest .. bottom = oldest), the key being (stream, size) in an
  * open-addressed table.  A take pops the top of its key; an eviction removes
  * the tier's oldest block, wherever its key is: both O(1).  The node keeps
- * its tier, so a change of the boundary leaves every block where it was. */
+ * its tier, so a change of the boundary leaves every block where it was.
+ *
+ * In front of the lists, each thread has a slot per device that holds the
+ * block it freed last (the thread slots, below): logically the newest end of
+ * that block's tier and key, reached without the lock. */
 #include "cache.h"
 #include "carve.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "bridge.h"
 
@@ -44,6 +49,42 @@ typedef struct slot {
 
 enum { TIER_SMALL, TIER_LARGE, TIERS };
 
+/* ---- each thread's newest freed block: the thread slots ----
+ * The block a thread freed last on a device waits in that thread's slot, not
+ * in the lists: the thread's next allocation of that size and stream takes it
+ * back with one compare-and-swap, and a free into an empty slot that fits
+ * under its tier's cap takes a few relaxed loads and one locked add, no lock.
+ *
+ * The slot is the newest end of its tier's order and of its key: a free into
+ * an occupied slot moves the slot's block into the lists, under the lock, as
+ * their newest (and takes the slot itself when it is kept), so the lists and
+ * the slots together are in the order of caching the lists alone had; a take
+ * of the slot's key gets that key's newest block, as the lists' top would
+ * be.  A slot's bytes are its tier's (`parked`): every cap, figure and budget
+ * view counts them.  Evictions and trims reach the slots last (each holds its
+ * tier's newest block of its thread); a flush, a stream's end and an
+ * allocation that missed the lists reach every thread's slot.
+ *
+ * Protocol.  Only the owner writes size, stream and tier, and only while ptr
+ * is 0; it publishes them with a release store of ptr, and takes its block
+ * back with a compare-and-swap of ptr to 0.  Another thread claims a slot
+ * with a compare-and-swap of ptr to SLOT_BUSY, reads the fields (stable
+ * then), and stores 0 (or the pointer again, when it does not want the
+ * block).  A slot outlives its thread: at the thread's exit it is left
+ * unowned, its block in it, and the next thread to need one takes it over.
+ * Slots are listed per device (pushed, never removed), so a walk takes no
+ * lock. */
+#define SLOT_BUSY ((uintptr_t)1)
+
+typedef struct tslot {
+    _Atomic uintptr_t ptr; /* 0: empty; SLOT_BUSY: another thread is claiming it */
+    _Atomic uint64_t size;
+    _Atomic(CUstream) stream;
+    _Atomic uint32_t tier;
+    _Atomic int owned;  /* a live thread's */
+    struct tslot *next; /* the device's list */
+} tslot;
+
 /* One order of caching and its bytes.  Every write is made under the
  * device's lock (a plain load and store: no locked instruction on the hot
  * path); the atomics let figures be read without it. */
@@ -69,8 +110,12 @@ typedef struct dcache {
     _Atomic uint64_t large_fraction; /* ... and its share of live, x 65536; 0: none */
     uint32_t keys;              /* slots with size != 0; <= SLOTS / 2 */
     uint32_t live_keys;         /* slots with n > 0; <= keys */
-    int held;                   /* threads waiting for memory (wait.c): while > 0
-                                  nothing is cached, freed bytes go to the pool */
+    _Atomic int held;           /* threads waiting for memory (wait.c): while > 0
+                                  nothing is cached, freed bytes go to the pool;
+                                  written under the lock */
+    _Atomic uint64_t parked[TIERS]; /* bytes in the thread slots, by tier */
+    _Atomic(tslot *) tslots;        /* every thread slot of the device */
+    _Atomic int slots_on;           /* 0: frees go to the lists alone */
 } dcache;
 
 #define DEFAULT_LIMIT (1ull << 30)
@@ -84,7 +129,8 @@ static dcache caches[BRIDGE_MAX_DEVICES] = {
                                       .floor = BRIDGE_CACHE_FLOOR,
                                       .small_max = BRIDGE_CACHE_SMALL_MAX,
                                       .large_cap = BRIDGE_CACHE_LARGE_CAP,
-                                      .large_fraction = BRIDGE_CACHE_LARGE_FRACTION_Q16}};
+                                      .large_fraction = BRIDGE_CACHE_LARGE_FRACTION_Q16,
+                                      .slots_on = 1}};
 
 #define RELAXED memory_order_relaxed
 
@@ -93,6 +139,20 @@ static dcache caches[BRIDGE_MAX_DEVICES] = {
 static inline void add_locked(_Atomic uint64_t *v, uint64_t delta)
 {
     atomic_store_explicit(v, atomic_load_explicit(v, RELAXED) + delta, RELAXED);
+}
+
+/* A tier's cached bytes (the lists' and the slots'), and every cached byte. */
+static inline uint64_t tier_bytes(dcache *c, int t)
+{
+    return atomic_load_explicit(&c->tiers[t].bytes, RELAXED) +
+           atomic_load_explicit(&c->parked[t], RELAXED);
+}
+
+static inline uint64_t all_bytes(dcache *c)
+{
+    return atomic_load_explicit(&c->bytes, RELAXED) +
+           atomic_load_explicit(&c->parked[TIER_SMALL], RELAXED) +
+           atomic_load_explicit(&c->parked[TIER_LARGE], RELAXED);
 }
 
 static void reset_tiers(dcache *c)
@@ -239,9 +299,9 @@ static inline uint64_t share_of(uint64_t live, uint64_t q16)
 static uint64_t cap_for(dcache *c, int t, uint64_t held, uint64_t size)
 {
     uint64_t limit = atomic_load_explicit(&c->limit, RELAXED);
-    uint64_t other = atomic_load_explicit(&c->tiers[!t].bytes, RELAXED);
+    uint64_t other = tier_bytes(c, !t);
     uint64_t room = limit > other ? limit - other : 0;
-    uint64_t cached = atomic_load_explicit(&c->bytes, RELAXED);
+    uint64_t cached = all_bytes(c);
     uint64_t live = held > cached ? held - cached : 0;
     uint64_t cap;
     if (t == TIER_LARGE) {
@@ -269,8 +329,7 @@ static __attribute__((noinline)) int evict(dcache *c, int t, uint64_t cap, uint6
 {
     tier *tr = &c->tiers[t];
     int k = 0;
-    while (k < max && tr->oldest != NONE &&
-           atomic_load_explicit(&tr->bytes, RELAXED) + extra > cap) {
+    while (k < max && tr->oldest != NONE && tier_bytes(c, t) + extra > cap) {
         uint32_t i = tr->oldest;
         node *nd = &c->nodes[i];
         out[k++] = (cache_block){nd->ptr, nd->size, nd->stream};
@@ -279,9 +338,191 @@ static __attribute__((noinline)) int evict(dcache *c, int t, uint64_t cap, uint6
     return k;
 }
 
+static inline int tier_of(dcache *c, uint64_t size)
+{
+    return size > atomic_load_explicit(&c->small_max, RELAXED) ? TIER_LARGE : TIER_SMALL;
+}
+
+/* The cap a block of `size` is held to in tier t whose bytes are `bytes`
+ * (cache_put's rule).  Under the floor and the limit the small tier is under
+ * its cap whatever the live bytes (the large tier's bytes are part of what
+ * the limit holds). */
+static uint64_t put_cap(dcache *c, int t, uint64_t held, uint64_t size, uint64_t bytes)
+{
+    if (t == TIER_SMALL) {
+        uint64_t low = atomic_load_explicit(&c->floor, RELAXED);
+        uint64_t limit = atomic_load_explicit(&c->limit, RELAXED);
+        uint64_t large = tier_bytes(c, TIER_LARGE);
+        limit = limit > large ? limit - large : 0;
+        low = low < limit ? low : limit;
+        if (bytes + size <= low)
+            return low;
+    }
+    return cap_for(c, t, held, size);
+}
+
+/* ---- the thread slots (see the banner at struct tslot) ---- */
+static _Thread_local tslot *my_slot[BRIDGE_MAX_DEVICES];
+static pthread_key_t slot_key;
+static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+static int slot_key_ok;
+
+/* At a thread's exit its slots are left unowned, each with its block. */
+static void slots_thread_ended(void *unused)
+{
+    (void)unused;
+    for (int d = 0; d < BRIDGE_MAX_DEVICES; d++)
+        if (my_slot[d]) {
+            atomic_store_explicit(&my_slot[d]->owned, 0, memory_order_release);
+            my_slot[d] = NULL;
+        }
+}
+
+static void make_slot_key(void)
+{
+    slot_key_ok = pthread_key_create(&slot_key, slots_thread_ended) == 0;
+}
+
+/* The calling thread's slot on the device: an unowned one taken over, or a
+ * new one; NULL without host memory or a thread key (frees then go to the
+ * lists, as with the slots off). */
+static tslot *slot_attach(dcache *c, int device)
+{
+    pthread_once(&slot_once, make_slot_key);
+    if (!slot_key_ok)
+        return NULL;
+    tslot *s = atomic_load_explicit(&c->tslots, memory_order_acquire);
+    for (; s; s = s->next) {
+        int free_ = 0;
+        if (!atomic_load_explicit(&s->owned, RELAXED) &&
+            atomic_compare_exchange_strong(&s->owned, &free_, 1))
+            break;
+    }
+    if (!s) {
+        /* a line of its own: no two threads' slots share a cache line */
+        size_t bytes = (sizeof *s + 63) & ~(size_t)63;
+        s = aligned_alloc(64, bytes);
+        if (!s)
+            return NULL;
+        memset(s, 0, bytes);
+        atomic_store(&s->owned, 1);
+        tslot *head = atomic_load_explicit(&c->tslots, RELAXED);
+        do
+            s->next = head;
+        while (!atomic_compare_exchange_weak_explicit(&c->tslots, &head, s, memory_order_release,
+                                                      RELAXED));
+    }
+    pthread_setspecific(slot_key, s); /* any non-NULL value: the destructor runs */
+    my_slot[device] = s;
+    return s;
+}
+
+/* What a claim wants of a slot's block. */
+enum { WANT_ANY, WANT_KEY, WANT_STREAM, WANT_TIER };
+
+/* Another thread's claim of slot s: 1 with its block in *out (and out of the
+ * slot and the tier's bytes) when it holds one that the claim wants, else 0
+ * (the slot as it was). */
+static inline int slot_wanted(tslot *s, int want, CUstream stream, uint64_t size, int t)
+{
+    switch (want) {
+    case WANT_KEY:
+        return atomic_load_explicit(&s->size, RELAXED) == size &&
+               atomic_load_explicit(&s->stream, RELAXED) == stream;
+    case WANT_STREAM:
+        return atomic_load_explicit(&s->stream, RELAXED) == stream;
+    case WANT_TIER:
+        return (int)atomic_load_explicit(&s->tier, RELAXED) == t;
+    default:
+        return 1;
+    }
+}
+
+static int slot_claim(dcache *c, tslot *s, int want, CUstream stream, uint64_t size, int t,
+                      cache_block *out)
+{
+    uintptr_t p = atomic_load_explicit(&s->ptr, memory_order_acquire);
+    /* a first look at the fields (they may change until the claim holds the
+     * slot), so that a slot of another key costs no locked instruction */
+    if (p <= SLOT_BUSY || !slot_wanted(s, want, stream, size, t))
+        return 0;
+    if (!atomic_compare_exchange_strong_explicit(&s->ptr, &p, SLOT_BUSY, memory_order_acquire,
+                                                 RELAXED))
+        return 0;
+    uint64_t sz = atomic_load_explicit(&s->size, RELAXED);
+    CUstream st = atomic_load_explicit(&s->stream, RELAXED);
+    uint32_t tr = atomic_load_explicit(&s->tier, RELAXED);
+    if (!slot_wanted(s, want, stream, size, t)) {
+        atomic_store_explicit(&s->ptr, p, memory_order_release);
+        return 0;
+    }
+    atomic_fetch_sub_explicit(&c->parked[tr], sz, RELAXED);
+    *out = (cache_block){p, sz, st};
+    atomic_store_explicit(&s->ptr, 0, memory_order_release);
+    return 1;
+}
+
+/* Claim blocks of every thread's slot on the device that `want` accepts, at
+ * most `max`, into out; the number claimed. */
+static int claim_slots(dcache *c, int want, CUstream stream, uint64_t size, int t,
+                       cache_block *out, int max)
+{
+    int n = 0;
+    if (!atomic_load_explicit(&c->parked[TIER_SMALL], RELAXED) &&
+        !atomic_load_explicit(&c->parked[TIER_LARGE], RELAXED))
+        return 0;
+    for (tslot *s = atomic_load_explicit(&c->tslots, memory_order_acquire); s && n < max;
+         s = s->next)
+        n += slot_claim(c, s, want, stream, size, t, &out[n]);
+    return n;
+}
+
+/* The owner's take of its own block: 1 when the slot held `ptr`. */
+static inline int slot_take_back(dcache *c, tslot *s, uintptr_t ptr)
+{
+    if (!atomic_compare_exchange_strong_explicit(&s->ptr, &ptr, 0, memory_order_acquire,
+                                                 RELAXED))
+        return 0;
+    atomic_fetch_sub_explicit(&c->parked[atomic_load_explicit(&s->tier, RELAXED)],
+                              atomic_load_explicit(&s->size, RELAXED), RELAXED);
+    return 1;
+}
+
+/* The owner's slot gets a block (the slot is empty and the owner's). */
+static inline void slot_fill(dcache *c, tslot *s, uintptr_t ptr, uint64_t size, CUstream stream,
+                             int t)
+{
+    atomic_store_explicit(&s->size, size, RELAXED);
+    atomic_store_explicit(&s->stream, stream, RELAXED);
+    atomic_store_explicit(&s->tier, (uint32_t)t, RELAXED);
+    atomic_fetch_add_explicit(&c->parked[t], size, RELAXED);
+    atomic_store_explicit(&s->ptr, ptr, memory_order_release);
+}
+
+static uintptr_t take_listed(dcache *c, CUstream stream, uint64_t size);
+
 uintptr_t cache_take(int device, CUstream stream, uint64_t size)
 {
     dcache *c = &caches[device];
+    /* fastest: the block this thread freed last, when it is of this key */
+    tslot *mine = my_slot[device];
+    if (mine) {
+        uintptr_t p = atomic_load_explicit(&mine->ptr, memory_order_acquire);
+        if (p > SLOT_BUSY && atomic_load_explicit(&mine->size, RELAXED) == size &&
+            atomic_load_explicit(&mine->stream, RELAXED) == stream && slot_take_back(c, mine, p))
+            return p;
+    }
+    uintptr_t got = take_listed(c, stream, size);
+    if (got)
+        return got;
+    /* another thread's slot: what the lists would have handed out */
+    cache_block b;
+    return claim_slots(c, WANT_KEY, stream, size, 0, &b, 1) ? b.ptr : 0;
+}
+
+/* The lists' newest block of the key, under the lock; 0 when none. */
+static uintptr_t take_listed(dcache *c, CUstream stream, uint64_t size)
+{
     if (!atomic_load_explicit(&c->bytes, memory_order_relaxed))
         return 0; /* nothing cached: no lock */
     uintptr_t p = 0;
@@ -317,17 +558,9 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size)
     return p;
 }
 
-/* cache_put and cache_put_no_evict: `evicted` NULL means evict nothing,
- * decline when the block does not fit as the cache is. */
-static int put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
-               cache_block *evicted, int *nevicted)
+/* The lists' arrays, allocated on the first put (under the lock). */
+static void ensure_lists(dcache *c)
 {
-    dcache *c = &caches[device];
-    if (!atomic_load_explicit(&c->limit, memory_order_relaxed) ||
-        size > atomic_load_explicit(&c->max_block, memory_order_relaxed))
-        return 0;
-    int kept = 0;
-    pthread_mutex_lock(&c->lock);
     if (!c->slots) {
         c->slots = calloc(SLOTS, sizeof(slot));
         c->nodes = c->slots ? malloc(NODES * sizeof(node)) : NULL;
@@ -339,26 +572,25 @@ static int put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64
         c->free_head = NONE;
         reset_tiers(c);
     }
+}
+
+/* A block into the lists (the thread slots off, or this thread's slot being
+ * claimed): `evicted` NULL means evict nothing, decline when the block does
+ * not fit as the cache is. */
+static int put_listed(dcache *c, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+                      cache_block *evicted, int *nevicted)
+{
+    int kept = 0;
+    pthread_mutex_lock(&c->lock);
+    ensure_lists(c);
     /* c->held: read under the lock already taken (no cost when nobody waits) */
-    if (c->slots && !c->held) {
+    if (c->slots && !atomic_load_explicit(&c->held, RELAXED)) {
         /* the block's tier decides the cap it is held to (and the only
          * blocks it may evict: the other tier keeps its own) */
-        int t = size > atomic_load_explicit(&c->small_max, RELAXED) ? TIER_LARGE : TIER_SMALL;
+        int t = tier_of(c, size);
         tier *tr = &c->tiers[t];
-        uint64_t bytes = atomic_load_explicit(&tr->bytes, RELAXED);
-        uint64_t cap;
-        if (t == TIER_SMALL) {
-            /* under the floor and the limit: under the cap, whatever the live
-             * bytes (the large tier's bytes are part of what the limit holds) */
-            uint64_t low = atomic_load_explicit(&c->floor, RELAXED);
-            uint64_t limit = atomic_load_explicit(&c->limit, RELAXED);
-            uint64_t large = atomic_load_explicit(&c->tiers[TIER_LARGE].bytes, RELAXED);
-            limit = limit > large ? limit - large : 0;
-            low = low < limit ? low : limit;
-            cap = bytes + size <= low ? low : cap_for(c, t, held, size);
-        } else {
-            cap = cap_for(c, t, held, size);
-        }
+        uint64_t bytes = tier_bytes(c, t);
+        uint64_t cap = put_cap(c, t, held, size, bytes);
         /* no eviction allowed: no room in the block's tier as it is, no change
          * (not even a new key) */
         int room = evicted || bytes + size <= cap;
@@ -374,7 +606,7 @@ static int put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64
          * block's own tier only: the other tier keeps its blocks) */
         if (evicted && bytes + size > cap)
             *nevicted = evict(c, t, cap, sl ? size : 0, evicted, BRIDGE_CACHE_EVICT_MAX);
-        if (sl && atomic_load_explicit(&tr->bytes, RELAXED) + size <= cap) {
+        if (sl && tier_bytes(c, t) + size <= cap) {
             uint32_t i = new_node(c);
             if (i != NONE) {
                 c->nodes[i].ptr = ptr;
@@ -392,6 +624,112 @@ static int put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64
     return kept;
 }
 
+/* The slot's block `a` goes into the lists as their newest (under the lock):
+ * 1 when linked, 0 when its key has no room (the caller evicts it). */
+static int link_from_slot(dcache *c, const cache_block *a, int t)
+{
+    slot *sl = find(c, a->stream, a->size, 1);
+    if (!sl && compact(c))
+        sl = find(c, a->stream, a->size, 1);
+    if (!sl || sl->n >= DEPTH)
+        return 0;
+    uint32_t i = new_node(c);
+    if (i == NONE)
+        return 0;
+    c->nodes[i] = (node){.ptr = a->ptr, .size = a->size, .stream = a->stream, .tier = (uint32_t)t};
+    link_node(c, sl, i);
+    add_locked(&c->tiers[t].bytes, a->size);
+    add_locked(&c->bytes, a->size);
+    atomic_fetch_sub_explicit(&c->parked[t], a->size, RELAXED);
+    return 1;
+}
+
+/* A freed block into the calling thread's slot, as the newest of its tier:
+ * put_listed's rule, with the slot's earlier block (if any) the newest below
+ * it.  No lock when the slot is empty and the block fits under its cap. */
+static int put_via_slot(dcache *c, tslot *mine, CUstream stream, uint64_t size, uintptr_t ptr,
+                        uint64_t held, cache_block *evicted, int *nevicted)
+{
+    if (atomic_load_explicit(&c->held, RELAXED))
+        return 0; /* threads wait for memory: nothing is kept */
+    int t = tier_of(c, size);
+    uintptr_t a = atomic_load_explicit(&mine->ptr, memory_order_acquire);
+    if (!a) {
+        uint64_t bytes = tier_bytes(c, t);
+        if (bytes + size <= put_cap(c, t, held, size, bytes)) {
+            slot_fill(c, mine, ptr, size, stream, t);
+            return 1;
+        }
+    }
+    /* The slot's block leaves it, still counted in its tier (`parked`) until
+     * it is linked, evicted or put back; a claim under way: the lists. */
+    cache_block old = {0, 0, NULL};
+    int ot = 0;
+    if (a) {
+        if (a == SLOT_BUSY || !atomic_compare_exchange_strong_explicit(
+                                  &mine->ptr, &a, 0, memory_order_acquire, RELAXED))
+            return put_listed(c, stream, size, ptr, held, evicted, nevicted);
+        old = (cache_block){a, atomic_load_explicit(&mine->size, RELAXED),
+                            atomic_load_explicit(&mine->stream, RELAXED)};
+        ot = (int)atomic_load_explicit(&mine->tier, RELAXED);
+    }
+    int kept = 0;
+    pthread_mutex_lock(&c->lock);
+    ensure_lists(c);
+    if (c->slots && !atomic_load_explicit(&c->held, RELAXED)) {
+        uint64_t bytes = tier_bytes(c, t);
+        uint64_t cap = put_cap(c, t, held, size, bytes);
+        int want = (evicted || bytes + size <= cap) && size <= cap;
+        if (evicted && bytes + size > cap) {
+            uint64_t extra = want ? size : 0;
+            *nevicted = evict(c, t, cap, extra, evicted, BRIDGE_CACHE_EVICT_MAX);
+            /* the slot's block is the newest below this one: evicted last */
+            if (old.ptr && ot == t && tier_bytes(c, t) + extra > cap &&
+                *nevicted < BRIDGE_CACHE_EVICT_MAX) {
+                evicted[(*nevicted)++] = old;
+                atomic_fetch_sub_explicit(&c->parked[ot], old.size, RELAXED);
+                old.ptr = 0;
+            }
+        }
+        if (want && tier_bytes(c, t) + size <= cap) {
+            kept = 1;
+            if (old.ptr && !link_from_slot(c, &old, ot)) {
+                if (evicted && *nevicted < BRIDGE_CACHE_EVICT_MAX) {
+                    evicted[(*nevicted)++] = old;
+                    atomic_fetch_sub_explicit(&c->parked[ot], old.size, RELAXED);
+                } else {
+                    kept = 0; /* no room for the older block: this one is not kept */
+                }
+            }
+            if (kept) {
+                slot_fill(c, mine, ptr, size, stream, t);
+                old.ptr = 0;
+            }
+        }
+    }
+    if (old.ptr) /* still the slot's */
+        atomic_store_explicit(&mine->ptr, old.ptr, memory_order_release);
+    pthread_mutex_unlock(&c->lock);
+    return kept;
+}
+
+/* cache_put and cache_put_no_evict: `evicted` NULL means evict nothing,
+ * decline when the block does not fit as the cache is. */
+static int put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+               cache_block *evicted, int *nevicted)
+{
+    dcache *c = &caches[device];
+    if (!atomic_load_explicit(&c->limit, memory_order_relaxed) ||
+        size > atomic_load_explicit(&c->max_block, memory_order_relaxed))
+        return 0;
+    tslot *mine = NULL;
+    if (atomic_load_explicit(&c->slots_on, RELAXED) && !(mine = my_slot[device]))
+        mine = slot_attach(c, device);
+    if (mine)
+        return put_via_slot(c, mine, stream, size, ptr, held, evicted, nevicted);
+    return put_listed(c, stream, size, ptr, held, evicted, nevicted);
+}
+
 int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
               cache_block *evicted, int *nevicted)
 {
@@ -407,23 +745,47 @@ int cache_put_no_evict(int device, CUstream stream, uint64_t size, uintptr_t ptr
 int cache_trim(int device, uint64_t held, cache_block *evicted)
 {
     dcache *c = &caches[device];
-    if (!atomic_load_explicit(&c->bytes, memory_order_relaxed))
+    if (!all_bytes(c))
         return 0;
     int k = 0;
     pthread_mutex_lock(&c->lock);
     /* each tier down to its cap, the small one first (the large tier's cap
-     * is then read with the small tier's bytes after the eviction) */
-    for (int t = 0; c->slots && t < TIERS && k < BRIDGE_CACHE_EVICT_MAX; t++)
-        k += evict(c, t, cap_for(c, t, held, 0), 0, evicted + k, BRIDGE_CACHE_EVICT_MAX - k);
+     * is then read with the small tier's bytes after the eviction); the
+     * slots last, their blocks being the newest */
+    for (int t = 0; t < TIERS && k < BRIDGE_CACHE_EVICT_MAX; t++) {
+        if (c->slots)
+            k += evict(c, t, cap_for(c, t, held, 0), 0, evicted + k, BRIDGE_CACHE_EVICT_MAX - k);
+        while (k < BRIDGE_CACHE_EVICT_MAX && tier_bytes(c, t) > cap_for(c, t, held, 0) &&
+               claim_slots(c, WANT_TIER, NULL, 0, t, evicted + k, 1))
+            k++;
+    }
     pthread_mutex_unlock(&c->lock);
     return k;
+}
+
+/* Every thread's slot block that `want` accepts, handed to `release`; the bytes. */
+static uint64_t release_slots(dcache *c, int device, int want, CUstream stream,
+                              cache_release_fn release)
+{
+    enum { BATCH = 64 };
+    cache_block out[BATCH];
+    uint64_t bytes = 0;
+    int n;
+    do {
+        n = claim_slots(c, want, stream, 0, 0, out, BATCH);
+        for (int k = 0; k < n; k++) {
+            release(device, out[k].ptr, out[k].size, out[k].stream);
+            bytes += out[k].size;
+        }
+    } while (n == BATCH);
+    return bytes;
 }
 
 uint64_t cache_flush(int device, cache_release_fn release)
 {
     dcache *c = &caches[device];
     if (!atomic_load(&c->bytes))
-        return 0;
+        return release_slots(c, device, WANT_ANY, NULL, release);
     /* Take the blocks out under the lock, release them after it. */
     pthread_mutex_lock(&c->lock);
     slot *old = c->slots;
@@ -445,17 +807,17 @@ uint64_t cache_flush(int device, cache_release_fn release)
             release(device, nodes[i].ptr, nodes[i].size, nodes[i].stream);
     free(nodes);
     free(old);
-    return bytes;
+    return bytes + release_slots(c, device, WANT_ANY, NULL, release);
 }
 
 uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn release)
 {
     dcache *c = &caches[device];
+    uint64_t bytes = release_slots(c, device, WANT_STREAM, stream, release);
     if (!atomic_load(&c->bytes))
-        return 0;
+        return bytes;
     enum { BATCH = 64 };
     cache_block out[BATCH];
-    uint64_t bytes = 0;
     for (;;) {
         /* a batch at a time, oldest first: taken under the lock, released after */
         int n = 0;
@@ -485,7 +847,7 @@ void cache_hold(int device, int on)
 {
     dcache *c = &caches[device];
     pthread_mutex_lock(&c->lock);
-    c->held += on ? 1 : -1;
+    atomic_fetch_add_explicit(&c->held, on ? 1 : -1, RELAXED);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -498,13 +860,15 @@ uint64_t cache_blocks(int device)
         for (uint32_t i = c->tiers[t].oldest; i != NONE; i = c->nodes[i].newer)
             n++;
     pthread_mutex_unlock(&c->lock);
+    for (tslot *s = atomic_load_explicit(&c->tslots, memory_order_acquire); s; s = s->next)
+        n += atomic_load_explicit(&s->ptr, RELAXED) > SLOT_BUSY;
     return n;
 }
 
 uint64_t cache_bytes(int device)
 {
     /* the carved classes' idle bytes too: every byte kept for reuse */
-    return atomic_load(&caches[device].bytes) + carve_idle(device);
+    return all_bytes(&caches[device]) + carve_idle(device);
 }
 
 uint64_t cache_limit(int device)
@@ -562,7 +926,7 @@ uint64_t cache_large_fraction_q16(int device)
 
 uint64_t cache_tier_bytes(int device, int large)
 {
-    return atomic_load(&caches[device].tiers[large ? TIER_LARGE : TIER_SMALL].bytes);
+    return tier_bytes(&caches[device], large ? TIER_LARGE : TIER_SMALL);
 }
 
 /* A fork child forgets the parent's cached blocks without taking a lock. */
@@ -579,5 +943,20 @@ void cache_forget_after_fork(void)
         caches[i].keys = caches[i].live_keys = 0;
         caches[i].held = 0;
         atomic_store(&caches[i].bytes, 0);
+        /* the parent's slots (and their blocks) are forgotten with it */
+        atomic_store(&caches[i].tslots, NULL);
+        for (int t = 0; t < TIERS; t++)
+            atomic_store(&caches[i].parked[t], 0);
+        my_slot[i] = NULL; /* the forking thread's, the child's only thread */
     }
+}
+
+void cache_set_thread_slots(int device, int on)
+{
+    atomic_store(&caches[device].slots_on, on != 0);
+}
+
+int cache_thread_slots(int device)
+{
+    return atomic_load(&caches[device].slots_on);
 }

@@ -18,6 +18,15 @@
  * together (each has the room under it that the other leaves).  Defaults:
  * small_max 1 MiB, large_cap 64 MiB, fraction 1/16, floor 64 MiB, the limit
  * set by the ledger at set-up.
+ *
+ * In front of the shared lists, each thread has one slot per device for the
+ * block it freed last (cache.c's thread slots): the newest end of the order
+ * of caching, counted in its tier, taken back by that thread's next
+ * allocation of the same size and stream, and put there by a free, without
+ * the lock.  On one thread the hits and the cached bytes are the lists' own,
+ * event for event; a key keeps DEPTH blocks in the lists and, beside them,
+ * a thread's newest.  Other threads reach a slot's block when their request
+ * misses the lists, and every flush, trim and stream's end reaches it.
  */
 #ifndef BRIDGE_CACHE_H
 #define BRIDGE_CACHE_H
@@ -107,6 +116,11 @@ void cache_set_large_fraction(int device, uint64_t fraction_q16);
 uint64_t cache_large_fraction_q16(int device);
 /* The cached bytes of the small (large = 0) or the large tier. */
 uint64_t cache_tier_bytes(int device, int large);
+/* Whether a thread's newest freed block waits in a slot of its own, in front
+ * of the lists (default on; cache.c's thread slots).  Off: frees go to the
+ * lists alone; blocks already in slots stay until taken or flushed. */
+void cache_set_thread_slots(int device, int on);
+int cache_thread_slots(int device);
 /* A fork child forgets the cached blocks (no lock taken). */
 void cache_forget_after_fork(void);
 

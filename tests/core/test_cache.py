@@ -414,10 +414,146 @@ def test_depth_per_key(cache):
     before = frees(cache)
     for p in ptrs:
         core.free(p)
-    assert stats()["cached"] == depth * size  # `depth` per (stream, size)
-    assert frees(cache) == before + 4
-    assert core.alloc(0, size, 0, CUPY) == (0, ptrs[depth - 1])  # the most recent of the key
+    # `depth` per (stream, size) in the lists, the oldest ones, and beside them the thread's
+    # newest freed block in its slot; the blocks between went back to the pool
+    assert stats()["cached"] == (depth + 1) * size
+    assert frees(cache) == before + 3
+    assert core.alloc(0, size, 0, CUPY) == (0, ptrs[-1])  # the most recent of the key
+    assert core.alloc(0, size, 0, CUPY) == (0, ptrs[depth - 1])  # then the lists' newest
     core.free(ptrs[depth - 1])
+    core.free(ptrs[-1])
+
+
+def test_depth_per_key_with_the_thread_slots_off(cache):
+    core.set_cache_thread_slots(0, False)
+    try:
+        depth = core.CACHE_DEPTH
+        size = MIB // 2
+        ptrs = [core.alloc(0, size, 0, CUPY)[1] for _ in range(depth + 4)]
+        before = frees(cache)
+        for p in ptrs:
+            core.free(p)
+        assert stats()["cached"] == depth * size  # `depth` per (stream, size), no more
+        assert frees(cache) == before + 4
+        assert core.alloc(0, size, 0, CUPY) == (0, ptrs[depth - 1])
+        core.free(ptrs[depth - 1])
+    finally:
+        core.set_cache_thread_slots(0, True)
+
+
+# ---- the thread slots: each thread's newest freed block (cache.c) ----
+def _in_thread(fn):
+    import threading
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_a_thread_s_newest_free_is_its_next_allocation_without_a_driver_call(cache):
+    rc, p = core.alloc(0, 2 * MIB, 0, TORCH)
+    calls = (cache.standin_counter(0), frees(cache))
+    core.free(p)
+    s = stats()
+    assert (s["cached"], s["cached_large"], s["tags"][TORCH]["current"]) == (2 * MIB, 2 * MIB, 0)
+    for _ in range(1000):  # the turns' loop: every pair from the slot
+        rc, q = core.alloc(0, 2 * MIB, 0, TORCH)
+        assert (rc, q) == (0, p)
+        assert stats()["cached"] == 0 and stats()["tags"][TORCH]["current"] == 2 * MIB
+        core.free(q)
+    assert (cache.standin_counter(0), frees(cache)) == calls
+    assert stats()["num_cache_hits"] >= 1000
+
+
+def test_a_block_in_another_thread_s_slot_is_found_by_a_miss(cache):
+    """A block another thread freed last (in its slot) serves this thread's allocation of
+    its key, as the shared lists would: no driver call, the figures moved once."""
+    p = _in_thread(lambda: core.alloc(0, 3 * MIB, 0, CUPY)[1])
+    _in_thread(lambda: core.free(p))  # that thread's slot; the thread has ended
+
+    def slot_of_a_live_thread():
+        rc, q = core.alloc(0, 5 * MIB, 0, CUPY)
+        core.free(q)  # parked in this (live) thread's slot
+        return q
+
+    import threading
+
+    parked, go = [], threading.Event()
+
+    def keep_alive():
+        parked.append(slot_of_a_live_thread())
+        go.wait(10)
+
+    t = threading.Thread(target=keep_alive)
+    t.start()
+    while not parked:
+        pass
+    try:
+        assert stats()["cached"] == 8 * MIB
+        allocs = cache.standin_counter(0)
+        assert core.alloc(0, 3 * MIB, 0, TORCH) == (0, p)  # an ended thread's slot
+        assert core.alloc(0, 5 * MIB, 0, TORCH) == (0, parked[0])  # a live thread's
+        assert cache.standin_counter(0) == allocs
+        assert stats()["cached"] == 0 and stats()["tags"][TORCH]["current"] == 8 * MIB
+    finally:
+        go.set()
+        t.join()
+    core.free(p)
+    core.free(parked[0])
+
+
+def test_a_new_thread_takes_over_an_ended_thread_s_slot_and_its_block(cache):
+    p = _in_thread(lambda: core.alloc(0, MIB, 0, CUPY)[1])
+    _in_thread(lambda: core.free(p))
+    assert stats()["cached"] == MIB
+    # a new thread frees another block: the ended thread's slot is taken over, its block
+    # moved into the lists as the newest below this one (nothing lost, nothing freed)
+    before = frees(cache)
+    q = core.alloc(0, 2 * MIB, 0, CUPY)[1]
+    _in_thread(lambda: core.free(q))
+    assert stats()["cached"] == 3 * MIB and frees(cache) == before
+    assert core.alloc(0, MIB, 0, CUPY) == (0, p)
+    assert core.alloc(0, 2 * MIB, 0, CUPY) == (0, q)
+    core.free(p)
+    core.free(q)
+
+
+def test_flush_trim_and_a_stream_s_end_reach_every_thread_s_slot(cache):
+    core.register_stream(SIDE)
+    on_side = _in_thread(lambda: core.alloc(0, MIB, SIDE, TORCH)[1])
+    _in_thread(lambda: core.free(on_side))
+    on_legacy = _in_thread(lambda: core.alloc(0, 2 * MIB, 0, TORCH)[1])
+    _in_thread(lambda: core.free(on_legacy))
+    rc, mine = core.alloc(0, 4 * MIB, 0, TORCH)
+    core.free(mine)
+    assert stats()["cached"] == 7 * MIB
+    before = frees(cache)
+    core.forget_stream(SIDE)  # the side stream's block, in an ended thread's slot
+    assert frees(cache) == before + 1 and stats()["cached"] == 6 * MIB
+    assert core.trim(0, 0) == 0  # the rest: another thread's slot and this thread's
+    assert frees(cache) == before + 3
+    s = stats()
+    assert s["cached"] == s["cached_small"] == s["cached_large"] == s["used"] == 0
+    assert core.trim(0, 0) == 0 and frees(cache) == before + 3  # nothing twice
+
+
+def test_the_slot_s_bytes_are_in_the_tier_caps_and_the_budget(cache):
+    core.set_cache(0, 4 * MIB)  # the limit: both tiers, the slots included
+    rc, a = core.alloc(0, 3 * MIB, 0, CUPY)
+    rc, b = core.alloc(0, 3 * MIB, 0, CUPY)
+    core.free(a)  # in the slot
+    core.free(b)  # a into the lists would pass the limit: a goes back, b takes the slot
+    s = stats()
+    assert s["cached"] == 3 * MIB and s["used"] == 3 * MIB
+    assert core.alloc(0, 3 * MIB, 0, CUPY) == (0, b)
+    core.set_limit(0, 10 * MIB)
+    core.free(b)
+    rc, c = core.alloc(0, 8 * MIB, 0, TORCH)  # fits only with the slot's block given back
+    assert rc == 0 and stats()["cached"] == 0 and stats()["used"] == 8 * MIB
+    core.free(c)
+    core.set_limit(0, 0)
 
 
 def test_many_sizes_on_many_streams(cache):

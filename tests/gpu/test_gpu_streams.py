@@ -74,6 +74,60 @@ def test_per_thread_default_streams_are_different_streams(mode):
     assert r == {"corrupted": 0}
 
 
+THREAD_SLOT = """
+import contextlib
+import threading
+import torch
+if MODE == "bridge":
+    import bridge
+    bridge.unify(torch=True)
+N = 16_000_000  # 64 MB: a block the cache keeps (its large tier holds up to 64 MiB)
+SIDE = SIDE_STREAM
+dropped, reused = threading.Event(), threading.Event()
+result = {}
+def thread_a():
+    x = torch.full((N,), 3.0, device="cuda")
+    out = torch.empty(N, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second: the copy below waits behind it
+    out.copy_(x)
+    result["x"] = x.data_ptr()
+    del x  # freed while the copy still waits to read it: on the bridge, this thread's slot
+    dropped.set()
+    reused.wait(60)
+    torch.cuda.synchronize()
+    result["corrupted"] = int((out != 3.0).sum())
+def thread_b():
+    dropped.wait(60)
+    side = torch.cuda.Stream() if SIDE else None
+    with torch.cuda.stream(side) if side else contextlib.nullcontext():
+        y = torch.empty(N, device="cuda")  # the size x had, another thread
+        y.fill_(9.0)
+        result["same_block"] = y.data_ptr() == result["x"]
+        torch.cuda.current_stream().synchronize()
+    reused.set()
+ts = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+for t in ts: t.start()
+for t in ts: t.join()
+report(**result)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("side", [False, True], ids=["same-stream", "another-stream"])
+def test_a_block_another_thread_freed_last_is_reused_in_stream_order(mode, side):
+    """Thread A frees x while a copy queued on the default stream still reads it; thread B
+    then allocates x's size. On the default stream B gets x's block (on the bridge from A's
+    thread slot, with no driver call) and its fill runs after the copy; on a stream of its
+    own B never gets it. Natively torch's allocator gives the same answers."""
+    r = run_mode(THREAD_SLOT.replace("SIDE_STREAM", str(side)), mode)
+    assert r["corrupted"] == 0
+    if side:
+        assert r["same_block"] is False
+    elif mode == "bridge":
+        assert r["same_block"] is True
+
+
 EXTERNAL_STREAM = """
 import gc
 import cupy as cp

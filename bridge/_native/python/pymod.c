@@ -523,6 +523,15 @@ static PyObject *py_set_cache_large_fraction(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_cache_large_fraction(dev, fraction));
 }
 
+static PyObject *py_set_cache_thread_slots(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, on;
+    if (!PyArg_ParseTuple(args, "ip", &dev, &on))
+        return NULL;
+    return PyLong_FromLong(bridge_set_cache_thread_slots(dev, on));
+}
+
 static PyObject *py_set_cache_carve(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -1012,6 +1021,9 @@ static PyMethodDef methods[] = {
     {"set_cache_carve", py_set_cache_carve, METH_VARARGS,
      "set_cache_carve(device, share=1/8, min=32 MiB, max=256 MiB, keep=0, small_keep=0) -> "
      "status: carve the cache's requests from pool chunks (max 0: off)"},
+    {"set_cache_thread_slots", py_set_cache_thread_slots, METH_VARARGS,
+     "set_cache_thread_slots(device, on) -> status: each thread's newest freed block waits "
+     "in a slot of its own, taken back by that thread without a lock (default on)"},
     {"set_cache_large_fraction", py_set_cache_large_fraction, METH_VARARGS,
      "set_cache_large_fraction(device, fraction) -> status: the large tier's cap is also at "
      "most this share of the bytes the frameworks hold, but never less than the block being "
