@@ -50,7 +50,7 @@ from _common import (  # noqa: E402
 
 FRAMEWORKS = ("torch", "cupy")
 CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-carve", "bridge-unowned",
-           "all")
+           "bridge-noslot", "all")
 
 
 _KEEP: list = []  # objects that must outlive the timed loops (RMM's memory resource)
