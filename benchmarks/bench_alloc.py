@@ -51,6 +51,9 @@ from _common import (  # noqa: E402
 FRAMEWORKS = ("torch", "cupy")
 CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-carve", "bridge-unowned",
            "bridge-noslot", "all")
+#: the configurations setup_torch knows (bench_turns.py takes any of CONFIGS but "all")
+TORCH_CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-carve",
+                 "bridge-noslot")
 
 
 _KEEP: list = []  # objects that must outlive the timed loops (RMM's memory resource)
@@ -93,7 +96,7 @@ def setup_torch(config: str, info: dict) -> Callable[[int, int], None]:
         if "cudaMallocAsync" not in conf:
             raise RuntimeError("config async needs PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync "
                                f"in the environment (it is {conf!r}); run_all.py sets it")
-    elif config not in ("native", "bridge", "bridge-nocache", "bridge-carve", "bridge-noslot"):
+    elif config not in TORCH_CONFIGS:
         raise ValueError(f"torch has no configuration {config!r}")
     torch.empty(1, device="cuda")  # start CUDA and the allocator
     torch.cuda.synchronize()

@@ -671,26 +671,29 @@ def test_turns_over_generations_of_fresh_workers_give_each_generations_median(tm
     assert bad.returncode == 2 and "--processes must be >= 1" in bad.stderr
 
 
-def test_turns_take_every_bridge_configuration_bench_alloc_knows(tmp_path):
-    """bench_turns.py --configs accepts each bench_alloc configuration (bridge-noslot included:
-    the cache without its thread slots) and times it in its own worker beside the bridge."""
+def test_turns_take_every_torch_configuration_bench_alloc_knows(tmp_path):
+    """bench_turns.py --configs accepts each bridge configuration of bench_alloc's torch setup
+    (bridge-noslot, the cache without its thread slots, was refused once) and times each in its
+    own worker beside the bridge."""
     import subprocess
 
     import bench_alloc
 
-    assert "bridge-noslot" in bench_alloc.CONFIGS[:-1]
+    others = [c for c in bench_alloc.TORCH_CONFIGS if c.startswith("bridge-")]
+    assert "bridge-noslot" in others and set(others) <= set(bench_alloc.CONFIGS[:-1])
     (tmp_path / "torch.py").write_text(FAKE_TORCH)
     (tmp_path / "bridge.py").write_text(FAKE_BRIDGE)
     out = tmp_path / "r.json"
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     argv = [sys.executable, str(BENCH / "bench_turns.py"), "--framework", "torch",
-            "--configs", "native,bridge,bridge-noslot", "--sizes", "1MiB", "--iters", "50",
+            "--configs", ",".join(["bridge"] + others), "--sizes", "1MiB", "--iters", "50",
             "--warmup", "5", "--repeats", "2", "--json", str(out)]  # fmt: skip
     subprocess.run(argv, env=env, timeout=120, check=True)
     r = json.loads(out.read_text())
-    assert r["configs"]["bridge-noslot"]["status"] == "ok", r
-    assert len(r["configs"]["bridge-noslot"]["ns_samples"]["1048576"]) == 2
-    assert r["turn_ratios"]["bridge-noslot"]["1048576"]["n"] == 2
+    for c in others:
+        assert r["configs"][c]["status"] == "ok", (c, r)
+        assert len(r["configs"][c]["ns_samples"]["1048576"]) == 2
+        assert r["turn_ratios"][c]["1048576"]["n"] == 2
 
 
 def test_turns_with_no_worker_able_to_start_is_an_error(tmp_path):
