@@ -49,11 +49,11 @@ from _common import (  # noqa: E402
 )
 
 FRAMEWORKS = ("torch", "cupy")
-CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-carve", "bridge-unowned",
-           "bridge-noslot", "all")
-#: the configurations setup_torch knows (bench_turns.py takes any of CONFIGS but "all")
+#: the configurations setup_torch knows
 TORCH_CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-carve",
                  "bridge-noslot")
+#: every configuration (bench_turns.py takes any but "all"); bridge-unowned is CuPy's alone
+CONFIGS = (*TORCH_CONFIGS, "bridge-unowned", "all")
 
 
 _KEEP: list = []  # objects that must outlive the timed loops (RMM's memory resource)
