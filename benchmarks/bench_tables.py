@@ -32,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
             src = pathlib.Path(tmp) / (rev or "tree")
             names = sources(rev, src)
             core = [str(src / c) for c in ("records.c", "cache.c", "carve.c") if c in names]
+            flags = [f"-I{src}"]
+            if "park.h" in names:  # cache_take tells whether its block kept its record
+                flags.append("-DHAVE_PARK")
             exe = compile_c(src / "bench_tables", [str(ROOT / "benchmarks" / "bench_tables.c"),
-                            *core], f"-I{src}")  # fmt: skip
+                            *core], *flags)  # fmt: skip
             return subprocess.run([str(exe), str(args.n)], capture_output=True, text=True,
                                   check=True, timeout=1800).stdout  # fmt: skip
 

@@ -46,12 +46,61 @@ static inline uint64_t cache_held(device_state *d, uint64_t freeing)
     return committed > freeing ? committed - freeing : 0;
 }
 
+/* ---- a block parked with its record (park.h) ----
+ * A block that its thread allocated last and frees into that thread's empty
+ * slot keeps its record in the table (absent to every reader while parked),
+ * and that thread's next allocation of its key takes it back live without an
+ * insert: a block cycling through one thread's allocation and free takes no
+ * shard lock.  The free knows the record without the table from the thread's
+ * memo, a copy of the record of its last allocation, valid while the memo
+ * word of its slot still names the block (records.c clears it at any change
+ * of the record).  Whoever else takes a parked block out of a slot takes its
+ * record out of the table first (detach_parked). */
+static _Thread_local record memo;
+
+/* The thread's copy of the record of its allocation just made (the table's
+ * record, as inserted or taken back live). */
+static inline void memo_set(const record *r)
+{
+    if (r->park && !r->flags) {
+        memo = *r;
+        atomic_store_explicit(&r->park->memo, r->ptr, memory_order_release);
+    }
+}
+
+/* The free of ptr by the thread that allocated it last: its record from the
+ * memo, the memo word claimed (1), or 0 (the table has to be asked). */
+static inline int memo_claim(void *ptr, record *out)
+{
+    uintptr_t p = (uintptr_t)ptr;
+    if (memo.ptr != p || !memo.park ||
+        atomic_load_explicit(&memo.park->memo, memory_order_relaxed) != p ||
+        !atomic_compare_exchange_strong_explicit(&memo.park->memo, &p, 0, memory_order_acquire,
+                                                 RELAXED))
+        return 0;
+    *out = memo;
+    return 1;
+}
+
+/* A parked block leaves its slot for anything but its owner's allocation:
+ * its record out of the table (cache.c calls it, with no cache lock held). */
+static void detach_parked(int device, uintptr_t ptr)
+{
+    (void)device;
+    record rec;
+    if (records_take_parked(ptr, &rec) == 0)
+        free(rec.recs); /* NULL: a parked block has no recorded stream */
+}
+
 /* Blocks cache_put evicted back to the pool; more while a full batch came. */
 static void release_evicted(int device, uint64_t held, cache_block *evicted, int n)
 {
     for (;;) {
-        for (int k = 0; k < n; k++)
+        for (int k = 0; k < n; k++) {
+            if (evicted[k].kept)
+                detach_parked(device, evicted[k].ptr);
             release_cached(device, evicted[k].ptr, evicted[k].size, evicted[k].stream);
+        }
         if (n < BRIDGE_CACHE_EVICT_MAX)
             return;
         n = cache_trim(device, held, evicted);
@@ -272,15 +321,42 @@ void bridge_free(void *ptr)
     if (!ptr || bridge_forked())
         return; /* a fork child owns none of the parent's blocks */
     record rec;
+    int kept = 0;
+    device_state *d;
+    /* fastest: the block this thread allocated last, parked in its slot with
+     * its record (a plain block that goes to the cache now: no capture, no
+     * deferred frees, cacheable); else the table */
+    int parkable = memo_claim(ptr, &rec);
+    if (parkable) {
+        d = &bridge_devices[rec.device];
+        parkable = !rec.flags && !atomic_load_explicit(&d->captures_active, RELAXED) &&
+                   !atomic_load_explicit(&d->num_deferred, RELAXED) && cacheable(&rec);
+    }
     /* fast path: one shard lock, one cache lock, a few atomics */
-    int kept = records_take((uintptr_t)ptr, &rec, keep_graph_block);
+    if (!parkable)
+        kept = records_take((uintptr_t)ptr, &rec, keep_graph_block);
     if (kept < 0 || kept == 2) {
         /* unknown pointer or double free: count it, change nothing else */
         atomic_fetch_add_explicit(&bad_frees, 1, RELAXED);
         return;
     }
     history_maybe(BRIDGE_EV_FREE, rec.device, rec.ptr, rec.size, rec.stream, rec.tag);
-    device_state *d = &bridge_devices[rec.device];
+    d = &bridge_devices[rec.device];
+    if (parkable) {
+        ledger_count_free(d, &rec);
+        if (cache_park(rec.device, rec.stream, rec.size, rec.ptr, cache_held(d, rec.size),
+                       rec.park)) {
+            records_note_parked(1);
+            return;
+        }
+        /* no room in the slot: the record out, and the block cached as usual */
+        record taken;
+        if (records_take(rec.ptr, &taken, NULL) != 0) {
+            atomic_fetch_add_explicit(&bad_frees, 1, RELAXED); /* freed twice at once */
+            return;
+        }
+        goto cache_it;
+    }
     if (kept == 1) {
         graph_block_freed(d, &rec); /* memory kept for the graph's pool */
         return;
@@ -301,6 +377,7 @@ void bridge_free(void *ptr)
      * cached blocks beyond the cap go back to the pool (after the cache's
      * lock is dropped) */
     if (cacheable(&rec)) {
+cache_it:;
         cache_block evicted[BRIDGE_CACHE_EVICT_MAX];
         int nevicted;
         uint64_t held = cache_held(d, rec.size);
@@ -356,6 +433,24 @@ int bridge_free_cached(void *ptr)
     if (bridge_forked() || atomic_load_explicit(&bridge_history_on, RELAXED))
         return BRIDGE_E_MISS;
     record rec;
+    /* the block this thread allocated last: parked in its slot with its
+     * record, cache_or_keep's rule without the table (the tag's bytes drop
+     * before the block can be claimed) */
+    if (memo_claim(ptr, &rec)) {
+        device_state *d = &bridge_devices[rec.device];
+        if (!rec.flags && cacheable(&rec) && !atomic_load_explicit(&d->captures_active, RELAXED) &&
+            !atomic_load_explicit(&d->num_deferred, RELAXED)) {
+            tag_state *t = &d->tag[rec.tag];
+            atomic_fetch_sub_explicit(&t->current, rec.size, RELAXED);
+            if (cache_park(rec.device, rec.stream, rec.size, rec.ptr, cache_held(d, rec.size),
+                           rec.park)) {
+                ledger_count_freed(d, &rec);
+                records_note_parked(1);
+                return BRIDGE_OK;
+            }
+            atomic_fetch_add_explicit(&t->current, rec.size, RELAXED);
+        }
+    }
     /* unknown pointers and double frees miss too: bridge_free counts them */
     return records_take((uintptr_t)ptr, &rec, cache_or_keep) == 0 ? BRIDGE_OK : BRIDGE_E_MISS;
 }
@@ -377,7 +472,8 @@ static inline request request_of(device_state *d, int device, size_t size, void 
                               .stream = stream_key((CUstream)stream),
                               .device = device,
                               .tag = (uint8_t)tag,
-                              .owner = thread_self()},
+                              .owner = thread_self(),
+                              .park = cache_park_words(device)},
                      .stream = (CUstream)stream};
 }
 
@@ -475,9 +571,28 @@ static int retry_alloc(void *ctx, int flags, void **out)
  * cap, no host memory for the record): the block went back to the pool. */
 static int take_cached(request *q, void **out)
 {
-    q->want.ptr = cache_take(q->want.device, q->want.stream, q->want.size);
-    if (!q->want.ptr || ledger_adopt(q->d, &q->want, out) != BRIDGE_OK)
+    int kept;
+    q->want.ptr = cache_take(q->want.device, q->want.stream, q->want.size, &kept);
+    if (!q->want.ptr)
         return BRIDGE_E_MISS;
+    if (kept) {
+        /* this thread's own block, parked with its record: back live as it
+         * is when the record is the one this request would make */
+        const record *w = &q->want;
+        if (memo.ptr == w->ptr && memo.park == w->park && !w->flags && memo.tag == w->tag &&
+            memo.owner == w->owner && ledger_readopt(q->d, &memo) == BRIDGE_OK) {
+            atomic_store_explicit(&memo.park->kept, 0, memory_order_release);
+            records_note_parked(-1);
+            atomic_store_explicit(&memo.park->memo, memo.ptr, memory_order_release);
+            *out = (void *)w->ptr;
+            counts_cache_hit(w->device);
+            return BRIDGE_OK;
+        }
+        detach_parked(w->device, w->ptr);
+    }
+    if (ledger_adopt(q->d, &q->want, out) != BRIDGE_OK)
+        return BRIDGE_E_MISS;
+    memo_set(&q->want);
     counts_cache_hit(q->want.device);
     return BRIDGE_OK;
 }
@@ -574,6 +689,11 @@ static int obtain(request *q, void **out)
     /* fast path: two atomic adds (plus one attribute read under a budget),
      * one driver call, one shard lock */
     int rc = ledger_alloc(d, &q->want, q->stream, q->side, out);
+    if (rc == BRIDGE_OK) {
+        record made = q->want;
+        made.ptr = (uintptr_t)*out;
+        memo_set(&made);
+    }
     int refused = rc != BRIDGE_OK;
     if (refused)
         wait_refused(); /* the OOM message tells this refusal's wait, none before */
@@ -788,6 +908,7 @@ __attribute__((constructor)) static void tell_the_ledger(void)
 {
     const ledger_parts parts = {.freed = wait_freed, .forget_after_fork = forget_after_fork};
     ledger_listen(&parts);
+    cache_set_detach(detach_parked);
 }
 
 /* ---- figures ---- */

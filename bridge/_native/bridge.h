@@ -386,6 +386,9 @@ int bridge_reset_accumulated(int device, int tag);
 int bridge_others(int device, uint64_t *out);
 /* Live allocations on every device (records in the table). */
 uint64_t bridge_live_records(void);
+/* Freed blocks whose record stays in the table while they wait in their
+ * thread's slot (diagnostics and tests: the park's own count). */
+uint64_t bridge_parked_records(void);
 
 /* ---- what tools see (views.c) ---- */
 /* A device's free memory as a framework's free-memory query should report

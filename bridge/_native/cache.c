@@ -78,6 +78,7 @@ enum { TIER_SMALL, TIER_LARGE, TIERS };
 
 typedef struct tslot {
     _Atomic uintptr_t ptr; /* 0: empty; SLOT_BUSY: another thread is claiming it */
+    park_words park;       /* a block parked here with its record (park.h) */
     _Atomic uint64_t size;
     _Atomic(CUstream) stream;
     _Atomic uint32_t tier;
@@ -332,7 +333,7 @@ static __attribute__((noinline)) int evict(dcache *c, int t, uint64_t cap, uint6
     while (k < max && tr->oldest != NONE && tier_bytes(c, t) + extra > cap) {
         uint32_t i = tr->oldest;
         node *nd = &c->nodes[i];
-        out[k++] = (cache_block){nd->ptr, nd->size, nd->stream};
+        out[k++] = (cache_block){nd->ptr, nd->size, nd->stream, 0};
         unlink_node(c, find(c, nd->stream, nd->size, 0), i);
     }
     return k;
@@ -362,6 +363,25 @@ static uint64_t put_cap(dcache *c, int t, uint64_t held, uint64_t size, uint64_t
 }
 
 /* ---- the thread slots (see the banner at struct tslot) ---- */
+static _Atomic(cache_detach_fn) detach_hook;
+
+void cache_set_detach(cache_detach_fn fn)
+{
+    atomic_store(&detach_hook, fn);
+}
+
+/* A block parked with its record leaves its slot for anything but its
+ * owner's allocation: its record out of the table first (no cache lock held). */
+static inline void detach(int device, cache_block *b)
+{
+    if (b->kept) {
+        cache_detach_fn fn = atomic_load_explicit(&detach_hook, memory_order_acquire);
+        if (fn)
+            fn(device, b->ptr);
+        b->kept = 0;
+    }
+}
+
 static _Thread_local tslot *my_slot[BRIDGE_MAX_DEVICES];
 static pthread_key_t slot_key;
 static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
@@ -457,7 +477,7 @@ static int slot_claim(dcache *c, tslot *s, int want, CUstream stream, uint64_t s
         return 0;
     }
     atomic_fetch_sub_explicit(&c->parked[tr], sz, RELAXED);
-    *out = (cache_block){p, sz, st};
+    *out = (cache_block){p, sz, st, atomic_load_explicit(&s->park.kept, memory_order_acquire) == p};
     atomic_store_explicit(&s->ptr, 0, memory_order_release);
     return 1;
 }
@@ -501,23 +521,57 @@ static inline void slot_fill(dcache *c, tslot *s, uintptr_t ptr, uint64_t size, 
 
 static uintptr_t take_listed(dcache *c, CUstream stream, uint64_t size);
 
-uintptr_t cache_take(int device, CUstream stream, uint64_t size)
+uintptr_t cache_take(int device, CUstream stream, uint64_t size, int *kept)
 {
     dcache *c = &caches[device];
+    *kept = 0;
     /* fastest: the block this thread freed last, when it is of this key */
     tslot *mine = my_slot[device];
     if (mine) {
         uintptr_t p = atomic_load_explicit(&mine->ptr, memory_order_acquire);
         if (p > SLOT_BUSY && atomic_load_explicit(&mine->size, RELAXED) == size &&
-            atomic_load_explicit(&mine->stream, RELAXED) == stream && slot_take_back(c, mine, p))
+            atomic_load_explicit(&mine->stream, RELAXED) == stream && slot_take_back(c, mine, p)) {
+            *kept = atomic_load_explicit(&mine->park.kept, memory_order_acquire) == p;
             return p;
+        }
     }
     uintptr_t got = take_listed(c, stream, size);
     if (got)
         return got;
     /* another thread's slot: what the lists would have handed out */
     cache_block b;
-    return claim_slots(c, WANT_KEY, stream, size, 0, &b, 1) ? b.ptr : 0;
+    if (!claim_slots(c, WANT_KEY, stream, size, 0, &b, 1))
+        return 0;
+    detach(device, &b);
+    return b.ptr;
+}
+
+park_words *cache_park_words(int device)
+{
+    tslot *mine = my_slot[device];
+    return mine ? &mine->park : NULL;
+}
+
+int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+               park_words *pw)
+{
+    dcache *c = &caches[device];
+    tslot *mine = my_slot[device];
+    if (!mine || &mine->park != pw || !atomic_load_explicit(&c->slots_on, RELAXED) ||
+        !atomic_load_explicit(&c->limit, RELAXED) ||
+        size > atomic_load_explicit(&c->max_block, RELAXED) ||
+        atomic_load_explicit(&c->held, RELAXED) ||
+        atomic_load_explicit(&mine->ptr, RELAXED) ||
+        atomic_load_explicit(&mine->park.kept, RELAXED))
+        return 0;
+    int t = tier_of(c, size);
+    uint64_t bytes = tier_bytes(c, t);
+    if (bytes + size > put_cap(c, t, held, size, bytes))
+        return 0;
+    /* absent to the table's readers before any thread can claim it */
+    atomic_store_explicit(&mine->park.kept, ptr, memory_order_release);
+    slot_fill(c, mine, ptr, size, stream, t);
+    return 1;
 }
 
 /* The lists' newest block of the key, under the lock; 0 when none. */
@@ -663,15 +717,20 @@ static int put_via_slot(dcache *c, tslot *mine, CUstream stream, uint64_t size, 
     }
     /* The slot's block leaves it, still counted in its tier (`parked`) until
      * it is linked, evicted or put back; a claim under way: the lists. */
-    cache_block old = {0, 0, NULL};
+    cache_block old = {0, 0, NULL, 0};
     int ot = 0;
     if (a) {
-        if (a == SLOT_BUSY || !atomic_compare_exchange_strong_explicit(
-                                  &mine->ptr, &a, 0, memory_order_acquire, RELAXED))
+        /* a block parked with its record: detaching it takes a shard lock,
+         * which a free that evicts nothing may hold already (bridge_free_cached) */
+        int parked = a != SLOT_BUSY && atomic_load_explicit(&mine->park.kept, RELAXED) == a;
+        if (a == SLOT_BUSY || (parked && !evicted) ||
+            !atomic_compare_exchange_strong_explicit(&mine->ptr, &a, 0, memory_order_acquire,
+                                                     RELAXED))
             return put_listed(c, stream, size, ptr, held, evicted, nevicted);
         old = (cache_block){a, atomic_load_explicit(&mine->size, RELAXED),
-                            atomic_load_explicit(&mine->stream, RELAXED)};
+                            atomic_load_explicit(&mine->stream, RELAXED), parked};
         ot = (int)atomic_load_explicit(&mine->tier, RELAXED);
+        detach((int)(c - caches), &old);
     }
     int kept = 0;
     pthread_mutex_lock(&c->lock);
@@ -774,6 +833,7 @@ static uint64_t release_slots(dcache *c, int device, int want, CUstream stream,
     do {
         n = claim_slots(c, want, stream, 0, 0, out, BATCH);
         for (int k = 0; k < n; k++) {
+            detach(device, &out[k]);
             release(device, out[k].ptr, out[k].size, out[k].stream);
             bytes += out[k].size;
         }
@@ -827,7 +887,7 @@ uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn releas
                 node *nd = &c->nodes[i];
                 uint32_t next = nd->newer;
                 if (nd->stream == stream) {
-                    out[n++] = (cache_block){nd->ptr, nd->size, nd->stream};
+                    out[n++] = (cache_block){nd->ptr, nd->size, nd->stream, 0};
                     unlink_node(c, find(c, nd->stream, nd->size, 0), i);
                 }
                 i = next;

@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "driver.h"
+#include "park.h"
 
 /* Larger blocks are never cached (default of cache_set_limits' max_block). */
 #define BRIDGE_CACHE_MAX_BLOCK    (256ull << 20)
@@ -67,10 +68,30 @@ typedef struct cache_block {
     uintptr_t ptr;
     uint64_t size;
     CUstream stream;
+    int kept; /* parked with its record (park.h): the caller detaches it first */
 } cache_block;
 
-/* Pop the most recently cached block of exactly `size` for `stream`; 0 when none. */
-uintptr_t cache_take(int device, CUstream stream, uint64_t size);
+/* Pop the most recently cached block of exactly `size` for `stream`; 0 when
+ * none.  *kept: 1 when it is the calling thread's own block parked with its
+ * record (cache_park), which is still in the table (the caller takes it back
+ * live or detaches it); 0 otherwise (any other block parked so was detached). */
+uintptr_t cache_take(int device, CUstream stream, uint64_t size, int *kept);
+/* The calling thread's slot's park words on `device` (park.h); NULL while it
+ * has no slot there.  A record made by this thread points to them. */
+park_words *cache_park_words(int device);
+/* Park a freed block in the calling thread's empty slot with its record left
+ * in the table (its slot's words `pw`, the record's): 1 when parked (the
+ * block is cached, its `kept` word set), 0 when it cannot be (the slot full
+ * or another thread's words, the slots off, a thread waiting for memory, no
+ * room under the tier's cap): the caller takes the record out and caches
+ * the block as usual.  Never evicts, takes no lock. */
+int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+               park_words *pw);
+/* Who takes a parked block's record out of the table (alloc.c): called for a
+ * block parked with its record that leaves a slot other than to its owner's
+ * allocation, with no lock of the cache held.  Set once, before any park. */
+typedef void (*cache_detach_fn)(int device, uintptr_t ptr);
+void cache_set_detach(cache_detach_fn fn);
 /* Keep a freed block; 1 when kept, 0 when the caller must free it.  `held`:
  * the device's committed bytes, this block left out (the cached bytes
  * included: live = held - cached).  The oldest cached blocks of the block's
@@ -85,7 +106,9 @@ int cache_put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_
  * (bridge_free_cached). */
 int cache_put_no_evict(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held);
 /* Evict each tier's oldest blocks until its cap (for `held`, as cache_put's)
- * holds, at most BRIDGE_CACHE_EVICT_MAX per call; returns how many went to `evicted`. */
+ * holds, at most BRIDGE_CACHE_EVICT_MAX per call; returns how many went to
+ * `evicted` (a slot's block parked with its record comes with `kept` set: the
+ * caller detaches it before releasing it). */
 int cache_trim(int device, uint64_t held, cache_block *evicted);
 /* Hand every cached block of `device` to `release`; returns the bytes. */
 uint64_t cache_flush(int device, cache_release_fn release);

@@ -388,6 +388,20 @@ int ledger_adopt(device_state *d, const record *rec, void **out)
     return BRIDGE_OK;
 }
 
+int ledger_readopt(device_state *d, const record *rec)
+{
+    tag_state *t = &d->tag[rec->tag];
+    uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
+    uint64_t tcur = atomic_fetch_add_explicit(&t->current, rec->size, RELAXED) + rec->size;
+    if (tlimit && tcur > tlimit) {
+        atomic_fetch_sub_explicit(&t->current, rec->size, RELAXED);
+        return BRIDGE_E_TAG_LIMIT;
+    }
+    atomic_max(&t->peak, tcur);
+    ledger_count_alloc(d, rec->tag, rec->size);
+    return BRIDGE_OK;
+}
+
 void ledger_count_free(device_state *d, const record *rec)
 {
     atomic_fetch_sub_explicit(&d->tag[rec->tag].current, rec->size, RELAXED);
@@ -700,4 +714,9 @@ int bridge_reset_accumulated(int device, int tag)
 uint64_t bridge_live_records(void)
 {
     return records_count();
+}
+
+uint64_t bridge_parked_records(void)
+{
+    return records_parked();
 }

@@ -47,6 +47,10 @@ int ledger_alloc_chunk(device_state *d, uint64_t size, CUstream stream, uintptr_
  * block went back to the pool, or for a carved one (REC_CARVED) is the
  * caller's to give back. */
 int ledger_adopt(device_state *d, const record *rec, void **out);
+/* ledger_adopt for a block whose record is in the table already (parked with
+ * it, park.h): the tag's bytes, peak and counts, and its cap; no insert.
+ * BRIDGE_E_TAG_LIMIT (nothing changed) past the tag's cap. */
+int ledger_readopt(device_state *d, const record *rec);
 /* A block whose record is live again for `tag` (a graph pool's, reused):
  * the tag's bytes, peak and counts. */
 void ledger_count_reuse(device_state *d, int tag, uint64_t size);

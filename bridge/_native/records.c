@@ -3,6 +3,7 @@
 #include "records.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,25 @@ static shard shards[NSHARDS] = {
 #undef S4
 #undef S1
 };
+
+/* Records of blocks parked with their record (park.h): left out of the count. */
+static _Atomic int64_t nparked;
+
+/* Whether r's block waits in its thread's slot with r kept: then r is absent. */
+static inline int parked(const record *r)
+{
+    return r->park && atomic_load_explicit(&r->park->kept, memory_order_acquire) == r->ptr;
+}
+
+/* r is about to be taken or may change: its thread's copy is no longer the
+ * table's (park.h's memo), so that thread's free reads the table.  A load
+ * first: no locked instruction unless the word names r. */
+static inline void forget_memo(const record *r)
+{
+    uintptr_t p = r->ptr;
+    if (r->park && atomic_load_explicit(&r->park->memo, memory_order_relaxed) == p)
+        atomic_compare_exchange_strong(&r->park->memo, &p, 0);
+}
 
 /* Pool pointers are aligned (to 512 B, and to 2 MiB for large blocks): a
  * multiplicative hash spreads them only in its HIGH bits.  The shard comes
@@ -116,10 +136,11 @@ int records_take(uintptr_t ptr, record *out, int (*keep)(record *r))
     shard *s = shard_of(h);
     pthread_mutex_lock(&s->lock);
     record *slot = s->cap ? probe(s, ptr, h, 0) : NULL;
-    if (!slot) {
+    if (!slot || parked(slot)) {
         pthread_mutex_unlock(&s->lock);
         return -1;
     }
+    forget_memo(slot);
     int kept = keep ? keep(slot) : 0;
     *out = *slot;
     if (kept) {
@@ -142,7 +163,11 @@ int records_update(uintptr_t ptr, int (*fn)(record *r, void *arg), void *arg)
     shard *s = shard_of(h);
     pthread_mutex_lock(&s->lock);
     record *slot = s->cap ? probe(s, ptr, h, 0) : NULL;
-    int rc = slot ? fn(slot, arg) : -1;
+    int rc = -1;
+    if (slot && !parked(slot)) {
+        forget_memo(slot);
+        rc = fn(slot, arg);
+    }
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -154,7 +179,10 @@ void records_sweep(int (*fn)(record *r, void *arg), void *arg)
         pthread_mutex_lock(&s->lock);
         for (size_t i = 0; i < s->cap; i++) {
             record *r = &s->slots[i];
-            if (r->ptr > TOMB && fn(r, arg)) {
+            if (r->ptr <= TOMB || parked(r))
+                continue;
+            forget_memo(r);
+            if (fn(r, arg)) {
                 memset(r, 0, sizeof *r);
                 r->ptr = TOMB;
                 s->count--;
@@ -173,7 +201,45 @@ uint64_t records_count(void)
         n += shards[k].count;
         pthread_mutex_unlock(&shards[k].lock);
     }
-    return n;
+    int64_t p = atomic_load(&nparked);
+    return p > 0 && (uint64_t)p <= n ? n - (uint64_t)p : n;
+}
+
+uint64_t records_parked(void)
+{
+    int64_t p = atomic_load(&nparked);
+    return p > 0 ? (uint64_t)p : 0;
+}
+
+void records_note_parked(int delta)
+{
+    atomic_fetch_add_explicit(&nparked, delta, memory_order_relaxed);
+}
+
+int records_take_parked(uintptr_t ptr, record *out)
+{
+    if (ptr <= TOMB)
+        return -1;
+    uint64_t h = mix(ptr);
+    shard *s = shard_of(h);
+    pthread_mutex_lock(&s->lock);
+    record *slot = s->cap ? probe(s, ptr, h, 0) : NULL;
+    if (!slot || !parked(slot)) {
+        pthread_mutex_unlock(&s->lock);
+        return -1;
+    }
+    forget_memo(slot);
+    *out = *slot;
+    memset(slot, 0, sizeof *slot);
+    slot->ptr = TOMB;
+    s->count--;
+    s->tombs++;
+    /* absent now by the table itself: the slot's word may name another block */
+    uintptr_t p = ptr;
+    atomic_compare_exchange_strong(&out->park->kept, &p, 0);
+    atomic_fetch_sub_explicit(&nparked, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
 }
 
 int records_add_stream(record *r, CUstream s)
@@ -197,4 +263,5 @@ void records_forget_after_fork(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     for (int k = 0; k < NSHARDS; k++)
         shards[k] = (shard){fresh, NULL, 0, 0, 0};
+    atomic_store(&nparked, 0);
 }

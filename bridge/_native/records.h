@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "driver.h"
+#include "park.h"
 
 /* record flags */
 #define REC_GRAPH      1u /* owned by a captured graph until it is released */
@@ -31,7 +32,14 @@ typedef struct record {
     uint64_t graph0, graph1; /* graph pool id when REC_GRAPH */
     unsigned long owner;     /* the allocating thread (pthread_self), for wait.c's
                             check that every thread holding memory is waiting */
+    park_words *park;        /* the allocating thread's slot's words (park.h); NULL: none */
 } record;
+
+/* A record whose block waits in its thread's slot with the record kept
+ * (park.h) is absent to every call below but records_take_parked: taken,
+ * updated and looked up it is unknown, a sweep passes over it, the count
+ * leaves it out.  Every call that takes or may change a record clears its
+ * thread's memo word first. */
 
 /* Insert a record (ptr must not be present).  0 on success, -1 when the host
  * is out of memory. */
@@ -49,8 +57,18 @@ int records_update(uintptr_t ptr, int (*fn)(record *r, void *arg), void *arg);
 /* Visit every record; fn returns 1 to remove the record (copied to the visitor
  * first), 0 to keep it.  Used by rare paths only (graph release). */
 void records_sweep(int (*fn)(record *r, void *arg), void *arg);
-/* Number of live records (diagnostics and tests). */
+/* Number of live records (diagnostics and tests): parked ones left out. */
 uint64_t records_count(void);
+/* The record of a block parked with its record (park.h), out of the table
+ * into *out, and its slot's `kept` word cleared: 0, or -1 when ptr is not
+ * parked so.  For whoever takes a parked block out of its slot, other than
+ * its owner taking it back live. */
+int records_take_parked(uintptr_t ptr, record *out);
+/* A block was parked with its record (+1), or taken back live by its owner
+ * (-1): the count's correction. */
+void records_note_parked(int delta);
+/* Records parked so, now. */
+uint64_t records_parked(void);
 /* Add `s` to the streams recorded against r (recs[]) unless it is there:
  * 0, or -1 when there is no host memory or no room (r unchanged).  The
  * caller holds r's shard lock (records_update's fn). */

@@ -912,3 +912,121 @@ def test_a_bad_large_fraction_in_the_environment_names_the_variable(standin, mon
     monkeypatch.setenv("BRIDGE_CACHE_LARGE_FRACTION", "half")
     with pytest.raises(ValueError, match="BRIDGE_CACHE_LARGE_FRACTION='half'"):
         _runtime.cache_large_fraction_from_env()
+
+
+# ---- a block parked with its record (park.h): the table left out of the cycle ----
+# A block the thread allocated last and frees goes to the thread's slot with its record
+# still in the table.  Every table reader (a lookup too) drops the thread's copy of the
+# record, so these tests read the table only after a free, or where they mean to.
+def _cycled(size, tag, stream=0):
+    """A block that has been through this thread's slot once, allocated again: the
+    thread's next free of it parks it with its record."""
+    rc, p = core.alloc(0, size, stream, tag)
+    core.free(p)  # the thread's slot (made now if it had none)
+    rc, q = core.alloc(0, size, stream, tag)
+    assert (rc, q) == (0, p)
+    return p
+
+
+def test_a_block_parked_with_its_record_is_unknown_to_every_reader(cache):
+    """The thread's own free parks the block with its record still in the table: lookups,
+    the live blocks, the count and a second free must all see a freed block."""
+    records, bad, parked = core.live_records(), stats()["num_bad_frees"], core.parked_records()
+    p = _cycled(2 * MIB, TORCH)
+    core.free(p)
+    assert core.parked_records() == parked + 1  # the table kept its record
+    assert core.lookup(p)[0] != 0
+    assert p not in [b[0] for b in core.live_blocks()]
+    assert core.live_records() == records
+    assert stats()["cached"] == 2 * MIB and stats()["tags"][TORCH]["current"] == 0
+    core.free(p)  # a double free: counted, nothing else changes
+    assert stats()["num_bad_frees"] == bad + 1
+    assert stats()["cached"] == 2 * MIB and stats()["tags"][TORCH]["current"] == 0
+    assert core.free_cached(p) != 0  # the cache-only free misses it too
+    assert core.record_stream(p, SIDE) != 0
+    rc, q = core.alloc(0, 2 * MIB, 0, TORCH)  # back live, its record as it was
+    assert core.parked_records() == parked
+    assert (rc, q) == (0, p) and core.lookup(p) == (0, 2 * MIB, 0, TORCH)
+    assert core.live_records() == records + 1
+    core.free(p)
+    assert core.live_records() == records
+
+
+def test_a_parked_block_taken_by_another_tag_or_thread_has_that_owner_s_record(cache):
+    records, parked = core.live_records(), core.parked_records()
+    p = _cycled(3 * MIB, TORCH)
+    core.free(p)  # parked with torch's record
+    assert core.parked_records() == parked + 1
+    assert core.alloc(0, 3 * MIB, 0, CUPY) == (0, p)  # the same thread, another tag
+    assert core.parked_records() == parked
+    assert stats()["tags"][CUPY]["current"] == 3 * MIB
+    assert stats()["tags"][TORCH]["current"] == 0
+    core.free(p)  # parked again, now with CuPy's record
+    assert core.parked_records() == parked + 1 and core.lookup(p)[0] != 0
+    got = _in_thread(lambda: (core.alloc(0, 3 * MIB, 0, OTHER), core.lookup(p)))
+    assert got == ((0, p), (0, 3 * MIB, 0, OTHER))  # claimed from this thread's slot
+    assert core.parked_records() == parked
+    assert core.live_records() == records + 1
+    s = stats()
+    assert s["tags"][CUPY]["current"] == 0 and s["tags"][OTHER]["current"] == 3 * MIB
+    core.free(p)
+    assert core.live_records() == records and core.lookup(p)[0] != 0
+
+
+def test_a_stream_recorded_after_the_allocation_is_not_forgotten_by_the_free(cache):
+    """record_stream changes the table's record: the allocating thread's copy of it
+    must not be what its free goes by (the block would be cached without waiting)."""
+    parked = core.parked_records()
+    p = _cycled(2 * MIB, TORCH)
+    assert core.record_stream(p, SIDE) == 0
+    before = frees(cache)
+    core.free(p)
+    assert core.parked_records() == parked
+    assert stats()["cached"] == 0  # a recorded block is never cached
+    assert frees(cache) == before + 1 and core.lookup(p)[0] != 0
+
+
+def test_flush_trim_and_the_next_free_take_a_parked_block_s_record_out(cache):
+    records, parked = core.live_records(), core.parked_records()
+    p = _cycled(MIB, TORCH)
+    core.free(p)
+    assert core.parked_records() == parked + 1
+    before = frees(cache)
+    assert core.trim(0, 0) == 0  # back to the pool: its record too
+    assert frees(cache) == before + 1 and core.live_records() == records
+    assert core.parked_records() == parked
+    assert core.lookup(p)[0] != 0
+    rc, p = core.alloc(0, MIB, 0, TORCH)  # from the pool: a record of its own
+    assert core.lookup(p) == (0, MIB, 0, TORCH) and core.live_records() == records + 1
+    core.free(p)
+    # the next free moves the parked block out of the slot into the lists
+    rc, q = core.alloc(0, 4 * MIB, 0, TORCH)
+    rc, p = core.alloc(0, MIB, 0, TORCH)
+    core.free(p)  # parked with its record
+    assert core.parked_records() == parked + 1
+    core.free(q)  # q takes the slot; p goes to the lists without its record
+    assert core.parked_records() == parked
+    assert core.live_records() == records and core.lookup(p)[0] != 0
+    assert stats()["cached"] == 5 * MIB
+    assert core.alloc(0, MIB, 0, CUPY) == (0, p) and core.lookup(p) == (0, MIB, 0, CUPY)
+    assert core.alloc(0, 4 * MIB, 0, CUPY) == (0, q)
+    core.free(p)
+    core.free(q)
+    assert core.live_records() == records
+
+
+def test_the_cache_only_calls_park_and_take_back_a_block_with_its_record(cache):
+    records, parked = core.live_records(), core.parked_records()
+    p = _cycled(MIB, CUPY)
+    allocs = cache.standin_counter(0)
+    for _ in range(100):  # CuPy's pair, no table reader between
+        assert core.free_cached(p) == 0
+        assert core.alloc_cached(0, MIB, 0, CUPY) == (0, p)
+    assert core.free_cached(p) == 0
+    assert core.parked_records() == parked + 1
+    assert core.lookup(p)[0] != 0 and core.live_records() == records
+    assert cache.standin_counter(0) == allocs
+    assert core.alloc_cached(0, MIB, 0, CUPY) == (0, p)
+    assert core.lookup(p) == (0, MIB, 0, CUPY) and core.live_records() == records + 1
+    core.free(p)
+    assert core.live_records() == records

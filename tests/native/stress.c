@@ -207,6 +207,9 @@ static void check_idle(const char *phase)
         CHECK(s.num_deferred == 0, "%s: device %d %" PRIu64 " deferred", phase, d, s.num_deferred);
         CHECK(s.graph_bytes == 0, "%s: device %d graph bytes %" PRIu64, phase, d, s.graph_bytes);
         CHECK(s.pool_used == 0, "%s: device %d pool used %" PRIu64, phase, d, s.pool_used);
+        CHECK(bridge_parked_records() == 0 || d + 1 < NDEV,
+              "%s: %" PRIu64 " records of parked blocks after every trim", phase,
+              bridge_parked_records());
         CHECK(s.num_allocs == s.num_frees, "%s: device %d allocs %" PRIu64 " frees %" PRIu64, phase,
               d, s.num_allocs, s.num_frees);
         for (int t = 0; t < BRIDGE_NTAGS; t++) {
@@ -296,9 +299,14 @@ typedef struct worker {
     uint64_t refusals, ok, hits, free_hits;
 } worker;
 
+/* Frees after which a block was parked with its record (park.h): the park ran. */
+static _Atomic uint64_t parked_seen;
+
 /* A worker's free: bridge_free_cached first when it asks the cache first. */
 static void worker_free(worker *w, void *p)
 {
+    if (bridge_parked_records())
+        atomic_fetch_add_explicit(&parked_seen, 1, memory_order_relaxed);
     if (w->cached_first) {
         int rc = bridge_free_cached(p);
         CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_MISS, "free_cached status %d", rc);
@@ -1610,6 +1618,10 @@ int main(int argc, char **argv)
     phase_pinned(BRIDGE_PINNED_MEMPOOL);
     printf("stress: share\n");
     phase_share();
+    /* the thread slots' park ran in the phases that free through worker_free */
+    CHECK(parked_seen > 0, "no block was parked with its record in any phase");
+    printf("stress: %" PRIu64 " frees found a block parked with its record\n",
+           (uint64_t)atomic_load(&parked_seen));
     printf("stress: all phases passed\n");
     return 0;
 }

@@ -949,6 +949,13 @@ static PyObject *py_live_records(PyObject *m, PyObject *a)
     return PyLong_FromUnsignedLongLong(bridge_live_records());
 }
 
+static PyObject *py_parked_records(PyObject *m, PyObject *a)
+{
+    (void)m;
+    (void)a;
+    return PyLong_FromUnsignedLongLong(bridge_parked_records());
+}
+
 static PyObject *py_graph(PyObject *m, PyObject *args)
 {
     /* graph(op, device, id0, id1): op 0 begin, 1 end, 2 release (tests) */
@@ -1074,6 +1081,8 @@ static PyMethodDef methods[] = {
      "reset_accumulated(device, tag=-1) -> status"},
     {"others", py_others, METH_VARARGS, "others(device) -> (status, bytes)"},
     {"live_records", py_live_records, METH_NOARGS, "Live allocations, every device."},
+    {"parked_records", py_parked_records, METH_NOARGS,
+     "Freed blocks parked in their thread's slot with their record kept (diagnostics)."},
     {"graph", py_graph, METH_VARARGS, "graph(op, device, id0, id1) -> status"},
     {"alloc_graph", py_alloc_graph, METH_VARARGS,
      "alloc_graph(device, size, tag, id0, id1, stream=0) -> (status, ptr)"},

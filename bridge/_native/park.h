@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* park.h: the two words by which a thread's slot (cache.c) and the records
+ * table (records.c) agree on a block whose record stays in the table while
+ * the block waits in the slot, so that a block cycling through one thread's
+ * allocation and free takes neither shard lock (alloc.c, "a block parked
+ * with its record").
+ *
+ * Each thread slot has one park_words; each record points to the words of
+ * the slot of the thread that allocated it (NULL: none).
+ *   kept  the block parked in the slot with its record: every reader of the
+ *         table takes that record for absent (a freed block) until the word
+ *         changes.  Set by the slot's owner, only while it is 0, before the
+ *         block is published in the slot; cleared by the owner taking the
+ *         block back live, or by whoever takes the record out of the table
+ *         (records_take_parked, under the shard lock).
+ *   memo  the block the owner allocated last, of which it keeps a copy of
+ *         the record: the owner's free may use that copy instead of the
+ *         table once it has claimed the word (compare-and-swap to 0).  Any
+ *         change of the record in the table clears the word first (records.c),
+ *         so a copy that is claimed is the table's own.
+ */
+#ifndef BRIDGE_PARK_H
+#define BRIDGE_PARK_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+typedef struct park_words {
+    _Atomic uintptr_t kept;
+    _Atomic uintptr_t memo;
+} park_words;
+
+#endif
