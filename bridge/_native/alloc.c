@@ -69,15 +69,20 @@ static inline void memo_set(const record *r)
 }
 
 /* The free of ptr by the thread that allocated it last: its record from the
- * memo, the memo word claimed (1), or 0 (the table has to be asked). */
+ * memo, the memo word consumed (1), or 0 (the table has to be asked).  A load
+ * and a store, no locked instruction: whatever changed the record before this
+ * free (record_stream, a free by pointer from another thread: each ordered
+ * before it by the program, as the tensor's own references order them)
+ * cleared the word first, under the record's shard lock.  Only a change made
+ * at the same time as the free, a use of memory being freed, could go
+ * unseen, as it would by the table. */
 static inline int memo_claim(void *ptr, record *out)
 {
     uintptr_t p = (uintptr_t)ptr;
     if (memo.ptr != p || !memo.park ||
-        atomic_load_explicit(&memo.park->memo, memory_order_relaxed) != p ||
-        !atomic_compare_exchange_strong_explicit(&memo.park->memo, &p, 0, memory_order_acquire,
-                                                 RELAXED))
+        atomic_load_explicit(&memo.park->memo, memory_order_acquire) != p)
         return 0;
+    atomic_store_explicit(&memo.park->memo, 0, RELAXED);
     *out = memo;
     return 1;
 }
@@ -346,7 +351,6 @@ void bridge_free(void *ptr)
         ledger_count_free(d, &rec);
         if (cache_park(rec.device, rec.stream, rec.size, rec.ptr, cache_held(d, rec.size),
                        rec.park)) {
-            records_note_parked(1);
             return;
         }
         /* no room in the slot: the record out, and the block cached as usual */
@@ -445,8 +449,7 @@ int bridge_free_cached(void *ptr)
             if (cache_park(rec.device, rec.stream, rec.size, rec.ptr, cache_held(d, rec.size),
                            rec.park)) {
                 ledger_count_freed(d, &rec);
-                records_note_parked(1);
-                return BRIDGE_OK;
+                    return BRIDGE_OK;
             }
             atomic_fetch_add_explicit(&t->current, rec.size, RELAXED);
         }
@@ -582,7 +585,6 @@ static int take_cached(request *q, void **out)
         if (memo.ptr == w->ptr && memo.park == w->park && !w->flags && memo.tag == w->tag &&
             memo.owner == w->owner && ledger_readopt(q->d, &memo) == BRIDGE_OK) {
             atomic_store_explicit(&memo.park->kept, 0, memory_order_release);
-            records_note_parked(-1);
             atomic_store_explicit(&memo.park->memo, memo.ptr, memory_order_release);
             *out = (void *)w->ptr;
             counts_cache_hit(w->device);

@@ -15,9 +15,10 @@
  *         (records_take_parked, under the shard lock).
  *   memo  the block the owner allocated last, of which it keeps a copy of
  *         the record: the owner's free may use that copy instead of the
- *         table once it has claimed the word (compare-and-swap to 0).  Any
- *         change of the record in the table clears the word first (records.c),
- *         so a copy that is claimed is the table's own.
+ *         table while the word still names the block, and sets it to 0.
+ *         Any change of the record in the table clears the word first
+ *         (records.c, under the shard lock), so a copy found named is the
+ *         table's own.
  */
 #ifndef BRIDGE_PARK_H
 #define BRIDGE_PARK_H

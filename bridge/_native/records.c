@@ -32,9 +32,6 @@ static shard shards[NSHARDS] = {
 #undef S1
 };
 
-/* Records of blocks parked with their record (park.h): left out of the count. */
-static _Atomic int64_t nparked;
-
 /* Whether r's block waits in its thread's slot with r kept: then r is absent. */
 static inline int parked(const record *r)
 {
@@ -193,27 +190,30 @@ void records_sweep(int (*fn)(record *r, void *arg), void *arg)
     }
 }
 
-uint64_t records_count(void)
+/* The records that are parked (park.h) or, parked 0, the others: a walk of
+ * every shard (diagnostics only, so the hot path keeps no count of them). */
+static uint64_t count_records(int parked_ones)
 {
     uint64_t n = 0;
     for (int k = 0; k < NSHARDS; k++) {
-        pthread_mutex_lock(&shards[k].lock);
-        n += shards[k].count;
-        pthread_mutex_unlock(&shards[k].lock);
+        shard *s = &shards[k];
+        pthread_mutex_lock(&s->lock);
+        for (size_t i = 0; i < s->cap; i++)
+            if (s->slots[i].ptr > TOMB && parked(&s->slots[i]) == parked_ones)
+                n++;
+        pthread_mutex_unlock(&s->lock);
     }
-    int64_t p = atomic_load(&nparked);
-    return p > 0 && (uint64_t)p <= n ? n - (uint64_t)p : n;
+    return n;
+}
+
+uint64_t records_count(void)
+{
+    return count_records(0);
 }
 
 uint64_t records_parked(void)
 {
-    int64_t p = atomic_load(&nparked);
-    return p > 0 ? (uint64_t)p : 0;
-}
-
-void records_note_parked(int delta)
-{
-    atomic_fetch_add_explicit(&nparked, delta, memory_order_relaxed);
+    return count_records(1);
 }
 
 int records_take_parked(uintptr_t ptr, record *out)
@@ -237,7 +237,6 @@ int records_take_parked(uintptr_t ptr, record *out)
     /* absent now by the table itself: the slot's word may name another block */
     uintptr_t p = ptr;
     atomic_compare_exchange_strong(&out->park->kept, &p, 0);
-    atomic_fetch_sub_explicit(&nparked, 1, memory_order_relaxed);
     pthread_mutex_unlock(&s->lock);
     return 0;
 }
@@ -263,5 +262,4 @@ void records_forget_after_fork(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     for (int k = 0; k < NSHARDS; k++)
         shards[k] = (shard){fresh, NULL, 0, 0, 0};
-    atomic_store(&nparked, 0);
 }

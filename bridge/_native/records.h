@@ -57,17 +57,15 @@ int records_update(uintptr_t ptr, int (*fn)(record *r, void *arg), void *arg);
 /* Visit every record; fn returns 1 to remove the record (copied to the visitor
  * first), 0 to keep it.  Used by rare paths only (graph release). */
 void records_sweep(int (*fn)(record *r, void *arg), void *arg);
-/* Number of live records (diagnostics and tests): parked ones left out. */
+/* Number of live records, parked ones left out (a walk of the table:
+ * diagnostics and tests). */
 uint64_t records_count(void);
 /* The record of a block parked with its record (park.h), out of the table
  * into *out, and its slot's `kept` word cleared: 0, or -1 when ptr is not
  * parked so.  For whoever takes a parked block out of its slot, other than
  * its owner taking it back live. */
 int records_take_parked(uintptr_t ptr, record *out);
-/* A block was parked with its record (+1), or taken back live by its owner
- * (-1): the count's correction. */
-void records_note_parked(int delta);
-/* Records parked so, now. */
+/* Records parked so, now (a walk of the table: diagnostics and tests). */
 uint64_t records_parked(void);
 /* Add `s` to the streams recorded against r (recs[]) unless it is there:
  * 0, or -1 when there is no host memory or no room (r unchanged).  The
