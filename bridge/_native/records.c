@@ -125,46 +125,56 @@ int records_insert(const record *r)
     return 0;
 }
 
-int records_take(uintptr_t ptr, record *out, int (*keep)(record *r))
+/* The record of ptr with its shard's lock taken (*sp), when it is there and
+ * parked as `want_parked` says; NULL, the lock given back, otherwise.  Its
+ * thread's memo word is cleared: the caller takes or may change it. */
+static record *find_locked(uintptr_t ptr, int want_parked, shard **sp)
 {
     if (ptr <= TOMB)
-        return -1;
+        return NULL;
     uint64_t h = mix(ptr);
     shard *s = shard_of(h);
     pthread_mutex_lock(&s->lock);
     record *slot = s->cap ? probe(s, ptr, h, 0) : NULL;
-    if (!slot || parked(slot)) {
+    if (!slot || parked(slot) != want_parked) {
         pthread_mutex_unlock(&s->lock);
-        return -1;
+        return NULL;
     }
     forget_memo(slot);
-    int kept = keep ? keep(slot) : 0;
-    *out = *slot;
-    if (kept) {
-        pthread_mutex_unlock(&s->lock);
-        return kept;
-    }
+    *sp = s;
+    return slot;
+}
+
+/* The record at `slot` out of its shard (the lock held). */
+static void remove_locked(shard *s, record *slot)
+{
     memset(slot, 0, sizeof *slot);
     slot->ptr = TOMB;
     s->count--;
     s->tombs++;
+}
+
+int records_take(uintptr_t ptr, record *out, int (*keep)(record *r))
+{
+    shard *s;
+    record *slot = find_locked(ptr, 0, &s);
+    if (!slot)
+        return -1;
+    int kept = keep ? keep(slot) : 0;
+    *out = *slot;
+    if (!kept)
+        remove_locked(s, slot);
     pthread_mutex_unlock(&s->lock);
-    return 0;
+    return kept;
 }
 
 int records_update(uintptr_t ptr, int (*fn)(record *r, void *arg), void *arg)
 {
-    if (ptr <= TOMB)
+    shard *s;
+    record *slot = find_locked(ptr, 0, &s);
+    if (!slot)
         return -1;
-    uint64_t h = mix(ptr);
-    shard *s = shard_of(h);
-    pthread_mutex_lock(&s->lock);
-    record *slot = s->cap ? probe(s, ptr, h, 0) : NULL;
-    int rc = -1;
-    if (slot && !parked(slot)) {
-        forget_memo(slot);
-        rc = fn(slot, arg);
-    }
+    int rc = fn(slot, arg);
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -179,12 +189,8 @@ void records_sweep(int (*fn)(record *r, void *arg), void *arg)
             if (r->ptr <= TOMB || parked(r))
                 continue;
             forget_memo(r);
-            if (fn(r, arg)) {
-                memset(r, 0, sizeof *r);
-                r->ptr = TOMB;
-                s->count--;
-                s->tombs++;
-            }
+            if (fn(r, arg))
+                remove_locked(s, r);
         }
         pthread_mutex_unlock(&s->lock);
     }
@@ -218,22 +224,12 @@ uint64_t records_parked(void)
 
 int records_take_parked(uintptr_t ptr, record *out)
 {
-    if (ptr <= TOMB)
+    shard *s;
+    record *slot = find_locked(ptr, 1, &s);
+    if (!slot)
         return -1;
-    uint64_t h = mix(ptr);
-    shard *s = shard_of(h);
-    pthread_mutex_lock(&s->lock);
-    record *slot = s->cap ? probe(s, ptr, h, 0) : NULL;
-    if (!slot || !parked(slot)) {
-        pthread_mutex_unlock(&s->lock);
-        return -1;
-    }
-    forget_memo(slot);
     *out = *slot;
-    memset(slot, 0, sizeof *slot);
-    slot->ptr = TOMB;
-    s->count--;
-    s->tombs++;
+    remove_locked(s, slot);
     /* absent now by the table itself: the slot's word may name another block */
     uintptr_t p = ptr;
     atomic_compare_exchange_strong(&out->park->kept, &p, 0);
