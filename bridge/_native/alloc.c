@@ -93,7 +93,7 @@ static void detach_parked(int device, uintptr_t ptr)
 {
     (void)device;
     record rec;
-    if (records_take_parked(ptr, &rec) == 0)
+    if (records_take_parked(ptr, &rec, ledger_unpark) == 0)
         free(rec.recs); /* NULL: a parked block has no recorded stream */
 }
 
@@ -348,9 +348,10 @@ void bridge_free(void *ptr)
     history_maybe(BRIDGE_EV_FREE, rec.device, rec.ptr, rec.size, rec.stream, rec.tag);
     d = &bridge_devices[rec.device];
     if (parkable) {
-        ledger_count_free(d, &rec);
-        if (cache_park(rec.device, rec.stream, rec.size, rec.ptr, cache_held(d, rec.size),
-                       rec.park)) {
+        /* parked: still in the tag's figures (park.h); only the free's count */
+        if (cache_park(rec.device, rec.stream, rec.size, rec.ptr, rec.tag,
+                       cache_held(d, rec.size), rec.park)) {
+            ledger_count_parked(&rec);
             return;
         }
         /* no room in the slot: the record out, and the block cached as usual */
@@ -359,6 +360,7 @@ void bridge_free(void *ptr)
             atomic_fetch_add_explicit(&bad_frees, 1, RELAXED); /* freed twice at once */
             return;
         }
+        ledger_count_free(d, &rec);
         goto cache_it;
     }
     if (kept == 1) {
@@ -438,20 +440,16 @@ int bridge_free_cached(void *ptr)
         return BRIDGE_E_MISS;
     record rec;
     /* the block this thread allocated last: parked in its slot with its
-     * record, cache_or_keep's rule without the table (the tag's bytes drop
-     * before the block can be claimed) */
+     * record, cache_or_keep's rule without the table (the block stays in
+     * the tag's figures while parked, park.h) */
     if (memo_claim(ptr, &rec)) {
         device_state *d = &bridge_devices[rec.device];
         if (!rec.flags && cacheable(&rec) && !atomic_load_explicit(&d->captures_active, RELAXED) &&
-            !atomic_load_explicit(&d->num_deferred, RELAXED)) {
-            tag_state *t = &d->tag[rec.tag];
-            atomic_fetch_sub_explicit(&t->current, rec.size, RELAXED);
-            if (cache_park(rec.device, rec.stream, rec.size, rec.ptr, cache_held(d, rec.size),
-                           rec.park)) {
-                ledger_count_freed(d, &rec);
-                    return BRIDGE_OK;
-            }
-            atomic_fetch_add_explicit(&t->current, rec.size, RELAXED);
+            !atomic_load_explicit(&d->num_deferred, RELAXED) &&
+            cache_park(rec.device, rec.stream, rec.size, rec.ptr, rec.tag,
+                       cache_held(d, rec.size), rec.park)) {
+            ledger_count_parked(&rec);
+            return BRIDGE_OK;
         }
     }
     /* unknown pointers and double frees miss too: bridge_free counts them */
@@ -584,7 +582,6 @@ static int take_cached(request *q, void **out)
         const record *w = &q->want;
         if (memo.ptr == w->ptr && memo.park == w->park && !w->flags && memo.tag == w->tag &&
             memo.owner == w->owner && ledger_readopt(q->d, &memo) == BRIDGE_OK) {
-            atomic_store_explicit(&memo.park->kept, 0, memory_order_release);
             atomic_store_explicit(&memo.park->memo, memo.ptr, memory_order_release);
             *out = (void *)w->ptr;
             counts_cache_hit(w->device);
@@ -643,8 +640,11 @@ static int carve_new_chunk(request *q, void **out)
 {
     device_state *d = q->d;
     uint64_t live = 0;
-    for (int t = 0; t < BRIDGE_NTAGS; t++)
-        live += atomic_load_explicit(&d->tag[t].current, RELAXED);
+    for (int t = 0; t < BRIDGE_NTAGS; t++) {
+        uint64_t bytes;
+        ledger_tag_live(d, t, &bytes, NULL);
+        live += bytes;
+    }
     uint64_t bytes = carve_chunk_bytes(q->want.device, q->want.size, live);
     uintptr_t base;
     if (ledger_alloc_chunk(d, bytes, q->stream, &base) != BRIDGE_OK)
@@ -954,7 +954,10 @@ int bridge_get_stats(int device, bridge_stats *out)
         uint64_t since[COUNT_TAG_FIGURES]; /* the sums less the last reset's */
         for (int k = 0; k < COUNT_TAG_FIGURES; k++)
             since[k] = sums[i][k] - atomic_load(&t->base[k]);
-        out->tag[i] = (bridge_tag_stats){atomic_load(&t->current),
+        uint64_t live;
+        int64_t count;
+        ledger_tag_live(d, i, &live, &count);
+        out->tag[i] = (bridge_tag_stats){live,
                                          atomic_load(&t->peak),
                                          since[COUNT_ALLOCATED],
                                          since[COUNT_FREED],
@@ -962,7 +965,7 @@ int bridge_get_stats(int device, bridge_stats *out)
                                          since[COUNT_FREES],
                                          atomic_load(&t->num_ooms),
                                          atomic_load(&t->limit),
-                                         (uint64_t)atomic_load(&t->count),
+                                         (uint64_t)count,
                                          (uint64_t)atomic_load(&t->count_peak)};
     }
     CUresult r;

@@ -552,7 +552,7 @@ park_words *cache_park_words(int device)
     return mine ? &mine->park : NULL;
 }
 
-int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, int tag, uint64_t held,
                park_words *pw)
 {
     dcache *c = &caches[device];
@@ -568,10 +568,29 @@ int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64
     uint64_t bytes = tier_bytes(c, t);
     if (bytes + size > put_cap(c, t, held, size, bytes))
         return 0;
-    /* absent to the table's readers before any thread can claim it */
+    /* absent to the table's readers (and out of the tag's figures, for
+     * cache_kept's readers) before any thread can claim it */
+    atomic_store_explicit(&mine->park.size, size, RELAXED);
+    atomic_store_explicit(&mine->park.tag, tag, RELAXED);
     atomic_store_explicit(&mine->park.kept, ptr, memory_order_release);
     slot_fill(c, mine, ptr, size, stream, t);
     return 1;
+}
+
+void cache_kept(int device, int tag, uint64_t *bytes, int64_t *count)
+{
+    uint64_t b = 0;
+    int64_t n = 0;
+    for (tslot *s = atomic_load_explicit(&caches[device].tslots, memory_order_acquire); s;
+         s = s->next) {
+        if (!atomic_load_explicit(&s->park.kept, memory_order_acquire) ||
+            atomic_load_explicit(&s->park.tag, RELAXED) != tag)
+            continue;
+        b += atomic_load_explicit(&s->park.size, RELAXED);
+        n++;
+    }
+    *bytes = b;
+    *count = n;
 }
 
 /* The lists' newest block of the key, under the lock; 0 when none. */

@@ -84,9 +84,14 @@ park_words *cache_park_words(int device);
  * block is cached, its `kept` word set), 0 when it cannot be (the slot full
  * or another thread's words, the slots off, a thread waiting for memory, no
  * room under the tier's cap): the caller takes the record out and caches
- * the block as usual.  Never evicts, takes no lock. */
-int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64_t held,
+ * the block as usual.  Never evicts, takes no lock.  `tag`: the record's,
+ * for cache_kept. */
+int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, int tag, uint64_t held,
                park_words *pw);
+/* The blocks of `tag` parked with their records on `device` now: their bytes
+ * and their number (a walk of the device's slots, no lock).  They are still
+ * in the tag's `current` and `count` (park.h): a reader takes these out. */
+void cache_kept(int device, int tag, uint64_t *bytes, int64_t *count);
 /* Who takes a parked block's record out of the table (alloc.c): called for a
  * block parked with its record that leaves a slot other than to its owner's
  * allocation, with no lock of the cache held.  Set once, before any park. */

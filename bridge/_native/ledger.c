@@ -247,6 +247,61 @@ static void unreserve_device(device_state *d, uint64_t size)
 }
 
 /* Fast path without a budget: two atomic adds. */
+/* ---- a tag's live figures: the blocks parked with their records left out ----
+ * A block parked with its record (park.h) stays in its tag's `current` and
+ * `count`, so that its park and its owner's take back change no shared
+ * figure.  Whoever reads the figures takes the parked blocks out
+ * (cache_kept); the hot path does so only when a figure passes the tag's
+ * limit or its peak, both rare once a loop runs. */
+static uint64_t less_kept(device_state *d, int tag, uint64_t raw, int64_t *count)
+{
+    uint64_t bytes;
+    int64_t n;
+    cache_kept((int)(d - bridge_devices), tag, &bytes, &n);
+    if (count)
+        *count = *count > n ? *count - n : 0;
+    return raw > bytes ? raw - bytes : 0;
+}
+
+void ledger_tag_live(device_state *d, int tag, uint64_t *bytes, int64_t *count)
+{
+    int64_t n = atomic_load(&d->tag[tag].count);
+    uint64_t b = less_kept(d, tag, atomic_load(&d->tag[tag].current), &n);
+    if (bytes)
+        *bytes = b;
+    if (count)
+        *count = n;
+}
+
+/* The tag's byte peak raised to `raw` (its `current` after this thread's
+ * change) less the parked blocks: a walk only when raw passes the peak. */
+static void raise_peak(device_state *d, int tag, uint64_t raw)
+{
+    tag_state *t = &d->tag[tag];
+    if (raw > atomic_load_explicit(&t->peak, RELAXED))
+        atomic_max(&t->peak, less_kept(d, tag, raw, NULL));
+}
+
+/* The same for the number of live allocations. */
+static void raise_count_peak(device_state *d, int tag, int64_t raw)
+{
+    tag_state *t = &d->tag[tag];
+    int64_t peak = atomic_load_explicit(&t->count_peak, RELAXED);
+    if (raw <= peak)
+        return;
+    less_kept(d, tag, 0, &raw);
+    while (peak < raw &&
+           !atomic_compare_exchange_weak_explicit(&t->count_peak, &peak, raw, RELAXED, RELAXED))
+        ;
+}
+
+/* Would `raw` bytes of the tag pass its limit?  raw, the parked blocks left
+ * out, when raw alone passes it. */
+static inline int over_tag_limit(device_state *d, int tag, uint64_t tlimit, uint64_t raw)
+{
+    return tlimit && raw > tlimit && less_kept(d, tag, raw, NULL) > tlimit;
+}
+
 int ledger_reserve(device_state *d, int tag, uint64_t size)
 {
     /* No request larger than the device can succeed; refusing it here also
@@ -257,7 +312,7 @@ int ledger_reserve(device_state *d, int tag, uint64_t size)
     tag_state *t = &d->tag[tag];
     uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
     uint64_t tcur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
-    if (tlimit && tcur > tlimit) {
+    if (over_tag_limit(d, tag, tlimit, tcur)) {
         atomic_fetch_sub_explicit(&t->current, size, RELAXED);
         return BRIDGE_E_TAG_LIMIT;
     }
@@ -266,7 +321,7 @@ int ledger_reserve(device_state *d, int tag, uint64_t size)
         atomic_fetch_sub_explicit(&t->current, size, RELAXED);
         return rc;
     }
-    atomic_max(&t->peak, tcur);
+    raise_peak(d, tag, tcur);
     return BRIDGE_OK;
 }
 
@@ -289,18 +344,13 @@ void ledger_count_alloc(device_state *d, int tag, uint64_t size)
 {
     tag_state *t = &d->tag[tag];
     counts_alloc((int)(d - bridge_devices), tag, size);
-    int64_t live = atomic_fetch_add_explicit(&t->count, 1, RELAXED) + 1;
-    int64_t peak = atomic_load_explicit(&t->count_peak, RELAXED);
-    while (peak < live &&
-           !atomic_compare_exchange_weak_explicit(&t->count_peak, &peak, live, RELAXED, RELAXED))
-        ;
+    raise_count_peak(d, tag, atomic_fetch_add_explicit(&t->count, 1, RELAXED) + 1);
 }
 
 void ledger_count_reuse(device_state *d, int tag, uint64_t size)
 {
     tag_state *t = &d->tag[tag];
-    uint64_t cur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;
-    atomic_max(&t->peak, cur);
+    raise_peak(d, tag, atomic_fetch_add_explicit(&t->current, size, RELAXED) + size);
     ledger_count_alloc(d, tag, size);
 }
 
@@ -372,7 +422,7 @@ int ledger_adopt(device_state *d, const record *rec, void **out)
     uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
     uint64_t tcur = atomic_fetch_add_explicit(&t->current, rec->size, RELAXED) + rec->size;
     int rc = BRIDGE_OK;
-    if (tlimit && tcur > tlimit)
+    if (over_tag_limit(d, rec->tag, tlimit, tcur))
         rc = BRIDGE_E_TAG_LIMIT;
     else if (records_insert(rec) != 0)
         rc = BRIDGE_E_OOM; /* no host memory for the record */
@@ -382,7 +432,7 @@ int ledger_adopt(device_state *d, const record *rec, void **out)
             ledger_release(d, rec);
         return rc;
     }
-    atomic_max(&t->peak, tcur);
+    raise_peak(d, rec->tag, tcur);
     ledger_count_alloc(d, rec->tag, rec->size);
     *out = (void *)(uintptr_t)rec->ptr;
     return BRIDGE_OK;
@@ -392,14 +442,22 @@ int ledger_readopt(device_state *d, const record *rec)
 {
     tag_state *t = &d->tag[rec->tag];
     uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
-    uint64_t tcur = atomic_fetch_add_explicit(&t->current, rec->size, RELAXED) + rec->size;
-    if (tlimit && tcur > tlimit) {
-        atomic_fetch_sub_explicit(&t->current, rec->size, RELAXED);
+    uint64_t raw = atomic_load_explicit(&t->current, RELAXED); /* the block in it */
+    /* the limit as ledger_adopt's: the parked blocks out, this one back in */
+    if (tlimit && raw > tlimit && less_kept(d, rec->tag, raw, NULL) + rec->size > tlimit)
         return BRIDGE_E_TAG_LIMIT;
-    }
-    atomic_max(&t->peak, tcur);
-    ledger_count_alloc(d, rec->tag, rec->size);
+    atomic_store_explicit(&rec->park->kept, 0, memory_order_release); /* live again */
+    raise_peak(d, rec->tag, raw);
+    counts_alloc(rec->device, rec->tag, rec->size);
+    raise_count_peak(d, rec->tag, atomic_load_explicit(&t->count, RELAXED));
     return BRIDGE_OK;
+}
+
+void ledger_unpark(const record *rec)
+{
+    tag_state *t = &bridge_devices[rec->device].tag[rec->tag];
+    atomic_fetch_sub_explicit(&t->current, rec->size, RELAXED);
+    atomic_fetch_sub_explicit(&t->count, 1, RELAXED);
 }
 
 void ledger_count_free(device_state *d, const record *rec)
@@ -682,8 +740,11 @@ int bridge_reset_peak(int device, int tag)
         return BRIDGE_E_INVALID;
     for (int i = 0; i < BRIDGE_NTAGS; i++)
         if (tag == -1 || tag == i) {
-            atomic_store(&d->tag[i].peak, atomic_load(&d->tag[i].current));
-            atomic_store(&d->tag[i].count_peak, atomic_load(&d->tag[i].count));
+            uint64_t bytes;
+            int64_t count;
+            ledger_tag_live(d, i, &bytes, &count);
+            atomic_store(&d->tag[i].peak, bytes);
+            atomic_store(&d->tag[i].count_peak, count);
         }
     if (tag == -1)
         atomic_store(&d->peak, atomic_load(&d->reserved));

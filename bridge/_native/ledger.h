@@ -48,9 +48,18 @@ int ledger_alloc_chunk(device_state *d, uint64_t size, CUstream stream, uintptr_
  * caller's to give back. */
 int ledger_adopt(device_state *d, const record *rec, void **out);
 /* ledger_adopt for a block whose record is in the table already (parked with
- * it, park.h): the tag's bytes, peak and counts, and its cap; no insert.
- * BRIDGE_E_TAG_LIMIT (nothing changed) past the tag's cap. */
+ * it, park.h, and still in the tag's `current` and `count`): the tag's cap
+ * checked, the block live again (its `kept` word cleared), the peaks and the
+ * counts; no insert, no shared figure changed.  BRIDGE_E_TAG_LIMIT (nothing
+ * changed) past the tag's cap. */
 int ledger_readopt(device_state *d, const record *rec);
+/* A parked block's record taken out of the table (records_take_parked's
+ * `taken`, under the shard lock, before its `kept` word is cleared): its
+ * bytes and allocation out of the tag's figures. */
+void ledger_unpark(const record *rec);
+/* The tag's live bytes and allocations (either may be NULL): `current` and
+ * `count` less the blocks parked with their records (cache_kept). */
+void ledger_tag_live(device_state *d, int tag, uint64_t *bytes, int64_t *count);
 /* A block whose record is live again for `tag` (a graph pool's, reused):
  * the tag's bytes, peak and counts. */
 void ledger_count_reuse(device_state *d, int tag, uint64_t size);
@@ -72,6 +81,13 @@ void ledger_flush_deferred(device_state *d);
 /* The pool trimmed to `keep` after the deferred frees and the frees in
  * flight landed (bridge_trim, after the cache went back). */
 int ledger_trim(device_state *d, uint64_t keep);
+
+/* A free that parks its block with its record: the accumulated figures
+ * only (the block stays in `current` and `count` while parked, park.h). */
+static inline void ledger_count_parked(const record *rec)
+{
+    counts_free(rec->device, rec->tag, rec->size);
+}
 
 /* A free's accumulated figures (ledger_count_free less the tag's current bytes). */
 static inline void ledger_count_freed(device_state *d, const record *rec)

@@ -13,6 +13,11 @@
  *         block is published in the slot; cleared by the owner taking the
  *         block back live, or by whoever takes the record out of the table
  *         (records_take_parked, under the shard lock).
+ *         While it names a block, `size` and `tag` are that block's: the block
+ *         stays counted in its tag's live bytes and allocations (tag_state's
+ *         `current` and `count`), and every reader of those figures takes
+ *         the parked blocks out (cache_kept, a walk of the slots), so that
+ *         neither the park nor the take back changes a shared figure.
  *   memo  the block the owner allocated last, of which it keeps a copy of
  *         the record: the owner's free may use that copy instead of the
  *         table while the word still names the block, and sets it to 0.
@@ -29,6 +34,8 @@
 typedef struct park_words {
     _Atomic uintptr_t kept;
     _Atomic uintptr_t memo;
+    _Atomic uint64_t size; /* the kept block's bytes, written before `kept` */
+    _Atomic int tag;       /* the kept block's tag, written before `kept` */
 } park_words;
 
 #endif

@@ -222,7 +222,7 @@ uint64_t records_parked(void)
     return count_records(1);
 }
 
-int records_take_parked(uintptr_t ptr, record *out)
+int records_take_parked(uintptr_t ptr, record *out, void (*taken)(const record *r))
 {
     shard *s;
     record *slot = find_locked(ptr, 1, &s);
@@ -230,6 +230,9 @@ int records_take_parked(uintptr_t ptr, record *out)
         return -1;
     *out = *slot;
     remove_locked(s, slot);
+    /* before the word: a reader of the tag's figures may take the block out
+     * twice for a moment, never count it twice */
+    taken(out);
     /* absent now by the table itself: the slot's word may name another block */
     uintptr_t p = ptr;
     atomic_compare_exchange_strong(&out->park->kept, &p, 0);

@@ -61,10 +61,11 @@ void records_sweep(int (*fn)(record *r, void *arg), void *arg);
  * diagnostics and tests). */
 uint64_t records_count(void);
 /* The record of a block parked with its record (park.h), out of the table
- * into *out, and its slot's `kept` word cleared: 0, or -1 when ptr is not
+ * into *out, `taken` called with it (under the shard lock, before the slot's
+ * `kept` word is cleared), and that word cleared: 0, or -1 when ptr is not
  * parked so.  For whoever takes a parked block out of its slot, other than
  * its owner taking it back live. */
-int records_take_parked(uintptr_t ptr, record *out);
+int records_take_parked(uintptr_t ptr, record *out, void (*taken)(const record *r));
 /* Records parked so, now (a walk of the table: diagnostics and tests). */
 uint64_t records_parked(void);
 /* Add `s` to the streams recorded against r (recs[]) unless it is there:

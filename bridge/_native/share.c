@@ -688,8 +688,11 @@ void share_settle(struct device_state *d, share_member *m, uint64_t size, int gr
 static void publish(share_member *m)
 {
     device_state *d = &bridge_devices[m->device];
-    for (int t = 0; t < BRIDGE_NTAGS; t++)
-        atomic_store(&m->me->tag_bytes[t], atomic_load(&d->tag[t].current));
+    for (int t = 0; t < BRIDGE_NTAGS; t++) {
+        uint64_t bytes;
+        ledger_tag_live(d, t, &bytes, NULL);
+        atomic_store(&m->me->tag_bytes[t], bytes);
+    }
     uint64_t outside = 0;
     bridge_others(m->device, &outside);
     atomic_store(&m->me->outside, outside);

@@ -1030,3 +1030,77 @@ def test_the_cache_only_calls_park_and_take_back_a_block_with_its_record(cache):
     assert core.lookup(p) == (0, MIB, 0, CUPY) and core.live_records() == records + 1
     core.free(p)
     assert core.live_records() == records
+
+
+# A parked block stays in its tag's live bytes and allocations (park.h: neither its park nor
+# its owner's take back changes a shared figure); every reader of those figures, the peaks
+# and the tag's cap take the parked blocks out.
+TAG_LIMIT = 8
+
+
+def _tag(tag=TORCH):
+    return stats()["tags"][tag]
+
+
+def test_a_parked_block_is_out_of_the_figures_the_peaks_and_a_peak_reset(cache):
+    p = _cycled(4 * MIB, TORCH)
+    core.free(p)  # parked with its record
+    t = _tag()
+    assert (t["current"], t["count"]) == (0, 0)
+    assert core.reset_peak(0, TORCH) == 0
+    t = _tag()
+    assert (t["peak"], t["count_peak"]) == (0, 0)  # what is live, the parked block out
+    rc, q = core.alloc(0, MIB, 0, TORCH)  # another size: p stays parked
+    assert rc == 0 and q != p
+    t = _tag()
+    assert (t["current"], t["peak"], t["count"], t["count_peak"]) == (MIB, MIB, 1, 1)
+    core.free(q)  # q takes the slot; p goes to the lists, out of the tag's figures
+    t = _tag()
+    assert (t["current"], t["count"], t["peak"], t["count_peak"]) == (0, 0, MIB, 1)
+    assert stats()["cached"] == 5 * MIB
+
+
+def test_a_parked_block_taken_back_after_a_peak_reset_raises_the_peaks(cache):
+    p = _cycled(4 * MIB, TORCH)
+    core.free(p)
+    assert core.reset_peak(0, TORCH) == 0
+    allocs = _tag()["num_allocs"]
+    assert core.alloc(0, 4 * MIB, 0, TORCH) == (0, p)  # back live, no shared figure changed
+    t = _tag()
+    assert (t["current"], t["peak"], t["count"], t["count_peak"]) == (4 * MIB, 4 * MIB, 1, 1)
+    assert t["num_allocs"] == allocs + 1
+    core.free(p)
+    t = _tag()
+    assert (t["current"], t["count"], t["peak"]) == (0, 0, 4 * MIB)
+    assert t["num_frees"] == t["num_allocs"]
+
+
+def test_the_tag_s_cap_leaves_a_parked_block_out_and_counts_it_when_it_comes_back(cache):
+    p = _cycled(4 * MIB, TORCH)
+    core.free(p)  # parked: 4 MiB still in torch's `current`, not live
+    assert core.set_tag_limit(0, TORCH, 4 * MIB) == 0
+    try:
+        rc, q = core.alloc(0, 4 * MIB, SIDE, TORCH)  # another stream: up to the cap
+        assert rc == 0 and q != p
+        assert _tag()["current"] == 4 * MIB
+        core.free(q)
+    finally:
+        core.set_tag_limit(0, TORCH, 0)
+    t = _tag()
+    assert (t["current"], t["count"]) == (0, 0)
+
+
+def test_a_parked_block_past_a_lowered_cap_is_refused_at_its_take_back(cache):
+    p = _cycled(4 * MIB, TORCH)
+    core.free(p)  # parked with its record
+    assert core.set_tag_limit(0, TORCH, 2 * MIB) == 0
+    try:
+        assert core.alloc(0, 4 * MIB, 0, TORCH) == (TAG_LIMIT, 0)
+        t = _tag()
+        assert (t["current"], t["count"], t["num_ooms"]) == (0, 0, 1)
+        assert core.lookup(p)[0] != 0  # its record out of the table, the block to the pool
+    finally:
+        core.set_tag_limit(0, TORCH, 0)
+    rc, q = core.alloc(0, 4 * MIB, 0, TORCH)
+    assert rc == 0 and core.lookup(q) == (0, 4 * MIB, 0, TORCH)
+    core.free(q)
