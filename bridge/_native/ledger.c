@@ -246,7 +246,6 @@ static void unreserve_device(device_state *d, uint64_t size)
     atomic_fetch_sub_explicit(&d->reserved, size, memory_order_acq_rel);
 }
 
-/* Fast path without a budget: two atomic adds. */
 /* ---- a tag's live figures: the blocks parked with their records left out ----
  * A block parked with its record (park.h) stays in its tag's `current` and
  * `count`, so that its park and its owner's take back change no shared
@@ -302,6 +301,7 @@ static inline int over_tag_limit(device_state *d, int tag, uint64_t tlimit, uint
     return tlimit && raw > tlimit && less_kept(d, tag, raw, NULL) > tlimit;
 }
 
+/* Fast path without a budget: two atomic adds. */
 int ledger_reserve(device_state *d, int tag, uint64_t size)
 {
     /* No request larger than the device can succeed; refusing it here also
