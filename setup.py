@@ -6,7 +6,9 @@ import os
 from setuptools import Extension, setup
 
 flags = ["-O2", "-Wall", "-Wextra", "-fvisibility=default"]
-link = ["-ldl", "-lpthread"]
+# -Bsymbolic-functions: the core's calls into its own functions bind inside the
+# library (no PLT stub on the hot path); every symbol stays exported for dlsym.
+link = ["-ldl", "-lpthread", "-Wl,-Bsymbolic-functions"]
 if os.environ.get("BRIDGE_WERROR"):
     flags.append("-Werror")
 if os.environ.get("BRIDGE_SANITIZE"):  # e.g. "address" for a sanitizer build

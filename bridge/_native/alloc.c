@@ -15,6 +15,7 @@
 #include "graph.h"
 #include "views.h"
 #include "wait.h"
+#include "tls.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -56,14 +57,46 @@ static inline uint64_t cache_held(device_state *d, uint64_t freeing)
  * word of its slot still names the block (records.c clears it at any change
  * of the record).  Whoever else takes a parked block out of a slot takes its
  * record out of the table first (detach_parked). */
-static _Thread_local record memo;
+/* The memo lives on the heap (tls.h), made at the thread's first one (NULL
+ * before), freed at its exit; memo_key's value. */
+static _Thread_local record *my_memo BRIDGE_TLS_ONE_LOAD;
+static pthread_key_t memo_key;
+static pthread_once_t memo_once = PTHREAD_ONCE_INIT;
+static int memo_key_ok;
+
+/* A later destructor's allocation makes a memo anew and sets the key again
+ * (this runs once more); its frees find none and ask the table. */
+static void memo_thread_ended(void *memo)
+{
+    my_memo = NULL;
+    free(memo);
+}
+
+static void make_memo_key(void)
+{
+    memo_key_ok = pthread_key_create(&memo_key, memo_thread_ended) == 0;
+}
+
+/* The thread's memo; NULL without host memory or a thread key (its frees
+ * then take the table's way). */
+static record *memo_attach(void)
+{
+    pthread_once(&memo_once, make_memo_key);
+    record *m = memo_key_ok ? calloc(1, sizeof *m) : NULL;
+    if (m && pthread_setspecific(memo_key, m) != 0) {
+        free(m);
+        m = NULL;
+    }
+    return my_memo = m;
+}
 
 /* The thread's copy of the record of its allocation just made (the table's
  * record, as inserted or taken back live). */
 static inline void memo_set(const record *r)
 {
-    if (r->park && !r->flags) {
-        memo = *r;
+    record *m;
+    if (r->park && !r->flags && ((m = my_memo) || (m = memo_attach()))) {
+        *m = *r;
         atomic_store_explicit(&r->park->memo, r->ptr, memory_order_release);
     }
 }
@@ -79,11 +112,12 @@ static inline void memo_set(const record *r)
 static inline int memo_claim(void *ptr, record *out)
 {
     uintptr_t p = (uintptr_t)ptr;
-    if (memo.ptr != p || !memo.park ||
-        atomic_load_explicit(&memo.park->memo, memory_order_acquire) != p)
+    const record *memo = my_memo;
+    if (!memo || memo->ptr != p || !memo->park ||
+        atomic_load_explicit(&memo->park->memo, memory_order_acquire) != p)
         return 0;
-    atomic_store_explicit(&memo.park->memo, 0, RELAXED);
-    *out = memo;
+    atomic_store_explicit(&memo->park->memo, 0, RELAXED);
+    *out = *memo;
     return 1;
 }
 
@@ -565,28 +599,31 @@ static int retry_alloc(void *ctx, int flags, void **out)
     return rc;
 }
 
-/* The cache's fast path, shared by obtain and bridge_alloc_cached: a block
- * of this size freed on this stream (one lock, one pop, one shard lock; no
- * driver call, so no context needed), adopted for the request's tag.
- * BRIDGE_E_MISS when none is cached, or when adopting it failed (the tag's
- * cap, no host memory for the record): the block went back to the pool. */
-static int take_cached(request *q, void **out)
+/* This thread's own block taken back live with the record it kept while
+ * parked (the memo, park.h): BRIDGE_E_TAG_LIMIT, changing nothing, when the
+ * tag's cap refuses it. */
+static inline int readopt_memo(device_state *d, const record *memo, void **out)
 {
-    int kept;
-    q->want.ptr = cache_take(q->want.device, q->want.stream, q->want.size, &kept);
-    if (!q->want.ptr)
-        return BRIDGE_E_MISS;
+    if (ledger_readopt(d, memo) != BRIDGE_OK)
+        return BRIDGE_E_TAG_LIMIT;
+    atomic_store_explicit(&memo->park->memo, memo->ptr, memory_order_release);
+    *out = (void *)memo->ptr; /* counted a cache hit by ledger_readopt */
+    return BRIDGE_OK;
+}
+
+/* A block the cache handed to the request (q->want.ptr; kept: parked with
+ * its record), adopted for the request's tag.  BRIDGE_E_MISS when adopting
+ * it failed (the tag's cap, no host memory for the record): the block went
+ * back to the pool. */
+static int adopt_cached(request *q, int kept, void **out)
+{
     if (kept) {
         /* this thread's own block, parked with its record: back live as it
          * is when the record is the one this request would make */
-        const record *w = &q->want;
-        if (memo.ptr == w->ptr && memo.park == w->park && !w->flags && memo.tag == w->tag &&
-            memo.owner == w->owner && ledger_readopt(q->d, &memo) == BRIDGE_OK) {
-            atomic_store_explicit(&memo.park->memo, memo.ptr, memory_order_release);
-            *out = (void *)w->ptr;
-            counts_cache_hit(w->device);
+        const record *w = &q->want, *memo = my_memo;
+        if (memo && memo->ptr == w->ptr && memo->park == w->park && !w->flags && memo->tag == w->tag &&
+            memo->owner == w->owner && readopt_memo(q->d, memo, out) == BRIDGE_OK)
             return BRIDGE_OK;
-        }
         detach_parked(w->device, w->ptr);
     }
     if (ledger_adopt(q->d, &q->want, out) != BRIDGE_OK)
@@ -594,6 +631,43 @@ static int take_cached(request *q, void **out)
     memo_set(&q->want);
     counts_cache_hit(q->want.device);
     return BRIDGE_OK;
+}
+
+/* The cache's fast path: a block of this size freed on this stream (one
+ * lock, one pop, one shard lock; no driver call, so no context needed),
+ * adopted for the request's tag; BRIDGE_E_MISS when none is cached or
+ * adopting it failed. */
+static int take_cached(request *q, void **out)
+{
+    int kept;
+    q->want.ptr = cache_take(q->want.device, q->want.stream, q->want.size, &kept);
+    return q->want.ptr ? adopt_cached(q, kept, out) : BRIDGE_E_MISS;
+}
+
+/* take_cached for a plain request (no graph pool) of bridge_alloc and
+ * bridge_alloc_cached, *q made here.  First the block this thread freed
+ * last, when it waits in its slot with its record under this request's key
+ * and tag: back live without a request made (the memo is the record the
+ * request would make, save the pointer).  Any other case is take_cached's,
+ * in its order. */
+static int take_cached_plain(device_state *d, int device, size_t size, void *stream, int tag,
+                             request *q, void **out)
+{
+    CUstream key = stream_key((CUstream)stream);
+    const record *memo = my_memo;
+    uintptr_t p = 0;
+    int kept = 0;
+    if (memo && memo->size == size && memo->stream == key && memo->tag == tag && !memo->flags &&
+        memo->owner == thread_self()) {
+        p = cache_take_back(device, memo->park, memo->ptr, key, size, &kept);
+        if (p && kept && readopt_memo(d, memo, out) == BRIDGE_OK)
+            return BRIDGE_OK;
+    }
+    *q = request_of(d, device, size, stream, tag);
+    if (!p)
+        return take_cached(q, out);
+    q->want.ptr = p;
+    return adopt_cached(q, kept, out);
 }
 
 /* May the request be carved (carve.c): carving on, the cache on (jax=True
@@ -654,15 +728,15 @@ static int carve_new_chunk(request *q, void **out)
     return p && adopt_carved(q, p, out) == BRIDGE_OK ? BRIDGE_OK : BRIDGE_E_MISS;
 }
 
+static int obtain_uncached(request *q, void **out);
+
 /* The one way down for every allocation: the graph pool's free list (a
  * graph request), the cache, the pool; then, refused, the recovery chain
  * and the wait (a graph request: the chain's first step alone). */
 static int obtain(request *q, void **out)
 {
-    device_state *d = q->d;
-    int graph = q->want.flags & REC_GRAPH;
     /* a graph pool's fast path: a block its graphs freed, no driver call */
-    if (graph && (*out = (void *)graph_reuse(d, &q->want)))
+    if ((q->want.flags & REC_GRAPH) && (*out = (void *)graph_reuse(q->d, &q->want)))
         return BRIDGE_OK;
     /* fastest path: a block of this size freed on this stream (for a graph
      * request, freed before the capture: everything that used it precedes
@@ -670,6 +744,14 @@ static int obtain(request *q, void **out)
      * such blocks too) */
     if (take_cached(q, out) == BRIDGE_OK)
         return BRIDGE_OK;
+    return obtain_uncached(q, out);
+}
+
+/* obtain after the cache missed: carving, the pool, the recovery chain. */
+static int obtain_uncached(request *q, void **out)
+{
+    device_state *d = q->d;
+    int graph = q->want.flags & REC_GRAPH;
     /* carving (off unless asked for): a free range of the stream's chunks */
     int carve = carvable(q);
     if (carve) {
@@ -744,12 +826,16 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
         return rc;
     if (atomic_load_explicit(&d->num_deferred, RELAXED))
         ledger_flush_deferred(d);
-    request q = request_of(d, device, size, stream, tag);
+    request q;
+    if (!atomic_load_explicit(&d->stream_captures, RELAXED))
+        return take_cached_plain(d, device, size, stream, tag, &q, out) == BRIDGE_OK
+                   ? BRIDGE_OK
+                   : obtain_uncached(&q, out);
+    q = request_of(d, device, size, stream, tag);
     /* a CuPy capture of this stream: its graph's pool (graph.c), never the
      * cache's other blocks (a cached block would leave the graph at its free) */
     uint64_t bound_pool;
-    if (atomic_load_explicit(&d->stream_captures, RELAXED) &&
-        graph_pool_of_stream(d, q.want.stream, &bound_pool))
+    if (graph_pool_of_stream(d, q.want.stream, &bound_pool))
         request_graph(&q, BRIDGE_STREAM_POOL, bound_pool);
     return obtain(&q, out);
 }
@@ -803,8 +889,8 @@ int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **o
     if (!d || atomic_load_explicit(&d->num_deferred, RELAXED) ||
         atomic_load_explicit(&d->stream_captures, RELAXED))
         return BRIDGE_E_MISS; /* a CuPy capture: bridge_alloc routes its arrays to its graph */
-    request q = request_of(d, device, size, stream, tag);
-    int rc = take_cached(&q, out);
+    request q;
+    int rc = take_cached_plain(d, device, size, stream, tag, &q, out);
     if (rc != BRIDGE_OK && carvable(&q))
         rc = take_carved(&q, out); /* no chunk taken here: that is a driver call */
     if (rc == BRIDGE_OK)

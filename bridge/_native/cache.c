@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "bridge.h"
+#include "tls.h"
 
 #define SLOT_BITS 12
 #define SLOTS     (1u << SLOT_BITS)   /* (stream, size) keys per device */
@@ -362,6 +363,21 @@ static uint64_t put_cap(dcache *c, int t, uint64_t held, uint64_t size, uint64_t
     return cap_for(c, t, held, size);
 }
 
+/* Does a block of `size` fit tier t whose bytes are `bytes` (put_cap's rule)?
+ * An empty large tier takes any block up to its fixed cap that the limit has
+ * room for: its cap is never below min(room, large_cap, size) (cap_for), so
+ * a block that loops alone in its thread's slot needs no share computed. */
+static inline int put_fits(dcache *c, int t, uint64_t held, uint64_t size, uint64_t bytes)
+{
+    if (t == TIER_LARGE && !bytes && size <= atomic_load_explicit(&c->large_cap, RELAXED)) {
+        uint64_t limit = atomic_load_explicit(&c->limit, RELAXED);
+        uint64_t other = tier_bytes(c, TIER_SMALL);
+        if (other <= limit && size <= limit - other)
+            return 1;
+    }
+    return bytes + size <= put_cap(c, t, held, size, bytes);
+}
+
 /* ---- the thread slots (see the banner at struct tslot) ---- */
 static _Atomic(cache_detach_fn) detach_hook;
 
@@ -382,20 +398,30 @@ static inline void detach(int device, cache_block *b)
     }
 }
 
-static _Thread_local tslot *my_slot[BRIDGE_MAX_DEVICES];
+/* The calling thread's slots by device: a table on the heap (tls.h), made
+ * at the thread's first slot, NULL before; slot_key's value. */
+static _Thread_local tslot **my_slots BRIDGE_TLS_ONE_LOAD;
 static pthread_key_t slot_key;
 static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
 static int slot_key_ok;
 
-/* At a thread's exit its slots are left unowned, each with its block. */
-static void slots_thread_ended(void *unused)
+static inline tslot *my_slot(int device)
 {
-    (void)unused;
+    tslot **t = my_slots;
+    return t ? t[device] : NULL;
+}
+
+/* At a thread's exit its slots are left unowned, each with its block, and
+ * its table freed (a later destructor that frees into a slot makes both
+ * anew, and sets the key again: this runs once more). */
+static void slots_thread_ended(void *table)
+{
+    tslot **t = table;
+    my_slots = NULL;
     for (int d = 0; d < BRIDGE_MAX_DEVICES; d++)
-        if (my_slot[d]) {
-            atomic_store_explicit(&my_slot[d]->owned, 0, memory_order_release);
-            my_slot[d] = NULL;
-        }
+        if (t[d])
+            atomic_store_explicit(&t[d]->owned, 0, memory_order_release);
+    free(t);
 }
 
 static void make_slot_key(void)
@@ -411,6 +437,17 @@ static tslot *slot_attach(dcache *c, int device)
     pthread_once(&slot_once, make_slot_key);
     if (!slot_key_ok)
         return NULL;
+    tslot **table = my_slots;
+    if (!table) {
+        table = calloc(BRIDGE_MAX_DEVICES, sizeof *table);
+        if (!table)
+            return NULL;
+        if (pthread_setspecific(slot_key, table) != 0) {
+            free(table);
+            return NULL;
+        }
+        my_slots = table;
+    }
     tslot *s = atomic_load_explicit(&c->tslots, memory_order_acquire);
     for (; s; s = s->next) {
         int free_ = 0;
@@ -432,8 +469,7 @@ static tslot *slot_attach(dcache *c, int device)
         while (!atomic_compare_exchange_weak_explicit(&c->tslots, &head, s, memory_order_release,
                                                       RELAXED));
     }
-    pthread_setspecific(slot_key, s); /* any non-NULL value: the destructor runs */
-    my_slot[device] = s;
+    table[device] = s;
     return s;
 }
 
@@ -526,7 +562,7 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size, int *kept)
     dcache *c = &caches[device];
     *kept = 0;
     /* fastest: the block this thread freed last, when it is of this key */
-    tslot *mine = my_slot[device];
+    tslot *mine = my_slot(device);
     if (mine) {
         uintptr_t p = atomic_load_explicit(&mine->ptr, memory_order_acquire);
         if (p > SLOT_BUSY && atomic_load_explicit(&mine->size, RELAXED) == size &&
@@ -546,9 +582,23 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size, int *kept)
     return b.ptr;
 }
 
+uintptr_t cache_take_back(int device, const park_words *pw, uintptr_t ptr, CUstream stream,
+                          uint64_t size, int *kept)
+{
+    dcache *c = &caches[device];
+    tslot *mine = my_slot(device);
+    *kept = 0;
+    if (!mine || &mine->park != pw || atomic_load_explicit(&mine->ptr, RELAXED) != ptr ||
+        atomic_load_explicit(&mine->size, RELAXED) != size ||
+        atomic_load_explicit(&mine->stream, RELAXED) != stream || !slot_take_back(c, mine, ptr))
+        return 0;
+    *kept = atomic_load_explicit(&mine->park.kept, memory_order_acquire) == ptr;
+    return ptr;
+}
+
 park_words *cache_park_words(int device)
 {
-    tslot *mine = my_slot[device];
+    tslot *mine = my_slot(device);
     return mine ? &mine->park : NULL;
 }
 
@@ -556,7 +606,7 @@ int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, int ta
                park_words *pw)
 {
     dcache *c = &caches[device];
-    tslot *mine = my_slot[device];
+    tslot *mine = my_slot(device);
     if (!mine || &mine->park != pw || !atomic_load_explicit(&c->slots_on, RELAXED) ||
         !atomic_load_explicit(&c->limit, RELAXED) ||
         size > atomic_load_explicit(&c->max_block, RELAXED) ||
@@ -565,8 +615,7 @@ int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, int ta
         atomic_load_explicit(&mine->park.kept, RELAXED))
         return 0;
     int t = tier_of(c, size);
-    uint64_t bytes = tier_bytes(c, t);
-    if (bytes + size > put_cap(c, t, held, size, bytes))
+    if (!put_fits(c, t, held, size, tier_bytes(c, t)))
         return 0;
     /* absent to the table's readers (and out of the tag's figures, for
      * cache_kept's readers) before any thread can claim it */
@@ -727,12 +776,9 @@ static int put_via_slot(dcache *c, tslot *mine, CUstream stream, uint64_t size, 
         return 0; /* threads wait for memory: nothing is kept */
     int t = tier_of(c, size);
     uintptr_t a = atomic_load_explicit(&mine->ptr, memory_order_acquire);
-    if (!a) {
-        uint64_t bytes = tier_bytes(c, t);
-        if (bytes + size <= put_cap(c, t, held, size, bytes)) {
-            slot_fill(c, mine, ptr, size, stream, t);
-            return 1;
-        }
+    if (!a && put_fits(c, t, held, size, tier_bytes(c, t))) {
+        slot_fill(c, mine, ptr, size, stream, t);
+        return 1;
     }
     /* The slot's block leaves it, still counted in its tier (`parked`) until
      * it is linked, evicted or put back; a claim under way: the lists. */
@@ -801,7 +847,7 @@ static int put(int device, CUstream stream, uint64_t size, uintptr_t ptr, uint64
         size > atomic_load_explicit(&c->max_block, memory_order_relaxed))
         return 0;
     tslot *mine = NULL;
-    if (atomic_load_explicit(&c->slots_on, RELAXED) && !(mine = my_slot[device]))
+    if (atomic_load_explicit(&c->slots_on, RELAXED) && !(mine = my_slot(device)))
         mine = slot_attach(c, device);
     if (mine)
         return put_via_slot(c, mine, stream, size, ptr, held, evicted, nevicted);
@@ -1026,8 +1072,10 @@ void cache_forget_after_fork(void)
         atomic_store(&caches[i].tslots, NULL);
         for (int t = 0; t < TIERS; t++)
             atomic_store(&caches[i].parked[t], 0);
-        my_slot[i] = NULL; /* the forking thread's, the child's only thread */
     }
+    /* the forking thread's slots, the child's only thread */
+    if (my_slots)
+        memset(my_slots, 0, BRIDGE_MAX_DEVICES * sizeof *my_slots);
 }
 
 void cache_set_thread_slots(int device, int on)

@@ -76,6 +76,11 @@ typedef struct cache_block {
  * record (cache_park), which is still in the table (the caller takes it back
  * live or detaches it); 0 otherwise (any other block parked so was detached). */
 uintptr_t cache_take(int device, CUstream stream, uint64_t size, int *kept);
+/* cache_take's first case, for one block: `ptr` out of the calling thread's
+ * slot on `device` when that slot's park words are `pw` and it holds ptr
+ * under this key; 0 otherwise (the slot as it was).  *kept as cache_take's. */
+uintptr_t cache_take_back(int device, const park_words *pw, uintptr_t ptr, CUstream stream,
+                          uint64_t size, int *kept);
 /* The calling thread's slot's park words on `device` (park.h); NULL while it
  * has no slot there.  A record made by this thread points to them. */
 park_words *cache_park_words(int device);

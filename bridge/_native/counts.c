@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-_Thread_local thread_counts *counts_mine[BRIDGE_MAX_DEVICES];
+__attribute__((visibility("hidden"))) _Thread_local thread_counts **counts_mine BRIDGE_TLS_ONE_LOAD;
 
 /* Every copy of a device, newest first; pushed, never removed (a copy is
  * reused, not freed), so a reader walks it without a lock. */
@@ -26,11 +26,12 @@ static int owner_key_ok;
 
 static void thread_ended(void *newest)
 {
-    /* The thread's slots are cleared first: should one of the thread's
-     * later destructors allocate, it attaches a copy again and sets the key
-     * again (its destructor then runs once more) rather than write a copy
-     * another thread may already have taken over. */
-    memset(counts_mine, 0, sizeof counts_mine);
+    /* The thread's table goes first: should one of the thread's later
+     * destructors allocate, it attaches a copy again (and a table) and sets
+     * the key again (its destructor then runs once more) rather than write
+     * a copy another thread may already have taken over. */
+    free(counts_mine);
+    counts_mine = NULL;
     pthread_mutex_lock(&spare_lock);
     for (thread_counts *c = newest, *next; c; c = next) {
         next = c->sibling;
@@ -48,6 +49,10 @@ static void make_owner_key(void)
 thread_counts *counts_attach(int device)
 {
     pthread_once(&owner_once, make_owner_key);
+    /* Without the key (none left in the process) the table is never freed
+     * either: one per such thread. */
+    if (!counts_mine && !(counts_mine = calloc(BRIDGE_MAX_DEVICES, sizeof *counts_mine)))
+        return NULL;
     pthread_mutex_lock(&spare_lock);
     thread_counts *c = spare[device];
     if (c)

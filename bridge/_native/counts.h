@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "bridge.h"
+#include "tls.h"
 
 /* A tag's cumulative figures, in this order in every copy. */
 enum { COUNT_ALLOCATED, COUNT_FREED, COUNT_ALLOCS, COUNT_FREES, COUNT_TAG_FIGURES };
@@ -40,8 +41,10 @@ typedef struct thread_counts {
     int device;
 } thread_counts;
 
-/* The calling thread's copies, by device (NULL until its first count there). */
-extern _Thread_local thread_counts *counts_mine[BRIDGE_MAX_DEVICES];
+/* The calling thread's copies, by device (NULL until its first count
+ * there): a table on the heap (tls.h), made at its first count, NULL before. */
+extern __attribute__((visibility("hidden"))) _Thread_local thread_counts **counts_mine
+    BRIDGE_TLS_ONE_LOAD;
 
 /* The calling thread's copy for `device`, made or taken over on first use;
  * NULL only when the host has no memory for one (the count is then lost,
@@ -50,7 +53,8 @@ thread_counts *counts_attach(int device);
 
 static inline thread_counts *counts_of(int device)
 {
-    thread_counts *c = counts_mine[device];
+    thread_counts **t = counts_mine;
+    thread_counts *c = t ? t[device] : NULL;
     return c ? c : counts_attach(device);
 }
 
@@ -69,6 +73,18 @@ static inline void counts_alloc(int device, int tag, uint64_t size)
     counts_add(&c->tag[tag][COUNT_ALLOCATED], size);
     counts_add(&c->tag[tag][COUNT_ALLOCS], 1);
     counts_add(&c->allocs, 1);
+}
+
+/* counts_alloc and counts_cache_hit in one (a parked block taken back). */
+static inline void counts_alloc_hit(int device, int tag, uint64_t size)
+{
+    thread_counts *c = counts_of(device);
+    if (!c)
+        return;
+    counts_add(&c->tag[tag][COUNT_ALLOCATED], size);
+    counts_add(&c->tag[tag][COUNT_ALLOCS], 1);
+    counts_add(&c->allocs, 1);
+    counts_add(&c->cache_hits, 1);
 }
 
 static inline void counts_free(int device, int tag, uint64_t size)

@@ -448,7 +448,7 @@ int ledger_readopt(device_state *d, const record *rec)
         return BRIDGE_E_TAG_LIMIT;
     atomic_store_explicit(&rec->park->kept, 0, memory_order_release); /* live again */
     raise_peak(d, rec->tag, raw);
-    counts_alloc(rec->device, rec->tag, rec->size);
+    counts_alloc_hit(rec->device, rec->tag, rec->size);
     raise_count_peak(d, rec->tag, atomic_load_explicit(&t->count, RELAXED));
     return BRIDGE_OK;
 }
