@@ -65,14 +65,20 @@ static inline void counts_add(_Atomic uint64_t *v, uint64_t by)
                           memory_order_relaxed);
 }
 
+/* One allocation of `size` for `tag` in the copy `c`. */
+static inline void counts_alloc_in(thread_counts *c, int tag, uint64_t size)
+{
+    counts_add(&c->tag[tag][COUNT_ALLOCATED], size);
+    counts_add(&c->tag[tag][COUNT_ALLOCS], 1);
+    counts_add(&c->allocs, 1);
+}
+
 static inline void counts_alloc(int device, int tag, uint64_t size)
 {
     thread_counts *c = counts_of(device);
     if (!c)
         return;
-    counts_add(&c->tag[tag][COUNT_ALLOCATED], size);
-    counts_add(&c->tag[tag][COUNT_ALLOCS], 1);
-    counts_add(&c->allocs, 1);
+    counts_alloc_in(c, tag, size);
 }
 
 /* counts_alloc and counts_cache_hit in one (a parked block taken back). */
@@ -81,9 +87,7 @@ static inline void counts_alloc_hit(int device, int tag, uint64_t size)
     thread_counts *c = counts_of(device);
     if (!c)
         return;
-    counts_add(&c->tag[tag][COUNT_ALLOCATED], size);
-    counts_add(&c->tag[tag][COUNT_ALLOCS], 1);
-    counts_add(&c->allocs, 1);
+    counts_alloc_in(c, tag, size);
     counts_add(&c->cache_hits, 1);
 }
 
