@@ -621,8 +621,9 @@ static int adopt_cached(request *q, int kept, void **out)
         /* this thread's own block, parked with its record: back live as it
          * is when the record is the one this request would make */
         const record *w = &q->want, *memo = my_memo;
-        if (memo && memo->ptr == w->ptr && memo->park == w->park && !w->flags && memo->tag == w->tag &&
-            memo->owner == w->owner && readopt_memo(q->d, memo, out) == BRIDGE_OK)
+        if (memo && memo->ptr == w->ptr && memo->park == w->park && !w->flags &&
+            memo->tag == w->tag && memo->owner == w->owner &&
+            readopt_memo(q->d, memo, out) == BRIDGE_OK)
             return BRIDGE_OK;
         detach_parked(w->device, w->ptr);
     }

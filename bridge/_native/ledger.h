@@ -50,8 +50,8 @@ int ledger_adopt(device_state *d, const record *rec, void **out);
 /* ledger_adopt for a block whose record is in the table already (parked with
  * it, park.h, and still in the tag's `current` and `count`): the tag's cap
  * checked, the block live again (its `kept` word cleared), the peaks and the
- * counts (a cache hit among them); no insert, no shared figure changed.  BRIDGE_E_TAG_LIMIT (nothing
- * changed) past the tag's cap. */
+ * counts (a cache hit among them); no insert, no shared figure changed.
+ * BRIDGE_E_TAG_LIMIT (nothing changed) past the tag's cap. */
 int ledger_readopt(device_state *d, const record *rec);
 /* A parked block's record taken out of the table (records_take_parked's
  * `taken`, under the shard lock, before its `kept` word is cleared): its
