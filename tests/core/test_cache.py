@@ -520,6 +520,29 @@ def test_a_new_thread_takes_over_an_ended_thread_s_slot_and_its_block(cache):
     core.free(q)
 
 
+def test_the_oldest_block_is_evicted_first_when_the_threads_that_freed_them_ended(cache):
+    """An ended thread gives up its slot: the next thread to free takes it over and moves
+    the older block into the lists, so a free past the cap gives back the oldest block,
+    as it does within one thread. (A slot kept by its dead owner would hold the older
+    blocks as if they were the newest, and the newest free would go to the driver.)"""
+    core.set_cache(0, 1 << 30)  # the large tier's cap: 64 MiB
+    a, b = (core.alloc(0, n * MIB, 0, CUPY)[1] for n in (30, 31))
+    _in_thread(lambda: core.free(a))  # a in that thread's slot; the thread ends
+    _in_thread(lambda: core.free(b))  # the slot taken over: a to the lists, b in the slot
+    assert stats()["cached"] == 61 * MIB
+    rc, c = core.alloc(0, 4 * MIB, 0, CUPY)
+    before = frees(cache)
+    core.free(c)  # 65 MiB > 64: a, the oldest, goes to the driver
+    assert frees(cache) == before + 1
+    assert stats()["cached"] == 35 * MIB
+    n = allocs(cache)
+    assert core.alloc(0, 31 * MIB, 0, CUPY) == (0, b)
+    assert core.alloc(0, 4 * MIB, 0, CUPY) == (0, c)
+    assert allocs(cache) == n
+    core.free(b)
+    core.free(c)
+
+
 def test_flush_trim_and_a_stream_s_end_reach_every_thread_s_slot(cache):
     core.register_stream(SIDE)
     on_side = _in_thread(lambda: core.alloc(0, MIB, SIDE, TORCH)[1])
