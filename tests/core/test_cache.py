@@ -579,6 +579,22 @@ def test_the_slot_s_bytes_are_in_the_tier_caps_and_the_budget(cache):
     core.set_limit(0, 0)
 
 
+def test_a_block_alone_in_its_thread_s_slot_stays_within_the_limit(cache):
+    """The large tier is empty, but the small one leaves too little of the limit: a block
+    the thread allocated last and frees is not parked past the limit, it goes back."""
+    core.set_cache(0, 4 * MIB)
+    small = core.alloc(0, MIB, 0, CUPY)[1]
+    _in_thread(lambda: core.free(small))  # 1 MiB in the small tier (an ended thread's slot)
+    rc, big = core.alloc(0, 3 * MIB + MIB // 2, 0, CUPY)  # this thread's memo names it
+    before = frees(cache)
+    core.free(big)  # 1 MiB + 3.5 MiB > 4 MiB: not kept
+    assert frees(cache) == before + 1
+    s = stats()
+    assert s["cached"] == s["cached_small"] == MIB and s["cached_large"] == 0
+    assert core.alloc(0, MIB, 0, CUPY) == (0, small)
+    core.free(small)
+
+
 def test_many_sizes_on_many_streams(cache):
     """Sizes that are multiples of 1 MiB on 8 long-lived streams: all found while the
     cap allows; past a small cap, the most recently cached survive."""
