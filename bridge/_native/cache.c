@@ -544,6 +544,18 @@ static inline int slot_take_back(dcache *c, tslot *s, uintptr_t ptr)
     return 1;
 }
 
+/* The owner's block p (as read from its slot) taken back when it is of this
+ * key: p, *kept set as cache_take's; else 0 (the slot as it was). */
+static inline uintptr_t mine_take_back(dcache *c, tslot *mine, uintptr_t p, CUstream stream,
+                                       uint64_t size, int *kept)
+{
+    if (p <= SLOT_BUSY || atomic_load_explicit(&mine->size, RELAXED) != size ||
+        atomic_load_explicit(&mine->stream, RELAXED) != stream || !slot_take_back(c, mine, p))
+        return 0;
+    *kept = atomic_load_explicit(&mine->park.kept, memory_order_acquire) == p;
+    return p;
+}
+
 /* The owner's slot gets a block (the slot is empty and the owner's). */
 static inline void slot_fill(dcache *c, tslot *s, uintptr_t ptr, uint64_t size, CUstream stream,
                              int t)
@@ -565,11 +577,8 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size, int *kept)
     tslot *mine = my_slot(device);
     if (mine) {
         uintptr_t p = atomic_load_explicit(&mine->ptr, memory_order_acquire);
-        if (p > SLOT_BUSY && atomic_load_explicit(&mine->size, RELAXED) == size &&
-            atomic_load_explicit(&mine->stream, RELAXED) == stream && slot_take_back(c, mine, p)) {
-            *kept = atomic_load_explicit(&mine->park.kept, memory_order_acquire) == p;
+        if (mine_take_back(c, mine, p, stream, size, kept))
             return p;
-        }
     }
     uintptr_t got = take_listed(c, stream, size);
     if (got)
@@ -585,15 +594,11 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size, int *kept)
 uintptr_t cache_take_back(int device, const park_words *pw, uintptr_t ptr, CUstream stream,
                           uint64_t size, int *kept)
 {
-    dcache *c = &caches[device];
     tslot *mine = my_slot(device);
     *kept = 0;
-    if (!mine || &mine->park != pw || atomic_load_explicit(&mine->ptr, RELAXED) != ptr ||
-        atomic_load_explicit(&mine->size, RELAXED) != size ||
-        atomic_load_explicit(&mine->stream, RELAXED) != stream || !slot_take_back(c, mine, ptr))
+    if (!mine || &mine->park != pw || atomic_load_explicit(&mine->ptr, RELAXED) != ptr)
         return 0;
-    *kept = atomic_load_explicit(&mine->park.kept, memory_order_acquire) == ptr;
-    return ptr;
+    return mine_take_back(&caches[device], mine, ptr, stream, size, kept);
 }
 
 park_words *cache_park_words(int device)
