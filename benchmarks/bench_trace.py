@@ -28,7 +28,7 @@ configuration (its timing thread pinned to ``--cpu``, the garbage collector off)
 turn for ``--passes`` passes a round, the order rotating; the ``--rounds`` are split among
 ``--processes`` generations of fresh workers, so that one slow process holds a third of
 them. Against the first configuration: ``round_ratios``, their ``ratio_spread`` and
-``median_ratio_to_native``, the verdict (report.py, over at least MIN_ROUNDS rounds).
+``median_ratio_to_native``, the verdict (checks.py, over at least MIN_ROUNDS rounds).
 Memory is each process's own; a configuration's figure is the largest. Configurations:
 
 - ``native``: torch's own caching allocator; ``async``: its cudaMallocAsync backend;

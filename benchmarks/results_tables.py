@@ -4,7 +4,7 @@
     python3 benchmarks/results_tables.py RUN_DIR [--dest benchmarks/results]
 
 Writes DEST/<benchmark>.md, for every benchmark with a figure in RUN_DIR/results.json (its
-checks recomputed by report.py): the run's date, git revision, card, versions, each target
+checks recomputed by checks.py): the run's date, git revision, card, versions, each target
 with its value and result, and the benchmark's table from results.md. The others keep their
 table, so that a part run (``--only``) refreshes only its own and git holds the history. It
 overwrites only files whose first line is MARKER (its own) or TRANSCRIBED (copied by hand
@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checks  # noqa: E402
 import report  # noqa: E402
 
 #: The first line of every table this script writes (it overwrites only such files and
@@ -30,17 +31,17 @@ MARKER = "<!-- written by benchmarks/results_tables.py from a run's results.json
 TRANSCRIBED = ("<!-- transcribed from the run records it names, not from a results.json; "
                "benchmarks/results_tables.py replaces it with a run's table -->")  # fmt: skip
 
-#: benchmark (the file's name) -> (its check groups in report.py, its results.md sections)
+#: benchmark (the file's name) -> (its check groups in checks.py, its results.md sections)
 BENCHMARKS: dict[str, tuple[tuple[str, ...], Callable[[dict], list[str]]]] = {
-    "alloc": (("torch alloc", "cupy alloc"), lambda r: report._md_turns(r) + report._md_alloc(r)),
-    "mixed": (("mixed",), report._md_mixed),
-    "e2e": (("e2e",), report._md_e2e),
-    "pinned": (("pinned",), report._md_pinned),
-    "trace": (("trace",), report._md_trace),
-    "capacity": (("capacity",), report._md_capacity),
-    "wait": (("wait",), report._md_wait),
-    "share": (("share",), report._md_share),
-    "rmm": (("rmm",), report._md_rmm),
+    "alloc": (("torch alloc", "cupy alloc"), lambda r: report.md_turns(r) + report.md_alloc(r)),
+    "mixed": (("mixed",), report.md_mixed),
+    "e2e": (("e2e",), report.md_e2e),
+    "pinned": (("pinned",), report.md_pinned),
+    "trace": (("trace",), report.md_trace),
+    "capacity": (("capacity",), report.md_capacity),
+    "wait": (("wait",), report.md_wait),
+    "share": (("share",), report.md_share),
+    "rmm": (("rmm",), report.md_rmm),
 }
 
 #: benchmark -> the run_all.py sections that measure it (a part run names its sections)
@@ -100,7 +101,7 @@ def table(name: str, results: dict, source: str) -> str | None:
              f"{', quick' if meta.get('quick') else ''} (from {source})",
              f"- card: {card(meta)}", f"- versions: {versions(meta)}",
              f"- command: {command}", ""]  # fmt: skip
-    lines += report._table(
+    lines += report.table(
         ["metric", "value", "target", "result", "note"],
         [[c["label"], "-" if c["value"] is None else f"{c['value']:.3f}",
           f"{c['op']} {c['target']:g}", c["status"],
@@ -115,7 +116,7 @@ def table(name: str, results: dict, source: str) -> str | None:
 def write_tables(results: dict, dest: str, source: str) -> dict[str, str]:
     """Write dest/<benchmark>.md for each benchmark with figures in results (summarized
     here); returns {benchmark: what happened} ("written", "no figure: kept", or why not)."""
-    report.summarize(results)
+    checks.summarize(results)
     os.makedirs(dest, exist_ok=True)
     done: dict[str, str] = {}
     for name in BENCHMARKS:

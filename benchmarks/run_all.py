@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import checks  # noqa: E402
 import report  # noqa: E402
 from _common import (  # noqa: E402
     ALLOCATOR_ENV,
@@ -45,7 +46,7 @@ DISTRIBUTIONS = ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "jax", "jaxlib
 #: Every section (--only picks some), in the plan's order but alloc_same_process (after pinned).
 SECTIONS = ("alloc_turns", "alloc", "alloc_same_process", "mixed", "e2e_turns", "e2e", "pinned",
             "trace", "capacity", "wait", "share", "rmm")
-TRACES = report.TRACES  # the committed traces bench_trace.py replays (traces/NAME.json.gz)
+TRACES = checks.TRACES  # the committed traces bench_trace.py replays (traces/NAME.json.gz)
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Params:
     # offset of its own for its life, and the rounds of several generations average it out
     turns_processes: int = 9
     # bench_trace.py run: warm workers in turns, pinned to one CPU; the verdict is the median
-    # of the round-by-round ratios (at least report.TRACE_MIN_ROUNDS of them)
+    # of the round-by-round ratios (at least checks.TRACE_MIN_ROUNDS of them)
     trace_rounds: int = 21
     trace_passes: int = 3  # replays of the trace per worker per round (the round's best counts)
     trace_processes: int = 3  # fresh workers per configuration, the rounds split among them
@@ -145,7 +146,7 @@ def plan(p: Params, python: str, quick: bool, mixed_gib: float | None,
     # the later sections, one child each (one per trace); each timeout leaves the child
     # inside a 450 s part run (--only SECTION) on a machine with a 10-minute command limit
     def trace_configs(name: str) -> str:  # RMM replays torch only; carving: off by default
-        no_rmm = rmm_skip or name in report.MIXED_TRACES
+        no_rmm = rmm_skip or name in checks.MIXED_TRACES
         return ",".join(["native", "async"] + ([] if no_rmm else ["rmm"])
                         + ["bridge", "bridge-carve"])
 
@@ -425,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                          "into DEST (results_tables.py; e.g. benchmarks/results)")
     ap.add_argument("--trace-rounds", type=int, default=None,
                     help="rounds of each trace replay in turns (21; --quick 9; fewer than "
-                         f"{report.TRACE_MIN_ROUNDS} give no time verdict)")
+                         f"{checks.TRACE_MIN_ROUNDS} give no time verdict)")
     ap.add_argument("--capacity-splits", default=None,
                     help="CuPy's shares of the budget tried natively by the capacity search "
                          "(comma list of fractions; default 0.2,0.3,...,0.7)")
@@ -438,8 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--out DIR is required")
     p = QUICK if args.quick else FULL
     if args.trace_rounds is not None:
-        if args.trace_rounds < report.TRACE_MIN_ROUNDS:
-            ap.error(f"--trace-rounds: at least {report.TRACE_MIN_ROUNDS} rounds give the "
+        if args.trace_rounds < checks.TRACE_MIN_ROUNDS:
+            ap.error(f"--trace-rounds: at least {checks.TRACE_MIN_ROUNDS} rounds give the "
                      f"trace's time verdict (got {args.trace_rounds})")
         p = replace(p, trace_rounds=args.trace_rounds)
     if args.capacity_splits is not None:

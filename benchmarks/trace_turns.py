@@ -7,7 +7,7 @@ blocked on a pipe), then asks each in turn for a round of passes, the order rota
 round, over ``processes`` generations of fresh workers. ``turns_summary`` turns the rounds'
 best passes into the figures: ``round_ratios`` against the first configuration, their
 ``ratio_spread`` and ``median_ratio_to_<first>``, the verdict (over at least MIN_ROUNDS
-rounds: report.py). No framework is imported here: the workers do that.
+rounds: checks.py). No framework is imported here: the workers do that.
 """
 
 from __future__ import annotations

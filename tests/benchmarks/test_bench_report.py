@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The benchmark report (benchmarks/report.py) and run_all's bookkeeping, on fake results.
+"""benchmarks/checks.py and report.py, and run_all's bookkeeping, on fake results.
 
 No GPU and no framework: the report must be buildable anywhere from a
 results.json, and run_all must record a child that crashes or hangs instead
@@ -20,6 +20,7 @@ BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import _common  # noqa: E402
+import checks  # noqa: E402
 import report  # noqa: E402
 import run_all  # noqa: E402
 
@@ -175,14 +176,14 @@ def by_id(results: dict) -> dict:
 
 
 def test_alloc_summary_is_the_median_over_processes():
-    r = report.summarize(fake_results())
+    r = checks.summarize(fake_results())
     native = r["alloc"]["summary"]["torch"]["native"]["512"]
     assert native == {"median": 2500.0, "min": 2400.0, "max": 2600.0, "n": 2}
     assert "rmm" not in r["alloc"]["summary"]["torch"]  # a skipped config has no figures
 
 
 def test_checks_against_the_targets():
-    c = by_id(report.summarize(fake_results()))
+    c = by_id(checks.summarize(fake_results()))
     assert c["torch.alloc.native.512"]["value"] == pytest.approx(
         2200 / 2400, abs=1e-4
     )  # best of each
@@ -196,7 +197,7 @@ def test_checks_against_the_targets():
 
 def test_cupy_memorypool_target_is_nine_tenths():
     """Issue 34: a CuPy pair at <= 0.90 of CuPy's MemoryPool."""
-    c = by_id(report.summarize(fake_results()))
+    c = by_id(checks.summarize(fake_results()))
     assert c["cupy.alloc.native.512"]["target"] == 0.90
     assert c["cupy.alloc.native.512"]["op"] == "<="
     assert c["cupy.alloc.native.512"]["status"] == "fail"  # 1800 / 1300 = 1.38
@@ -205,7 +206,7 @@ def test_cupy_memorypool_target_is_nine_tenths():
 
 
 def test_missing_baselines_say_why():
-    c = by_id(report.summarize(fake_results()))
+    c = by_id(checks.summarize(fake_results()))
     rmm = c["torch.alloc.rmm.512"]
     assert rmm["status"] == "missing" and rmm["value"] is None
     assert "RMM is not installed" in rmm["note"]
@@ -288,7 +289,7 @@ def test_turns_decide_the_allocation_targets_where_they_ran(tmp_path):
 
 
 def test_mixed_e2e_and_pinned_checks():
-    c = by_id(report.summarize(fake_results()))
+    c = by_id(checks.summarize(fake_results()))
     assert c["mixed.bridge.used_over_live"]["value"] == pytest.approx(1.004)
     assert c["mixed.bridge.used_over_live"]["status"] == "pass"
     # best process of each mode (the noise only slows a process down)
@@ -303,7 +304,7 @@ def test_mixed_e2e_and_pinned_checks():
 def test_pinned_top_level_ratio_and_absent_script():
     r = fake_results()
     r["pinned"] = {"status": "ok", "data": {"ratio": 0.99, "x": {"other_ratio": 0.1}}}
-    assert by_id(report.summarize(r))["pinned.bridge_over_torch"]["value"] == 0.99
+    assert by_id(checks.summarize(r))["pinned.bridge_over_torch"]["value"] == 0.99
     r["pinned"] = {
         "status": "partial",
         "data": {
@@ -312,17 +313,17 @@ def test_pinned_top_level_ratio_and_absent_script():
             "errors": {"alloc_ns": "boom"},
         },
     }
-    c = by_id(report.summarize(r))["pinned.bridge_over_torch"]
+    c = by_id(checks.summarize(r))["pinned.bridge_over_torch"]
     assert c["value"] == 0.97 and c["status"] == "pass" and "boom" in c["note"]
     r["pinned"] = {"status": "skipped", "reason": "benchmarks/bench_pinned.py does not exist"}
-    c = by_id(report.summarize(r))["pinned.bridge_over_torch"]
+    c = by_id(checks.summarize(r))["pinned.bridge_over_torch"]
     assert c["status"] == "missing" and "does not exist" in c["note"]
 
 
 def test_bridge_oom_in_the_mixed_phases_is_missing_not_a_crash():
     r = fake_results()
     r["mixed"]["runs"][1].update(outcome="oom", oom="RuntimeError: CUDA out of memory.")
-    c = by_id(report.summarize(r))["mixed.bridge.used_over_live"]
+    c = by_id(checks.summarize(r))["mixed.bridge.used_over_live"]
     assert c["status"] == "missing" and "oom" in c["note"]
 
 
@@ -368,7 +369,7 @@ def test_markdown_has_every_section_and_verdict(tmp_path):
 
 def test_png_is_written(tmp_path):
     pytest.importorskip("matplotlib")
-    r = report.summarize(fake_results())
+    r = checks.summarize(fake_results())
     assert report.write_png(r, str(tmp_path / "results.png"))
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -555,7 +556,7 @@ def test_bench_pinned_result_is_kept_whole(tmp_path):
     result = run_all.run_task(task, str(raw), timeout=30)
     assert result["status"] == "ok" and result["files"] == ["raw/pinned.json"]
     assert result["data"]["bridge_over_torch_pinned"] == {"h2d 1 MiB": 0.99}
-    c = by_id(report.summarize({"pinned": result}))["pinned.bridge_over_torch"]
+    c = by_id(checks.summarize({"pinned": result}))["pinned.bridge_over_torch"]
     assert c["value"] == 0.99 and c["status"] == "pass"
 
 
@@ -755,7 +756,7 @@ def test_e2e_turns_decide_the_end_to_end_target(tmp_path):
     assert "### One process after another (context)" in md
     # a failed turns run falls back to the separate processes, saying so
     r["e2e_turns"] = {"status": "error", "error": "no mode ran: native: boom"}
-    c = by_id(report.summarize(r))["e2e.bridge_over_native"]
+    c = by_id(checks.summarize(r))["e2e.bridge_over_native"]
     assert c["value"] == pytest.approx(100.0 / 102.0, abs=1e-4)
     assert c["note"] == "separate processes"
 

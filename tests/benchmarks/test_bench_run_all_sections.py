@@ -21,6 +21,7 @@ import pytest
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import checks  # noqa: E402
 import report  # noqa: E402
 import run_all  # noqa: E402
 
@@ -267,7 +268,7 @@ def later_results() -> dict:
 
 
 def checks_of(results: dict) -> dict:
-    return {c["id"]: c for c in report.summarize(results)["checks"]}
+    return {c["id"]: c for c in checks.summarize(results)["checks"]}
 
 
 # ---- the plan ----
@@ -300,7 +301,7 @@ def test_plan_runs_the_later_sections_after_the_others_in_order():
         # carving (off by default) beside the default cache; RMM replays torch's events only
         want = (
             "native,async,bridge,bridge-carve"
-            if name in report.MIXED_TRACES
+            if name in checks.MIXED_TRACES
             else "native,async,rmm,bridge,bridge-carve"
         )
         assert t.argv[t.argv.index("--configs") + 1] == want
@@ -550,7 +551,7 @@ def test_report_fails_what_misses_its_target():
 
 
 def test_missing_sections_are_not_run_never_a_pass():
-    res = report.summarize({})
+    res = checks.summarize({})
     later = [c for c in res["checks"] if c["group"] in LATER]
     assert {c["group"] for c in later} == set(LATER)
     assert all(c["status"] == "missing" and c["note"].startswith("not run") for c in later)
@@ -636,7 +637,7 @@ def test_the_trace_time_check_takes_the_median_of_round_ratios_over_nine_rounds_
     out = trace_out("gpt2")
     out["gpt2"]["bridge"]["ns_per_event"] = 2000.0  # best pass: 0.8 of native's 2500
     out["gpt2"]["bridge"].update(turns([0.8, 1.3, 1.2, 1.1, 1.25, 1.2, 0.9, 1.4, 1.15]))
-    c = {x["id"]: x for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
+    c = {x["id"]: x for x in checks.trace_checks({"gpt2": {"status": "ok", "data": out}})}
     t = c["trace.gpt2.time"]
     assert t["value"] == 1.2 and t["status"] == "fail"
     assert t["note"].startswith(
@@ -644,20 +645,20 @@ def test_the_trace_time_check_takes_the_median_of_round_ratios_over_nine_rounds_
         "2,000 /"
     )
     out["gpt2"]["bridge"].update(turns([0.8, 1.3, 1.2]))  # three rounds: no verdict
-    c = {x["id"]: x for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
+    c = {x["id"]: x for x in checks.trace_checks({"gpt2": {"status": "ok", "data": out}})}
     t = c["trace.gpt2.time"]
     assert t["value"] is None and t["status"] == "missing"
     assert t["note"].startswith("3 round-by-round ratios, fewer than 9: no verdict; 2,000 /")
     for k in ("round_ratios", "median_ratio_to_native", "ratio_spread"):
         del out["gpt2"]["bridge"][k]  # a run without turns: no verdict either
-    c = {x["id"]: x for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
+    c = {x["id"]: x for x in checks.trace_checks({"gpt2": {"status": "ok", "data": out}})}
     assert c["trace.gpt2.time"]["status"] == "missing"
 
 
 def test_the_trace_table_shows_the_spread_hits_and_processes():
     res = later_results() | {"meta": {}}
     res["trace"]["gpt2"]["data"]["gpt2"]["bridge"]["processes"] = [{}, {}, {}]
-    md = report.markdown(report.summarize(res))
+    md = report.markdown(checks.summarize(res))
     assert "| gpt2 | bridge | 2,400 | 0.960 [0.960-0.960] (0.960-0.960), n=9 |" in md
     assert "| 1.030 | 97.2% | 9 / 3 |" in md
 
@@ -668,27 +669,27 @@ def test_the_wait_check_takes_the_median_of_the_rounds_ratios():
     data = copy.deepcopy(WAIT)
     data["runs"] = {"unlimited": [wait_run(284.0, False) for _ in range(3)],
                     "tight": [wait_run(v, True) for v in (198.0, 284.0, 193.0)]}  # fmt: skip
-    value, note = report.wait_value({"status": "ok", "data": data})
+    value, note = checks.wait_value({"status": "ok", "data": data})
     assert value == pytest.approx(198 / 284) and note.startswith("median of 3 rounds' ratios")
     assert "best 284.0 / 284.0 steps/s" in note
 
 
 def test_the_report_checks_every_trace_run_all_replays():
     """A committed trace that did not run shows as missing, never as absent."""
-    assert report.TRACES == run_all.TRACES
+    assert checks.TRACES == run_all.TRACES
     c = checks_of({})
     for name in run_all.TRACES:
         assert c[f"trace.{name}.time"]["status"] == "missing"
 
 
 def test_the_trace_section_defaults_give_a_verdict_of_rounds_in_turns():
-    """Full and quick: at least report.TRACE_MIN_ROUNDS rounds, split among three
+    """Full and quick: at least checks.TRACE_MIN_ROUNDS rounds, split among three
     generations of workers, each trace's child pinned."""
     for params, quick in ((run_all.FULL, False), (run_all.QUICK, True)):
         tasks = {t.name: t for t in run_all.plan(params, sys.executable, quick, None)}
         for name in run_all.TRACES:
             t = tasks[f"trace-{name}"]
-            assert int(_arg(t, "--rounds")) >= report.TRACE_MIN_ROUNDS
+            assert int(_arg(t, "--rounds")) >= checks.TRACE_MIN_ROUNDS
             assert int(_arg(t, "--processes")) == 3 and t.pin
 
 
@@ -698,7 +699,7 @@ def test_carving_is_checked_beside_the_default_cache_where_a_trace_replayed_it()
     out = trace_out("gpt2")
     assert not any(
         ".carve." in k
-        for k in {x["id"] for x in report.trace_checks({"gpt2": {"status": "ok", "data": out}})}
+        for k in {x["id"] for x in checks.trace_checks({"gpt2": {"status": "ok", "data": out}})}
     )
     live = 5 * GIB
     out["gpt2"]["bridge-carve"] = {
@@ -706,7 +707,7 @@ def test_carving_is_checked_beside_the_default_cache_where_a_trace_replayed_it()
         **turns([2300 / 2500] * 9),
     }
     res = {"gpt2": {"status": "ok", "data": out}}
-    c = {x["id"]: x for x in report.trace_checks(res)}
+    c = {x["id"]: x for x in checks.trace_checks(res)}
     assert c["trace.gpt2.carve.time"]["value"] == pytest.approx(0.92)
     assert c["trace.gpt2.carve.time"]["label"] == "trace gpt2: bridge-carve / native ns per event"
     assert c["trace.gpt2.carve.reserved_over_live"]["value"] == pytest.approx(1.04, abs=1e-3)
@@ -716,7 +717,7 @@ def test_carving_is_checked_beside_the_default_cache_where_a_trace_replayed_it()
     # a trace that ran without carving: its carving checks are missing, with the reason
     c = {
         x["id"]: x
-        for x in report.trace_checks(res | {"mixed": {"status": "ok", "data": trace_out("mixed")}})
+        for x in checks.trace_checks(res | {"mixed": {"status": "ok", "data": trace_out("mixed")}})
     }
     assert c["trace.mixed.carve.time"]["status"] == "missing"
     assert "bridge-carve: not run" in c["trace.mixed.carve.time"]["note"]

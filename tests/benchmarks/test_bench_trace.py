@@ -819,7 +819,7 @@ def test_run_refuses_settings_that_give_no_verdict_to_compute(tmp_path, capsys):
     assert "--configs" in capsys.readouterr().err
 
 
-def test_the_harness_and_the_report_ask_for_the_same_number_of_rounds():
-    import report
+def test_the_harness_and_the_checks_ask_for_the_same_number_of_rounds():
+    import checks
 
-    assert tt.MIN_ROUNDS == bt.MIN_ROUNDS == report.TRACE_MIN_ROUNDS == 9
+    assert tt.MIN_ROUNDS == bt.MIN_ROUNDS == checks.TRACE_MIN_ROUNDS == 9
