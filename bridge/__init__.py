@@ -90,6 +90,9 @@ _LAZY = {
         for name in ("record_memory_history", "memory_snapshot", "dump_snapshot")
     },
     "cli": ("bridge.cli", ""),  # bridge.cli.main(["stats"]): the command line inside a program
+    # the cluster plugins (optional extras: importing them imports distributed or ray)
+    "dask": ("bridge.dask", ""),
+    "ray": ("bridge.ray", ""),
 }
 
 
@@ -105,4 +108,4 @@ if not TYPE_CHECKING:  # to a type checker the names are the imports above: a ty
 
 def __dir__() -> list[str]:
     """The public names (the lazy ones included), not the module's helpers."""
-    return sorted(set(__all__) | {"cli"})
+    return sorted(set(__all__) | {"cli", "dask", "ray"})

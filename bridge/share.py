@@ -22,13 +22,19 @@ __all__ = [
     "join",
     "membership",
     "list_shares",
+    "set_worker_label",
+    "label_if_member",
+    "worker_labels",
 ]
 
 import dataclasses
+import json
 import os
 import stat
 import struct
 import time
+import warnings
+from collections.abc import Iterable
 
 from bridge._errors import BridgeError, check, format_bytes
 from bridge._runtime import core
@@ -199,6 +205,9 @@ class Member:
         Seconds since the member last published its figures.
     overshoots : int
         Pool growths its claim did not cover in advance.
+    worker : str
+        What the process said it is (:func:`set_worker_label`: a Dask worker's
+        name and address, a Ray actor or task); empty when it said nothing.
     """
 
     pid: int
@@ -211,6 +220,7 @@ class Member:
     unresponsive: bool
     age: float
     overshoots: int
+    worker: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,7 +311,7 @@ def _start_of(buf: bytes, o: int, word: int) -> int:
     return _u64(buf, o + _LAYOUT["off_start"])
 
 
-def _read_share(path: str, uid: int) -> Share:
+def _read_share(path: str, uid: int, labels: dict[int, str]) -> Share:
     """One file, read without trusting it: every figure checked, never an exception."""
     base = os.path.basename(path)
     lay = _LAYOUT
@@ -375,6 +385,7 @@ def _read_share(path: str, uid: int) -> Share:
                 unresponsive=req != done and asked > 0 and now - asked > UNRESPONSIVE_S,
                 age=max(0.0, now - beat) if beat else float("inf"),
                 overshoots=_u32(buf, o + lay["off_overshoots"]),
+                worker=labels.get(pid, ""),
             )
         )
     return Share(
@@ -403,5 +414,115 @@ def list_shares(directory: str | None = None) -> list[Share]:
         names = sorted(n for n in os.listdir(directory) if n.startswith(prefix))
     except OSError:
         return []
-    shares = [_read_share(os.path.join(directory, n), uid) for n in names]
+    labels = worker_labels(directory)
+    shares = [_read_share(os.path.join(directory, n), uid, labels) for n in names]
     return sorted(shares, key=lambda s: (s.name, s.uuid, s.path))
+
+
+# ---- what each process is (the cluster plugins name their workers) ----
+LABEL_MAX = 200  # characters of a label that are kept
+
+
+def _label_dir(directory: str | None = None) -> str:
+    """The folder of the labels: beside the share files, one per user (its name is no
+    share file's: those are ``bridge-<uid>-...``)."""
+    return os.path.join(directory or share_dir(), f"bridge-{os.geteuid()}.workers")
+
+
+def set_worker_label(text: str) -> None:
+    """Say what this process is, for ``bridge stats`` (its ``worker`` column).
+
+    The cluster plugins call it (``bridge.dask``: the worker's name and address,
+    ``bridge.ray``: the actor or task and its share of the GPU). The label is a
+    small file beside the share files, named by the pid and believed only while
+    a process with that pid and start time exists; labels of ended processes go
+    when the next one is written.
+
+    Parameters
+    ----------
+    text : str
+        One line (longer ones are cut at 200 characters).
+    """
+    folder = _label_dir()
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    pid = os.getpid()
+    start = _start_time(pid)
+    doc = {"start": start[0] if start else 0, "label": " ".join(str(text).split())[:LABEL_MAX]}
+    tmp = os.path.join(folder, f".{pid}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    os.replace(tmp, os.path.join(folder, str(pid)))
+    living = _read_labels(folder)
+    for gone in set(_read_labels(folder, keep_dead=True)) - set(living):
+        try:
+            os.unlink(os.path.join(folder, str(gone)))
+        except OSError:
+            pass
+
+
+def label_if_member(devices: Iterable[int], text: str) -> bool:
+    """:func:`set_worker_label` where this process is in a share on one of these devices.
+
+    Returns
+    -------
+    bool
+        Whether the label was written. One that cannot be written (the folder
+        is read-only) is a warning: a label is for people, the process runs
+        without it.
+    """
+    if not any(membership(d) is not None for d in devices):
+        return False
+    try:
+        set_worker_label(text)
+    except OSError as exc:
+        warnings.warn(
+            f"bridge: could not write this process's label for `bridge stats` beside the share "
+            f"files ({exc}); check that {share_dir()} (BRIDGE_SHARE_DIR) is writable",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    return True
+
+
+def _read_labels(folder: str, keep_dead: bool = False) -> dict[int, str]:
+    """pid -> label of the label files (the living processes' only, unless keep_dead)."""
+    try:
+        names = [n for n in os.listdir(folder) if n.isdigit()]
+    except OSError:
+        return {}
+    uid = os.geteuid()
+    out = {}
+    for name in names:
+        try:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            raw = os.read(fd, 4096) if stat.S_ISREG(st.st_mode) and st.st_uid == uid else b""
+        finally:
+            os.close(fd)
+        try:
+            doc = json.loads(raw)
+            start, label = int(doc["start"]), str(doc["label"])[:LABEL_MAX]
+        except (ValueError, KeyError, TypeError):
+            continue
+        pid = int(name)
+        now = _start_time(pid) if 0 < pid < (1 << int(_LAYOUT["pid_bits"])) else None
+        alive = now is not None and now[1] not in ("Z", "X") and (not start or now[0] == start)
+        if alive or keep_dead:
+            out[pid] = label
+    return out
+
+
+def worker_labels(directory: str | None = None) -> dict[int, str]:
+    """What each living process of this user said it is (:func:`set_worker_label`).
+
+    Returns
+    -------
+    dict of int to str
+        pid -> label; processes that have ended are left out.
+    """
+    return _read_labels(_label_dir(directory))

@@ -113,7 +113,9 @@ def format_shares(shares: Sequence[_share.Share]) -> str:
         process), ``claim``, bytes per framework (``cupy``, ``torch``,
         ``other``), ``cached`` and ``state`` (``ok``, ``unresponsive``: a trim
         request unanswered for a second, ``gone``: the process has ended and
-        its claim is taken back at the next look).
+        its claim is taken back at the next look), and ``worker`` where a member
+        said what it is (a Dask worker's name and address, a Ray actor: see
+        ``bridge.dask`` and ``bridge.ray``).
     """
     out = []
     for sh in shares:
@@ -135,13 +137,17 @@ def format_shares(shares: Sequence[_share.Share]) -> str:
                 f"{'' if len(ended) == 1 else 'es'} (taken back at the next allocation)"
             )
         out.append(line)
-        rows = [list(SHARE_COLUMNS)] + [
+        # the worker column (a Dask worker, a Ray actor: bridge.share.set_worker_label) only
+        # where a member said what it is
+        named = any(m.worker for m in alive + ended)
+        rows = [list(SHARE_COLUMNS) + (["worker"] if named else [])] + [
             [str(m.pid), str(m.device), format_bytes(m.claim)]
             + [format_bytes(m.by_framework.get(f, 0)) for f in ("cupy", "torch", "other")]
             + [format_bytes(m.cached), _member_state(m)]
+            + ([m.worker] if named else [])
             for m in alive + ended
         ]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(SHARE_COLUMNS))]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         out += [
             "  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)).rstrip()
             for r in rows

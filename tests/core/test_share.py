@@ -753,3 +753,27 @@ def test_a_new_allocation_right_after_a_refusal_asks_again(workers, share_dir):
     out = b.call("alloc", size=32 * MIB)  # within the second: b must ask a again
     assert out["rc"] == Status.OK, (out, b.call("stats")["share"])
     assert b.call("stats")["share"]["num_asks"] >= 2
+
+
+# ---- what each member is (the cluster plugins' labels, for bridge stats) ----
+
+
+def test_a_label_names_its_living_process_only_and_an_ended_ones_goes(share_dir):
+    share.set_worker_label("dask worker 0\ntcp://127.0.0.1:1 " + "x" * 300)
+    (label,) = share.worker_labels().values()
+    assert list(share.worker_labels()) == [os.getpid()]
+    assert label.startswith("dask worker 0 tcp://127.0.0.1:1 x") and len(label) == 200
+    # a process that labelled itself and ended: its label is not believed, and goes
+    code = "from bridge import share; share.set_worker_label('ray actor 1 (0.5 GPU)')"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    folder = share_dir / f"bridge-{os.geteuid()}.workers"
+    assert len(list(folder.iterdir())) == 2
+    assert list(share.worker_labels()) == [os.getpid()]
+    share.set_worker_label("dask worker 0")
+    assert [p.name for p in folder.iterdir()] == [str(os.getpid())]
+    # a label of a living pid with another start time is a former process's (pid reused)
+    (folder / str(os.getppid())).write_text(json.dumps({"start": 1, "label": "old"}))
+    assert os.getppid() not in share.worker_labels()
+    # no share file is a label: list_shares reads none of them
+    assert share.list_shares(str(share_dir)) == []

@@ -44,6 +44,8 @@ def _blocks() -> list[tuple[str, int, str, str]]:
 BLOCKS = _blocks()
 CPU = [b for b in BLOCKS if b[2] in ("cpu", "standin")]
 STANDIN_NOTE = "# without a GPU: on the stand-in driver (user guide, Trying it without a GPU)"
+# recipes of an optional extra (dask, ray) run where it is installed (.ci/run installs both)
+OPTIONAL = ("distributed", "ray")
 
 
 def test_the_docs_have_cpu_recipes():
@@ -61,6 +63,9 @@ def test_a_recipe_that_needs_the_stand_in_says_so_where_the_reader_sees_it():
 
 @pytest.mark.parametrize("path, line, kind, code", CPU, ids=[f"{f}:{n}" for f, n, *_ in CPU])
 def test_cpu_recipe_runs_as_written(standin, tmp_path, path, line, kind, code):
+    for module in OPTIONAL:
+        if re.search(rf"^(import|from) {module}\b", code, re.M):
+            pytest.importorskip(module)
     env = dict(os.environ)  # the stand-in driver (conftest), two 16 GiB GPUs
     if kind == "cpu":  # no driver at all, as on a machine without a GPU
         env["BRIDGE_CUDA_LIBRARY"] = str(tmp_path / "no-libcuda.so.1")
