@@ -27,7 +27,14 @@ Needs Ray (the ``ray`` extra); importing ``bridge`` does not import it.
 
 from __future__ import annotations
 
-__all__ = ["WorkerSetup", "worker_setup", "unify_worker", "gpu_fraction", "DEFAULT_SHARE"]
+__all__ = [
+    "WorkerSetup",
+    "worker_setup",
+    "unify_worker",
+    "gpu_fraction",
+    "last_setup",
+    "DEFAULT_SHARE",
+]
 
 import functools
 import importlib
@@ -56,6 +63,8 @@ DEFAULT_SHARE = "ray"  # the share of the workers on one GPU when share= is not 
 _UNIFY_ARGS = frozenset(inspect.signature(unify).parameters) - {"device"}
 _lock = threading.Lock()
 _settings: dict[str, Any] | None = None  # what the setup hook recorded in this worker
+# what the last unify_worker() saw: the fraction and CUDA_VISIBLE_DEVICES (Ray's GPUs)
+last_setup: dict[str, Any] = {}
 
 
 def _checked(kwargs: dict[str, Any], where: str) -> dict[str, Any]:
@@ -191,6 +200,7 @@ def unify_worker(**unify_kwargs: Any) -> Bridge:
             own = int(full * fraction) // _share.SHARE_UNIT * _share.SHARE_UNIT
             pool(d).set_limit(size=own)
     _share.label_if_member(devices, _label(fraction))
+    last_setup.update(fraction=fraction, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
     return b
 
 

@@ -52,7 +52,10 @@ class Holder:
     """A Ray actor (``ray.remote(num_gpus=...)(Holder)``) that holds memory on demand."""
 
     def figures(self) -> dict:
-        return figures()
+        from bridge import ray as bridge_ray
+
+        # what the bridge's setup saw: Ray had set CUDA_VISIBLE_DEVICES before it
+        return dict(figures(), setup=dict(bridge_ray.last_setup))
 
     def hold(self, nbytes: int) -> str:
         return hold(nbytes)

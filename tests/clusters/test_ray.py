@@ -71,6 +71,8 @@ def test_two_actors_at_half_a_gpu_get_half_the_budget_each_and_are_refused_past_
         assert f["devices"] == [0]
         assert f["limit"] == 32 * MIB  # half of the 64 MiB budget
         assert f["share"]["name"] == NAME and f["share"]["budget"] == 64 * MIB
+        # set up after Ray chose the GPU (the driver reads CUDA_VISIBLE_DEVICES once)
+        assert f["setup"] == {"fraction": 0.5, "visible": "0"}
 
     assert ray.get(a.hold.remote(32 * MIB), timeout=CALL_S) == "ok"
     over = ray.get(a.hold.remote(2 * MIB), timeout=CALL_S)  # past a's half
