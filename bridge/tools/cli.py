@@ -148,8 +148,12 @@ def format_shares(shares: Sequence[_share.Share]) -> str:
             for m in alive + ended
         ]
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        out += [
-            "  " + "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        out += [  # figures to the right, the worker's words to the left
+            "  "
+            + "  ".join(
+                c.ljust(w) if i == len(SHARE_COLUMNS) else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            ).rstrip()
             for r in rows
         ]
     return "\n".join(out)
