@@ -93,7 +93,16 @@ def test_two_actors_at_half_a_gpu_get_half_the_budget_each_and_are_refused_past_
     assert ray.get(a.release.remote(), timeout=CALL_S) == 1
     assert ray.get(b.hold.remote(2 * MIB), timeout=CALL_S).startswith("OutOfMemoryError")
     assert ray.get(a.hold.remote(32 * MIB), timeout=CALL_S) == "ok"
-    for actor in (a, b):
+
+    # a killed actor's half comes back to the share: a new actor on the GPU gets it
+    ray.kill(a)
+    c = Holder.remote()
+    fc = ray.get(c.figures.remote(), timeout=CALL_S)
+    assert fc["pid"] not in (fa["pid"], fb["pid"]) and fc["limit"] == 32 * MIB
+    assert ray.get(c.hold.remote(32 * MIB), timeout=CALL_S) == "ok"
+    (sh,) = [s for s in share.list_shares(str(ray_gpu)) if s.name == NAME]
+    assert {m.pid for m in sh.members if m.alive} == {fb["pid"], fc["pid"]}
+    for actor in (b, c):
         ray.kill(actor)
 
 
