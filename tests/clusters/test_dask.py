@@ -137,3 +137,12 @@ def test_workers_sharing_a_gpu_are_refused_past_the_share_and_a_killed_workers_s
     assert _on(client, new, "hold", 2 * MIB).startswith("OutOfMemoryError")  # b holds it all
     assert _on(client, b, "release") == 2  # its 24 and 40 MiB
     assert _on(client, new, "hold", 40 * MIB) == "ok"
+
+
+def test_what_only_a_worker_can_check_is_raised_by_register_plugin(client):
+    # the stand-in has two GPUs: device 5 is checked in the worker, and refused there
+    with pytest.raises(ValueError, match=re.escape("device=5: every device must be an int in")):
+        client.register_plugin(bridge.dask.BridgePlugin(device=5, budget="64MiB"))
+    import cluster_util
+
+    assert [f["devices"] for f in client.run(cluster_util.figures).values()] == [None, None]
