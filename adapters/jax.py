@@ -20,19 +20,35 @@ isolation for sharing.
 
 from __future__ import annotations
 
-__all__ = ["install", "installed", "backend_started", "jax_bytes", "SHARED_ENV"]
+__all__ = [
+    "install",
+    "installed",
+    "backend_started",
+    "without_cuda",
+    "jax_bytes",
+    "SHARED_ENV",
+]
 
+import importlib.machinery
+import importlib.metadata as metadata
+import importlib.util
 import os
+import pathlib
 import sys
 import warnings
 from collections.abc import Iterable
 
 from bridge import _runtime
 from bridge._errors import BridgeError, check
+from bridge._install import install_hint
 from bridge._runtime import core
 from bridge.pool import register_attribution
 
 SHARED_ENV = {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+#: Every variable install() may write: a failing install puts each back as it found it.
+_WRITES = (*SHARED_ENV, "XLA_PYTHON_CLIENT_MEM_FRACTION")
+#: The CUDA plugins' modules (jax-cuda13-plugin, jax-cuda12-plugin), as jaxlib looks for them.
+_CUDA_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin")
 _installed = False
 _partition: int | None = None
 
@@ -54,6 +70,64 @@ def backend_started() -> bool:
     if callable(started):
         return bool(started())
     return bool(getattr(xla_bridge, "_backends", {}))
+
+
+def _spec(module: str) -> importlib.machinery.ModuleSpec | None:
+    """A top-level module's spec, found without importing anything."""
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _children(package: str) -> set[str]:
+    """The names in an installed package's folders (a namespace package's too), unimported."""
+    spec = _spec(package)
+    roots = (spec.submodule_search_locations or []) if spec is not None else []
+    return {p.name for root in roots if os.path.isdir(root) for p in pathlib.Path(root).iterdir()}
+
+
+def _has_cuda() -> bool:
+    """Whether the installed JAX has a CUDA backend, from the installed packages alone.
+
+    A CUDA plugin (``jax_cuda13_plugin``, ``jax_cuda12_plugin``), a PJRT plugin whose
+    name says CUDA (under the ``jax_plugins`` namespace or its entry points, where JAX
+    discovers them), or an older jaxlib built with CUDA (``+cuda`` in its version, or a
+    ``jaxlib/cuda`` folder). Nothing is imported: JAX's backends stay unstarted.
+    """
+    if any(_spec(m) is not None for m in _CUDA_PLUGINS):
+        return True
+    if any("cuda" in ep.name for ep in metadata.entry_points(group="jax_plugins")):
+        return True
+    if any("cuda" in name for name in _children("jax_plugins")):  # jax_plugins.xla_cuda13
+        return True
+    if "cuda" in _children("jaxlib"):  # an older jaxlib with CUDA inside
+        return True
+    return "+cuda" in (_version("jaxlib") or "")
+
+
+def without_cuda() -> str:
+    """Empty for a JAX with a CUDA backend; else what the installed JAX is and what to install.
+
+    Read from the installed packages (see ``_has_cuda``): JAX is not imported and its
+    backends do not start, so a refusal leaves JAX as it was (bridge.frameworks'
+    ``cpu_builds``).
+    """
+    if _spec("jax") is None or _has_cuda():
+        return ""
+    return (
+        f"jax {_version('jax') or '(version unknown)'} (jaxlib "
+        f"{_version('jaxlib') or 'not installed'}) is a CPU-only build: no CUDA plugin is "
+        "installed (jax-cuda13-plugin or jax-cuda12-plugin), so JAX has no GPU backend to "
+        f"put on the shared pool. Install one: {install_hint(['jax'])}"
+    )
 
 
 def _conflicts(partition: int | None) -> list[str]:
@@ -87,7 +161,11 @@ def jax_bytes(device: int) -> int | None:
 
 
 def install(devices: Iterable[int], *, partition: int | None = None) -> None:
-    """Configure XLA for the shared pool (or a hard partition), start JAX, re-assert the pool."""
+    """Configure XLA for the shared pool (or a hard partition), start JAX, re-assert the pool.
+
+    A JAX without CUDA is refused before anything changes; a start that fails puts back
+    the variables this call set and clears the backends it started (BridgeError).
+    """
     global _installed, _partition
     if _installed:
         return
@@ -100,6 +178,9 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
             + ". Unset them (the bridge sets what JAX needs) and call "
             "bridge.unify() before JAX starts."
         )
+    missing = without_cuda()
+    if missing:  # before the backend check: a CPU-only JAX may have started on the CPU
+        raise BridgeError(f"bridge.unify(jax=True): {missing}.")
     if backend_started():
         raise BridgeError(
             "call bridge.unify(jax=True) before JAX's GPU backend starts: it has already "
@@ -115,6 +196,29 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
         )
     for d in devices:
         _runtime.ensure_device(d)
+    found = {var: os.environ.get(var) for var in _WRITES}
+    try:
+        _configure(devices, partition)
+        _start(devices)
+    except BaseException as exc:
+        _put_back(found)
+        if isinstance(exc, RuntimeError) and not isinstance(exc, BridgeError):
+            raise BridgeError(
+                f"bridge.unify(jax=True): JAX did not start on the GPU ({exc}). The bridge put "
+                "back the XLA_PYTHON_CLIENT_* variables it had set and cleared JAX's "
+                "backends. Check that JAX's CUDA plugin matches jaxlib and sees the GPU "
+                "(python -c 'import jax; print(jax.devices())' in a fresh process), or pass "
+                "jax=False."
+            ) from exc
+        raise
+    if partition is None:
+        register_attribution("jax", jax_bytes)
+    _partition = partition
+    _installed = True
+
+
+def _configure(devices: list[int], partition: int | None) -> None:
+    """XLA's variables for the shared pool or the hard partition (before JAX starts)."""
     if partition is None:
         os.environ.update(SHARED_ENV)
         # XLA allocates from the pool itself and cannot ask the bridge to
@@ -124,24 +228,27 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
         if os.environ.get(_runtime.CACHE_LIMIT_ENV) is None:
             for d in devices:
                 check(core.set_cache(d, 0), what="turning the cache off for JAX", device=d)
-    else:
-        for d in devices:
-            rc, raw = core.stats(d)
-            check(rc, what="reading the device", device=d)
-            if partition >= raw["total"]:
-                raise ValueError(
-                    f"jax partition of {partition} bytes is not below the "
-                    f"device's {raw['total']} bytes"
-                )
-            os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
-            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{partition / raw['total']:.6f}"
-            if raw["limit"]:
-                check(
-                    core.set_limit(d, max(1, raw["limit"] - partition)),
-                    what="shrinking the budget by JAX's partition",
-                    device=d,
-                )
-        os.environ.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
+        return
+    for d in devices:
+        rc, raw = core.stats(d)
+        check(rc, what="reading the device", device=d)
+        if partition >= raw["total"]:
+            raise ValueError(
+                f"jax partition of {partition} bytes is not below the device's {raw['total']} bytes"
+            )
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
+        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{partition / raw['total']:.6f}"
+        if raw["limit"]:
+            check(
+                core.set_limit(d, max(1, raw["limit"] - partition)),
+                what="shrinking the budget by JAX's partition",
+                device=d,
+            )
+    os.environ.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
+
+
+def _start(devices: list[int]) -> None:
+    """Start JAX's GPU backend and its allocator, then re-assert the pools' attributes."""
     import jax
     import jax.numpy as jnp
 
@@ -151,7 +258,19 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
         jnp.zeros((1,), device=dev).block_until_ready()
     for d in devices:
         check(core.reassert(d), what="re-asserting the pool after JAX started", device=d)
-    if partition is None:
-        register_attribution("jax", jax_bytes)
-    _partition = partition
-    _installed = True
+
+
+def _put_back(found: dict[str, str | None]) -> None:
+    """After a failed start: XLA's variables as they were, and no backend of this call."""
+    for var, value in found.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    if not backend_started():
+        return
+    try:  # the backends this call started (install() refuses a JAX that had started)
+        from jax.extend.backend import clear_backends
+    except ImportError:
+        from jax._src.xla_bridge import _clear_backends as clear_backends
+    clear_backends()

@@ -25,6 +25,7 @@ __all__ = [
     "path",
     "path_reason",
     "pinned_array",
+    "without_cuda",
 ]
 
 import ctypes
@@ -37,6 +38,7 @@ import torch
 
 from bridge import _runtime, recovery, snapshot, views
 from bridge._errors import BridgeError, check
+from bridge._install import install_hint
 from bridge._runtime import core
 from bridge.pinned import _shapes as shapes
 from bridge.pinned._shapes import ShapeLike
@@ -68,6 +70,28 @@ def path() -> str:
 def path_reason() -> str:
     """Why torch's ``CUDAPluggableAllocator`` stands in (empty on the C++ path)."""
     return _path_reason
+
+
+def without_cuda() -> str:
+    """Empty for a torch built with CUDA; else what the installed torch is and what to install.
+
+    Read from ``torch.version`` (``cuda`` is None in a CPU-only or a ROCm build), so CUDA
+    is not started: a CPU-only torch has no CUDA allocator to replace (bridge.frameworks'
+    ``cpu_builds``).
+    """
+    if getattr(torch.version, "cuda", None) is not None:
+        return ""
+    hip = getattr(torch.version, "hip", None)
+    kind = (
+        f"a ROCm build (torch.version.hip is {hip!r})"
+        if hip
+        else "a CPU-only build (torch.version.cuda is None)"
+    )
+    return (
+        f"torch {torch.__version__} is {kind}: it has no CUDA allocator to put on the shared "
+        "pool. Install a CUDA build in its place (pip keeps the installed torch until it is "
+        f"uninstalled): pip uninstall torch, then {install_hint(['torch'])}"
+    )
 
 
 def pinned_array(buffer: Any, dtype: Any = None, shape: ShapeLike | None = None) -> Any:
@@ -310,6 +334,9 @@ def install(devices: Iterable[int], *, library: str | None = None) -> None:
     global _allocator, _path, _path_reason
     if _allocator is not None:
         return
+    missing = without_cuda()
+    if missing:  # before anything is compiled or installed
+        raise BridgeError(f"bridge.unify(torch=True): {missing}.")
     _check_order()
     devices_list = list(devices)
     for d in devices_list:

@@ -77,6 +77,12 @@ class Framework:
     #: The PinnedBuffer method that views a pinned block as the framework's own
     #: host array: its adapter's ``pinned_array(buffer, dtype, shape)`` answers it.
     pinned_method: str | None = None
+    #: It has builds without CUDA (PyTorch's CPU wheels, JAX without a CUDA plugin): its
+    #: adapter's ``without_cuda()`` says, without starting the framework, whether the
+    #: installed one is such a build ("" when it has CUDA; else what it is and what to
+    #: install). unify() leaves such a build out when it was not asked for (one warning a
+    #: process) and refuses it when it was, before anything changes.
+    cpu_builds: bool = False
 
     def pip(self, major: int) -> str:
         """What to ``pip install`` for this framework on CUDA ``major`` (KeyError: none)."""
@@ -92,6 +98,7 @@ REGISTRY: tuple[Framework, ...] = (
         partition=True,
         imports_late=True,
         install=((13, "'jax[cuda13]'"), (12, "'jax[cuda12]'")),
+        cpu_builds=True,
     ),
     Framework(
         "torch",
@@ -104,6 +111,7 @@ REGISTRY: tuple[Framework, ...] = (
         # PyPI's torch is a CUDA 13 build; a CUDA 12 torch comes from PyTorch's own index
         install=((13, "torch"), (12, "torch --index-url https://download.pytorch.org/whl/cu129")),
         pinned_method="as_torch",
+        cpu_builds=True,
     ),
     Framework(
         "cupy",

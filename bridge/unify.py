@@ -95,6 +95,42 @@ def _installed(name: str) -> bool:
         return False
 
 
+#: Frameworks built without CUDA that a bare unify() left out: said once a process.
+_said_without_cuda: set[str] = set()
+
+
+def _without_cuda(names: list[str]) -> dict[str, str]:
+    """Of these frameworks, the installed builds without CUDA: name -> their adapter's words.
+
+    Asked of the adapters of the registry's ``cpu_builds`` rows (``without_cuda()``);
+    nothing starts. A framework that is missing is left to the not-installed error.
+    """
+    found = {}
+    for name in names:
+        if not frameworks.row(name).cpu_builds:
+            continue
+        try:
+            adapter = _adapter(name)
+        except ImportError:
+            continue
+        ask = getattr(adapter, "without_cuda", None)  # a stand-in adapter may have none
+        text = ask() if ask is not None else ""
+        if text:
+            found[name] = text
+    return found
+
+
+def _no_cuda(found: dict[str, str]) -> BridgeError:
+    calls = ", ".join(f"{n}=True" for n in found)
+    offs = ", ".join(f"{n}=False" for n in found)
+    them = "it" if len(found) == 1 else "them"
+    return BridgeError(
+        f"bridge.unify({calls}): "
+        + " ".join(f"{text}." for text in found.values())
+        + f" Or pass {offs} to keep {them} on the CPU, off the shared pool."
+    )
+
+
 def unify(
     cupy: bool | None = None,
     torch: bool | None = None,
@@ -120,13 +156,16 @@ def unify(
     cupy, torch : bool or None
         Frameworks to put on the shared pool. ``None`` (the default): the
         framework if it is installed, skipped if not, so a bare ``unify()``
-        sets up the installed ones. ``True``: set it up, and a framework that
-        is not installed is an error that says how to install it. ``False``:
+        sets up the installed ones; an installed build without CUDA (a
+        CPU-only torch) is skipped too, with one warning a process. ``True``:
+        set it up, and a framework that is not installed, or is a build
+        without CUDA, is an error that says what to install. ``False``:
         leave it on its own allocator. (The old forms, ``unify(True, True)``,
         ``unify(cupy=True, torch=False)``, mean what they did.)
     jax : bool
         JAX on the shared pool (off unless asked for: it is configured before
-        its GPU backend starts, see bridge.adapters.jax).
+        its GPU backend starts, see bridge.adapters.jax). A JAX without a CUDA
+        plugin is refused before anything changes.
     budget : int, float, str or None
         Per device. ``None``: ``BRIDGE_GPU_MEMORY_LIMIT`` if set, else no limit
         (or the limit set earlier). ``int`` bytes; ``float`` in (0, 1] (or
@@ -188,7 +227,9 @@ def unify(
         When this call changes a budget that an earlier call set (naming the
         device and both budgets: the new one applies), or the budget is
         larger than a device's memory. ``bridge.pool(d).set_limit(...)`` is
-        the way to change a budget deliberately.
+        the way to change a budget deliberately. Once a process, when a
+        framework left at its default is a build without CUDA and is left out
+        (naming the build and what to install).
 
     Raises
     ------
@@ -198,7 +239,9 @@ def unify(
         process is as it was (no Bridge, no budget, no framework).
     BridgeError
         When frameworks asked for with True are not installed (all of them
-        named at once, with the packages to install for CUDA 12 and 13), a
+        named at once, with the packages to install for CUDA 12 and 13) or are
+        builds without CUDA (a CPU-only torch or jax: the build and what to
+        install instead; nothing changes, JAX is not even imported), a
         framework has already started its own allocator (torch's CUDA
         allocator, JAX's GPU backend), there is no CUDA driver or device, or
         the share cannot be joined (its file is another user's, corrupt or
@@ -223,6 +266,10 @@ def unify(
     seconds = _wait.parse_wait(wait) if wait is not None else _wait.wait_from_env()
     share_name = _share.share_name(share)
     _share.share_growth_from_env()  # a bad BRIDGE_SHARE_GROWTH is refused as doctor refuses it
+    # a build without CUDA: refused when asked for, left out (said once) when defaulted
+    without = _without_cuda([n for n, on in flags.items() if on])
+    left_out = {n: text for n, text in without.items() if asked.get(n, False) is None}
+    flags.update(dict.fromkeys(left_out, False))
     for fw in frameworks.REGISTRY:  # a framework's bad variable, the same (bridge._env reads it)
         if flags[fw.name]:
             for var in fw.env:
@@ -235,6 +282,18 @@ def unify(
         devices = _runtime.resolve_devices(device)
         for d in devices:
             _runtime.ensure_device(d)
+        # no driver says so first (as for a missing framework): it is what stops everything
+        if len(left_out) < len(without):  # the rest were asked for
+            raise _no_cuda({n: text for n, text in without.items() if n not in left_out})
+        for name, text in left_out.items():
+            if name not in _said_without_cuda:
+                _said_without_cuda.add(name)
+                warnings.warn(
+                    f"bridge.unify() left {name} out: {text}. It stays on its own allocator; "
+                    f"pass {name}=False to leave it out without this warning.",
+                    UserWarning,
+                    stacklevel=2,
+                )
         b = _bridge if _bridge is not None else Bridge()
         args = (
             tuple(sorted(f for f, on in flags.items() if on)),

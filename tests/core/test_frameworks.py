@@ -61,3 +61,19 @@ def test_properties_not_names():
     assert [f.name for f in frameworks.REGISTRY if f.relieved] == ["torch"]
     assert frameworks.row("torch").env == ("BRIDGE_TORCH_PLUGGABLE",)
     assert core.set_tag_relieved(core.NTAGS, True) != 0  # a slot that is not there
+
+
+def test_the_frameworks_with_builds_without_cuda_tell_them_apart():
+    # unify() asks each cpu_builds row's adapter for without_cuda(); read from the source,
+    # since importing an adapter imports its framework
+    import ast
+    import pathlib
+
+    rows = [f for f in frameworks.REGISTRY if f.cpu_builds]
+    assert [f.name for f in rows] == ["jax", "torch"]
+    for f in rows:
+        spec = importlib.util.find_spec(f.adapter)
+        assert spec is not None and spec.origin is not None
+        tree = ast.parse(pathlib.Path(spec.origin).read_text())
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert "without_cuda" in defined, f.adapter

@@ -1,0 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A CPU-only jaxlib: no cuda folder inside."""

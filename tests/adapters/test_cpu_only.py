@@ -1,0 +1,339 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A framework installed without CUDA (a CPU-only torch or jax) under bridge.unify().
+
+A bare unify() leaves it alone and says so once a process; asked for, it is a BridgeError
+naming the build and what to install, and the call changes nothing (no variable, no
+budget, no started backend; JAX is not even imported), so a later call works.
+
+Each test runs in a fresh process on the stand-in driver, with the frameworks either the
+stand-ins of fake_frameworks/cpu (CI has no torch and no jax; see its README) or the real
+CPU-only builds where they are installed (skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from bridge.adapters import jax as jax_adapter
+
+FAKES = pathlib.Path(__file__).resolve().parent / "fake_frameworks"
+XLA_VARS = (
+    "XLA_PYTHON_CLIENT_ALLOCATOR",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+)
+GIB = 1 << 30
+INSTALL_TORCH = (
+    "pip uninstall torch, then for CUDA 13: pip install torch; for CUDA 12: pip install torch "
+    "--index-url https://download.pytorch.org/whl/cu129"
+)
+INSTALL_JAX = "for CUDA 13: pip install 'jax[cuda13]'; for CUDA 12: pip install 'jax[cuda12]'"
+
+# In the fresh process: the bridge, and one attempt at unify() reported as data.
+PRELUDE = """
+import importlib, json, os, sys, warnings
+import bridge
+from bridge.adapters import torch_build
+unify_mod = importlib.import_module("bridge.unify")
+loads = []  # every call of torch_build.load: what compiles the torch allocator
+_load = torch_build.load
+def _counted_load(**kwargs):
+    loads.append(kwargs)
+    return _load(**kwargs)
+torch_build.load = _counted_load
+
+def attempt(**kwargs):
+    try:
+        bridge.unify(**kwargs)
+    except Exception as exc:
+        return [f"{type(exc).__module__}.{type(exc).__name__}", str(exc)]
+    return None
+
+def state():
+    return {
+        "xla": {k: v for k, v in os.environ.items() if k.startswith("XLA_")},
+        "limit": bridge.pool(0).get_limit(),
+        "threshold": bridge.stats(0).release_threshold,
+        "bridge": unify_mod.current() is not None,
+        "jax_imported": "jax" in sys.modules,
+        "torch_loads": len(loads),
+    }
+"""
+
+
+def _real_cpu_torch() -> str | None:
+    """Why the real-torch tests cannot run here (None: a CPU-only torch is installed)."""
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    import torch
+
+    if torch.version.cuda is not None:
+        return f"torch {torch.__version__} is a CUDA build"
+    return None
+
+
+def _real_cpu_jax() -> str | None:
+    """Why the real-jax tests cannot run here (None: a jax without a CUDA plugin)."""
+    if importlib.util.find_spec("jax") is None or importlib.util.find_spec("jaxlib") is None:
+        return "jax is not installed"
+    plugins = [m for m in ("jax_cuda13_plugin", "jax_cuda12_plugin") if importlib.util.find_spec(m)]
+    if plugins:
+        return f"jax has a CUDA plugin here ({plugins[0]})"
+    return None
+
+
+@pytest.fixture(params=["stand-in", "real"])
+def cpu_torch(request, standin):
+    """(PYTHONPATH to put first, torch's version) for a CPU-only torch."""
+    if request.param == "stand-in":
+        return str(FAKES / "cpu"), "2.13.0+cpu"
+    why = _real_cpu_torch()
+    if why:
+        pytest.skip(f"no real CPU-only torch: {why}")
+    import torch
+
+    return None, torch.__version__
+
+
+@pytest.fixture(params=["stand-in", "real"])
+def cpu_jax(request, standin):
+    """(PYTHONPATH to put first, 'jax X (jaxlib Y)') for a jax without a CUDA plugin."""
+    if request.param == "stand-in":
+        return str(FAKES / "cpu"), "jax 0.10.2 (jaxlib 0.10.2)"
+    why = _real_cpu_jax()
+    if why:
+        pytest.skip(f"no real CPU-only jax: {why}")
+    version = importlib.metadata.version
+    return None, f"jax {version('jax')} (jaxlib {version('jaxlib')})"
+
+
+def _run(code: str, path: str | None, **env: str) -> tuple[dict, str]:
+    """Run ``code`` after PRELUDE in a fresh process; its last line of output, as JSON."""
+    e = dict(os.environ)  # the stand-in driver (tests/conftest.py)
+    for var in XLA_VARS:
+        e.pop(var, None)
+    if path:
+        e["PYTHONPATH"] = os.pathsep.join(p for p in (path, e.get("PYTHONPATH")) if p)
+    e.update(env)
+    r = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+# ---- torch ----
+def test_a_bare_unify_leaves_a_cpu_only_torch_alone_and_says_so_once(cpu_torch):
+    path, version = cpu_torch
+    out, err = _run(
+        """
+        before = state()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # every warning the bridge gives, not Python's once
+            b = bridge.unify()
+            same = bridge.unify() is b
+            other = bridge.unify(peer_access=False) is b  # other arguments: no second word
+        from bridge.adapters import torch as adapter
+        print(json.dumps({
+            "frameworks": sorted(b.frameworks), "same": same, "other": other,
+            "words": [[w.category.__name__, str(w.message), w.filename] for w in caught],
+            "installed": adapter.installed(), "path": adapter.path(),
+            "before": before, "after": state(),
+        }))
+        """,
+        path,
+    )
+    assert "torch" not in out["frameworks"] and out["same"] and out["other"]
+    assert not out["installed"] and out["path"] == ""  # no allocator installed
+    assert out["after"]["torch_loads"] == 0 and "compiling" not in err  # nothing compiled
+    assert len(out["words"]) == 1, out["words"]  # once a process, not once a call
+    category, text, filename = out["words"][0]
+    assert category == "UserWarning" and filename == "<string>"  # the caller's line
+    assert text.startswith(
+        f"bridge.unify() left torch out: torch {version} is a CPU-only build "
+        "(torch.version.cuda is None)"
+    )
+    assert INSTALL_TORCH in text and "pass torch=False" in text
+    assert out["after"]["xla"] == out["before"]["xla"] == {}
+
+
+def test_torch_true_with_a_cpu_only_torch_is_a_bridgeerror_that_changes_nothing(cpu_torch):
+    path, version = cpu_torch
+    out, err = _run(
+        """
+        before = state()
+        first = attempt(torch=True, budget="1GiB", release_threshold="1GiB")
+        after = state()
+        again = attempt(torch=True)
+        from bridge.adapters import torch as adapter
+        try:
+            adapter.install([0])  # the adapter's own entry refuses it the same way
+            direct = None
+        except bridge.BridgeError as exc:
+            direct = str(exc)
+        b = bridge.unify(torch=False, budget="1GiB")  # the way out works
+        print(json.dumps({
+            "first": first, "again": again, "direct": direct, "before": before,
+            "after": after, "frameworks": sorted(b.frameworks),
+            "limit": bridge.pool(0).get_limit(), "installed": adapter.installed(),
+            "loads": len(loads),
+        }))
+        """,
+        path,
+    )
+    kind, text = out["first"]
+    assert kind == "bridge._errors.BridgeError"
+    assert text.startswith(
+        f"bridge.unify(torch=True): torch {version} is a CPU-only build "
+        "(torch.version.cuda is None): it has no CUDA allocator to put on the shared pool."
+    )
+    assert INSTALL_TORCH in text
+    assert text.endswith("Or pass torch=False to keep it on the CPU, off the shared pool.")
+    assert out["after"] == out["before"]  # no budget, no threshold, no Bridge, no variable
+    assert not out["after"]["bridge"] and out["after"]["limit"] == 0
+    assert out["again"] == out["first"]  # a retry says the same, not "call it earlier"
+    assert out["direct"].startswith(f"bridge.unify(torch=True): torch {version} is a CPU-only")
+    assert out["loads"] == 0 and "compiling" not in err and not out["installed"]
+    assert out["frameworks"] == [] and out["limit"] == GIB
+
+
+def test_without_a_driver_that_is_what_is_said_first(cpu_torch, tmp_path):
+    """A machine without a GPU: installing a CUDA torch would not help, the driver first."""
+    path, _ = cpu_torch
+    code = 'print(json.dumps({"err": attempt(torch=True), "bare": attempt()}))'
+    out, _ = _run(code, path, BRIDGE_CUDA_LIBRARY=str(tmp_path / "no-libcuda.so.1"))
+    for kind, text in (out["err"], out["bare"]):
+        assert kind == "bridge._errors.BridgeError" and "no usable CUDA driver" in text
+
+
+def test_a_rocm_torch_is_named_as_one(standin):
+    path = str(FAKES / "cpu")
+    env = {
+        "BRIDGE_TEST_FAKE_TORCH_HIP": "6.4.43482",
+        "BRIDGE_TEST_FAKE_TORCH_VERSION": "2.13.0+rocm6.4",
+    }
+    out, _ = _run('print(json.dumps({"err": attempt(torch=True)}))', path, **env)
+    assert out["err"][1].startswith(
+        "bridge.unify(torch=True): torch 2.13.0+rocm6.4 is a ROCm build "
+        "(torch.version.hip is '6.4.43482'): it has no CUDA allocator"
+    )
+
+
+# ---- jax ----
+def test_jax_true_with_a_cpu_only_jax_is_a_bridgeerror_and_jax_stays_unstarted(cpu_jax):
+    path, build = cpu_jax
+    out, _ = _run(
+        """
+        before = state()
+        first = attempt(jax=True, budget="1GiB", release_threshold="1GiB")
+        after = state()
+        again = attempt(jax=True)  # a retry: the same words, not "call it before JAX starts"
+        both = attempt(jax=True, torch=False, cupy=False, jax_memory="1GiB")
+        b = bridge.unify(jax=False, budget="1GiB")  # the way out works
+        import jax
+        from jax._src import xla_bridge
+        started = xla_bridge.backends_are_initialized()  # jax imported now, not yet started
+        platforms = sorted({str(getattr(d, "platform", d)).split(":")[0] for d in jax.devices()})
+        print(json.dumps({
+            "first": first, "again": again, "both": both, "before": before, "after": after,
+            "started": started, "platforms": platforms, "frameworks": sorted(b.frameworks),
+            "limit": bridge.pool(0).get_limit(), "xla": state()["xla"],
+        }))
+        """,
+        path,
+    )
+    kind, text = out["first"]
+    assert kind == "bridge._errors.BridgeError"
+    assert text.startswith(
+        f"bridge.unify(jax=True): {build} is a CPU-only build: no CUDA plugin is installed "
+        "(jax-cuda13-plugin or jax-cuda12-plugin), so JAX has no GPU backend"
+    )
+    assert f"Install one: {INSTALL_JAX}." in text
+    assert text.endswith("Or pass jax=False to keep it on the CPU, off the shared pool.")
+    assert out["after"] == out["before"]  # no variable, no budget, no Bridge
+    assert out["after"]["xla"] == {} and not out["after"]["jax_imported"]
+    assert out["again"] == out["first"] and out["both"] == out["first"]
+    assert out["started"] is False  # the bridge started no backend
+    assert out["platforms"] == ["cpu"]  # JAX itself runs, on its CPU
+    assert out["frameworks"] == [] and out["limit"] == GIB and out["xla"] == {}
+
+
+def test_a_jax_that_fails_to_start_on_the_gpu_is_put_back(cpu_jax):
+    """A CUDA plugin is found but JAX has no GPU: its variables and backends are put back."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # the user's, and agreeing
+        before = state()
+        first = attempt(jax=True, budget="1GiB")
+        after = state()
+        from jax._src import xla_bridge
+        print(json.dumps({
+            "first": first, "before": before, "after": after,
+            "started": xla_bridge.backends_are_initialized(),
+            "frameworks": sorted(bridge.unify(jax=False).frameworks),
+        }))
+        """,
+        path,
+    )
+    kind, text = out["first"]
+    assert kind == "bridge._errors.BridgeError"
+    assert text.startswith("bridge.unify(jax=True): JAX did not start on the GPU (")
+    assert "Unknown backend" in text and "put back the XLA_PYTHON_CLIENT_* variables" in text
+    assert out["after"]["xla"] == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # as it was
+    assert out["after"] == out["before"] | {"jax_imported": True}  # the budget put back too
+    assert out["started"] is False  # the backends this call started are cleared
+    assert out["frameworks"] == []
+
+
+# ---- how a JAX with CUDA is told from one without, from the installed files alone ----
+@pytest.mark.parametrize(
+    "files, cuda",
+    [
+        ({"jax_cuda13_plugin/__init__.py": ""}, True),  # jax-cuda13-plugin
+        ({"jax_cuda12_plugin/__init__.py": ""}, True),
+        ({"jax_plugins/xla_cuda13/__init__.py": ""}, True),  # jax-cuda13-pjrt (namespace)
+        ({"jaxlib/__init__.py": "", "jaxlib/cuda/__init__.py": ""}, True),  # an older jaxlib
+        (
+            {
+                "jaxlib/__init__.py": "",
+                "jaxlib-0.4.7+cuda12.cudnn88.dist-info/METADATA": (
+                    "Metadata-Version: 2.1\nName: jaxlib\nVersion: 0.4.7+cuda12.cudnn88\n"
+                ),
+            },
+            True,
+        ),
+        ({"jaxlib/__init__.py": "", "jaxlib/cpu/__init__.py": ""}, False),  # CPU only
+        ({"jaxlib/__init__.py": "", "jax_plugins/xla_rocm7/__init__.py": ""}, False),
+    ],
+)
+def test_a_cuda_jax_is_told_from_its_installed_files(tmp_path, monkeypatch, files, cuda):
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    # only these files and the standard library on the path; nothing of them imported
+    monkeypatch.setattr(
+        sys, "path", [str(tmp_path)] + [p for p in sys.path if "-packages" not in p]
+    )
+    for name in ("jaxlib", "jax_plugins", "jax_cuda13_plugin", "jax_cuda12_plugin"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    importlib.invalidate_caches()
+    assert jax_adapter._has_cuda() is cuda
+    assert not {"jaxlib", "jax_plugins", "jax_cuda13_plugin", "jax_cuda12_plugin"} & set(
+        sys.modules
+    )
