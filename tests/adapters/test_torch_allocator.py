@@ -21,6 +21,12 @@ import textwrap
 import pytest
 
 torch = pytest.importorskip("torch")
+if torch.version.cuda is None:  # the allocator is C++ against torch's CUDA headers and symbols
+    pytest.skip(
+        f"torch {torch.__version__} is built without CUDA: the bridge's torch allocator needs a "
+        "CUDA torch (bridge.unify() leaves this one alone: tests/adapters/test_cpu_only.py)",
+        allow_module_level=True,
+    )
 
 SCENARIO = r"""
 import json, os, torch

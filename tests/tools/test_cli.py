@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
 import os
@@ -38,6 +39,31 @@ CONFLICTING = (
 )
 
 
+# The distributions of the frameworks the doctor reports on (bridge.tools.doctor_frameworks).
+FRAMEWORK_DIST = re.compile(
+    r"torch|jax|jaxlib|jax-cuda\d+-\w+|cupy(-\w+)?|numba(-cuda)?|rmm(-cu\d+)?"
+    r"|cuda-(python|bindings|core)|nvidia-.+"
+)
+# What a doctor in a fresh process sees of the installed distributions: these hidden.
+HIDE_INSTALLED = """
+from bridge.tools import doctor as _doctor
+_found = _doctor.distributions
+_doctor.distributions = lambda: {{n: v for n, v in _found().items() if n not in {hidden!r}}}
+"""
+
+
+def installed_frameworks(fake_site: str | None = None) -> set[str]:
+    """The frameworks installed here, less those of a test's fake site: what the doctor's tests
+    of the driver and the environment hide from it, so that a torch or jax of this
+    environment (a CPU-only build draws a warning) does not change their report. CI has none."""
+    fakes = set()
+    if fake_site:
+        for dist in importlib.metadata.distributions(path=[fake_site]):
+            fakes.add(re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower())
+    found = _doctor_frameworks.distributions()
+    return {n for n in found if FRAMEWORK_DIST.fullmatch(n)} - fakes
+
+
 def run_main(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     rc = main(list(argv), stdout=out, stderr=err)
@@ -45,22 +71,40 @@ def run_main(*argv: str) -> tuple[int, str, str]:
 
 
 def run_cli(
-    *argv: str, env: dict | None = None, code: str | None = None, pythonpath: str | None = None
+    *argv: str,
+    env: dict | None = None,
+    code: str | None = None,
+    pythonpath: str | None = None,
+    hide_installed: bool = True,
 ) -> subprocess.CompletedProcess:
+    """``python -m bridge *argv`` (or ``code``) in a fresh process, without the conflicting
+    variables and (``hide_installed``) with the doctor blind to the frameworks installed here
+    outside ``pythonpath`` (see installed_frameworks)."""
     e = dict(os.environ)
     for name in CONFLICTING:
         e.pop(name, None)
     e.update(env or {})
     if pythonpath:
         e["PYTHONPATH"] = pythonpath + os.pathsep + e.get("PYTHONPATH", "")
+    hidden = sorted(installed_frameworks(pythonpath)) if hide_installed else []
+    if hidden:  # the same command, run through main with the doctor's view narrowed
+        run = f"import sys; from bridge.tools.cli import main; sys.exit(main({list(argv)!r}, "
+        code = HIDE_INSTALLED.format(hidden=hidden) + (code or run + "prog='python -m bridge'))")
     cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "bridge", *argv]
     return subprocess.run(cmd, env=e, cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture
 def clean_env(monkeypatch):
+    """No conflicting variable, and a doctor blind to the frameworks installed here."""
     for name in CONFLICTING:
         monkeypatch.delenv(name, raising=False)
+    hidden = installed_frameworks()
+    if hidden:
+        found = _doctor.distributions
+        monkeypatch.setattr(
+            _doctor, "distributions", lambda: {n: v for n, v in found().items() if n not in hidden}
+        )
     return monkeypatch
 
 
@@ -599,7 +643,7 @@ def test_no_command_prints_help():
 
 @pytest.mark.gpu
 def test_doctor_and_stats_on_a_gpu():
-    r = run_cli("doctor")
+    r = run_cli("doctor", hide_installed=False)  # the frameworks of the GPU machine too
     assert r.returncode == 0 and "memory pools: yes" in r.stdout
     assert "name unavailable" not in r.stdout  # the real driver names its GPUs
     r = run_cli("stats", "--json")
