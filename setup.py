@@ -22,7 +22,7 @@ native = "bridge/_native"
 # module: their C and C++ live beside them (bridge/adapters is adapters/; frameworks.h lists them)
 CORE = ("driver.c", "counts.c", "records.c", "cache.c", "carve.c", "streams.c", "ledger.c", "graph.c",
         "wait.c", "device.c", "alloc.c",
-        "share.c", "pinned.c", "views.c", "managed.c")
+        "share.c", "pinned.c", "views.c", "managed.c", "ipc.c")
 BINDINGS = ("pymod.c", "pypinned.c", "dlpack.c", "pyviews.c", "pycallback.c", "pyshare.c",
             "pyblock.c", "pymanaged.c")
 ADAPTERS = ("_torch_abi.cpp", "_cupy_alloc.c")

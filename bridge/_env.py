@@ -168,6 +168,17 @@ VARIABLES: tuple[Variable, ...] = (
         ),
     ),
     Variable(
+        _runtime.IPC_ENV,
+        UNIFY,
+        lambda t: _runtime.ipc_from_env(),
+        lambda v, t: _valid(
+            "bridge.unify() allocates from pools whose blocks other processes of this user can "
+            "import (torch.multiprocessing)"
+            if v
+            else "the driver's default pools (blocks cannot be sent to other processes)"
+        ),
+    ),
+    Variable(
         share.SHARE_DIR_ENV,
         "bridge.unify(share=...) cannot join a share with it",
         _share_dir,

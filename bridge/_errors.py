@@ -76,6 +76,7 @@ class Status(enum.IntEnum):
     FORKED = 10
     SHARE = 11
     MISS = 12  # bridge_alloc_cached / bridge_free_cached: not from the cache (never check()ed)
+    IPC = 13  # a block cannot be shared or imported (core.ipc_error() says why)
 
 
 OOM_STATUSES = frozenset({Status.BUDGET, Status.OOM, Status.TAG_LIMIT})
@@ -133,6 +134,10 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
         import bridge._core as _core
 
         raise BridgeError(f"{what}{where}: {_core.share_error()}")
+    if rc == Status.IPC:
+        import bridge._core as _core
+
+        raise BridgeError(f"{what}{where}: {_core.ipc_error()}")
     if rc == Status.NOTINIT:
         raise BridgeError(f"{what}: the CUDA driver is not loaded yet; call bridge.unify() first.")
     if rc == Status.INVALID:

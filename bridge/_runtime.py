@@ -40,6 +40,7 @@ CACHE_LARGE_CAP_ENV = "BRIDGE_CACHE_LARGE_CAP"  # a size: the large tier's cap
 CACHE_LARGE_FRACTION_ENV = "BRIDGE_CACHE_LARGE_FRACTION"  # a fraction or a percentage; 0: none
 # carving (off by default): the cache's requests carved from pool chunks (docs/design.md)
 CACHE_CARVE_ENV = "BRIDGE_CACHE_CARVE"  # 1 / on, 0 / off
+IPC_ENV = "BRIDGE_IPC"  # 1: unify() allocates from exportable pools (unify(ipc=True))
 # each thread's newest freed block in a slot of its own, in front of the lists (default on)
 CACHE_THREAD_SLOT_ENV = "BRIDGE_CACHE_THREAD_SLOT"  # 1 / on, 0 / off
 DEFAULT_CACHE_FRACTION = 1 / 16
@@ -114,6 +115,11 @@ def switch_from_env(name: str, default: bool, what: str) -> bool:
 def cache_carve_from_env() -> bool:
     """BRIDGE_CACHE_CARVE: whether the cache carves its blocks from pool chunks (default off)."""
     return switch_from_env(CACHE_CARVE_ENV, False, "carve blocks from chunks")
+
+
+def ipc_from_env() -> bool:
+    """BRIDGE_IPC: whether unify() allocates from pools that other processes can import."""
+    return switch_from_env(IPC_ENV, False, "blocks shareable with other processes")
 
 
 def cache_thread_slot_from_env() -> bool:

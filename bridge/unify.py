@@ -146,6 +146,7 @@ def unify(
     rmm: bool = False,
     wait: float | None = None,
     share: bool | str | None = None,
+    ipc: bool | None = None,
 ) -> Bridge:
     """Make the named frameworks allocate from each device's default pool under one budget.
 
@@ -214,6 +215,13 @@ def unify(
         or none. What the members hold together (their pools, cached blocks
         included) never passes it; a member that needs memory another keeps
         idle asks it to trim before its allocation fails.
+    ipc : bool or None
+        ``True``: each device of ``device`` allocates from a pool the bridge
+        creates with POSIX file-descriptor export instead of the default
+        pool, under the same budget and cache, so that CUDA tensors can be
+        sent to other processes of the same user (``torch.multiprocessing``);
+        JAX stays on the default pool and is counted as before. ``None``:
+        ``BRIDGE_IPC`` (``1`` on), else off. Once on, on for the process.
 
     Returns
     -------
@@ -255,6 +263,8 @@ def unify(
     flags.update(jax=_flag("jax", jax), numba=_flag("numba", numba), rmm=_flag("rmm", rmm))
     _flag("peer_access", peer_access)
     _flag("budget_views", budget_views)
+    # None: BRIDGE_IPC (off when unset); a bad value is refused before any change
+    ipc_on = _runtime.ipc_from_env() if ipc is None else _flag("ipc", ipc)
     # reject bad input before any change, and before the driver is needed
     for name, value, of in (
         ("budget", budget, DEVICE_MEMORY),
@@ -304,6 +314,7 @@ def unify(
             jax_memory,
             budget_views,
             share_name,
+            ipc_on,
         )
         if b._args == args:
             if seconds is not None:
@@ -338,6 +349,12 @@ def unify(
         if peer_access and len(devices) > 1:
             for d in devices:
                 check(core.grant_peer_access(d)[0], what="granting peer access", device=d)
+        if ipc_on:
+            for d in devices:
+                if not core.ipc_enabled(d):
+                    check(core.ipc_enable(d), what="creating the exportable pool", device=d)
+                    # blocks cached from the default pool are not exportable: back to it
+                    check(core.trim(d, 0), what="emptying the cache", device=d)
         recovery.install()
         views.want(budget_views)  # JAX reads it as it starts
         installed = []

@@ -13,6 +13,7 @@
 #include "cache.h"
 #include "carve.h"
 #include "graph.h"
+#include "ipc.h"
 #include "views.h"
 #include "wait.h"
 #include "tls.h"
@@ -359,6 +360,8 @@ void bridge_free(void *ptr)
 {
     if (!ptr || bridge_forked())
         return; /* a fork child owns none of the parent's blocks */
+    if (ipc_held(ptr))
+        return; /* another process holds it: freed when it lets go (ipc.c) */
     record rec;
     int kept = 0;
     device_state *d;
@@ -470,8 +473,8 @@ int bridge_free_cached(void *ptr)
     /* A fork child: bridge_free ignores it.  History on: the free's note
      * must precede any reuse of the block, and its stack hook runs Python,
      * which no shard lock may be held across: bridge_free notes it. */
-    if (bridge_forked() || atomic_load_explicit(&bridge_history_on, RELAXED))
-        return BRIDGE_E_MISS;
+    if (bridge_forked() || atomic_load_explicit(&bridge_history_on, RELAXED) || ipc_held(ptr))
+        return BRIDGE_E_MISS; /* (held by another process: bridge_free takes the free over) */
     record rec;
     /* the block this thread allocated last: parked in its slot with its
      * record, cache_or_keep's rule without the table (the block stays in
@@ -942,7 +945,7 @@ void bridge_free_on_stream(void *ptr, void *stream)
     /* An unknown pointer or a double free changes nothing here: bridge_free
      * counts it.  No host memory to record the block's own stream: the free
      * stays in the block's own order, as bridge_record_stream's would. */
-    if (ptr && !bridge_forked())
+    if (ptr && !bridge_forked() && !ipc_held(ptr))
         (void)records_update((uintptr_t)ptr, retarget_free, stream);
     bridge_free(ptr);
 }
@@ -1057,12 +1060,11 @@ int bridge_get_stats(int device, bridge_stats *out)
     }
     CUresult r;
     int mode = capture_mode_relax(); /* figures asked for during another's capture */
-    if ((r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-                                              &out->pool_used)) != CUDA_SUCCESS ||
-        (r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                                              &out->pool_reserved)) != CUDA_SUCCESS ||
-        (r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                                              &out->pool_used_high)) != CUDA_SUCCESS) {
+    if ((r = pool_figure(d, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &out->pool_used)) != CUDA_SUCCESS ||
+        (r = pool_figure(d, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &out->pool_reserved)) !=
+            CUDA_SUCCESS ||
+        (r = pool_figure(d, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &out->pool_used_high)) !=
+            CUDA_SUCCESS) {
         capture_mode_exit(mode);
         return bridge_note_driver_error(r), BRIDGE_E_DRIVER;
     }

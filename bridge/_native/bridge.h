@@ -56,7 +56,8 @@ typedef enum bridge_status {
     BRIDGE_E_NOTINIT = 9,   /* bridge_init was not called */
     BRIDGE_E_FORKED = 10,   /* this process is a fork child of one that used CUDA */
     BRIDGE_E_SHARE = 11,    /* a share's file cannot be used (bridge_share_error says why) */
-    BRIDGE_E_MISS = 12      /* *_cached: the cache cannot; call bridge_alloc / bridge_free */
+    BRIDGE_E_MISS = 12,     /* *_cached: the cache cannot; call bridge_alloc / bridge_free */
+    BRIDGE_E_IPC = 13       /* a block cannot be shared or imported (bridge_ipc_error says why) */
 } bridge_status;
 
 /* ---- driver loading (driver.c) ---- */
@@ -447,6 +448,31 @@ int bridge_history_copy(bridge_event *out, size_t n, size_t *count);
  * Set by the Python module; it must not block. */
 typedef uint64_t (*bridge_stack_fn)(void);
 void bridge_set_stack_hook(bridge_stack_fn fn);
+/* ---- blocks shared with other processes (ipc.c) ---- */
+#define BRIDGE_IPC_HANDLE_SIZE 152
+/* The device's allocations come from now on from a pool the bridge creates
+ * with POSIX file-descriptor export (same ledger, budget and cache; the
+ * default pool's blocks stay where they are).  Idempotent.  BRIDGE_E_IPC
+ * when the driver cannot create it. */
+int bridge_ipc_enable(int device);
+int bridge_ipc_enabled(int device);
+/* A handle of BRIDGE_IPC_HANDLE_SIZE bytes for a live block of the
+ * exportable pool (its start; *offset: 0), for another process of this
+ * user to import; starts the thread that serves the pool's descriptor. */
+int bridge_ipc_export(void *ptr, unsigned char *handle, uint64_t *offset);
+/* The block of a handle, mapped on `device` of this process and held in the
+ * exporter until bridge_ipc_release (or until this process ends). */
+int bridge_ipc_import(const unsigned char *handle, size_t len, int device, void **out);
+/* Let go of an imported block, after this device's work on it: never fails. */
+void bridge_ipc_release(void *ptr);
+/* Why the last bridge_ipc_* call of this thread failed, in words. */
+const char *bridge_ipc_error(void);
+/* Holds other processes have on this process's blocks; imports this process
+ * holds; connections refused (another user's). */
+uint64_t bridge_ipc_holds(void);
+uint64_t bridge_ipc_imported(void);
+uint64_t bridge_ipc_refused(void);
+
 /* ---- one budget for the processes of a GPU (share.c) ---- */
 /* Join the share `name` of the physical GPU of `device` (by UUID) for this
  * process: the file <dir>/bridge-<uid>-<uuid>-<hash of name> is created

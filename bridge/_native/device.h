@@ -68,6 +68,10 @@ typedef struct device_state {
     CUdevice dev;
     CUcontext ctx;     /* the primary context, retained */
     CUmemoryPool pool; /* the default pool */
+    /* the pool the bridge allocates from instead, one it created with
+     * POSIX file-descriptor export (bridge_ipc_enable; ipc.c shares its
+     * blocks with other processes); NULL: the default pool.  Set once. */
+    _Atomic(CUmemoryPool) ipc_pool;
     CUstream side;     /* non-blocking stream: graph blocks, deferred frees */
     uint64_t total;    /* device memory, bytes */
     _Atomic uint64_t release_threshold;
@@ -79,10 +83,12 @@ typedef struct device_state {
      *   capture_lock -> wait.c's mu (a deferred free that settles wakes waiters)
      *   wait.c's hold_lock -> the shard locks (its sweep), then mu
      *   share.c's join_lock -> a member's lock
+     *   ipc.c's serve_lock -> the shard locks (a hold looks its block up)
      * Leaves (nothing is taken under them): setup_lock (ledger.c), a
      * cache's lock (cache.c), a member's lock (share.c), spare_lock (counts.c),
      * hist_mu (views.c), long_lived_lock (streams.c), released_lock
-     * (graph.c), managed.c's lock, the pinned pool's lock, driver.c's. */
+     * (graph.c), managed.c's lock, the pinned pool's lock, driver.c's,
+     * ipc.c's client_lock and enable_lock. */
     pthread_mutex_t capture_lock;
     atomic_int captures_active; /* captures between begin and end: torch's and CuPy's */
     atomic_int syncs;           /* synchronizations being issued (sync_enter..sync_exit):
@@ -106,6 +112,30 @@ static inline device_state *device_of(int device)
         return NULL;
     device_state *d = &bridge_devices[device];
     return atomic_load_explicit(&d->ready, memory_order_acquire) ? d : NULL;
+}
+
+/* The pool the bridge's allocations come from (frees go to whichever pool
+ * a block came from: cuMemFreeAsync needs no pool). */
+static inline CUmemoryPool alloc_pool(device_state *d)
+{
+    CUmemoryPool p = atomic_load_explicit(&d->ipc_pool, memory_order_acquire);
+    return p ? p : d->pool;
+}
+
+/* A figure of the device's pools (CU_MEMPOOL_ATTR_*): the default pool's,
+ * plus the exportable pool's when there is one (a high-water mark is then
+ * the sum of the two, at most that much above the true one).  Called in
+ * relaxed capture mode, as every pool call. */
+static inline CUresult pool_figure(device_state *d, int attr, uint64_t *value)
+{
+    uint64_t a = 0, b = 0;
+    CUresult r = bridge_drv.cuMemPoolGetAttribute(d->pool, attr, &a);
+    CUmemoryPool x = atomic_load_explicit(&d->ipc_pool, memory_order_acquire);
+    if (r == CUDA_SUCCESS && x)
+        r = bridge_drv.cuMemPoolGetAttribute(x, attr, &b);
+    if (r == CUDA_SUCCESS)
+        *value = a + b;
+    return r;
 }
 
 static inline void atomic_max(_Atomic uint64_t *a, uint64_t v)

@@ -41,6 +41,8 @@ typedef unsigned long long CUdeviceptr;
 #define CU_MEMPOOL_ATTR_USED_MEM_CURRENT     7
 #define CU_MEMPOOL_ATTR_USED_MEM_HIGH        8
 
+#define CU_MEM_ALLOCATION_TYPE_PINNED             1
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR  1
 #define CU_MEM_LOCATION_TYPE_DEVICE        1
 #define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
 
@@ -73,6 +75,11 @@ typedef struct {
     unsigned short usage;
     unsigned char reserved[54];
 } bridge_CUmemPoolProps;
+
+/* CUmemPoolPtrExportData: what cuMemPoolExportPointer writes. */
+typedef struct {
+    unsigned char reserved[64];
+} bridge_CUmemPoolPtrExportData;
 
 /* The table of entry points.  X(name, return, args) */
 #define BRIDGE_DRIVER_ENTRIES(X)                                                                \
@@ -114,6 +121,13 @@ typedef struct {
     X(cuMemFreeHost, (void *p))                                                                 \
     X(cuMemPoolCreate, (CUmemoryPool * pool, const bridge_CUmemPoolProps *props))               \
     X(cuMemPoolDestroy, (CUmemoryPool pool))                                                    \
+    X(cuMemPoolExportToShareableHandle,                                                         \
+      (void *handle, CUmemoryPool pool, int type, unsigned long long flags))                    \
+    X(cuMemPoolImportFromShareableHandle,                                                       \
+      (CUmemoryPool * pool, void *handle, int type, unsigned long long flags))                  \
+    X(cuMemPoolExportPointer, (bridge_CUmemPoolPtrExportData * data, CUdeviceptr ptr))          \
+    X(cuMemPoolImportPointer,                                                                   \
+      (CUdeviceptr * ptr, CUmemoryPool pool, bridge_CUmemPoolPtrExportData * data))             \
     X(cuStreamGetCaptureInfo_v2, (CUstream stream, int *status, uint64_t *id, CUgraph *graph,   \
                                   const void **deps, size_t *ndeps))                            \
     X(cuUserObjectCreate, (CUuserObject * obj, void *ptr, CUhostFn destroy,                     \

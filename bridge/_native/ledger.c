@@ -145,6 +145,9 @@ int bridge_reassert(int device)
         return BRIDGE_E_DEVICE;
     uint64_t t = atomic_load(&d->release_threshold);
     CUresult r = bridge_drv.cuMemPoolSetAttribute(d->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t);
+    CUmemoryPool x = atomic_load(&d->ipc_pool);
+    if (r == CUDA_SUCCESS && x)
+        r = bridge_drv.cuMemPoolSetAttribute(x, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t);
     return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
 }
 
@@ -154,7 +157,7 @@ int bridge_pool_attribute(int device, int attr, uint64_t *value)
     device_state *d = device_of(device);
     if (!d)
         return BRIDGE_E_DEVICE;
-    CUresult r = bridge_drv.cuMemPoolGetAttribute(d->pool, attr, value);
+    CUresult r = pool_figure(d, attr, value);
     return r == CUDA_SUCCESS ? BRIDGE_OK : (bridge_note_driver_error(r), BRIDGE_E_DRIVER);
 }
 
@@ -173,6 +176,9 @@ int bridge_grant_peer_access(int device, int *granted)
         bridge_CUmemAccessDesc desc = {{CU_MEM_LOCATION_TYPE_DEVICE, p},
                                        CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
         CUresult r = bridge_drv.cuMemPoolSetAccess(d->pool, &desc, 1);
+        CUmemoryPool x = atomic_load(&d->ipc_pool);
+        if (r == CUDA_SUCCESS && x)
+            r = bridge_drv.cuMemPoolSetAccess(x, &desc, 1);
         if (r != CUDA_SUCCESS)
             return bridge_note_driver_error(r), BRIDGE_E_DRIVER;
         (*granted)++;
@@ -191,7 +197,7 @@ static uint64_t others_of(device_state *d)
     /* relaxed capture mode: a capturing thread (torch's, checking its graph
      * allocation against the budget) must not invalidate its own capture */
     int mode = capture_mode_relax();
-    CUresult r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+    CUresult r = pool_figure(d, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
     capture_mode_exit(mode);
     if (r == CUDA_SUCCESS) {
         atomic_store_explicit(&d->last_pool_used, used, RELAXED);
@@ -379,7 +385,7 @@ int ledger_alloc(device_state *d, const record *want, CUstream stream, int side,
      * would refuse (and be invalidated by) a pool call of this thread */
     int mode = capture_mode_relax();
     CUresult r =
-        bridge_drv.cuMemAllocFromPoolAsync(&p, want->size, d->pool, side ? d->side : stream);
+        bridge_drv.cuMemAllocFromPoolAsync(&p, want->size, alloc_pool(d), side ? d->side : stream);
     if (side && r == CUDA_SUCCESS)
         r = bridge_drv.cuStreamSynchronize(d->side);
     capture_mode_exit(mode);
@@ -404,7 +410,7 @@ int ledger_alloc_chunk(device_state *d, uint64_t size, CUstream stream, uintptr_
         return rc;
     CUdeviceptr p = 0;
     int mode = capture_mode_relax();
-    CUresult r = bridge_drv.cuMemAllocFromPoolAsync(&p, size, d->pool, stream);
+    CUresult r = bridge_drv.cuMemAllocFromPoolAsync(&p, size, alloc_pool(d), stream);
     capture_mode_exit(mode);
     if (r != CUDA_SUCCESS || !p) {
         unreserve_device(d, size);
@@ -695,6 +701,9 @@ int ledger_trim(device_state *d, uint64_t keep)
     ctx_enter(d, &g);
     int mode = capture_mode_relax(); /* a trim in global mode invalidates another's capture */
     CUresult r = bridge_drv.cuMemPoolTrimTo(d->pool, keep);
+    CUmemoryPool x = atomic_load(&d->ipc_pool);
+    if (r == CUDA_SUCCESS && x)
+        r = bridge_drv.cuMemPoolTrimTo(x, keep);
     ctx_exit(&g);
     share_member *sm = atomic_load(&d->share);
     if (sm)

@@ -408,8 +408,7 @@ static uint64_t pool_reserved(struct device_state *d)
     /* (share_reserve's slow path and the service thread run relaxed already;
      * the fast path is the allocation's: relaxed too) */
     int mode = capture_mode_relax();
-    CUresult r =
-        bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v);
+    CUresult r = pool_figure(d, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v);
     capture_mode_exit(mode);
     return r == CUDA_SUCCESS ? v : UINT64_MAX;
 }
@@ -624,6 +623,9 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
             ctx_guard cg;
             ctx_enter(d, &cg);
             bridge_drv.cuMemPoolTrimTo(d->pool, 0);
+            CUmemoryPool x = atomic_load(&d->ipc_pool);
+            if (x)
+                bridge_drv.cuMemPoolTrimTo(x, 0);
             ctx_exit(&cg);
         }
         if (step == 3) {

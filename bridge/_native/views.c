@@ -49,10 +49,9 @@ int bridge_get_mem_info(int device, bridge_mem_info *out)
     uint64_t reserved = atomic_load_explicit(&d->reserved, RELAXED);
     uint64_t used = 0, pool_reserved = 0;
     mode = capture_mode_relax();
-    r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
+    r = pool_figure(d, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used);
     if (r == CUDA_SUCCESS)
-        r = bridge_drv.cuMemPoolGetAttribute(d->pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                                             &pool_reserved);
+        r = pool_figure(d, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &pool_reserved);
     capture_mode_exit(mode);
     if (r != CUDA_SUCCESS)
         return bridge_note_driver_error(r), BRIDGE_E_DRIVER;

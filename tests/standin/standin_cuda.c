@@ -13,17 +13,27 @@
  *   - allocating without a current context fails, as on the real driver;
  *   - pinned host memory (cuMemHostAlloc, host-located pools made by
  *     cuMemPoolCreate) is real malloc'd memory, so numpy views work;
+ *   - a device pool made by cuMemPoolCreate with POSIX file-descriptor
+ *     export is real memory: a memfd mapped into the process, exported as a
+ *     dup of that fd, so another process that imports the pool and a
+ *     pointer (cuMemPoolImportFromShareableHandle, cuMemPoolImportPointer)
+ *     maps the same bytes; its allocations count against the device's
+ *     capacity with the default pool's;
  *   - events are real objects: recorded while standin_hold_events(1) they
  *     stay pending (cuEventQuery: CUDA_ERROR_NOT_READY) until their stream
  *     or context is synchronized or standin_complete_events() is called.
  * It is NEVER evidence that anything works on a GPU: it exists so that CI can
  * test the ledger.  Controls: the standin_* functions at the end.
  */
+#define _GNU_SOURCE /* memfd_create */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -49,11 +59,13 @@ typedef struct live {
     CUdeviceptr ptr;
     size_t size;
     int dev;
+    int xp; /* the exportable pool's index; -1: the default pool */
 } live;
 typedef struct pending {
     CUdeviceptr ptr;
     size_t size;
     CUstream stream;
+    int xp;
 } pending;
 
 typedef struct device {
@@ -203,7 +215,7 @@ static size_t slot_of(CUdeviceptr p)
     return (size_t)((p >> 8) * 0x9E3779B97F4A7C15ull);
 }
 
-static int live_put(CUdeviceptr p, size_t size, int dev)
+static int live_put(CUdeviceptr p, size_t size, int dev, int xp)
 {
     if ((nlive + 1) * 2 > caplive) {
         size_t ncap = caplive ? caplive * 2 : 1024;
@@ -224,7 +236,7 @@ static int live_put(CUdeviceptr p, size_t size, int dev)
     size_t j = slot_of(p) & (caplive - 1);
     while (lives[j].ptr)
         j = (j + 1) & (caplive - 1);
-    lives[j] = (live){p, size, dev};
+    lives[j] = (live){p, size, dev, xp};
     nlive++;
     return 0;
 }
@@ -262,6 +274,101 @@ static int live_take(CUdeviceptr p, live *out)
     return -1;
 }
 
+/* ---- exportable device pools (all under mu) ----
+ * A pool of CUmemPoolCreate with location DEVICE and handle type POSIX file
+ * descriptor: XPOOL_CAP bytes of a memfd mapped MAP_SHARED (pages exist once
+ * touched), allocated first fit in XPOOL_ALIGN steps.  Exported: a dup of
+ * the memfd; a pointer's export data: the memfd's inode, the offset and the
+ * size.  Imported: the fd mapped again (another address, the same bytes);
+ * an imported pointer is freed by cuMemFreeAsync at once. */
+#define MAXXPOOLS   16
+#define MAXXIMPORTS 4096
+#define XPOOL_CAP   (1ull << 30)
+#define XPOOL_ALIGN 512ull
+#define XPOOL_MAGIC 0x7374616e6478706full
+typedef struct xrange {
+    uint64_t off, size;
+} xrange;
+typedef struct xpool {
+    int in_use, imported, dev, fd;
+    char *base;
+    uint64_t cap, ino;
+    uint64_t used, reserved, used_high, reserved_high, threshold;
+    xrange *r; /* allocated ranges, sorted by offset (an exporter's) */
+    size_t nr, capr;
+} xpool;
+typedef struct xexport { /* CUmemPoolPtrExportData: 64 bytes */
+    uint64_t magic, ino, off, size;
+    unsigned char pad[32];
+} xexport;
+static xpool xpools[MAXXPOOLS];
+static struct {
+    CUdeviceptr ptr;
+    int xp;
+} ximports[MAXXIMPORTS];
+static size_t nximports;
+
+static xpool *xpool_of(CUmemoryPool p)
+{
+    for (int i = 0; i < MAXXPOOLS; i++)
+        if (p == (CUmemoryPool)&xpools[i] && xpools[i].in_use)
+            return &xpools[i];
+    return NULL;
+}
+
+/* What the device's exportable pools hold: device memory as the default
+ * pool's is. */
+static uint64_t xused(int dev)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < MAXXPOOLS; i++)
+        if (xpools[i].in_use && !xpools[i].imported && xpools[i].dev == dev)
+            n += xpools[i].reserved > xpools[i].used ? xpools[i].reserved : xpools[i].used;
+    return n;
+}
+
+static int xalloc(xpool *x, uint64_t size, uint64_t *off)
+{
+    size = (size + XPOOL_ALIGN - 1) / XPOOL_ALIGN * XPOOL_ALIGN;
+    uint64_t at = 0;
+    size_t i = 0;
+    for (; i < x->nr; i++) {
+        if (x->r[i].off - at >= size)
+            break;
+        at = x->r[i].off + x->r[i].size;
+    }
+    if (at + size > x->cap)
+        return -1;
+    if (x->nr == x->capr) {
+        size_t nc = x->capr ? x->capr * 2 : 64;
+        xrange *n = realloc(x->r, nc * sizeof *n);
+        if (!n)
+            return -1;
+        x->r = n;
+        x->capr = nc;
+    }
+    memmove(&x->r[i + 1], &x->r[i], (x->nr - i) * sizeof *x->r);
+    x->r[i] = (xrange){at, size};
+    x->nr++;
+    *off = at;
+    return 0;
+}
+
+static void xfreed(int xp, CUdeviceptr p, uint64_t size)
+{
+    xpool *x = &xpools[xp];
+    uint64_t off = (uint64_t)((char *)(uintptr_t)p - x->base);
+    for (size_t i = 0; i < x->nr; i++)
+        if (x->r[i].off == off) {
+            memmove(&x->r[i], &x->r[i + 1], (x->nr - i - 1) * sizeof *x->r);
+            x->nr--;
+            break;
+        }
+    x->used -= size;
+    if (x->reserved > x->threshold && x->reserved > x->used)
+        x->reserved = x->used > x->threshold ? x->used : x->threshold;
+}
+
 static int nonblocking_stream(CUstream s);
 
 /* Complete the queued frees of `stream` (NULL: every stream; the legacy
@@ -273,9 +380,12 @@ static void complete(int dev, CUstream stream, int all)
     size_t kept = 0;
     for (size_t i = 0; i < d->npend; i++) {
         if (all || d->pend[i].stream == stream || stream == NULL ||
-            ((uintptr_t)stream == 1 && !nonblocking_stream(d->pend[i].stream)))
-            d->used -= d->pend[i].size;
-        else
+            ((uintptr_t)stream == 1 && !nonblocking_stream(d->pend[i].stream))) {
+            if (d->pend[i].xp >= 0)
+                xfreed(d->pend[i].xp, d->pend[i].ptr, d->pend[i].size);
+            else
+                d->used -= d->pend[i].size;
+        } else
             d->pend[kept++] = d->pend[i];
     }
     d->npend = kept;
@@ -702,7 +812,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
         return E_INVALID_CONTEXT;
     }
     device *d = &devs[dev];
-    uint64_t held = d->reserved > d->used ? d->reserved : d->used;
+    uint64_t held = (d->reserved > d->used ? d->reserved : d->used) + xused(dev);
     *free_bytes = d->capacity > held ? d->capacity - held : 0;
     *total = d->total;
     pthread_mutex_unlock(&mu);
@@ -795,7 +905,14 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value)
     CUresult r = OK;
     uint64_t *v = value;
     hostpool *hp = host_pool_of(pool);
-    if (hp) {
+    xpool *x = xpool_of(pool);
+    if (x) {
+        uint64_t f[] = {x->threshold, x->reserved, x->reserved_high, x->used, x->used_high};
+        if (attr >= 4 && attr <= 8)
+            *v = f[attr - 4];
+        else
+            r = E_INVALID_VALUE;
+    } else if (hp) {
         if (attr == 4)
             *v = hp->threshold;
         else if (attr == 5 || attr == 6)
@@ -829,7 +946,17 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value)
     int dev = dev_of_pool(pool);
     CUresult r = OK;
     uint64_t v = *(uint64_t *)value;
-    if (dev < 0)
+    xpool *x = xpool_of(pool);
+    if (x) {
+        if (attr == 4)
+            x->threshold = v;
+        else if (attr == 6)
+            x->reserved_high = x->reserved;
+        else if (attr == 8)
+            x->used_high = x->used;
+        else
+            r = E_INVALID_VALUE;
+    } else if (dev < 0)
         r = E_INVALID_VALUE;
     else if (attr == 4)
         devs[dev].threshold = v;
@@ -849,6 +976,15 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     UNSAFE(0);
     int dev = dev_of_pool(pool);
     hostpool *hp = host_pool_of(pool);
+    xpool *x = xpool_of(pool);
+    if (x) {
+        uint64_t floor = x->used > keep ? x->used : keep;
+        if (x->reserved > floor)
+            x->reserved = floor;
+        counters[C_TRIM]++;
+        pthread_mutex_unlock(&mu);
+        return OK;
+    }
     if (hp) {
         hp->reserved = hp->used > keep ? hp->used : keep;
         counters[C_TRIM]++;
@@ -877,11 +1013,12 @@ CUresult cuMemPoolSetAccess(CUmemoryPool pool, const access_desc *map, size_t co
 {
     pthread_mutex_lock(&mu);
     int dev = dev_of_pool(pool);
+    xpool *x = xpool_of(pool);
     if (dev >= 0)
         devs[dev].access_grants += count;
     pthread_mutex_unlock(&mu);
     (void)map;
-    return dev >= 0 ? OK : E_INVALID_VALUE;
+    return dev >= 0 || x ? OK : E_INVALID_VALUE;
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s)
@@ -896,6 +1033,36 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool po
     int dev = dev_of_pool(pool);
     CUresult r = OK;
     hostpool *hp = host_pool_of(pool);
+    xpool *x = xpool_of(pool);
+    if (x) {
+        uint64_t off = 0;
+        if (!current_ctx)
+            r = E_INVALID_CONTEXT;
+        else if (x->imported || size == 0)
+            r = E_INVALID_VALUE;
+        else if (s == capturing_stream || (global_capture && s == global_capture_stream))
+            r = 900;
+        else if (devs[x->dev].used + xused(x->dev) + size > devs[x->dev].capacity ||
+                 xalloc(x, size, &off) != 0)
+            r = E_OUT_OF_MEMORY;
+        else if (live_put((CUdeviceptr)(uintptr_t)(x->base + off), size, x->dev,
+                          (int)(x - xpools)) != 0) {
+            xfreed((int)(x - xpools), (CUdeviceptr)(uintptr_t)(x->base + off), 0);
+            r = E_OUT_OF_MEMORY;
+        } else {
+            x->used += size;
+            if (x->used > x->used_high)
+                x->used_high = x->used;
+            if (x->used > x->reserved)
+                x->reserved = x->used;
+            if (x->reserved > x->reserved_high)
+                x->reserved_high = x->reserved;
+            *dptr = (CUdeviceptr)(uintptr_t)(x->base + off);
+            counters[C_ALLOC]++;
+        }
+        pthread_mutex_unlock(&mu);
+        return r;
+    }
     if (hp) {
         void *hptr = NULL;
         r = host_alloc(&hptr, size, hp);
@@ -912,13 +1079,13 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool po
         r = E_INVALID_VALUE;
     else if (s == capturing_stream || (global_capture && s == global_capture_stream))
         r = 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED-like: tests assert it never happens */
-    else if (devs[dev].used + size > devs[dev].capacity)
+    else if (devs[dev].used + xused(dev) + size > devs[dev].capacity)
         r = E_OUT_OF_MEMORY;
     else {
         device *d = &devs[dev];
         CUdeviceptr p = next_addr;
         next_addr += (size + 511) / 512 * 512 + 512;
-        if (live_put(p, size, dev) != 0) {
+        if (live_put(p, size, dev, -1) != 0) {
             r = E_OUT_OF_MEMORY;
         } else {
             d->used += size;
@@ -954,6 +1121,13 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
         pthread_mutex_unlock(&mu);
         return r;
     }
+    for (size_t i = 0; current_ctx && i < nximports; i++)
+        if (ximports[i].ptr == p) { /* an imported pointer: unmapped from this process */
+            ximports[i] = ximports[--nximports];
+            counters[C_FREE]++;
+            pthread_mutex_unlock(&mu);
+            return OK;
+        }
     if (!current_ctx)
         r = E_INVALID_CONTEXT;
     else if (s == capturing_stream || (global_capture && s == global_capture_stream))
@@ -964,7 +1138,7 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
         device *d = &devs[l.dev];
         if (d->npend == MAXPENDING)
             complete(l.dev, NULL, 1);
-        d->pend[d->npend++] = (pending){p, l.size, s};
+        d->pend[d->npend++] = (pending){p, l.size, s, l.xp};
         counters[C_FREE]++;
     }
     pthread_mutex_unlock(&mu);
@@ -1236,13 +1410,53 @@ uint64_t standin_managed_bytes(int dev)
     return b;
 }
 
-/* Only host-located pinned pools: the ledger uses the default pools. */
+static int new_xpool(void)
+{
+    for (int i = 0; i < MAXXPOOLS; i++)
+        if (!xpools[i].in_use) {
+            free(xpools[i].r);
+            memset(&xpools[i], 0, sizeof xpools[i]);
+            return i;
+        }
+    return -1;
+}
+
+/* Host-located pinned pools, and device pools with POSIX file-descriptor
+ * export (the exportable pools above); the ledger's default pools are
+ * cuDeviceGetDefaultMemPool's. */
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props)
 {
     const int *f = props; /* allocType, handleTypes, location.type, location.id */
     pthread_mutex_lock(&mu);
     FAULT("cuMemPoolCreate");
     CUresult r = 801; /* CUDA_ERROR_NOT_SUPPORTED */
+    if (f[0] == 1 && f[1] == 1 && f[2] == 1) {
+        int i = new_xpool(), fd = -1;
+        struct stat st;
+        void *base = MAP_FAILED;
+        if (f[3] < 0 || f[3] >= ndev)
+            r = E_INVALID_DEVICE;
+        else if (i < 0 || (fd = memfd_create("standin-pool", MFD_CLOEXEC)) < 0 ||
+                 ftruncate(fd, (off_t)XPOOL_CAP) != 0 || fstat(fd, &st) != 0 ||
+                 (base = mmap(NULL, XPOOL_CAP, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+                     MAP_FAILED) {
+            if (fd >= 0)
+                close(fd);
+            r = E_OUT_OF_MEMORY;
+        } else {
+            xpool *x = &xpools[i];
+            x->in_use = 1;
+            x->dev = f[3];
+            x->fd = fd;
+            x->base = base;
+            x->cap = XPOOL_CAP;
+            x->ino = (uint64_t)st.st_ino;
+            *pool = (CUmemoryPool)x;
+            r = OK;
+        }
+        pthread_mutex_unlock(&mu);
+        return r;
+    }
     if (host_pools_supported && f[0] == 1 && (f[2] == 2 || f[2] == 3))
         for (int i = 0; i < MAXHOSTPOOLS; i++)
             if (!hostpools[i].in_use) {
@@ -1259,11 +1473,117 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props)
 CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     pthread_mutex_lock(&mu);
+    xpool *x = xpool_of(pool);
+    if (x) {
+        munmap(x->base, x->cap);
+        if (x->fd >= 0)
+            close(x->fd);
+        x->in_use = 0;
+        pthread_mutex_unlock(&mu);
+        return OK;
+    }
     hostpool *hp = host_pool_of(pool);
     if (hp)
         hp->in_use = 0;
     pthread_mutex_unlock(&mu);
     return hp ? OK : E_INVALID_VALUE;
+}
+
+CUresult cuMemPoolExportToShareableHandle(void *handle, CUmemoryPool pool, int type,
+                                          unsigned long long flags)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemPoolExportToShareableHandle");
+    xpool *x = xpool_of(pool);
+    CUresult r = OK;
+    if (!x || x->imported || type != 1 || flags)
+        r = E_INVALID_VALUE;
+    else if ((*(int *)handle = dup(x->fd)) < 0)
+        r = E_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool, void *handle, int type,
+                                            unsigned long long flags)
+{
+    int fd = (int)(intptr_t)handle;
+    struct stat st;
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemPoolImportFromShareableHandle");
+    CUresult r = OK;
+    int i = new_xpool();
+    void *base = MAP_FAILED;
+    if (type != 1 || flags || fstat(fd, &st) != 0 || (uint64_t)st.st_size != XPOOL_CAP)
+        r = E_INVALID_VALUE;
+    else if (i < 0 || (base = mmap(NULL, XPOOL_CAP, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+                          MAP_FAILED)
+        r = E_OUT_OF_MEMORY;
+    else {
+        xpool *x = &xpools[i];
+        x->in_use = x->imported = 1;
+        x->fd = -1; /* the caller's fd stays the caller's */
+        x->base = base;
+        x->cap = XPOOL_CAP;
+        x->ino = (uint64_t)st.st_ino;
+        *pool = (CUmemoryPool)x;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuMemPoolExportPointer(void *data, CUdeviceptr p)
+{
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemPoolExportPointer");
+    CUresult r = E_INVALID_VALUE;
+    size_t j = caplive ? slot_of(p) & (caplive - 1) : 0;
+    while (caplive && lives[j].ptr) {
+        if (lives[j].ptr == p) {
+            if (lives[j].xp >= 0) {
+                xpool *x = &xpools[lives[j].xp];
+                xexport e = {XPOOL_MAGIC, x->ino, (uint64_t)((char *)(uintptr_t)p - x->base),
+                             lives[j].size, {0}};
+                memcpy(data, &e, sizeof e);
+                r = OK;
+            }
+            break;
+        }
+        j = (j + 1) & (caplive - 1);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, void *data)
+{
+    xexport e;
+    memcpy(&e, data, sizeof e);
+    pthread_mutex_lock(&mu);
+    FAULT("cuMemPoolImportPointer");
+    xpool *x = xpool_of(pool);
+    CUresult r = OK;
+    if (!x || !x->imported || e.magic != XPOOL_MAGIC || e.ino != x->ino ||
+        e.off + e.size > x->cap)
+        r = E_INVALID_VALUE;
+    else if (nximports == MAXXIMPORTS)
+        r = E_OUT_OF_MEMORY;
+    else {
+        *p = (CUdeviceptr)(uintptr_t)(x->base + e.off);
+        ximports[nximports].ptr = *p;
+        ximports[nximports++].xp = (int)(x - xpools);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* Pointers imported and not yet freed (tests). */
+uint64_t standin_imported_count(void)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t n = nximports;
+    pthread_mutex_unlock(&mu);
+    return n;
 }
 
 CUresult cuThreadExchangeStreamCaptureMode(int *mode)

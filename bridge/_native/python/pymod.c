@@ -468,6 +468,83 @@ static PyObject *py_grant_peer_access(PyObject *m, PyObject *args)
     return Py_BuildValue("ii", rc, n);
 }
 
+/* ---- blocks shared with other processes (ipc.c) ---- */
+static PyObject *py_ipc_enable(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    if (!PyArg_ParseTuple(args, "i", &dev))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = bridge_ipc_enable(dev);
+    Py_END_ALLOW_THREADS return PyLong_FromLong(rc);
+}
+
+static PyObject *py_ipc_enabled(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev;
+    if (!PyArg_ParseTuple(args, "i", &dev))
+        return NULL;
+    return PyBool_FromLong(bridge_ipc_enabled(dev));
+}
+
+static PyObject *py_ipc_export(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long ptr;
+    if (!PyArg_ParseTuple(args, "K", &ptr))
+        return NULL;
+    unsigned char h[BRIDGE_IPC_HANDLE_SIZE];
+    uint64_t offset = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = bridge_ipc_export((void *)(uintptr_t)ptr, h, &offset);
+    Py_END_ALLOW_THREADS if (rc != BRIDGE_OK) return Py_BuildValue("iOK", rc, Py_None, 0ull);
+    return Py_BuildValue("iy#K", rc, (const char *)h, (Py_ssize_t)sizeof h,
+                         (unsigned long long)offset);
+}
+
+static PyObject *py_ipc_import(PyObject *m, PyObject *args)
+{
+    (void)m;
+    Py_buffer h;
+    int dev;
+    if (!PyArg_ParseTuple(args, "y*i", &h, &dev))
+        return NULL;
+    void *out = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc =
+        bridge_ipc_import((const unsigned char *)h.buf, (size_t)h.len, dev, &out);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&h);
+    return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)out);
+}
+
+static PyObject *py_ipc_release(PyObject *m, PyObject *args)
+{
+    (void)m;
+    unsigned long long ptr;
+    if (!PyArg_ParseTuple(args, "K", &ptr))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS bridge_ipc_release((void *)(uintptr_t)ptr);
+    Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+static PyObject *py_ipc_error(PyObject *m, PyObject *noargs)
+{
+    (void)m;
+    (void)noargs;
+    return PyUnicode_FromString(bridge_ipc_error());
+}
+
+static PyObject *py_ipc_counts(PyObject *m, PyObject *noargs)
+{
+    (void)m;
+    (void)noargs;
+    return Py_BuildValue("KKK", (unsigned long long)bridge_ipc_holds(),
+                         (unsigned long long)bridge_ipc_imported(),
+                         (unsigned long long)bridge_ipc_refused());
+}
+
 static PyObject *py_set_limit(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -1013,6 +1090,16 @@ static PyMethodDef methods[] = {
     {"trim", py_trim, METH_VARARGS, "trim(device, keep=0) -> status"},
     {"grant_peer_access", py_grant_peer_access, METH_VARARGS, "-> (status, peers granted)"},
     {"set_limit", py_set_limit, METH_VARARGS, "set_limit(device, bytes) -> status"},
+    {"ipc_enable", py_ipc_enable, METH_VARARGS,
+     "ipc_enable(device) -> status: allocate from a pool with POSIX fd export from now on"},
+    {"ipc_enabled", py_ipc_enabled, METH_VARARGS, "ipc_enabled(device) -> bool"},
+    {"ipc_export", py_ipc_export, METH_VARARGS,
+     "ipc_export(ptr) -> (status, handle bytes or None, offset)"},
+    {"ipc_import", py_ipc_import, METH_VARARGS, "ipc_import(handle, device) -> (status, ptr)"},
+    {"ipc_release", py_ipc_release, METH_VARARGS, "ipc_release(ptr): let go of an import"},
+    {"ipc_error", py_ipc_error, METH_NOARGS, "why this thread's last ipc_* call failed"},
+    {"ipc_counts", py_ipc_counts, METH_NOARGS,
+     "ipc_counts() -> (holds others have here, imports held, connections refused)"},
     {"set_cache", py_set_cache, METH_VARARGS,
      "set_cache(device, limit, max_block=256MiB) -> status: the hard cap of cached bytes "
      "(0: no cache; emptied) and the largest cached block"},

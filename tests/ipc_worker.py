@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A process for the tests of blocks shared between processes (tests/core/test_ipc.py).
+
+On the stand-in: it reads one JSON command per line on stdin and answers one
+JSON line on stdout.  ``unify`` (ipc, budget), ``alloc`` (size) -> ptr,
+``write`` (ptr, hex), ``read`` (ptr, n) -> hex, ``export`` (ptr) -> handle hex,
+``import`` (handle) -> ptr or the error, ``release`` (ptr), ``free`` (ptr),
+``stats``, ``counts``, ``foreign`` (bytes other users of the default pool hold).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+
+import bridge
+from bridge._errors import BridgeError, Status
+from bridge._runtime import core
+
+DEV = 0
+standin = ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"])
+standin.standin_add_foreign.argtypes = [ctypes.c_int, ctypes.c_int64]
+standin.standin_imported_count.restype = ctypes.c_uint64
+
+
+def run(cmd: dict) -> dict:
+    op = cmd["op"]
+    if op == "unify":
+        kw = {"budget": cmd.get("budget")} if cmd.get("budget") else {}
+        if "ipc" in cmd:
+            kw["ipc"] = cmd["ipc"]
+        bridge.unify(cupy=False, torch=False, device=DEV, **kw)
+        return {"ipc": core.ipc_enabled(DEV)}
+    if op == "alloc":
+        rc, ptr = core.alloc(DEV, cmd["size"], 0, cmd.get("tag", 0))
+        return {"rc": rc, "ptr": ptr}
+    if op == "free":
+        core.free(cmd["ptr"])
+        return {}
+    if op == "write":
+        data = bytes.fromhex(cmd["hex"])
+        ctypes.memmove(cmd["ptr"], data, len(data))
+        return {}
+    if op == "read":
+        return {"hex": ctypes.string_at(cmd["ptr"], cmd["n"]).hex()}
+    if op == "export":
+        rc, handle, offset = core.ipc_export(cmd["ptr"])
+        if rc != Status.OK:
+            return {"rc": rc, "error": core.ipc_error()}
+        return {"rc": rc, "handle": handle.hex(), "offset": offset}
+    if op == "import":
+        rc, ptr = core.ipc_import(bytes.fromhex(cmd["handle"]), DEV)
+        return {"rc": rc, "ptr": ptr, "error": core.ipc_error() if rc else ""}
+    if op == "release":
+        core.ipc_release(cmd["ptr"])
+        return {"imported": standin.standin_imported_count()}
+    if op == "stats":
+        s = bridge.stats(DEV)
+        return {"used": s.used, "reserved": s.reserved, "limit": s.limit}
+    if op == "counts":
+        holds, imported, refused = core.ipc_counts()
+        return {"holds": holds, "imported": imported, "refused": refused}
+    if op == "foreign":
+        standin.standin_add_foreign(DEV, cmd["bytes"])
+        return {}
+    raise ValueError(op)
+
+
+def main() -> None:
+    print(json.dumps({"pid": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            out = run(cmd)
+        except (BridgeError, ValueError) as e:
+            out = {"exception": type(e).__name__, "message": str(e)}
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
