@@ -548,22 +548,34 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     }
 
     // ---- several processes and devices ----
-    CCA::ShareableHandle shareIpcHandle(void *) override
+    // A block of the exportable pool (unify(ipc=True)) as torch pickles it:
+    // the core's handle (the block's export data, where to fetch the pool's
+    // descriptor), its offset 0 (torch's storages start at their blocks).
+    // torch keeps the block alive while a consumer holds it (its sent-data
+    // ref counting); the core also holds it for the consumer's connection.
+    CCA::ShareableHandle shareIpcHandle(void *ptr) override
     {
-        TORCH_CHECK(false,
-                    "bridge: this CUDA tensor cannot be sent to another process: bridge serves "
-                    "torch's memory from the CUDA driver's default memory pool, which exports no "
-                    "IPC handles. Send it through host memory instead (tensor.cpu(), then "
-                    ".to('cuda') in the other process), or do not route torch through the bridge "
-                    "in processes that share CUDA tensors (bridge.unify(torch=False)).");
+        unsigned char h[BRIDGE_IPC_HANDLE_SIZE];
+        uint64_t offset = 0;
+        TORCH_CHECK(core::bridge_ipc_export(ptr, h, &offset) == BRIDGE_OK,
+                    "bridge: this CUDA tensor cannot be sent to another process: ",
+                    core::bridge_ipc_error());
+        return {static_cast<ptrdiff_t>(offset), std::string(reinterpret_cast<char *>(h), sizeof h)};
     }
-    std::shared_ptr<void> getIpcDevPtr(std::string) override
+    // The block of another process's handle, imported on the current device
+    // (the context torch's guard made current) and let go when torch drops
+    // its last reference.
+    std::shared_ptr<void> getIpcDevPtr(std::string handle) override
     {
-        TORCH_CHECK(false,
-                    "bridge: a CUDA tensor from another process cannot be opened here: bridge "
-                    "serves torch's memory from the CUDA driver's default memory pool and opens "
-                    "no CUDA IPC handles. Send tensors between processes through host memory "
-                    "(tensor.cpu()).");
+        void *p = nullptr;
+        int device = 0;
+        core::bridge_current_device(&device);
+        TORCH_CHECK(core::bridge_ipc_import(reinterpret_cast<const unsigned char *>(handle.data()),
+                                            handle.size(), device, &p) == BRIDGE_OK,
+                    "bridge: a CUDA tensor from another process cannot be opened here: ",
+                    core::bridge_ipc_error());
+        auto release = core::bridge_ipc_release;
+        return std::shared_ptr<void>(p, [release](void *q) { release(q); });
     }
     void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override
     {
@@ -645,6 +657,39 @@ void free_ptr(uintptr_t ptr)
     bridge_delete(reinterpret_cast<void *>(ptr));
 }
 
+// For the stand-in tests: torch's shareIpcHandle and getIpcDevPtr as
+// storage._share_cuda_ and _new_shared_cuda call them (through torch's
+// current allocator); an opened block is kept until _close_ipc_handle.
+std::mutex ipc_opened_mu;
+std::unordered_map<uintptr_t, std::shared_ptr<void>> ipc_opened;
+
+pybind11::tuple share_ipc_handle(uintptr_t ptr)
+{
+    CCA::ShareableHandle h = CCA::shareIpcHandle(reinterpret_cast<void *>(ptr));
+    return pybind11::make_tuple(pybind11::bytes(h.handle), h.offset);
+}
+
+uintptr_t open_ipc_handle(const std::string &handle)
+{
+    std::shared_ptr<void> p = CCA::getIpcDevPtr(handle);
+    std::lock_guard<std::mutex> g(ipc_opened_mu);
+    ipc_opened[reinterpret_cast<uintptr_t>(p.get())] = p;
+    return reinterpret_cast<uintptr_t>(p.get());
+}
+
+void close_ipc_handle(uintptr_t ptr)
+{
+    std::shared_ptr<void> p;
+    {
+        std::lock_guard<std::mutex> g(ipc_opened_mu);
+        auto it = ipc_opened.find(ptr);
+        if (it == ipc_opened.end())
+            return;
+        p = std::move(it->second);
+        ipc_opened.erase(it);
+    }
+}
+
 } // namespace bridge_torch
 
 using namespace bridge_torch;
@@ -658,4 +703,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("_alloc_on", &alloc_on, "For tests: allocate on (device, stream) as allocate() does",
           pybind11::arg("size"), pybind11::arg("device"), pybind11::arg("stream"));
     m.def("_free", &free_ptr, "For tests: the deleter of every tensor's memory");
+    m.def("_share_ipc_handle", &share_ipc_handle, "For tests: torch's shareIpcHandle(ptr)");
+    m.def("_open_ipc_handle", &open_ipc_handle, "For tests: torch's getIpcDevPtr(handle)");
+    m.def("_close_ipc_handle", &close_ipc_handle, "For tests: drop what _open_ipc_handle kept");
 }

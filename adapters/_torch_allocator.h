@@ -52,6 +52,11 @@ using MempoolId = c10::MempoolId_t;
     X(bridge_grant_peer_access)  \
     X(bridge_register_stream)    \
     X(bridge_stream_registered)  \
+    X(bridge_ipc_export)         \
+    X(bridge_ipc_import)         \
+    X(bridge_ipc_release)        \
+    X(bridge_ipc_error)          \
+    X(bridge_current_device)     \
     X(bridge_torch_failure_message)
 
 namespace core

@@ -376,10 +376,10 @@ def test_cuda_tensor_sent_to_a_spawned_process(mode):
     assert r["still_works"] == 499500.0
     if mode == "native":
         assert r["result"] == ["read", 499500.0], r
-    else:  # the documented error (docs/troubleshooting.md)
+    else:  # without unify(ipc=True): the documented error (docs/troubleshooting.md)
         kind, msg = r["result"]
         assert kind == "error" and msg.startswith("bridge: this CUDA tensor cannot be sent"), r
-        assert "tensor.cpu()" in msg, r
+        assert "unify(ipc=True)" in msg and "tensor.cpu()" in msg, r
 
 
 # ---- the pluggable fallback, and the first start's cost ----
