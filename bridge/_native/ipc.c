@@ -630,6 +630,16 @@ static int peer_pool(const ipc_handle *h, int *pi, CUmemoryPool *out)
         return fail(BRIDGE_E_IPC, "the driver cannot import the exporter's pool (%s)",
                     bridge_driver_error_name(r));
     }
+    /* the importer's access is its own to set (the pool's device has it
+     * already, and a refusal here then changes nothing) */
+    int here = 0;
+    CUcontext ctx = NULL;
+    if (bridge_drv.cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx &&
+        bridge_drv.cuCtxGetDevice(&here) == CUDA_SUCCESS) {
+        bridge_CUmemAccessDesc desc = {{CU_MEM_LOCATION_TYPE_DEVICE, here},
+                                       CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        bridge_drv.cuMemPoolSetAccess(p, &desc, 1);
+    }
     peers[i].pools[h->device] = p;
     *out = p;
     return BRIDGE_OK;
@@ -713,15 +723,17 @@ void bridge_ipc_release(void *ptr)
         ctx_enter(d, &g);
         int mode = capture_mode_relax();
         /* this device's work that may read the block is done before the
-         * exporter may reuse it: every stream, where no capture runs (then
-         * the legacy stream's order only) */
+         * exporter may reuse it: every stream of the context, unless a
+         * capture runs (a synchronization would invalidate it: then torch's
+         * own order stands, its consumer synchronizing its stream before
+         * it lets the producer's ref count go) */
         if (sync_enter(d))
             bridge_drv.cuCtxSynchronize();
-        else
-            bridge_drv.cuStreamSynchronize(NULL);
         sync_exit(d);
-        bridge_drv.cuMemFreeAsync((CUdeviceptr)im.ptr, NULL);
-        bridge_drv.cuStreamSynchronize(NULL);
+        /* the core's non-blocking side stream: never ordered after a
+         * capturing stream */
+        bridge_drv.cuMemFreeAsync((CUdeviceptr)im.ptr, d->side);
+        bridge_drv.cuStreamSynchronize(d->side);
         capture_mode_exit(mode);
         ctx_exit(&g);
     }
