@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _native import ROOT, compare, compile_c, sources  # noqa: E402
 
 CORE_C = ("driver.c", "counts.c", "records.c", "cache.c", "carve.c", "streams.c", "ledger.c",
-          "graph.c", "wait.c", "share.c", "pinned.c", "views.c", "device.c", "alloc.c")
+          "graph.c", "wait.c", "share.c", "pinned.c", "views.c", "device.c", "alloc.c", "ipc.c")
 
 
 def main(argv: list[str] | None = None) -> int:
