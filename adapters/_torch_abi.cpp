@@ -128,8 +128,9 @@ std::string failure_message(int rc, size_t size, int device, bool *oom)
     bridge_others(device, &others);
     std::string msg = "CUDA out of memory. Tried to allocate " + gib(size) + " (" +
                       std::to_string(size) + " bytes) on device " + std::to_string(device) + ". ";
+    uint64_t cap = s.tag[BRIDGE_TAG_TORCH].limit;
     if (rc == BRIDGE_E_TAG_LIMIT)
-        msg += "torch's share is capped at " + gib(s.tag[BRIDGE_TAG_TORCH].limit) +
+        msg += "torch's share is capped at " + gib(cap == BRIDGE_TAG_LIMIT_ZERO ? 0 : cap) +
                " by torch.cuda.set_per_process_memory_fraction. ";
     else if (rc == BRIDGE_E_BUDGET)
         msg += "The bridge budget is " + gib(s.limit) + ". ";
@@ -155,6 +156,19 @@ std::string failure_message(int rc, size_t size, int device, bool *oom)
 } // namespace
 
 extern "C" {
+
+uint64_t bridge_torch_fraction_cap(double fraction, int device)
+{
+    if (fraction >= 1.0)
+        return 0;
+    uint64_t total = 0;
+    int major = 0, minor = 0;
+    char name[8];
+    if (bridge_device_info(device, name, sizeof name, &major, &minor, &total) != BRIDGE_OK)
+        return 0; // no such device: bridge_set_tag_limit refuses it
+    uint64_t cap = static_cast<uint64_t>(fraction * static_cast<double>(total));
+    return cap ? cap : BRIDGE_TAG_LIMIT_ZERO;
+}
 
 // The message of a refused torch allocation (the same words on both torch
 // paths): copied into buf (NUL-terminated within len); returns its length, and
@@ -209,12 +223,7 @@ void bridge_torch_empty_cache(void)
 // torch.cuda.set_per_process_memory_fraction(f, device): torch's own cap.
 void bridge_torch_memory_fraction(double fraction, int device)
 {
-    bridge_stats s;
-    if (bridge_get_stats(device, &s) != BRIDGE_OK)
-        return;
-    uint64_t cap =
-        fraction >= 1.0 ? 0 : static_cast<uint64_t>(fraction * static_cast<double>(s.total));
-    bridge_set_tag_limit(device, BRIDGE_TAG_TORCH, cap);
+    bridge_set_tag_limit(device, BRIDGE_TAG_TORCH, bridge_torch_fraction_cap(fraction, device));
 }
 
 void bridge_torch_record_stream(void *ptr, CUstream_st *stream)

@@ -42,6 +42,7 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <map>
@@ -245,8 +246,15 @@ class BridgeAllocator final : public CCA::CUDAAllocator
             std::lock_guard<std::mutex> lock(history.mu);
             observers = history.oom_observers;
         }
+        // torch's arguments: the request, what torch may use (its memory
+        // fraction's cap, else the device's memory or the budget) and the
+        // free memory the request met
+        uint64_t cap = s.tag[BRIDGE_TAG_TORCH].limit;
+        size_t allowed = cap == 0                       ? mi.total
+                         : cap == BRIDGE_TAG_LIMIT_ZERO ? 0
+                                                        : std::min<uint64_t>(cap, mi.total);
         for (auto &o : observers)
-            o(device, s.tag[BRIDGE_TAG_TORCH].current, mi.total, mi.free);
+            o(device, size, allowed, mi.free);
         TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     }
 
@@ -298,16 +306,14 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     {
         TORCH_CHECK(fraction >= 0 && fraction <= 1, "invalid fraction: ", fraction,
                     ". Please set within [0, 1].");
-        bridge_stats s{};
         {
             std::lock_guard<std::mutex> lock(settings_mu_);
             fraction_[device] = fraction;
         }
-        if (core::bridge_get_stats(device, &s) != BRIDGE_OK)
-            return; // a device the bridge never set up: nothing of torch's there to cap
-        uint64_t cap =
-            fraction >= 1.0 ? 0 : static_cast<uint64_t>(fraction * static_cast<double>(s.total));
-        core::bridge_set_tag_limit(device, BRIDGE_TAG_TORCH, cap);
+        // a device not set up yet keeps the cap for its first allocation;
+        // a fraction of no bytes refuses every allocation, as torch's does
+        core::bridge_set_tag_limit(device, BRIDGE_TAG_TORCH,
+                                   core::bridge_torch_fraction_cap(fraction, device));
     }
     std::vector<CCA::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override
     {
@@ -335,12 +341,18 @@ class BridgeAllocator final : public CCA::CUDAAllocator
             if (core::bridge_device_ready(d))
                 core::bridge_trim(d, 0);
     }
-    // The largest block a request could get now: what the budget and the
-    // device leave (cuDNN sizes its benchmark workspaces by it).
+    // The largest block a request could get now (cuDNN sizes its benchmark
+    // workspaces by it): what the budget leaves, or without one the device's
+    // free memory with the pool's idle memory and the cache of freed blocks,
+    // all of which a request can have (torch's: free memory or its largest
+    // cached block).
     void cacheInfo(c10::DeviceIndex device, size_t *largest) override
     {
         bridge_mem_info mi{};
-        *largest = core::bridge_get_mem_info(device, &mi) == BRIDGE_OK ? mi.free : 0;
+        if (core::bridge_get_mem_info(device, &mi) != BRIDGE_OK)
+            *largest = 0;
+        else
+            *largest = mi.limit ? mi.free : mi.driver_free + mi.pool_idle + mi.cached;
     }
     void *getBaseAllocation(void *ptr, size_t *size) override
     {
@@ -398,8 +410,8 @@ class BridgeAllocator final : public CCA::CUDAAllocator
         // reserved: torch's live blocks, the blocks graph pools keep, and the
         // cache of freed blocks (shared by every framework, and torch's to take)
         int64_t reserved = i64(t.current + s.graph_bytes + s.cached);
-        fill(out.reserved_bytes, reserved, std::max(reserved, i64(t.peak)), i64(t.allocated),
-             i64(t.freed));
+        fill(out.reserved_bytes, reserved, std::max(reserved, i64(t.reserved_peak)),
+             i64(t.allocated), i64(t.freed));
         out.num_alloc_retries = i64(s.num_retries);
         out.num_ooms = i64(t.num_ooms);
         out.num_device_alloc = i64(t.num_allocs);
@@ -688,6 +700,56 @@ void close_ipc_handle(uintptr_t ptr)
         p = std::move(it->second);
         ipc_opened.erase(it);
     }
+// ---- for the stand-in tests: what torch reaches only with CUDA started ----
+// The arguments torch's out-of-memory observers got last, and how many calls
+// there were (the stand-in tests cannot attach a Python one: torch starts
+// CUDA for that).
+std::vector<int64_t> &observed = *new std::vector<int64_t>;
+std::mutex &observed_mu = *new std::mutex;
+
+void observe_ooms()
+{
+    TORCH_CHECK(installed, "bridge: install() first");
+    installed->attachOutOfMemoryObserver(
+        [](int64_t device, size_t size, size_t allowed, size_t free) {
+            std::lock_guard<std::mutex> lock(observed_mu);
+            int64_t calls = observed.empty() ? 1 : observed.back() + 1;
+            observed = {device, static_cast<int64_t>(size), static_cast<int64_t>(allowed),
+                        static_cast<int64_t>(free), calls};
+        });
+}
+
+std::vector<int64_t> last_observed()
+{
+    std::lock_guard<std::mutex> lock(observed_mu);
+    return observed;
+}
+
+// torch's _record_memory_history and its snapshot's trace of device 0, as
+// (address, action, time_us) (torch starts CUDA for its own calls of these).
+void record_history_for(bool on)
+{
+    TORCH_CHECK(installed, "bridge: install() first");
+    installed->recordHistory(on, nullptr, 1000, CCA::RecordContext::NEVER, false, {});
+}
+
+std::vector<std::tuple<uintptr_t, int, int64_t>> trace_times()
+{
+    TORCH_CHECK(installed, "bridge: install() first");
+    std::vector<std::tuple<uintptr_t, int, int64_t>> out;
+    CCA::SnapshotInfo info = installed->snapshot({0, 0}, true);
+    for (const TraceEntry &e : info.device_traces.at(0))
+        out.emplace_back(e.addr_, static_cast<int>(e.action_),
+                         static_cast<int64_t>(e.time_.t_));
+    return out;
+}
+
+size_t cache_info(int device)
+{
+    TORCH_CHECK(installed, "bridge: install() first");
+    size_t largest = 0;
+    installed->cacheInfo(static_cast<c10::DeviceIndex>(device), &largest);
+    return largest;
 }
 
 } // namespace bridge_torch
@@ -706,4 +768,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("_share_ipc_handle", &share_ipc_handle, "For tests: torch's shareIpcHandle(ptr)");
     m.def("_open_ipc_handle", &open_ipc_handle, "For tests: torch's getIpcDevPtr(handle)");
     m.def("_close_ipc_handle", &close_ipc_handle, "For tests: drop what _open_ipc_handle kept");
+    m.def("_observe_ooms", &observe_ooms,
+          "For tests: attach an OOM observer that keeps its arguments");
+    m.def("_last_observed", &last_observed,
+          "For tests: the arguments the OOM observers got last, and how many calls");
+    m.def("_record_history", &record_history_for, "For tests: recordHistory on or off",
+          pybind11::arg("on"));
+    m.def("_trace_times", &trace_times,
+          "For tests: the snapshot's trace of device 0 as (address, action, time_us)");
+    m.def("_cache_info", &cache_info, "For tests: cacheInfo (the largest block a request gets)",
+          pybind11::arg("device"));
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/util/ApproximateClock.h>
 
 #include <atomic>
 #include <deque>
@@ -57,6 +58,7 @@ using MempoolId = c10::MempoolId_t;
     X(bridge_ipc_release)        \
     X(bridge_ipc_error)          \
     X(bridge_current_device)     \
+    X(bridge_torch_fraction_cap) \
     X(bridge_torch_failure_message)
 
 namespace core
@@ -82,6 +84,9 @@ struct History {
     std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> contexts; // live blocks
     std::vector<CCA::OutOfMemoryObserver> oom_observers;
     std::vector<CCA::AllocatorTraceTracker> trackers;
+    // the entries' times are the cheap clock's ticks; a snapshot gives
+    // microseconds since the epoch, as torch's does (memory_viz's timeline)
+    c10::ApproximateClockToUnixTimeConverter clock;
 };
 // Never destroyed: torch frees tensors until the very end of the process,
 // after static destructors may have run.

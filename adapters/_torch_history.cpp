@@ -187,9 +187,13 @@ CCA::SnapshotInfo snapshot_of(MempoolId pool, bool include_traces)
     int n = std::max(static_cast<int>(c10::cuda::device_count()), 1);
     info.device_traces.resize(static_cast<size_t>(n));
     if (include_traces) {
+        auto to_ns = history.clock.makeConverter(); // nanoseconds since the epoch
         for (const TraceEntry &e : history.trace) {
-            if (e.device_ >= 0 && e.device_ < n)
+            if (e.device_ >= 0 && e.device_ < n) {
                 info.device_traces[static_cast<size_t>(e.device_)].push_back(e);
+                TraceEntry &copy = info.device_traces[static_cast<size_t>(e.device_)].back();
+                copy.time_.t_ = to_ns(e.time_.approx_t_) / 1000;
+            }
         }
     }
     info.config_metadata.garbage_collection_threshold = 0;

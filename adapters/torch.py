@@ -130,7 +130,8 @@ def memory_stats(device: Any = None) -> dict:
     nbytes = stat(t["current"], t["peak"], t["allocated"], t["freed"])
     count = stat(t["count"], t["count_peak"], t["num_allocs"], t["num_frees"])
     held = t["current"] + raw["graph_bytes"] + raw["cached"]
-    reserved = stat(held, max(held, t["peak"]), t["allocated"], t["freed"])
+    # its peak never falls without a reset (empty_cache lowers `held` only)
+    reserved = stat(held, max(held, t["reserved_peak"]), t["allocated"], t["freed"])
     zero = stat(0, 0, 0, 0)
     return {
         "allocated_bytes": nbytes,

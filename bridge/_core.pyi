@@ -41,6 +41,7 @@ class TagStats(TypedDict):
     limit: int
     count: int  # live allocations now (reset_accumulated leaves it)
     count_peak: int  # highest count since the last peak reset
+    reserved_peak: int  # highest current + graph_bytes + cached (torch's reserved) since then
 
 class RawStats(TypedDict):
     """One device's figures (``bridge_stats`` in bridge.h)."""

@@ -80,6 +80,8 @@ class Status(enum.IntEnum):
 
 
 OOM_STATUSES = frozenset({Status.BUDGET, Status.OOM, Status.TAG_LIMIT})
+#: A tag's cap of no bytes (bridge.h's BRIDGE_TAG_LIMIT_ZERO; a limit of 0 is no cap).
+TAG_LIMIT_ZERO = (1 << 64) - 1
 
 
 def format_bytes(n: int) -> str:
@@ -180,6 +182,7 @@ def oom_message(device: int, size: int, rc: int, *, framework: str) -> str:
         budget = format_bytes(s.limit) if s.limit else "none"
         tail = f"pool reserved {format_bytes(s.reserved)} of {format_bytes(s.total)}"
         cap = next((t["limit"] for t in s.tags if t.get("name") == framework), 0)
+        cap = 0 if cap == TAG_LIMIT_ZERO else cap  # the cap of no bytes (fraction 0.0)
         share = s.share
     except Exception:  # noqa: BLE001 - the message must not fail
         held, budget, tail, cap, share = "unknown", "unknown", "", 0, None

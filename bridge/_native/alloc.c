@@ -147,10 +147,28 @@ static void release_evicted(int device, uint64_t held, cache_block *evicted, int
     }
 }
 
+/* Each tag's reserved_peak raised to its `current` + graph_bytes + cached
+ * now (torch's reserved_bytes; bridge.h): at every read of the figures and
+ * before the cache is flushed, so that a flush lowers the figure, never its
+ * peak, as torch's own empty_cache leaves max_memory_reserved.  Not on the
+ * hot path: a peak between two of these points is seen as far as `peak`
+ * (the live bytes') shows it. */
+static void raise_reserved_peaks(device_state *d, int device)
+{
+    uint64_t held = atomic_load(&d->graph_bytes) + cache_bytes(device);
+    for (int i = 0; i < BRIDGE_NTAGS; i++) {
+        uint64_t live;
+        ledger_tag_live(d, i, &live, NULL);
+        atomic_max(&d->tag[i].reserved_peak, live + held);
+    }
+}
+
 /* Every cached block of a device back to the pool (in stream order; blocks
  * of a stream being captured wait for its end). */
 static void flush_cache(int device)
 {
+    if (device_of(device))
+        raise_reserved_peaks(&bridge_devices[device], device);
     cache_flush(device, release_cached);
     carve_flush(device, release_cached);
 }
@@ -1039,6 +1057,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->carve_held = carve_held(device);
     out->carve_on = (uint64_t)carve_on(device);
     wait_fill_stats(device, out);
+    raise_reserved_peaks(d, device);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {
         tag_state *t = &d->tag[i];
         uint64_t since[COUNT_TAG_FIGURES]; /* the sums less the last reset's */
@@ -1056,7 +1075,11 @@ int bridge_get_stats(int device, bridge_stats *out)
                                          atomic_load(&t->num_ooms),
                                          atomic_load(&t->limit),
                                          (uint64_t)count,
-                                         (uint64_t)atomic_load(&t->count_peak)};
+                                         (uint64_t)atomic_load(&t->count_peak),
+                                         0};
+        /* the live bytes' peak bounds it below (the live bytes are reserved) */
+        uint64_t rp = atomic_load(&t->reserved_peak);
+        out->tag[i].reserved_peak = rp > out->tag[i].peak ? rp : out->tag[i].peak;
     }
     CUresult r;
     int mode = capture_mode_relax(); /* figures asked for during another's capture */

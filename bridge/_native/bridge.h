@@ -101,6 +101,11 @@ int bridge_grant_peer_access(int device, int *granted);
 
 /* ---- budget ---- */
 int bridge_set_limit(int device, uint64_t limit); /* 0 = none */
+/* A framework's own cap (0 = none; BRIDGE_TAG_LIMIT_ZERO: every allocation
+ * of the tag is refused).  A device not set up yet keeps the cap for its
+ * setup (its first allocation), as torch applies a memory fraction to a
+ * device it has not used yet. */
+#define BRIDGE_TAG_LIMIT_ZERO UINT64_MAX
 int bridge_set_tag_limit(int device, int tag, uint64_t limit);
 
 /* ---- allocation (the hot path) ---- */
@@ -334,9 +339,14 @@ typedef struct bridge_tag_stats {
     uint64_t num_allocs; /* allocations, cumulative */
     uint64_t num_frees;  /* frees, cumulative */
     uint64_t num_ooms;   /* refused requests */
-    uint64_t limit;      /* the tag's own cap (0 = none) */
+    uint64_t limit;      /* the tag's own cap (0 = none; BRIDGE_TAG_LIMIT_ZERO) */
     uint64_t count;      /* live allocations now (not reset by reset_accumulated) */
     uint64_t count_peak; /* highest `count` since the last peak reset */
+    /* highest `current` + graph_bytes + cached (torch's reserved_bytes)
+     * since the last peak reset: at least `peak`, raised at every read of
+     * the figures and before the cache is flushed (an empty_cache lowers
+     * the figure, never its peak) */
+    uint64_t reserved_peak;
 } bridge_tag_stats;
 
 typedef struct bridge_stats {

@@ -34,6 +34,8 @@ typedef struct tag_state {
     _Atomic uint64_t limit;     /* the framework's own cap; 0 = none */
     _Atomic int64_t count;      /* live blocks (allocations not yet freed); never reset */
     _Atomic int64_t count_peak; /* max of count since the last peak reset */
+    _Atomic uint64_t reserved_peak; /* max of current + graph_bytes + cached where
+                                       seen (alloc.c's raise_reserved_peaks) */
 } tag_state;
 
 /* A free that cannot be issued yet (a capture is running), or whose stream

@@ -301,10 +301,11 @@ static void raise_count_peak(device_state *d, int tag, int64_t raw)
 }
 
 /* Would `raw` bytes of the tag pass its limit?  raw, the parked blocks left
- * out, when raw alone passes it. */
+ * out, when raw alone passes it; any bytes pass BRIDGE_TAG_LIMIT_ZERO. */
 static inline int over_tag_limit(device_state *d, int tag, uint64_t tlimit, uint64_t raw)
 {
-    return tlimit && raw > tlimit && less_kept(d, tag, raw, NULL) > tlimit;
+    return tlimit && (raw > tlimit ? less_kept(d, tag, raw, NULL) > tlimit
+                                   : tlimit == BRIDGE_TAG_LIMIT_ZERO);
 }
 
 /* Fast path without a budget: two atomic adds. */
@@ -450,7 +451,8 @@ int ledger_readopt(device_state *d, const record *rec)
     uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
     uint64_t raw = atomic_load_explicit(&t->current, RELAXED); /* the block in it */
     /* the limit as ledger_adopt's: the parked blocks out, this one back in */
-    if (tlimit && raw > tlimit && less_kept(d, rec->tag, raw, NULL) + rec->size > tlimit)
+    if (tlimit && (raw > tlimit ? less_kept(d, rec->tag, raw, NULL) + rec->size > tlimit
+                                : tlimit == BRIDGE_TAG_LIMIT_ZERO))
         return BRIDGE_E_TAG_LIMIT;
     atomic_store_explicit(&rec->park->kept, 0, memory_order_release); /* live again */
     raise_peak(d, rec->tag, raw);
@@ -483,12 +485,15 @@ int bridge_set_limit(int device, uint64_t limit)
 
 int bridge_set_tag_limit(int device, int tag, uint64_t limit)
 {
-    device_state *d = device_of(device);
-    if (!d)
+    /* a device of this machine not set up yet keeps the cap for its setup,
+     * which leaves the tags' caps as they are */
+    int count = 0;
+    if (device < 0 || device >= BRIDGE_MAX_DEVICES ||
+        (!device_of(device) && (bridge_device_count(&count) != BRIDGE_OK || device >= count)))
         return BRIDGE_E_DEVICE;
     if (tag < 0 || tag >= BRIDGE_NTAGS)
         return BRIDGE_E_INVALID;
-    atomic_store(&d->tag[tag].limit, limit);
+    atomic_store(&bridge_devices[device].tag[tag].limit, limit);
     return BRIDGE_OK;
 }
 
@@ -754,6 +759,7 @@ int bridge_reset_peak(int device, int tag)
             ledger_tag_live(d, i, &bytes, &count);
             atomic_store(&d->tag[i].peak, bytes);
             atomic_store(&d->tag[i].count_peak, count);
+            atomic_store(&d->tag[i].reserved_peak, 0); /* the next read raises it to now */
         }
     if (tag == -1)
         atomic_store(&d->peak, atomic_load(&d->reserved));

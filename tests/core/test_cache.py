@@ -1143,3 +1143,29 @@ def test_a_parked_block_past_a_lowered_cap_is_refused_at_its_take_back(cache):
     rc, q = core.alloc(0, 4 * MIB, 0, TORCH)
     assert rc == 0 and core.lookup(q) == (0, 4 * MIB, 0, TORCH)
     core.free(q)
+
+
+def test_reserved_peak_survives_a_flush_of_the_cache_until_a_peak_reset(cache):
+    # torch's max_memory_reserved: the live bytes, graph blocks and the cache
+    core.reset_peak(0, TORCH)
+    rc, a = core.alloc(0, 8 * MIB, 0, TORCH)
+    core.free(a)  # 8 MiB cached
+    rc, b = core.alloc(0, 4 * MIB, 0, TORCH)  # another size: 4 MiB live
+    assert core.trim(0) == 0  # empty_cache, with no read of the figures before it
+    t = stats()["tags"][TORCH]
+    assert stats()["cached"] == 0 and t["current"] == 4 * MIB
+    assert t["peak"] == 8 * MIB and t["reserved_peak"] == 12 * MIB
+    assert core.reset_peak(0, TORCH) == 0
+    assert stats()["tags"][TORCH]["reserved_peak"] == 4 * MIB  # what is reserved now
+    core.free(b)
+
+
+def test_reserved_peak_is_raised_where_the_figures_are_read(cache):
+    core.reset_peak(0, TORCH)
+    rc, a = core.alloc(0, 8 * MIB, 0, TORCH)
+    core.free(a)
+    rc, b = core.alloc(0, 4 * MIB, 0, TORCH)
+    assert stats()["tags"][TORCH]["reserved_peak"] == 12 * MIB
+    core.free(b)  # 12 MiB cached, 0 live
+    core.set_cache(0, 0)  # the cache off: flushed
+    assert stats()["tags"][TORCH]["reserved_peak"] == 12 * MIB

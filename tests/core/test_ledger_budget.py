@@ -31,7 +31,7 @@ from ledger_util import (
     stats,
 )
 
-from bridge._errors import Status
+from bridge._errors import TAG_LIMIT_ZERO, Status
 from bridge._runtime import core
 
 
@@ -82,6 +82,33 @@ def test_tag_limit_caps_one_framework_only(led):
     assert core.set_tag_limit(DEV, -1, MIB) == Status.INVALID
     led.free(t)
     led.free(c)
+
+
+def test_a_tag_cap_of_zero_bytes_refuses_every_allocation_of_that_tag(led):
+    # torch.cuda.set_per_process_memory_fraction(0.0): torch gets nothing (0 is no cap)
+    assert core.set_tag_limit(DEV, TAG_TORCH, TAG_LIMIT_ZERO) == Status.OK
+    assert led.alloc(1, tag=TAG_TORCH) == (Status.TAG_LIMIT, 0)
+    assert led.alloc(MIB, tag=TAG_TORCH) == (Status.TAG_LIMIT, 0)
+    c = led.ok(MIB, tag=TAG_CUPY)  # other frameworks are not capped
+    assert stats()["tags"][TAG_TORCH]["num_ooms"] == 2
+    assert core.set_tag_limit(DEV, TAG_TORCH, 0) == Status.OK  # no cap again
+    t = led.ok(1, tag=TAG_TORCH)
+    led.free(t)
+    led.free(c)
+
+
+def test_a_tag_cap_of_zero_bytes_refuses_a_cached_block_too(led):
+    core.set_cache(DEV, 64 * MIB)
+    try:
+        t = led.ok(MIB, stream=0, tag=TAG_TORCH)
+        led.free(t)
+        assert stats()["cached"] == MIB
+        core.set_tag_limit(DEV, TAG_TORCH, TAG_LIMIT_ZERO)
+        assert led.alloc(MIB, stream=0, tag=TAG_TORCH) == (Status.TAG_LIMIT, 0)
+        assert stats()["tags"][TAG_TORCH]["current"] == 0
+    finally:
+        core.set_tag_limit(DEV, TAG_TORCH, 0)
+        core.set_cache(DEV, 0)
 
 
 def test_others_bytes_in_the_pool_count_against_the_budget(led):

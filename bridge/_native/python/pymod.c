@@ -968,10 +968,11 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
         for (int i = 0; i < BRIDGE_NTAGS; i++) {
             bridge_tag_stats *t = &s.tag[i];
             PyObject *td =
-                Py_BuildValue("{sKsKsKsKsKsKsKsKsKsK}", "current", t->current, "peak", t->peak,
+                Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsK}", "current", t->current, "peak", t->peak,
                               "allocated", t->allocated, "freed", t->freed, "num_allocs",
                               t->num_allocs, "num_frees", t->num_frees, "num_ooms", t->num_ooms,
-                              "limit", t->limit, "count", t->count, "count_peak", t->count_peak);
+                              "limit", t->limit, "count", t->count, "count_peak", t->count_peak,
+                              "reserved_peak", t->reserved_peak);
             if (!td) {
                 Py_DECREF(tags);
                 goto fail;

@@ -1,0 +1,231 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What torch users read from the C++ torch allocator, as native torch gives it.
+
+Measured against torch's own CUDACachingAllocator: the out-of-memory
+observer's arguments (device, request, allowed, free), a memory fraction of 0.0
+(every allocation refused) and one set for a device not set up yet, the
+snapshot's trace times (microseconds since the epoch), max_memory_reserved
+across empty_cache and cacheInfo (cuDNN's benchmark workspaces).
+
+As tests/adapters/test_torch_allocator.py: a subprocess on the stand-in,
+calling torch._C's entry points against the C++ allocator (torch cannot start
+CUDA here); the GPU halves are in tests/gpu/test_gpu_torch_native.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+MIB = 1 << 20
+
+SCENARIO = r"""
+import json, os, time, torch
+import bridge
+from bridge import _runtime
+from bridge._runtime import core
+from bridge.adapters import torch_build
+out = {}
+_runtime.ensure_device(0)
+missing = torch_build.missing_tools()
+if missing:
+    print("RESULT " + json.dumps({"skip": missing})); raise SystemExit
+mod = torch_build.load()
+assert mod is not None, torch_build.reason
+mod.install(core.__file__)
+from bridge.adapters import torch as torch_adapter
+T = core.TAG_TORCH
+MIB = 1 << 20
+core.set_cache(0, 1 << 30, 1 << 30)  # blocks freed on the default stream are kept
+total = core.stats(0)[1]["total"]
+out["total"] = total
+def reserved():
+    s = torch._C._cuda_memoryStats(0)["reserved_bytes"]["all"]
+    p = torch_adapter.memory_stats(0)["reserved_bytes"]["all"]
+    return [s["current"], s["peak"], p["current"], p["peak"]]
+
+# ---- max_memory_reserved across empty_cache ----
+torch._C._cuda_resetPeakMemoryStats(0)
+a = mod._alloc_on(8 * MIB, 0, 0)
+mod._free(a)                              # 8 MiB cached
+b = mod._alloc_on(4 * MIB, 0, 0)          # another size: 4 MiB live, 8 MiB cached
+torch._C._cuda_emptyCache()               # nobody read the figures before
+out["reserved_after_empty"] = reserved()
+torch._C._cuda_resetPeakMemoryStats(0)
+out["reserved_after_reset"] = reserved()
+mod._free(b)
+torch._C._cuda_emptyCache()
+
+# ---- cacheInfo without a budget: the cache and the pool's idle memory count ----
+a = mod._alloc_on(16 * MIB, 0, 0)
+mod._free(a)                              # 16 MiB cached
+rc, mi = core.mem_info(0)
+out["cache_info"] = [mod._cache_info(0), mi["driver_free"], mi["pool_idle"], mi["cached"]]
+core.set_limit(0, core.stats(0)[1]["used"] + 64 * MIB)
+rc, mi = core.mem_info(0)
+out["cache_info_budget"] = [mod._cache_info(0), mi["free"]]
+core.set_limit(0, 0)
+torch._C._cuda_emptyCache()
+
+# ---- the out-of-memory observer's arguments ----
+mod._observe_ooms()  # torch._C's attach starts CUDA: the module attaches one of C++
+held = mod._alloc_on(4 * MIB, 0, 0)       # torch holds 4 MiB
+limit = core.stats(0)[1]["used"] + MIB
+core.set_limit(0, limit)
+try:
+    mod._alloc_on(8 * MIB, 0, 0)
+    out["observer_budget"] = "no error"
+except torch.cuda.OutOfMemoryError:
+    rc, mi = core.mem_info(0)
+    out["observer_budget"] = [mod._last_observed(), limit, mi["free"]]
+core.set_limit(0, 0)
+torch._C._cuda_setMemoryFraction(0.25, 0)
+try:
+    mod._alloc_on(total // 4, 0, 0)       # with the 4 MiB held: past the cap
+    out["observer_fraction"] = "no error"
+except torch.cuda.OutOfMemoryError:
+    out["observer_fraction"] = mod._last_observed()
+mod._free(held)
+
+# ---- a fraction of 0.0 refuses every allocation ----
+torch._C._cuda_setMemoryFraction(0.0, 0)
+out["fraction_zero_get"] = torch._C._cuda_getMemoryFraction(0)
+try:
+    q = mod._alloc_on(4096, 0, 0)
+    mod._free(q)
+    out["fraction_zero"] = "no error"
+except torch.cuda.OutOfMemoryError as e:
+    out["fraction_zero"] = ["OutOfMemoryError", str(e).splitlines()[0]]
+torch._C._cuda_setMemoryFraction(1.0, 0)
+q = mod._alloc_on(4096, 0, 0)
+out["fraction_one"] = [q != 0, core.stats(0)[1]["tags"][T]["limit"]]
+mod._free(q)
+
+# ---- a fraction set for a device not set up yet ----
+out["dev1_ready_before"] = core.stats(1)[0] == 0
+torch._C._cuda_setMemoryFraction(0.5, 1)
+q = mod._alloc_on(MIB, 1, 0)             # sets device 1 up
+s1 = core.stats(1)[1]
+out["dev1"] = [s1["tags"][T]["limit"], s1["total"]]
+try:
+    mod._alloc_on(s1["total"] // 2, 1, 0)
+    out["dev1_over"] = "no error"
+except torch.cuda.OutOfMemoryError as e:
+    out["dev1_over"] = "OutOfMemoryError"
+mod._free(q)
+# the pluggable path's entry point (torch's CUDAPluggableAllocator calls it)
+import ctypes
+lib = ctypes.CDLL(core.__file__)
+lib.bridge_torch_memory_fraction.argtypes = [ctypes.c_double, ctypes.c_int]
+out["dev2_ready_before"] = core.stats(2)[0] == 0
+lib.bridge_torch_memory_fraction(0.5, 2)
+_runtime.ensure_device(2)
+out["dev2"] = [core.stats(2)[1]["tags"][T]["limit"], core.stats(2)[1]["total"]]
+lib.bridge_torch_memory_fraction(0.0, 2)
+out["dev2_zero"] = core.stats(2)[1]["tags"][T]["limit"]
+lib.bridge_torch_memory_fraction(1.0, 2)
+out["dev2_one"] = core.stats(2)[1]["tags"][T]["limit"]
+
+# ---- the snapshot's trace times: microseconds since the epoch ----
+mod._record_history(True)  # torch._C's own call starts CUDA
+before = time.time()
+x = mod._alloc_on(MIB, 0, 0)
+time.sleep(0.2)
+y = mod._alloc_on(MIB, 0, 0)
+after = time.time()
+ALLOC = 0  # TraceEntry::ALLOC
+out["times"] = [[a, t] for a, action, t in mod._trace_times() if action == ALLOC]
+out["x_y_clock"] = [x, y, before, after]
+mod._record_history(False)
+mod._free(x); mod._free(y)
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    if os.environ.get("BRIDGE_TEST_GPU") == "1":
+        pytest.skip("stand-in test; this is a GPU run")
+    env = dict(os.environ)
+    env.setdefault("BRIDGE_CACHE_DIR", str(tmp_path_factory.mktemp("torch-cache")))
+    env.pop("BRIDGE_TORCH_PLUGGABLE", None)
+    env["BRIDGE_STANDIN_DEVICES"] = "3"  # devices 1 and 2 are set up by the scenario
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCENARIO)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, r.stdout[-3000:] + r.stderr[-6000:]
+    out = json.loads(lines[-1][len("RESULT ") :])
+    if "skip" in out:
+        pytest.skip(f"the C++ torch allocator's build needs what is missing: {out['skip']}")
+    return out
+
+
+def test_oom_observer_gets_the_request_and_what_torch_may_use(result):
+    # torch's observer: (device, alloc_size, allowed, device_free), not the live bytes
+    (device, size, allowed, free, _), limit, mi_free = result["observer_budget"]
+    assert (device, size) == (0, 8 * MIB)  # torch held 4 MiB: the request is what is passed
+    assert allowed == limit and free == mi_free
+    device, size, allowed, _, calls = result["observer_fraction"]
+    total = result["total"]
+    assert size == total // 4 and allowed == total // 4  # the fraction's cap
+    assert calls == 2
+
+
+def test_memory_fraction_zero_refuses_every_allocation(result):
+    assert result["fraction_zero_get"] == 0.0
+    kind, msg = result["fraction_zero"]
+    assert kind == "OutOfMemoryError"
+    assert msg.startswith("CUDA out of memory. Tried to allocate 0.00 GiB (4096 bytes) on device 0")
+    assert "capped at 0.00 GiB by torch.cuda.set_per_process_memory_fraction" in msg
+    assert result["fraction_one"] == [True, 0]  # 1.0: no cap again
+
+
+def test_memory_fraction_for_a_device_not_set_up_applies_at_its_setup(result):
+    assert result["dev1_ready_before"] is False  # nothing had set device 1 up
+    limit, total = result["dev1"]
+    assert limit == total // 2
+    assert result["dev1_over"] == "OutOfMemoryError"
+
+
+def test_the_pluggable_paths_memory_fraction_does_the_same(result):
+    assert result["dev2_ready_before"] is False
+    limit, total = result["dev2"]
+    assert limit == total // 2
+    assert result["dev2_zero"] == (1 << 64) - 1  # bridge.h's BRIDGE_TAG_LIMIT_ZERO
+    assert result["dev2_one"] == 0
+
+
+def test_max_memory_reserved_survives_empty_cache_until_a_reset(result):
+    # 8 MiB cached and 4 MiB live were reserved (12 MiB) before empty_cache
+    current, peak, py_current, py_peak = result["reserved_after_empty"]
+    assert current == 4 * MIB and peak == 12 * MIB
+    assert (py_current, py_peak) == (current, peak)  # the pluggable path's figures agree
+    assert result["reserved_after_reset"] == [4 * MIB] * 4
+
+
+def test_cache_info_counts_the_cache_and_the_pools_idle_memory(result):
+    largest, driver_free, pool_idle, cached = result["cache_info"]
+    assert cached == 16 * MIB
+    assert largest == driver_free + pool_idle + cached
+    largest, free = result["cache_info_budget"]
+    assert largest == free  # under a budget: what the budget leaves
+
+
+def test_snapshot_trace_times_are_microseconds_since_the_epoch(result):
+    x, y, before, after = result["x_y_clock"]
+    times = dict(result["times"])
+    tx, ty = times[x], times[y]
+    assert 150_000 <= ty - tx <= 1_000_000  # the 0.2 s sleep, in microseconds
+    assert before * 1e6 - 2e6 <= tx <= after * 1e6 + 2e6
