@@ -28,7 +28,9 @@
 // route the claimed streams' allocations to the pool; createOrIncrefPool is a
 // use without routing; the checkpoint calls of CUDA graph trees read and set
 // which of a pool's blocks are live.  A MemPool made with an allocator of its
-// own gets its blocks from that allocator, as natively (outside the budget).
+// own gets its blocks from that allocator, as natively (outside the budget);
+// one made with use_on_oom=True lends its idle blocks to a request refused for
+// memory, as torch's allocator does before its out-of-memory error.
 //
 // Locks: route_mu (the routes torch announced), history.mu (history,
 // observers) and foreign.mu (pools with an allocator of their own) are
@@ -133,6 +135,8 @@ struct Route {
 std::mutex &route_mu = *new std::mutex;
 std::vector<Route> &routes = *new std::vector<Route>; // under route_mu
 uint64_t route_serial = 0;                            // under route_mu
+// MemPools made with use_on_oom=True: (device, id0, id1), under route_mu
+std::vector<PoolKey> &oom_pools = *new std::vector<PoolKey>;
 
 bool route_of(int device, cudaStream_t stream, MempoolId *id)
 {
@@ -196,14 +200,15 @@ class BridgeAllocator final : public CCA::CUDAAllocator
             return nullptr;
         MempoolId id;
         int rc;
-        if (core::bridge_captures_active(device) && route_of(device, stream, &id)) {
+        bool routed = core::bridge_captures_active(device) && route_of(device, stream, &id);
+        if (routed) {
             if (auto other = foreign_pool(device, id))
                 return foreign_alloc(other, size, stream);
             rc = core::bridge_alloc_graph(device, size, BRIDGE_TAG_TORCH, id.first, id.second,
                                           stream, &p);
         } else
             rc = core::bridge_alloc(device, size, stream, BRIDGE_TAG_TORCH, &p);
-        if (rc != BRIDGE_OK)
+        if (rc != BRIDGE_OK && (routed || !take_on_oom(rc, size, device, stream, &p)))
             fail(rc, size, device, stream);
         if (history.on.load(std::memory_order_relaxed) ||
             tracking.load(std::memory_order_relaxed)) {
@@ -225,6 +230,27 @@ class BridgeAllocator final : public CCA::CUDAAllocator
             foreign.n_blocks.fetch_add(1, std::memory_order_relaxed);
         }
         return p;
+    }
+
+    // Refused for memory, a request no pool was routed to takes a block a
+    // use_on_oom MemPool of its device freed, as torch's own allocator does
+    // before its out-of-memory error (no new memory: the pool's idle blocks).
+    static bool take_on_oom(int rc, size_t size, int device, cudaStream_t stream, void **p)
+    {
+        if (rc != BRIDGE_E_BUDGET && rc != BRIDGE_E_OOM && rc != BRIDGE_E_TAG_LIMIT)
+            return false;
+        std::vector<PoolKey> pools;
+        {
+            std::lock_guard<std::mutex> lock(route_mu);
+            for (const PoolKey &k : oom_pools)
+                if (std::get<0>(k) == device)
+                    pools.push_back(k);
+        }
+        for (const PoolKey &k : pools)
+            if (core::bridge_graph_take(device, size, BRIDGE_TAG_TORCH, std::get<1>(k),
+                                        std::get<2>(k), stream, p) == BRIDGE_OK)
+                return true;
+        return false;
     }
 
     [[noreturn]] void fail(int rc, size_t size, int device, cudaStream_t stream)
@@ -462,6 +488,10 @@ class BridgeAllocator final : public CCA::CUDAAllocator
         uint64_t serial;
         {
             std::lock_guard<std::mutex> lock(route_mu);
+            // one route per pool, as torch's allocator allows (its end is that route's)
+            for (const Route &r : routes)
+                TORCH_CHECK(r.device != device || r.id != id,
+                            "beginAllocateToPool: already recording to mempool_id");
             serial = ++route_serial;
             routes.push_back(Route{device, id, std::move(filter), serial});
         }
@@ -487,8 +517,11 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     {
         core::bridge_graph_release(device, id.first, id.second);
         if (core::bridge_graph_uses(device, id.first, id.second) == 0) {
-            std::lock_guard<std::mutex> lock(foreign.mu); // its live blocks keep their owner
-            foreign.pools.erase(PoolKey{device, id.first, id.second});
+            {
+                std::lock_guard<std::mutex> lock(foreign.mu); // its live blocks keep their owner
+                foreign.pools.erase(PoolKey{device, id.first, id.second});
+            }
+            set_use_on_oom(device, id, false);
         }
     }
     int getPoolUseCount(c10::DeviceIndex device, MempoolId id) override
@@ -505,9 +538,19 @@ class BridgeAllocator final : public CCA::CUDAAllocator
             foreign.pools[PoolKey{device, id.first, id.second}] = std::move(allocator);
         }
     }
-    void setUseOnOOM(c10::DeviceIndex, MempoolId, bool) override
+    void setUseOnOOM(c10::DeviceIndex device, MempoolId id, bool use_on_oom) override
     {
-        // One shared pool: there is no other memory an OOM could fall back to.
+        set_use_on_oom(device, id, use_on_oom);
+    }
+    static void set_use_on_oom(int device, MempoolId id, bool on)
+    {
+        std::lock_guard<std::mutex> lock(route_mu);
+        PoolKey key{device, id.first, id.second};
+        auto it = std::find(oom_pools.begin(), oom_pools.end(), key);
+        if (on && it == oom_pools.end())
+            oom_pools.push_back(key);
+        else if (!on && it != oom_pools.end())
+            oom_pools.erase(it);
     }
     void setNoSplit(c10::DeviceIndex, MempoolId) override
     {
@@ -701,6 +744,13 @@ void close_ipc_handle(uintptr_t ptr)
         ipc_opened.erase(it);
     }
 // ---- for the stand-in tests: what torch reaches only with CUDA started ----
+// torch.cuda.MemPool(use_on_oom=True)'s flag.
+void set_use_on_oom_for(int device, uint64_t id0, uint64_t id1, bool on)
+{
+    TORCH_CHECK(installed, "bridge: install() first");
+    installed->setUseOnOOM(static_cast<c10::DeviceIndex>(device), MempoolId{id0, id1}, on);
+}
+
 // The arguments torch's out-of-memory observers got last, and how many calls
 // there were (the stand-in tests cannot attach a Python one: torch starts
 // CUDA for that).
@@ -768,6 +818,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("_share_ipc_handle", &share_ipc_handle, "For tests: torch's shareIpcHandle(ptr)");
     m.def("_open_ipc_handle", &open_ipc_handle, "For tests: torch's getIpcDevPtr(handle)");
     m.def("_close_ipc_handle", &close_ipc_handle, "For tests: drop what _open_ipc_handle kept");
+    m.def("_set_use_on_oom", &set_use_on_oom_for, "For tests: setUseOnOOM (a MemPool's flag)",
+          pybind11::arg("device"), pybind11::arg("id0"), pybind11::arg("id1"),
+          pybind11::arg("on"));
     m.def("_observe_ooms", &observe_ooms,
           "For tests: attach an OOM observer that keeps its arguments");
     m.def("_last_observed", &last_observed,

@@ -49,6 +49,7 @@ using MempoolId = c10::MempoolId_t;
     X(bridge_graph_incref)       \
     X(bridge_graph_uses)         \
     X(bridge_graph_adopt)        \
+    X(bridge_graph_take)         \
     X(bridge_live_blocks)        \
     X(bridge_grant_peer_access)  \
     X(bridge_register_stream)    \

@@ -898,6 +898,23 @@ int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
     return rc;
 }
 
+int bridge_graph_take(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
+                      void **out)
+{
+    *out = NULL;
+    if (size == 0 || tag < 0 || tag >= BRIDGE_NTAGS)
+        return BRIDGE_E_INVALID;
+    device_state *d = device_of(device);
+    if (!d)
+        return BRIDGE_E_MISS;
+    request q = request_of(d, device, size, stream, tag);
+    request_graph(&q, id0, id1);
+    if (!(*out = (void *)graph_reuse(d, &q.want)))
+        return BRIDGE_E_MISS;
+    note_alloc(BRIDGE_OK, device, size, stream, tag, *out);
+    return BRIDGE_OK;
+}
+
 int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **out)
 {
     *out = NULL;

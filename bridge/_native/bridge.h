@@ -233,6 +233,13 @@ int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
 /* A pool's users without a capture: torch.cuda.MemPool's creation counts one
  * (bridge_graph_release ends it), as torch's createOrIncrefPool does. */
 int bridge_graph_incref(int device, uint64_t id0, uint64_t id1);
+/* A block the pool (id0, id1) freed earlier, of at least `size` bytes on
+ * `stream` (best fit, as a graph request takes it), made live for `tag` with
+ * no new memory: torch's last resort before an out-of-memory error, a
+ * MemPool made with use_on_oom=True.  BRIDGE_E_MISS when the pool has none
+ * (or the device is not set up). */
+int bridge_graph_take(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,
+                      void **out);
 /* The pool's users now (0 when it does not exist). */
 int bridge_graph_uses(int device, uint64_t id0, uint64_t id1);
 /* A graph block the user freed becomes live again for `tag` (off its pool's

@@ -5,7 +5,8 @@ Measured against torch's own CUDACachingAllocator: the out-of-memory
 observer's arguments (device, request, allowed, free), a memory fraction of 0.0
 (every allocation refused) and one set for a device not set up yet, the
 snapshot's trace times (microseconds since the epoch), max_memory_reserved
-across empty_cache and cacheInfo (cuDNN's benchmark workspaces).
+across empty_cache, cacheInfo (cuDNN's benchmark workspaces), a MemPool made
+with use_on_oom=True, and a second beginAllocateToPool on a pool already routed.
 
 As tests/adapters/test_torch_allocator.py: a subprocess on the stand-in,
 calling torch._C's entry points against the C++ allocator (torch cannot start
@@ -27,7 +28,7 @@ torch = pytest.importorskip("torch")
 MIB = 1 << 20
 
 SCENARIO = r"""
-import json, os, time, torch
+import json, os, threading, time, torch
 import bridge
 from bridge import _runtime
 from bridge._runtime import core
@@ -133,6 +134,52 @@ out["dev2_zero"] = core.stats(2)[1]["tags"][T]["limit"]
 lib.bridge_torch_memory_fraction(1.0, 2)
 out["dev2_one"] = core.stats(2)[1]["tags"][T]["limit"]
 
+# ---- a MemPool made with use_on_oom=True lends its idle blocks before an OOM ----
+pool = (0, 9)
+torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
+g = mod._alloc_on(4 * MIB, 0, 0)
+torch._C._cuda_endAllocateToPool(0, pool)
+mod._free(g)                              # kept for the pool
+core.set_limit(0, core.stats(0)[1]["used"] + MIB)
+def try_alloc():
+    try:
+        return mod._alloc_on(4 * MIB, 0, 0)
+    except torch.cuda.OutOfMemoryError:
+        return "OutOfMemoryError"
+out["oom_pool_off"] = try_alloc() == "OutOfMemoryError"
+mod._set_use_on_oom(0, *pool, True)
+calls = mod._last_observed()[4]
+r = try_alloc()
+flags = {x[0]: (x[5], x[6], x[7]) for x in core.live_blocks()}
+out["oom_pool_on"] = [r == g, list(flags.get(r, ())), core.stats(0)[1]["graph_bytes"],
+                      mod._last_observed()[4] - calls]
+if isinstance(r, int):
+    mod._free(r)                          # back to the pool
+out["oom_pool_freed"] = core.stats(0)[1]["graph_bytes"]
+mod._set_use_on_oom(0, *pool, False)
+out["oom_pool_unset"] = try_alloc() == "OutOfMemoryError"
+core.set_limit(0, 0)
+torch._C._cuda_releasePool(0, pool)
+
+# ---- one route per pool: a second begin is refused, the first route stays ----
+pool = (0, 11)
+torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
+err = []
+def second():
+    try:
+        torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
+        err.append("no error")
+    except RuntimeError as e:
+        err.append(str(e).splitlines()[0])
+th = threading.Thread(target=second); th.start(); th.join()
+r1 = mod._alloc_on(MIB, 0, 0)             # this thread's route still works
+torch._C._cuda_endAllocateToPool(0, pool)
+r2 = mod._alloc_on(MIB, 0, 0)
+flags = {x[0]: (x[5], x[6], x[7]) for x in core.live_blocks()}
+out["second_begin"] = [err[0], list(flags[r1]), list(flags[r2])]
+mod._free(r1); mod._free(r2)
+torch._C._cuda_releasePool(0, pool)
+
 # ---- the snapshot's trace times: microseconds since the epoch ----
 mod._record_history(True)  # torch._C's own call starts CUDA
 before = time.time()
@@ -221,6 +268,21 @@ def test_cache_info_counts_the_cache_and_the_pools_idle_memory(result):
     assert largest == driver_free + pool_idle + cached
     largest, free = result["cache_info_budget"]
     assert largest == free  # under a budget: what the budget leaves
+
+
+def test_use_on_oom_pool_lends_its_idle_block_before_an_oom(result):
+    assert result["oom_pool_off"] is True  # without the flag: refused
+    same, flags, graph_bytes, observed = result["oom_pool_on"]
+    assert same is True and flags == [1, 0, 9]  # the pool's own block, live for torch
+    assert graph_bytes == 0 and observed == 0  # no OOM was reported
+    assert result["oom_pool_freed"] == 4 * MIB  # its free gives it back to the pool
+    assert result["oom_pool_unset"] is True
+
+
+def test_a_second_begin_on_a_routed_pool_is_refused_and_the_route_stays(result):
+    msg, routed, plain = result["second_begin"]
+    assert msg == "beginAllocateToPool: already recording to mempool_id"
+    assert routed == [1, 0, 11] and plain == [0, 0, 0]
 
 
 def test_snapshot_trace_times_are_microseconds_since_the_epoch(result):
