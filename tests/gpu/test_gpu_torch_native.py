@@ -60,8 +60,14 @@ def step():
     y.square().mean().backward()
     torch.cuda.synchronize()
     return y.detach().clone(), x.grad.clone(), net[0].weight.grad.clone()
-torch.backends.cudnn.benchmark = False
+# The reference comes from torch's own kernels (cuDNN off): a reference run
+# with cuDNN on and benchmark off would fill cuDNN's plan cache, and benchmark
+# mode would then reuse those plans without ever running cuDNN's find, where
+# torch asks the allocator's cacheInfo for the largest block and halves the
+# workspace on an out-of-memory error: what this test is about.
+torch.backends.cudnn.enabled = False
 ref = step()
+torch.backends.cudnn.enabled = True
 torch.backends.cudnn.benchmark = True
 got = [step() for _ in range(3)]
 err = max(float((a - b).abs().max() / (b.abs().max() + 1e-12)) for g in got for a, b in zip(g, ref))
@@ -75,6 +81,100 @@ def test_cudnn_benchmark_conv_forward_and_backward_equal_benchmark_off(mode):
     check_path(r, mode)
     assert r["shape"] == [32, 8, 96, 96]
     assert r["err"] < 1e-3, r  # benchmark may choose other algorithms (Winograd, FFT)
+
+
+# ---- the figures torch users read: the OOM observer, memory fractions ----
+OOM_OBSERVER = """
+observed = []
+torch._C._cuda_attach_out_of_memory_observer(lambda *a: observed.append(list(a)))
+total = torch.cuda.get_device_properties(0).total_memory
+fraction = 8 * 2**30 / total
+torch.cuda.set_per_process_memory_fraction(fraction)  # both paths: torch's own cap
+held = torch.ones(2 * 2**30, dtype=torch.uint8, device="cuda")
+try:
+    torch.empty(12 * 2**30, dtype=torch.uint8, device="cuda")
+    caught = "no error"
+except torch.cuda.OutOfMemoryError:
+    caught = "OutOfMemoryError"
+report(path=path(), caught=caught, observed=observed, cap=int(fraction * total), total=total)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_oom_observer_gets_device_request_allowed_and_free(mode):
+    r = run(OOM_OBSERVER, mode)
+    check_path(r, mode)
+    assert r["caught"] == "OutOfMemoryError", r
+    assert len(r["observed"]) == 1, r
+    device, size, allowed, free = r["observed"][0]
+    # torch's observer arguments: (device, alloc_size, allowed, device_free)
+    assert device == 0 and size == 12 * 2**30, r  # the request, not the live bytes
+    assert abs(allowed - r["cap"]) <= 2 * MIB, r  # the fraction's cap
+    assert 0 < free <= r["total"], r
+
+
+FRACTION_ZERO = """
+torch.cuda.set_per_process_memory_fraction(0.0)  # before any allocation: nothing cached
+caught = {}
+for name, nbytes in (("small", 4096), ("large", 64 * 2**20)):
+    try:
+        torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        caught[name] = "no error"
+    except torch.cuda.OutOfMemoryError:
+        caught[name] = "OutOfMemoryError"
+    except RuntimeError as e:
+        caught[name] = "RuntimeError: " + str(e).split("\\n")[0]
+torch.cuda.set_per_process_memory_fraction(1.0)
+ok = int(torch.ones(4096, dtype=torch.uint8, device="cuda").sum().item()) == 4096
+report(path=path(), caught=caught, ok=ok)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_fraction_zero_refuses_every_allocation(mode):
+    r = run(FRACTION_ZERO, mode)
+    check_path(r, mode)
+    assert r["caught"] == {"small": "OutOfMemoryError", "large": "OutOfMemoryError"}, r
+    assert r["ok"] is True, r
+
+
+# ---- max_memory_reserved across empty_cache; the snapshot's trace times ----
+RESERVED_AND_TIMES = """
+import time
+torch.cuda.memory._record_memory_history(max_entries=1000)
+torch.cuda.reset_peak_memory_stats()
+a = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+del a                                                   # cached
+b = torch.empty(32 * 2**20, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+peak_before = torch.cuda.max_memory_reserved()
+torch.cuda.empty_cache()
+peak_after = torch.cuda.max_memory_reserved()
+torch.cuda.reset_peak_memory_stats()
+peak_reset = torch.cuda.max_memory_reserved()
+reserved_now = torch.cuda.memory_reserved()
+x = torch.empty(2**20, dtype=torch.uint8, device="cuda")
+time.sleep(0.2)
+y = torch.empty(2**20, dtype=torch.uint8, device="cuda")
+wall = time.time() * 1e6
+snap = torch.cuda.memory._snapshot()
+torch.cuda.memory._record_memory_history(enabled=None)
+times = {e["addr"]: e["time_us"] for e in snap["device_traces"][0] if e["action"] == "alloc"}
+report(path=path(), peak_before=peak_before, peak_after=peak_after, peak_reset=peak_reset,
+       reserved_now=reserved_now, gap=times[y.data_ptr()] - times[x.data_ptr()],
+       age=wall - times[y.data_ptr()])
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_max_memory_reserved_across_empty_cache_and_trace_times_in_microseconds(mode):
+    r = run(RESERVED_AND_TIMES, mode)
+    check_path(r, mode)
+    assert r["peak_before"] >= 64 * MIB, r
+    assert r["peak_after"] == r["peak_before"], r  # empty_cache lowers no peak
+    assert r["peak_reset"] == r["reserved_now"], r
+    assert 150_000 <= r["gap"] <= 1_000_000, r  # the 0.2 s sleep, in microseconds
+    assert 0 <= r["age"] <= 60e6, r  # microseconds since the epoch
 
 
 # ---- typed OOM, past the budget and past the card ----
@@ -174,6 +274,52 @@ def test_mempool_allocations_counted_and_returned_when_the_pool_dies(mode):
     assert r["use_count"] == 1, r
     assert r["freed_in_pool"] == 16 * MIB, r  # only c (outside) is live
     assert r["held_after"] <= 0, r
+
+
+# ---- a MemPool made with use_on_oom=True: its idle blocks before an OOM ----
+MEMPOOL_ON_OOM = """
+total = torch.cuda.get_device_properties(0).total_memory
+torch.ones(1, device="cuda")
+def cap_at(extra):
+    torch.cuda.synchronize()
+    if MODE == "bridge":  # the budget counts the pool's idle blocks, as torch's fraction does
+        bridge.pool(0).set_limit(bridge.stats(0).used + extra)
+    else:
+        torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + extra) / total)
+def uncap():
+    if MODE == "bridge":
+        bridge.pool(0).set_limit(0)
+    else:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+results = {}
+for flag in (False, True):
+    pool = torch.cuda.MemPool(use_on_oom=flag)
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    addr = a.data_ptr()
+    del a                                                  # idle in the pool
+    cap_at(128 * 2**20)
+    try:
+        b = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+        b.fill_(7)
+        results[str(flag)] = ["ok", b.data_ptr() == addr, int(b[-1].item())]
+        del b
+    except torch.cuda.OutOfMemoryError:
+        results[str(flag)] = ["OutOfMemoryError"]
+    uncap()
+    del pool
+    gc.collect()
+    torch.cuda.empty_cache()
+report(path=path(), results=results)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mempool_use_on_oom_lends_its_idle_block_before_an_oom(mode):
+    r = run(MEMPOOL_ON_OOM, mode, budget='"16GiB"')
+    check_path(r, mode)
+    assert r["results"]["False"] == ["OutOfMemoryError"], r  # the cap binds
+    assert r["results"]["True"] == ["ok", True, 7], r  # the pool's block, reused
 
 
 # ---- a MemPool with an allocator of its own (NCCL's, vLLM's): its blocks come from it ----
