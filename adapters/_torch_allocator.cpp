@@ -743,6 +743,8 @@ void close_ipc_handle(uintptr_t ptr)
         p = std::move(it->second);
         ipc_opened.erase(it);
     }
+}
+
 // ---- for the stand-in tests: what torch reaches only with CUDA started ----
 // torch.cuda.MemPool(use_on_oom=True)'s flag.
 void set_use_on_oom_for(int device, uint64_t id0, uint64_t id1, bool on)
