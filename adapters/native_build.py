@@ -22,6 +22,7 @@ __all__ = [
     "cxx",
     "describe_build",
     "digest",
+    "first_error",
     "flag_from_env",
     "switch_variable",
     "has_cuda_headers",
@@ -36,6 +37,7 @@ import glob
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -239,14 +241,37 @@ def last_line(exc: BaseException) -> str:
     return text[-1] if text else type(exc).__name__
 
 
+# A compiler's or linker's error line: gcc's and clang's "file:line:col: error: ...",
+# "fatal error: ...", ld's "undefined reference to ..." and "cannot find -lc10_cuda".
+_ERROR_LINE = re.compile(r"(?:\b(?:fatal )?error:|undefined reference to|cannot find -l)")
+
+
+def first_error(text: str) -> str:
+    """The first line of a compiler's output that names an error, else its last line.
+
+    A build stops at ninja's "build stopped: subcommand failed." or the linker's
+    "ld returned 1 exit status": the first error is the cause. A path before
+    ``file:line:`` is cut to the file's name.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if _ERROR_LINE.search(line) and not line.startswith("collect2:"):
+            return re.sub(r"^(?:\S*/)([^/\s]+:\d+)", r"\1", line)
+    return lines[-1] if lines else "no output"
+
+
 def build_timed(
-    folder: Path, banner: str, build: Callable[[Path], ModuleType]
+    folder: Path,
+    banner: str,
+    build: Callable[[Path], ModuleType],
+    failed: str = "building it failed",
 ) -> tuple[ModuleType | None, str, float]:
     """A first start's build: say so, build in :func:`staging`, time it.
 
     ``build(stage)`` compiles into ``stage`` and returns the module. Returns
     ``(module, "", seconds)``, or ``(None, reason, 0.0)`` when it raised (any failure
-    means: fall back, with the compiler's last line as the reason).
+    means: fall back), the reason being ``failed`` and the compiler's first error
+    (:func:`first_error` of the exception's words).
     """
     print(banner, file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -254,5 +279,5 @@ def build_timed(
         with staging(folder) as stage:
             module = build(stage)
     except Exception as exc:  # noqa: BLE001 - any build or load failure means: fall back
-        return None, "building it failed: " + last_line(exc), 0.0
+        return None, f"{failed}: {first_error(str(exc) or type(exc).__name__)}", 0.0
     return module, "", time.perf_counter() - start

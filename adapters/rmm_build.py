@@ -274,13 +274,15 @@ def _compile(name: str, stage: Path, verbose: bool) -> None:
         output_file=str(cpp),
     )
     said = io.StringIO()
-    with contextlib.redirect_stderr(sys.stderr if verbose else said):
+    with contextlib.redirect_stderr(said):  # kept either way: a failure names its first error
         try:
             result = Main.compile(str(pyx), options)
             failed = result.num_errors > 0
         except Exception as exc:  # noqa: BLE001 - Cython's CompileError and the like
             said.write(f"{type(exc).__name__}: {exc}\n")
             failed = True
+    if verbose:
+        sys.stderr.write(said.getvalue())
     if failed or not cpp.is_file():
         raise RuntimeError("Cython: " + _first_error(said.getvalue()))
     librmm = _on_path(_LIBRMM)
@@ -297,7 +299,10 @@ def _compile(name: str, stage: Path, verbose: bool) -> None:
     cmd += [str(cpp), "-o", str(out), f"-L{libdir}", "-lrmm", f"-Wl,-rpath,{libdir}", "-s"]
     if verbose:
         print(" ".join(cmd), file=sys.stderr, flush=True)
-    done = subprocess.run(cmd, capture_output=not verbose, text=True, check=False)
+    # captured either way: a failure's reason is the first error the compiler wrote
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if verbose:
+        sys.stderr.write(done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(f"{Path(compiler).name}: " + _first_error(done.stderr or ""))
 

@@ -47,7 +47,8 @@ EXIT_USAGE = 2  # argparse's own
 EXIT_STATUS_HELP = (
     "exit status: 0 all is well; 1 doctor reported an [error] (no driver, no GPU, a bad "
     "variable, an unusable framework), stats or demo found no usable GPU, demo's bridge run "
-    "did not finish, or the reader of the output went away; 2 a usage error"
+    "did not finish, build-torch or build-rmm could not build, or the reader of the output went "
+    "away; 2 a usage error"
 )
 
 COLUMNS = ("device",) + FRAMEWORKS + ("used", "reserved", "budget", "peak", "total", "ooms")
@@ -347,9 +348,31 @@ _BUILDS: dict[str, tuple[str, str, str, Callable[[Any], str]]] = {
 }
 
 
+# command -> the framework's import name and how to install it, where the build module
+# needs the framework imported to say more (rmm_build reads RMM's files: it says itself)
+_INSTALL = {
+    "build-torch": (
+        "torch",
+        "pip install torch (PyPI's CUDA build), or pip install 'bridge[torch]'",
+    ),
+}
+
+
 def _build_cmd(args: argparse.Namespace, out: TextIO) -> int:
     name, what, fallback, version = _BUILDS[args.command]
     framework = args.command.split("-", 1)[1]
+    package, how = _INSTALL.get(args.command, ("", ""))
+    try:
+        found = not package or importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a package in sys.modules without a spec
+        found = package in sys.modules
+    if not found:
+        print(
+            f"{framework} is not installed in this Python ({sys.executable}), so there is "
+            f"nothing to build {what} against: {how}, then run {args.command} again.",
+            file=out,
+        )
+        return EXIT_ERROR
     try:
         builder: Any = importlib.import_module(name)
     except ImportError as exc:
