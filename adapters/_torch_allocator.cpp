@@ -36,7 +36,16 @@
 // observers) and foreign.mu (pools with an allocator of their own) are
 // leaves: none is held while another is taken or the core is called, except
 // the core's own leaf locks from bridge_free inside setCheckpointPoolState.
+//
+// torch versions: the methods torch's interface gained after 2.11 are compiled
+// where the installed torch has them, under BRIDGE_TORCH_HAS_<name>, which
+// adapters/torch_interface.py defines from torch's headers (torch 2.12 added
+// the pure virtual attachOomRejectionObserver, with throw_on_cudamalloc_oom
+// and num_oom_rejections).
 #include <c10/cuda/CUDACachingAllocator.h>
+#ifdef BRIDGE_TORCH_HAS_throw_on_cudamalloc_oom
+#include <c10/cuda/CUDAAllocatorConfig.h>
+#endif
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -281,8 +290,36 @@ class BridgeAllocator final : public CCA::CUDAAllocator
                                                         : std::min<uint64_t>(cap, mi.total);
         for (auto &o : observers)
             o(device, size, allowed, mi.free);
+#ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
+        if (rc == BRIDGE_E_TAG_LIMIT)
+            rejected(device, size, s.tag[BRIDGE_TAG_TORCH].current, mi.total);
+#endif
         TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     }
+
+#ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
+    // A refusal at torch's own cap (set_per_process_memory_fraction), which the
+    // core makes before asking the driver.  As torch's allocator does with
+    // PYTORCH_CUDA_ALLOC_CONF=throw_on_cudamalloc_oom:True (a request past the
+    // fraction refused before cudaMalloc): count it and call the rejection
+    // observers (device, request, torch's bytes in use, device total).
+    void rejected(int device, size_t size, uint64_t in_use, uint64_t total)
+    {
+#ifdef BRIDGE_TORCH_HAS_throw_on_cudamalloc_oom
+        if (!CCA::CUDAAllocatorConfig::throw_on_cudamalloc_oom())
+            return;
+#endif
+        if (device >= 0 && device < BRIDGE_MAX_DEVICES)
+            rejections_[device].fetch_add(1, std::memory_order_relaxed);
+        std::vector<CCA::OomRejectionObserver> observers;
+        {
+            std::lock_guard<std::mutex> lock(history.mu);
+            observers = rejection_observers_;
+        }
+        for (auto &o : observers)
+            o(device, size, in_use, total);
+    }
+#endif
 
     c10::DataPtr allocate(size_t size) override
     {
@@ -443,11 +480,20 @@ class BridgeAllocator final : public CCA::CUDAAllocator
         out.num_device_alloc = i64(t.num_allocs);
         out.num_device_free = i64(t.num_frees);
         out.max_split_size = -1;
+#if defined(BRIDGE_TORCH_HAS_attachOomRejectionObserver) && \
+    defined(BRIDGE_TORCH_HAS_num_oom_rejections)
+        if (device >= 0 && device < BRIDGE_MAX_DEVICES)
+            out.num_oom_rejections = rejections_[device].load(std::memory_order_relaxed);
+#endif
         return out;
     }
     void resetAccumulatedStats(c10::DeviceIndex device) override
     {
         core::bridge_reset_accumulated(device, BRIDGE_TAG_TORCH);
+#ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
+        if (device >= 0 && device < BRIDGE_MAX_DEVICES)
+            rejections_[device].store(0, std::memory_order_relaxed);
+#endif
     }
     void resetPeakStats(c10::DeviceIndex device) override
     {
@@ -470,6 +516,14 @@ class BridgeAllocator final : public CCA::CUDAAllocator
         std::lock_guard<std::mutex> lock(history.mu);
         history.oom_observers.push_back(std::move(observer));
     }
+#ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
+    // torch 2.12+: called for a request refused before the driver (rejected()).
+    void attachOomRejectionObserver(CCA::OomRejectionObserver observer) override
+    {
+        std::lock_guard<std::mutex> lock(history.mu);
+        rejection_observers_.push_back(std::move(observer));
+    }
+#endif
     void attachAllocatorTraceTracker(CCA::AllocatorTraceTracker tracker) override
     {
         std::lock_guard<std::mutex> lock(history.mu);
@@ -669,6 +723,10 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     std::atomic<bool> enabled_{true};
     std::mutex settings_mu_;
     std::unordered_map<int, double> fraction_; // under settings_mu_
+#ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
+    std::vector<CCA::OomRejectionObserver> rejection_observers_; // under history.mu
+    std::atomic<int64_t> rejections_[BRIDGE_MAX_DEVICES] = {}; // requests rejected()
+#endif
 };
 
 // The installed allocator; held for the whole process (torch holds it too).
@@ -804,6 +862,28 @@ size_t cache_info(int device)
     return largest;
 }
 
+#ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
+// For the tests: an OOM rejection observer attached through torch's own entry
+// point (as a C++ monitor would), and the calls it saw: (device, size, in use, total).
+using Rejection = std::tuple<int64_t, size_t, size_t, size_t>;
+std::mutex &seen_mu = *new std::mutex;
+std::vector<Rejection> &seen = *new std::vector<Rejection>; // under seen_mu
+
+void watch_rejections()
+{
+    CCA::attachOomRejectionObserver([](int64_t device, size_t size, size_t in_use, size_t total) {
+        std::lock_guard<std::mutex> lock(seen_mu);
+        seen.emplace_back(device, size, in_use, total);
+    });
+}
+
+std::vector<Rejection> rejections_seen()
+{
+    std::lock_guard<std::mutex> lock(seen_mu);
+    return seen;
+}
+#endif
+
 } // namespace bridge_torch
 
 using namespace bridge_torch;
@@ -833,4 +913,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
           "For tests: the snapshot's trace of device 0 as (address, action, time_us)");
     m.def("_cache_info", &cache_info, "For tests: cacheInfo (the largest block a request gets)",
           pybind11::arg("device"));
+#ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
+    m.def("_watch_rejections", &watch_rejections,
+          "For tests: attach an OOM rejection observer through torch's entry point");
+    m.def("_rejections_seen", &rejections_seen,
+          "For tests: the (device, size, in use, total) the observer was called with");
+#endif
 }

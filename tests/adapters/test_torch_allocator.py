@@ -122,6 +122,24 @@ except torch.cuda.OutOfMemoryError as e:
     out["oom"] = ["OutOfMemoryError", isinstance(e, RuntimeError), str(e).splitlines()[0]]
 out["num_ooms"] = torch._C._cuda_memoryStats(0)["num_ooms"]
 core.set_limit(0, 0)
+# torch 2.12+: a request past torch's fraction is refused before the driver; with
+# throw_on_cudamalloc_oom torch's allocator counts it and calls the rejection observers
+if hasattr(mod, "_watch_rejections"):
+    mod._watch_rejections()
+    over = out["total"] // 4 + (1 << 20)
+    for setting in ("False", "True"):
+        torch._C._accelerator_setAllocatorSettings(
+            "throw_on_cudamalloc_oom:" + setting)
+        try:
+            mod._alloc_on(over, 0, 0)
+            kind = "no error"
+        except torch.cuda.OutOfMemoryError:
+            kind = "OutOfMemoryError"
+        out["rejection_" + setting] = [
+            kind, torch._C._cuda_memoryStats(0).get("num_oom_rejections"),
+            [list(r) for r in mod._rejections_seen()]]
+    torch._C._accelerator_setAllocatorSettings("throw_on_cudamalloc_oom:False")
+    out["rejection_used"] = core.stats(0)[1]["tags"][T]["current"]
 import ctypes
 standin = ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"])
 standin.standin_fail.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
@@ -236,6 +254,18 @@ def test_a_refusal_is_torchs_oom(result):
     for words in ("The bridge budget is", "In use: torch", "cupy", "jax"):
         assert words in msg, (words, msg)
     assert result["num_ooms"] == 1
+
+
+def test_a_request_past_torchs_fraction_is_a_counted_rejection_where_torch_asks(result):
+    if "rejection_True" not in result:
+        pytest.skip(f"torch {torch.__version__} has no OOM rejection observers (2.12 added them)")
+    over = result["total"] // 4 + (1 << 20)
+    # without throw_on_cudamalloc_oom: an OOM, as natively, no rejection counted or observed
+    assert result["rejection_False"] == ["OutOfMemoryError", 0, []]
+    kind, count, seen = result["rejection_True"]
+    assert kind == "OutOfMemoryError" and count == 1
+    # (device, request, torch's bytes in use, device total), as torch's allocator calls them
+    assert seen == [[0, over, result["rejection_used"], result["total"]]]
 
 
 def test_a_driver_error_is_a_runtime_error_not_an_oom_and_torch_goes_on(result):

@@ -384,8 +384,13 @@ def test_doctor_reads_frameworks_without_importing_them(standin, tmp_path):
         "2.11.0",
         {
             "torch/__init__.py": POISON,
-            "torch/version.py": "cuda: Optional[str] = '13.0'\n",
+            "torch/version.py": "__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n",
             "torch/cuda/memory.py": "class CUDAPluggableAllocator:\n    pass\n",
+            # read for the allocator's interface (one pure virtual the bridge implements)
+            "torch/include/c10/cuda/CUDACachingAllocator.h": (
+                "class CUDAAllocator : public DeviceAllocator {\n"
+                "  virtual void raw_delete(void* ptr) = 0;\n};\n"
+            ),
         },
     )
     _fake_package(
@@ -408,7 +413,8 @@ def test_doctor_reads_frameworks_without_importing_them(standin, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert "torch        2.11.0" in out and "CUDA 13.0 build; call bridge.unify" in out
-    assert "the bridge's torch allocator" in out  # which torch allocator, and why
+    # which torch allocator, and why
+    assert "torch 2.11.0+cu130 runs on the bridge's torch allocator, compiled for it" in out
     assert "cupy         14.2.0 (cupy-cuda13x)" in out and "has cupy.cuda.set_allocator" in out
     assert "jax          0.11.2 (jaxlib 0.11.2, jax-cuda13-plugin 0.11.2)" in out
     assert "has a CUDA backend" in out
@@ -457,7 +463,7 @@ def test_doctor_torch_verdicts(fake_site):
 
 
 def test_doctor_says_which_torch_allocator_will_run(fake_site, monkeypatch, tmp_path):
-    from bridge.adapters import torch_build
+    from bridge.adapters import torch_build, torch_interface
 
     _fake_package(
         fake_site,
@@ -471,6 +477,10 @@ def test_doctor_says_which_torch_allocator_will_run(fake_site, monkeypatch, tmp_
     )
     monkeypatch.setenv("BRIDGE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("BRIDGE_TORCH_PLUGGABLE", raising=False)
+    # torch's headers as torch_interface reads them (tests/adapters/test_torch_interface.py
+    # reads real-shaped ones): an interface the source covers, then one it does not
+    iface = torch_interface.Interface("2.11.0+cu130", tmp_path, {"allocate": True})
+    monkeypatch.setattr(torch_interface, "read", lambda root=None, source=None: iface)
 
     def last() -> tuple[str, str]:
         f = _doctor_frameworks._torch({"torch": "2.11.0"}, DRIVER_13).findings[-1]
@@ -478,14 +488,32 @@ def test_doctor_says_which_torch_allocator_will_run(fake_site, monkeypatch, tmp_
 
     monkeypatch.setattr(torch_build, "missing_tools", lambda: "ninja is not installed (pip x)")
     level, text = last()
-    assert level == "warn" and "cannot be built here: ninja is not installed" in text
-    assert "CUDAPluggableAllocator" in text
+    assert level == "warn" and text.startswith(
+        "torch 2.11.0+cu130 would run on torch's CUDAPluggableAllocator, because the bridge's "
+        "torch allocator cannot be built for it here: ninja is not installed"
+    )
     monkeypatch.setattr(torch_build, "missing_tools", lambda: "")
     level, text = last()
-    assert level == "ok" and "compiled for this torch on the first" in text
-    (tmp_path / "cache" / "bridge_torch_0123456789abcdef").mkdir(parents=True)
+    assert level == "ok" and text.startswith(
+        "torch 2.11.0+cu130 runs on the bridge's torch allocator, compiled for it on the first "
+        "unify(torch=True)"
+    )
+    other = tmp_path / "cache" / "bridge_torch_0123456789abcdef"  # another torch's build
+    other.mkdir(parents=True)
+    (other / "built-for.txt").write_text("2.10.0\nabc\n")
+    assert last() == (level, text)
+    ours = tmp_path / "cache" / "bridge_torch_fedcba9876543210"
+    ours.mkdir()
+    (ours / "built-for.txt").write_text(f"2.11.0+cu130\n{torch_build._sources_digest(iface)}\n")
+    assert last() == (
+        "ok",
+        f"torch 2.11.0+cu130 runs on the bridge's torch allocator, built for it in {ours}.",
+    )
+    iface.version = "2.16.0+cu132"  # a torch the bridge does not know
+    iface.unknown = ["frobnicatePools"]
     level, text = last()
-    assert level == "ok" and "1 build(s) in" in text
+    assert level == "warn" and "torch 2.16.0+cu132 would run on torch's CUDAPluggableAllocator"
+    assert "does not implement: frobnicatePools" in text
     monkeypatch.setenv("BRIDGE_TORCH_PLUGGABLE", "1")
     level, text = last()
     assert level == "warn" and "BRIDGE_TORCH_PLUGGABLE is set" in text
