@@ -98,9 +98,9 @@ def _sources() -> list[pathlib.Path]:
             if not any(part in ("build", ".git") or part.startswith(".") for part in p.parts)
             and "site-packages" not in p.parts
         ]
-    out += [REPO / "scripts" / n for n in ("gpu-test", "sanitize", "build-wheel")] + [
-        REPO / ".ci" / "run"
-    ]
+    out += [
+        REPO / "scripts" / n for n in ("gpu-test", "sanitize", "build-wheel", "torch-matrix")
+    ] + [REPO / ".ci" / "run"]
     return sorted(out)
 
 
