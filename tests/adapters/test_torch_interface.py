@@ -204,8 +204,8 @@ NINJA_OUTPUT = """Error building extension 'bridge_torch_0123': [1/3] c++ -MMD -
 FAILED: _torch_allocator.o
 c++ -MMD -MF _torch_allocator.o.d -DTORCH_EXTENSION_NAME=bridge_torch_0123 -Werror=x -c
 In file included from /site/torch/include/c10/cuda/CUDACachingAllocator.h:3,
-/work/src/adapters/_torch_allocator.cpp:210:9: error: 'OomRejectionObserver' is not a member
-/work/src/adapters/_torch_allocator.cpp:214:1: error: expected '}' at end of input
+/home/u/src/adapters/_torch_allocator.cpp:210:9: error: 'OomRejectionObserver' is not a member
+/home/u/src/adapters/_torch_allocator.cpp:214:1: error: expected '}' at end of input
 ninja: build stopped: subcommand failed.
 """
 
