@@ -84,6 +84,10 @@ if not GPU_MODE:
     STANDIN.standin_last_wait.restype = ctypes.c_void_p
     STANDIN.standin_set_global_capture.argtypes = [ctypes.c_int, ctypes.c_void_p]
     STANDIN.standin_new_stream.restype = ctypes.c_void_p
+    STANDIN.standin_new_stream_flags.argtypes = [ctypes.c_int, ctypes.c_uint]
+    STANDIN.standin_new_stream_flags.restype = ctypes.c_void_p
+    STANDIN.standin_launch.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int]
+    STANDIN.standin_queued_kernels.restype = ctypes.c_uint64
     STANDIN.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
     STANDIN.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
     # captures, graphs and user objects (as CuPy's Stream and Graph call them)

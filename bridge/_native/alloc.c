@@ -283,7 +283,8 @@ static int keep_graph_block(record *r)
  * cached, and its stream one that outlives the block. */
 static inline int cacheable(const record *rec)
 {
-    return !rec->nrec && !(atomic_load_explicit(&uncached_tags, RELAXED) & (1u << rec->tag)) &&
+    return !rec->nrec && !(rec->flags & REC_UNORDERED) &&
+           !(atomic_load_explicit(&uncached_tags, RELAXED) & (1u << rec->tag)) &&
            stream_long_lived(rec->stream);
 }
 
@@ -346,7 +347,12 @@ static int carved_return(device_state *d, const record *rec)
 {
     if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(d, rec->stream))
         return 1;
-    if (rec->nrec) {
+    if (rec->flags & REC_UNORDERED) {
+        /* a non-blocking stream the core cannot name used it (ledger_hold):
+         * only a device-wide synchronization puts the range after its work */
+        if (!ledger_sync_device(d))
+            return 1;
+    } else if (rec->nrec) {
         /* the chunk's stream waits for the recorded streams' work: what is
          * carved from the range next runs after it */
         ctx_guard g;
@@ -357,8 +363,8 @@ static int carved_return(device_state *d, const record *rec)
         ctx_exit(&g);
         if (o != 0)
             return 1;
-        free(rec->recs);
     }
+    free(rec->recs);
     carve_give(rec->device, rec->ptr, rec->size, atomic_load(&wait_count[rec->device]) > 0,
                release_cached);
     return 0;
@@ -429,7 +435,11 @@ void bridge_free(void *ptr)
     }
     /* During a capture, a block of a captured stream (one the captured work
      * may still use) is held back until it ends; others go on as usual, so
-     * memory other threads free meanwhile is usable at once. */
+     * memory other threads free meanwhile is usable at once.  A capture that
+     * ended without its end hook (torch 2.11 after an invalidated capture)
+     * is noticed first (graph.h). */
+    if (atomic_load_explicit(&d->captures_active, RELAXED))
+        graph_reap_ended(d, 0);
     if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(d, free_key(&rec))) {
         ledger_defer(d, &rec);
         return;
@@ -573,8 +583,10 @@ static int retryable(int rc)
 static void give_back_held(device_state *d, int device)
 {
     graph_collect_dead();
+    graph_reap_ended(d, 1);
     flush_cache(device);
     ledger_flush_deferred(d);
+    ledger_settle_held(d);
 }
 
 /* ---- the refusal path: relief and waiting (wait.c) ---- */
@@ -782,6 +794,12 @@ static int obtain_uncached(request *q, void **out)
         if (take_carved(q, out) == BRIDGE_OK)
             return BRIDGE_OK;
     }
+    /* A stream the free may not be able to name, that the legacy stream does
+     * not wait for: its block's free waits for a device-wide synchronization
+     * (ledger_hold).  A stream of a tag that keeps its streams alive until
+     * the free returns (CuPy's) is named at the free. */
+    if (!graph && !stream_tag_holds(q->want.tag) && stream_needs_device_order(q->want.stream))
+        q->want.flags |= REC_UNORDERED;
     ctx_guard g;
     ctx_enter(d, &g);
     if (!graph) /* a capture the core does not run (CuPy's Stream.begin_capture without it) */
@@ -846,8 +864,11 @@ static int alloc_block(int device, size_t size, void *stream, int tag, void **ou
     device_state *d = device_of(device);
     if (!d && !(d = device_use(device, &rc)))
         return rc;
-    if (atomic_load_explicit(&d->num_deferred, RELAXED))
+    if (atomic_load_explicit(&d->num_deferred, RELAXED)) {
+        if (atomic_load_explicit(&d->captures_active, RELAXED))
+            graph_reap_ended(d, 0); /* a capture that ended without its end hook */
         ledger_flush_deferred(d);
+    }
     request q;
     if (!atomic_load_explicit(&d->stream_captures, RELAXED))
         return take_cached_plain(d, device, size, stream, tag, &q, out) == BRIDGE_OK
@@ -893,6 +914,7 @@ int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t 
         request q = request_of(d, device, size, stream, tag);
         request_graph(&q, id0, id1);
         rc = obtain(&q, out);
+        graph_watch(d, id0, id1, q.want.stream); /* its capture's stream, once */
     }
     note_alloc(rc, device, size, stream, tag, *out);
     return rc;
@@ -937,9 +959,26 @@ int bridge_alloc_cached(int device, size_t size, void *stream, int tag, void **o
     return rc;
 }
 
+/* A stream that used a block, as bridge_record_stream and
+ * bridge_free_on_stream tell it: `unordered` when it is one the block's free
+ * cannot be ordered after by name (stream_needs_device_order, asked while it
+ * is alive, outside the shard lock). */
+typedef struct stream_use {
+    CUstream s;
+    int unordered;
+} stream_use;
+
+static stream_use use_of(void *stream)
+{
+    return (stream_use){(CUstream)stream, stream_needs_device_order(stream_key((CUstream)stream))};
+}
+
 static int add_stream(record *r, void *arg)
 {
-    CUstream s = (CUstream)arg;
+    const stream_use *u = arg;
+    CUstream s = u->s;
+    if (u->unordered)
+        r->flags |= REC_UNORDERED;
     /* The per-thread default stream of the calling thread: recorded as the
      * legacy stream, which any thread can order after (it waits for every
      * blocking stream's queued work). */
@@ -952,7 +991,8 @@ static int add_stream(record *r, void *arg)
 
 int bridge_record_stream(void *ptr, void *stream)
 {
-    int rc = records_update((uintptr_t)ptr, add_stream, stream);
+    stream_use u = use_of(stream);
+    int rc = records_update((uintptr_t)ptr, add_stream, &u);
     return rc == 0 ? BRIDGE_OK : rc == -2 ? BRIDGE_E_OOM : BRIDGE_E_INVALID;
 }
 
@@ -966,7 +1006,7 @@ static int retarget_free(record *r, void *arg)
 {
     if ((r->flags & (REC_GRAPH | REC_CARVED)) || !stream_tag_holds(r->tag))
         return add_stream(r, arg); /* a carved block stays on its chunk's stream */
-    CUstream key = stream_key((CUstream)arg);
+    CUstream key = stream_key(((const stream_use *)arg)->s);
     if (key == r->stream)
         return 0;
     if (stream_long_lived(r->stream) && records_add_stream(r, r->stream))
@@ -980,8 +1020,10 @@ void bridge_free_on_stream(void *ptr, void *stream)
     /* An unknown pointer or a double free changes nothing here: bridge_free
      * counts it.  No host memory to record the block's own stream: the free
      * stays in the block's own order, as bridge_record_stream's would. */
-    if (ptr && !bridge_forked() && !ipc_held(ptr))
-        (void)records_update((uintptr_t)ptr, retarget_free, stream);
+    if (ptr && !bridge_forked() && !ipc_held(ptr)) {
+        stream_use u = use_of(stream);
+        (void)records_update((uintptr_t)ptr, retarget_free, &u);
+    }
     bridge_free(ptr);
 }
 
@@ -1012,6 +1054,7 @@ int bridge_trim(int device, uint64_t keep)
     if (!d)
         return BRIDGE_E_DEVICE;
     graph_collect_dead();
+    graph_reap_ended(d, 1);
     flush_cache(device);
     return ledger_trim(d, keep);
 }
@@ -1046,6 +1089,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     if (!d)
         return bridge_initialized() ? BRIDGE_E_DEVICE : BRIDGE_E_NOTINIT;
     graph_collect_dead(); /* the figures count no dead CuPy graph's pool */
+    graph_reap_ended(d, 1); /* nor a failed capture's */
     out->limit = atomic_load(&d->limit);
     out->used = atomic_load(&d->reserved);
     out->peak_used = atomic_load(&d->peak);
@@ -1057,7 +1101,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->num_retries = atomic_load(&d->num_retries);
     out->num_bad_frees = atomic_load(&bad_frees);
     out->num_driver_errors = atomic_load(&d->num_driver_errors);
-    out->num_deferred = atomic_load(&d->num_deferred);
+    out->num_deferred = atomic_load(&d->num_deferred) + atomic_load(&d->num_held);
     out->graph_bytes = atomic_load(&d->graph_bytes);
     out->cached = cache_bytes(device);
     out->num_order_fallbacks = atomic_load(&d->num_order_fallbacks);

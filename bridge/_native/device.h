@@ -101,6 +101,10 @@ typedef struct device_state {
     deferred_free *deferred;    /* frees waiting for the captures to end */
     size_t ndeferred, cap_deferred;
     _Atomic uint64_t num_deferred; /* == ndeferred, readable without the lock */
+    record *held;                  /* REC_UNORDERED frees waiting for a device-wide
+                                      synchronization (ledger_hold) */
+    size_t nheld, cap_held;
+    _Atomic uint64_t num_held; /* == nheld, readable without the lock */
 
     /* ---- the share (share.c): set once by bridge_share_join ---- */
     _Atomic(share_member *) share; /* NULL: this process's own budget only */

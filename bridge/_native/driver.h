@@ -110,6 +110,7 @@ typedef struct {
     X(cuStreamCreate, (CUstream * stream, unsigned int flags))                                  \
     X(cuStreamSynchronize, (CUstream stream))                                                   \
     X(cuStreamIsCapturing, (CUstream stream, int *status))                                      \
+    X(cuStreamGetFlags, (CUstream stream, unsigned int *flags))                                 \
     X(cuStreamWaitEvent, (CUstream stream, CUevent event, unsigned int flags))                  \
     X(cuEventCreate, (CUevent * event, unsigned int flags))                                     \
     X(cuEventRecord, (CUevent event, CUstream stream))                                          \

@@ -23,11 +23,33 @@
  *   release    the last user released the pool: its user-freed blocks go
  *              back to the pool, and its live blocks (static outputs) become
  *              ordinary blocks, each free ordered on the legacy default
- *              stream (after every blocking stream: replays and reads on
- *              the default stream) and after the capture stream, with no
- *              host wait.  The pool leaves the table and its blocks are
- *              swept in one step under capture_lock, so a capture that
- *              begins a pool with the same id meanwhile keeps its own.
+ *              stream (after every blocking stream) and after the capture
+ *              stream.  A replay may still run on another stream (torch
+ *              replays on the current stream: torch.cuda.Stream() is a
+ *              non-blocking one, which the legacy stream does not wait for):
+ *              the user-freed blocks' frees are also ordered after the work
+ *              queued at the release on every registered stream (torch's
+ *              pooled streams), by events, with no host wait.  A replay on a
+ *              stream nobody registered (an ExternalStream) is not waited
+ *              for; torch's own release waits for it through cudaFree's
+ *              synchronization of the device, which the core never makes
+ *              while it cannot see every capture (XLA's).
+ *              The pool leaves the table and its blocks are swept in one
+ *              step under capture_lock, so a capture that begins a pool with
+ *              the same id meanwhile keeps its own.
+ *   ended unannounced  torch 2.11's capture_end checks cudaStreamEndCapture
+ *              before it calls the end hook, and its reset releases only a
+ *              capture that ended well: after an invalidated capture the
+ *              core hears neither (pytorch PRs 180395 and 190348 changed
+ *              that).  The core watches the stream of each torch capture
+ *              (the first allocation into the pool names it, when it is a
+ *              registered stream: alive for good, safe to ask) and its
+ *              capture id; when the thread that began the capture finds
+ *              that stream no longer in that capture, and the end hook never
+ *              came, the capture failed (a capture that ends well calls the
+ *              hook in that thread before capture_end returns): the core
+ *              ends it and drops its use of the pool, as torch's fixed
+ *              capture_end and reset do (graph_reap_ended).
  *   CuPy pool  a pool of one CuPy capture (bridge_capture_begin_stream):
  *              allocations on the capturing stream are routed to it, and it
  *              is released when CuPy's Graph dies: a CUDA user object the
@@ -41,6 +63,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ledger.h"
 #include "graph.h"
@@ -59,6 +82,11 @@ typedef struct gpool {
     int owned;      /* a CuPy pool whose release a user object of its graph owns */
     gblock *free;   /* the free list */
     size_t nfree, capfree;
+    /* a torch capture's stream, seen capturing (see "ended unannounced") */
+    CUstream watch;      /* its key, a registered stream; NULL: none seen */
+    uint64_t watch_id;   /* the capture's id there */
+    unsigned long owner; /* the thread that began the capture */
+    int unannounced;     /* captures the core ended itself, their uses dropped */
 } gpool;
 
 struct graph_pools {
@@ -118,6 +146,9 @@ static void wait_for_syncs(device_state *d)
         sched_yield();
 }
 
+static int release_pool(device_state *d, int device, uint64_t id0, uint64_t id1, int drop,
+                        int replays);
+
 /* ---- captures the bridge is told of (torch's hooks, CuPy's Stream) ---- */
 int bridge_capture_begin(int device)
 {
@@ -140,9 +171,12 @@ int bridge_capture_end(int device)
     if (cur <= 0)
         return BRIDGE_E_INVALID;
     /* The capture has ended (torch and CuPy end it before telling): the
-     * frees it held back can go now, not only under pressure. */
-    if (cur == 1)
+     * frees it held back can go now, not only under pressure, and those a
+     * device-wide synchronization orders (a pool released meanwhile). */
+    if (cur == 1) {
         ledger_flush_deferred(d);
+        ledger_settle_held(d);
+    }
     return BRIDGE_OK;
 }
 
@@ -159,6 +193,10 @@ static int pool_use(device_state *d, uint64_t id0, uint64_t id1, int capture)
     if (p) {
         p->uses++;
         if (capture) {
+            if (!p->capturing) {
+                p->watch = NULL;
+                p->owner = thread_self();
+            }
             p->capturing++;
             atomic_fetch_add(&d->captures_active, 1);
         }
@@ -292,7 +330,10 @@ int graph_collect_dead(void)
     while (g) {
         dead_graph *next = g->next;
         if (g->id1) {
-            bridge_graph_release(g->device, BRIDGE_STREAM_POOL, g->id1);
+            /* the launches have completed (the user object says so) */
+            device_state *gd = device_of(g->device);
+            if (gd)
+                release_pool(gd, g->device, BRIDGE_STREAM_POOL, g->id1, 1, 0);
             n++;
             pthread_mutex_lock(&released_lock);
             if (nreleased == capreleased) {
@@ -429,14 +470,22 @@ int bridge_graph_end(int device, uint64_t id0, uint64_t id1)
     device_state *d = device_of(device);
     if (!d)
         return BRIDGE_E_DEVICE;
-    int found = 0;
+    int found = 0, late = 0;
     pthread_mutex_lock(&d->capture_lock);
     gpool *p = find_pool(d, id0, id1);
     if (p && p->capturing > 0) {
         p->capturing--;
         found = 1;
+    } else if (p && p->unannounced > 0) {
+        /* the core ended it (graph_reap_ended), and torch tells after all:
+         * its release of the capture's use will come too */
+        p->unannounced--;
+        p->uses++;
+        late = 1;
     }
     pthread_mutex_unlock(&d->capture_lock);
+    if (late)
+        return BRIDGE_OK;
     return found ? bridge_capture_end(device) : BRIDGE_E_INVALID;
 }
 
@@ -455,7 +504,7 @@ typedef struct sweep {
 static int unbind_block(record *r)
 {
     CUstream cap = r->stream;
-    r->flags = 0;
+    r->flags &= REC_UNORDERED; /* a recorded stream's mark stays */
     if (cap == STREAM_LEGACY || (uintptr_t)cap == 0)
         return 0;
     if (records_add_stream(r, cap))
@@ -479,7 +528,7 @@ static int sweep_pool(record *r, void *arg)
         record *n = realloc(s->out, ncap * sizeof *n);
         if (!n) {
             s->oom = 1;
-            unbind_block(r); /* it stays, an ordinary block the user freed: lost, not reused */
+            unbind_block(r); /* it stays, an ordinary block the user freed: lost */
             return 0;
         }
         s->out = n;
@@ -490,16 +539,17 @@ static int sweep_pool(record *r, void *arg)
     return 1;
 }
 
-int bridge_graph_release(int device, uint64_t id0, uint64_t id1)
+/* One use of the pool released (`drop`: 1; 0: its uses were dropped
+ * already) and, at the last, the pool with it.  `replays`: a graph of the
+ * pool may have been replayed on any stream (see the glossary). */
+static int release_pool(device_state *d, int device, uint64_t id0, uint64_t id1, int drop,
+                        int replays)
 {
-    device_state *d = device_of(device);
-    if (!d)
-        return BRIDGE_E_DEVICE;
     sweep s = {.id0 = id0, .id1 = id1, .device = device};
     pthread_mutex_lock(&d->capture_lock);
     gpool *p = find_pool(d, id0, id1);
     int last = 0;
-    if (p && --p->uses <= 0) {
+    if (p && (p->uses -= drop) <= 0) {
         if (p->capturing) /* released mid-capture (a failed capture): it ends here */
             atomic_fetch_sub(&d->captures_active, p->capturing);
         if (p->bound)
@@ -514,13 +564,116 @@ int bridge_graph_release(int device, uint64_t id0, uint64_t id1)
     pthread_mutex_unlock(&d->capture_lock);
     if (!last)
         return BRIDGE_OK; /* another graph still uses the pool */
-    /* Replays may still be running: each free waits on the GPU, not here. */
-    for (size_t i = 0; i < s.n; i++) {
+    /* No host wait: each free is ordered after the capture stream and the
+     * legacy stream, and, where a replay may still run (`replays`), after
+     * the work queued now on every registered stream (ledger_release_after_
+     * known).  Nothing replays a dead CuPy graph (its launches completed) or
+     * a failed capture. */
+    for (size_t i = 0; i < s.n; i++)
         atomic_fetch_sub_explicit(&d->graph_bytes, s.out[i].size, RELAXED);
-        ledger_release(d, &s.out[i]);
-    }
+    if (replays)
+        ledger_release_after_known(d, s.out, s.n);
+    else
+        for (size_t i = 0; i < s.n; i++)
+            ledger_release(d, &s.out[i]);
     free(s.out);
     return BRIDGE_OK;
+}
+
+int bridge_graph_release(int device, uint64_t id0, uint64_t id1)
+{
+    device_state *d = device_of(device);
+    if (!d)
+        return BRIDGE_E_DEVICE;
+    return release_pool(d, device, id0, id1, 1, 1);
+}
+
+/* ---- captures that ended without their end hook (see the glossary) ---- */
+void graph_watch(device_state *d, uint64_t id0, uint64_t id1, CUstream key)
+{
+    /* only a registered stream: alive for good, safe to ask later */
+    if (id0 == BRIDGE_STREAM_POOL || (uintptr_t)stream_handle(key) <= 2 || !stream_long_lived(key))
+        return;
+    pthread_mutex_lock(&d->capture_lock);
+    gpool *p = find_pool(d, id0, id1);
+    if (p && p->capturing > 0 && !p->watch) {
+        int status = CU_STREAM_CAPTURE_STATUS_NONE;
+        uint64_t id = 0;
+        int mode = capture_mode_relax();
+        CUresult r = bridge_drv.cuStreamGetCaptureInfo_v2(key, &status, &id, NULL, NULL, NULL);
+        capture_mode_exit(mode);
+        if (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE) {
+            p->watch = key;
+            p->watch_id = id;
+        }
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+}
+
+/* Not more than one look a millisecond per device from the free and
+ * allocation paths (each is a lock and a driver call per watched pool). */
+static _Atomic uint64_t next_reap_ns[BRIDGE_MAX_DEVICES];
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct pool_id {
+    uint64_t id0, id1;
+} pool_id;
+
+int graph_reap_ended(device_state *d, int force)
+{
+    if (!atomic_load_explicit(&d->captures_active, RELAXED))
+        return 0;
+    int device = (int)(d - bridge_devices);
+    if (!force) {
+        uint64_t now = now_ns(), next = atomic_load_explicit(&next_reap_ns[device], RELAXED);
+        if (now < next || !atomic_compare_exchange_strong_explicit(
+                              &next_reap_ns[device], &next, now + 1000000, RELAXED, RELAXED))
+            return 0;
+    }
+    unsigned long me = thread_self();
+    pool_id *gone = NULL;
+    int ended = 0, ngone = 0;
+    pthread_mutex_lock(&d->capture_lock);
+    graph_pools *g = d->graphs;
+    if (g && g->n)
+        gone = malloc(g->n * sizeof *gone);
+    for (size_t i = 0; gone && i < g->n; i++) {
+        gpool *p = &g->pool[i];
+        if (!p->capturing || !p->watch || p->owner != me || !stream_long_lived(p->watch))
+            continue;
+        int status = CU_STREAM_CAPTURE_STATUS_NONE;
+        uint64_t id = 0;
+        int mode = capture_mode_relax();
+        CUresult r =
+            bridge_drv.cuStreamGetCaptureInfo_v2(p->watch, &status, &id, NULL, NULL, NULL);
+        capture_mode_exit(mode);
+        if (r != CUDA_SUCCESS || (status != CU_STREAM_CAPTURE_STATUS_NONE && id == p->watch_id))
+            continue; /* still in its capture (invalidated ones too, until they end) */
+        /* what torch's fixed capture_end and reset do: end it, drop its use */
+        p->capturing--;
+        p->watch = NULL;
+        p->unannounced++;
+        atomic_fetch_sub(&d->captures_active, 1);
+        ended++;
+        if (--p->uses <= 0)
+            gone[ngone++] = (pool_id){p->id0, p->id1};
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+    /* no graph came of a failed capture: nothing replays its blocks */
+    for (int i = 0; i < ngone; i++)
+        release_pool(d, device, gone[i].id0, gone[i].id1, 0, 0);
+    free(gone);
+    if (ended && !atomic_load(&d->captures_active)) {
+        ledger_flush_deferred(d);
+        ledger_settle_held(d);
+    }
+    return ended;
 }
 
 /* ---- allocation in a pool ---- */
@@ -539,7 +692,7 @@ static int adopt_block(record *r, void *arg)
         r->graph0 != a->id0 || r->graph1 != a->id1 || r->stream != a->stream ||
         r->size != a->size || r->nrec)
         return 1;
-    r->flags = REC_GRAPH;
+    r->flags = REC_GRAPH | (r->flags & REC_UNORDERED);
     r->tag = (uint8_t)a->tag;
     return 0;
 }
@@ -637,7 +790,7 @@ static int retake_block(record *r, void *arg)
     retake *a = arg;
     if ((r->flags & (REC_GRAPH | REC_USER_FREED)) != (REC_GRAPH | REC_USER_FREED))
         return 1;
-    r->flags = REC_GRAPH;
+    r->flags = REC_GRAPH | (r->flags & REC_UNORDERED);
     r->tag = (uint8_t)a->tag;
     a->device = r->device;
     a->size = r->size;

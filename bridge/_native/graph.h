@@ -21,6 +21,17 @@ uintptr_t graph_reuse(device_state *d, const record *want);
  * one relaxed load.  Called with no lock of the core held (it takes the
  * capture lock and the records' shard locks, and frees blocks). */
 int graph_collect_dead(void);
+/* A torch allocation into pool (id0, id1) on stream `key` during its
+ * capture: the first one names the stream and the capture id that
+ * graph_reap_ended watches (a registered stream only). */
+void graph_watch(device_state *d, uint64_t id0, uint64_t id1, CUstream key);
+/* Captures begun by the calling thread whose stream has left the capture
+ * without the end hook (torch 2.11 after an invalidated capture): ended,
+ * their pools' uses dropped (released at the last), the frees they held
+ * back issued; how many.  No capture counted: one relaxed load.  Without
+ * `force` at most one look a millisecond per device.  Called with no lock
+ * of the core held. */
+int graph_reap_ended(device_state *d, int force);
 /* A fork child: the parent's dead graphs and released ids are forgotten. */
 void graph_forget_after_fork(void);
 

@@ -553,6 +553,10 @@ static void settle(device_state *d, const record *rec)
 
 void ledger_release(device_state *d, const record *rec)
 {
+    if (rec->flags & REC_UNORDERED) {
+        ledger_hold(d, rec); /* no stream the core can name is ordered after its users */
+        return;
+    }
     record r = *rec;
     r.stream = free_key(rec); /* never a stream the bridge cannot prove alive */
     /* During a capture a block of the captured stream (a cached one, say)
@@ -573,8 +577,41 @@ void ledger_release(device_state *d, const record *rec)
         settle(d, &r);
 }
 
+void ledger_release_after_known(device_state *d, record *recs, size_t n)
+{
+    if (!n)
+        return;
+    ctx_guard g;
+    ctx_enter(d, &g);
+    int mode = capture_mode_relax();
+    int o = stream_order_after_known(d, d->side);
+    if (o)
+        atomic_fetch_add_explicit(&d->num_order_fallbacks, 1, RELAXED);
+    for (size_t i = 0; i < n; i++) {
+        record r = recs[i];
+        if (o || (r.flags & REC_UNORDERED)) {
+            ledger_release(d, &r); /* as any release (ledger_hold's for the mark) */
+            continue;
+        }
+        r.stream = d->side; /* alive for good; its handle and its key alike */
+        if (issue_free(d, &r)) {
+            /* a recorded stream (the capture's) captures again: after its end */
+            r.stream = recs[i].stream;
+            ledger_defer(d, &r);
+        } else {
+            settle(d, &r);
+        }
+    }
+    capture_mode_exit(mode);
+    ctx_exit(&g);
+}
+
 void ledger_defer(device_state *d, const record *rec)
 {
+    if (rec->flags & REC_UNORDERED) {
+        ledger_hold(d, rec);
+        return;
+    }
     deferred_free item = {.rec = *rec};
     item.rec.stream = free_key(rec);
     /* A stream that may be destroyed before the free is issued (a CuPy
@@ -621,6 +658,97 @@ void ledger_defer(device_state *d, const record *rec)
             bridge_drv.cuEventDestroy_v2(item.event);
     }
     pthread_mutex_unlock(&d->capture_lock);
+}
+
+/* ---- frees only a device-wide synchronization orders ----
+ * A REC_UNORDERED block: a stream that used it is non-blocking and may be
+ * destroyed by the time of the free (its handle then another stream's, or
+ * a crash in the driver: never given to it), or a graph replay may still
+ * run on a stream the core never saw.  No stream the core can name then is
+ * ordered after that work: the legacy stream waits for blocking streams
+ * only.  torch's own allocator gives such memory back through cudaFree,
+ * which synchronizes the device; the core does the same, once for many
+ * blocks: the block is held (its bytes stay in `reserved`, shown in
+ * num_deferred) until ledger_settle_held synchronizes the context, which
+ * the refusal path (before an allocation is refused or waits), a trim
+ * (empty_cache), a graph pool's release and a capture's end ask for.  The
+ * synchronization is never made during a capture the core knows of. */
+void ledger_hold(device_state *d, const record *rec)
+{
+    pthread_mutex_lock(&d->capture_lock);
+    if (d->nheld == d->cap_held) {
+        size_t ncap = d->cap_held ? d->cap_held * 2 : 64;
+        record *n = realloc(d->held, ncap * sizeof *n);
+        if (n) {
+            d->held = n;
+            d->cap_held = ncap;
+        }
+    }
+    if (d->nheld < d->cap_held) {
+        d->held[d->nheld++] = *rec;
+        atomic_store(&d->num_held, d->nheld);
+    } else {
+        /* no host memory to remember it: on the ledger for good, never
+         * freed out of order (as ledger_defer) */
+        atomic_fetch_add_explicit(&d->num_driver_errors, 1, RELAXED);
+        free(rec->recs);
+    }
+    pthread_mutex_unlock(&d->capture_lock);
+}
+
+int ledger_sync_device(device_state *d)
+{
+    if (!sync_enter(d))
+        return 0;
+    ctx_guard g;
+    ctx_enter(d, &g);
+    int mode = capture_mode_relax();
+    CUresult r = bridge_drv.cuCtxSynchronize();
+    capture_mode_exit(mode);
+    ctx_exit(&g);
+    sync_exit(d);
+    if (r != CUDA_SUCCESS)
+        bridge_note_driver_error(r);
+    return r == CUDA_SUCCESS;
+}
+
+int ledger_settle_held(device_state *d)
+{
+    if (!atomic_load_explicit(&d->num_held, RELAXED))
+        return 0;
+    /* the blocks held before the synchronization: those held later may
+     * have work queued after it */
+    pthread_mutex_lock(&d->capture_lock);
+    record *mine = d->held;
+    size_t n = d->nheld;
+    d->held = NULL;
+    d->nheld = d->cap_held = 0;
+    atomic_store(&d->num_held, 0);
+    pthread_mutex_unlock(&d->capture_lock);
+    size_t i = 0;
+    if (ledger_sync_device(d)) {
+        ctx_guard g;
+        ctx_enter(d, &g);
+        int mode = capture_mode_relax();
+        for (; i < n; i++) {
+            /* every stream's work queued before it is done: the side stream,
+             * alive for good, frees it */
+            CUresult r = bridge_drv.cuMemFreeAsync((CUdeviceptr)mine[i].ptr, d->side);
+            if (r != CUDA_SUCCESS) { /* refused for good: the ledger forgets it (issue_free) */
+                bridge_note_driver_error(r);
+                atomic_fetch_add_explicit(&d->num_driver_errors, 1, RELAXED);
+            }
+            settle(d, &mine[i]);
+        }
+        if (i)
+            bridge_drv.cuStreamSynchronize(d->side); /* landed: any stream may reuse them */
+        capture_mode_exit(mode);
+        ctx_exit(&g);
+    }
+    for (size_t k = i; k < n; k++) /* not synchronized (a capture runs): held again */
+        ledger_hold(d, &mine[k]);
+    free(mine);
+    return (int)i;
 }
 
 void ledger_mark_deferred(device_state *d, CUstream key)
@@ -701,6 +829,7 @@ void ledger_flush_deferred(device_state *d)
 int ledger_trim(device_state *d, uint64_t keep)
 {
     ledger_flush_deferred(d);
+    ledger_settle_held(d);
     drain_streams(d); /* pending frees return to the pool (never cuCtxSynchronize) */
     ctx_guard g;
     ctx_enter(d, &g);
@@ -734,6 +863,9 @@ static void forget_after_fork(void)
         d->deferred = NULL;
         d->ndeferred = d->cap_deferred = 0;
         atomic_store(&d->num_deferred, 0);
+        d->held = NULL; /* the parent's */
+        d->nheld = d->cap_held = 0;
+        atomic_store(&d->num_held, 0);
         d->graphs = NULL;              /* the parent's graph pools; never freed here */
         atomic_store(&d->share, NULL); /* the parent's membership (its mapping stays) */
     }

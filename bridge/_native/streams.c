@@ -139,6 +139,26 @@ int stream_long_lived(CUstream key)
     }
 }
 
+/* ---- streams only a device-wide synchronization orders after ---- */
+int stream_needs_device_order(CUstream key)
+{
+    if (stream_long_lived(key))
+        return 0; /* named at the free: the free is ordered on it */
+    CUstream h = stream_handle(key);
+    if ((uintptr_t)h <= 2)
+        return 0;
+    /* Alive now (its framework allocates or records on it), maybe not at the
+     * free.  A blocking stream is ordered before the legacy stream's later
+     * work, which stands for it then; a non-blocking one (torch's pooled
+     * streams of a device nobody registered, cupy.cuda.Stream(non_blocking=
+     * True) behind an ExternalStream, any cudaStreamNonBlocking stream) is
+     * not.  No answer: treated as non-blocking. */
+    unsigned flags = 0;
+    if (bridge_drv.cuStreamGetFlags(h, &flags) != CUDA_SUCCESS)
+        return 1;
+    return (flags & CU_STREAM_NON_BLOCKING) != 0;
+}
+
 /* ---- capture status ---- */
 /* Capture errors (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED .. _WRONG_THREAD and
  * CUDA_ERROR_CAPTURED_EVENT): the legacy stream answers one while a blocking
@@ -214,8 +234,9 @@ int stream_order_after_recorded(const record *rec, CUstream free_stream)
         /* A recorded stream the bridge cannot prove alive is never given to
          * the driver (it may be destroyed, its handle another stream's now):
          * the legacy stream stands for it, which waits for the queued work
-         * of every blocking stream (CuPy's streams, and torch's external
-         * streams of them) before its own. */
+         * of every blocking stream before its own.  A non-blocking one was
+         * marked when it was recorded (REC_UNORDERED): its block never gets
+         * here, only a device-wide synchronization orders it (ledger_hold). */
         CUstream s = rec->recs[i];
         if (!stream_long_lived(s))
             s = LEGACY;
@@ -226,6 +247,45 @@ int stream_order_after_recorded(const record *rec, CUstream free_stream)
             worst = -1;
     }
     return worst;
+}
+
+/* ---- ordering after every stream the core can name ---- */
+/* One event on `s` (a stream of d's context, current), waited for by
+ * `free_stream`: 0, or -1 when it could not be.  A capturing stream (or the
+ * legacy one while a blocking stream captures) is left alone: an event
+ * recorded there would join the capture. */
+static int wait_for_stream(CUstream s, CUstream free_stream)
+{
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = bridge_drv.cuStreamIsCapturing(s, &status);
+    if (capture_error(r) || (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE))
+        return 0;
+    if (r != CUDA_SUCCESS)
+        return -1;
+    CUevent ev = NULL;
+    if (bridge_drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return -1;
+    int rc = bridge_drv.cuEventRecord(ev, s) == CUDA_SUCCESS &&
+                     bridge_drv.cuStreamWaitEvent(free_stream, ev, 0) == CUDA_SUCCESS
+                 ? 0
+                 : -1;
+    bridge_drv.cuEventDestroy_v2(ev); /* released once it completes */
+    return rc;
+}
+
+int stream_order_after_known(device_state *d, CUstream free_stream)
+{
+    int rc = wait_for_stream(STREAM_LEGACY, free_stream);
+    for (size_t i = 0; i < LONG_LIVED_SLOTS; i++) {
+        uintptr_t s = atomic_load_explicit(&long_lived[i], memory_order_acquire);
+        CUcontext sctx = NULL;
+        if (s <= TOMBSTONE || (CUstream)s == free_stream ||
+            bridge_drv.cuStreamGetCtx((CUstream)s, &sctx) != CUDA_SUCCESS || sctx != d->ctx)
+            continue;
+        if (wait_for_stream((CUstream)s, free_stream))
+            rc = -1;
+    }
+    return rc;
 }
 
 /* ---- letting queued frees land without a device-wide synchronization ---- */

@@ -18,12 +18,25 @@ CUstream stream_handle(CUstream key);
  * allocation on the same key: default streams, per-thread keys and streams
  * registered as living as long as the process (torch's stream pool). */
 int stream_long_lived(CUstream key);
+/* 1 when a later free of a block `key` used cannot be ordered after that use
+ * on any stream the core can name then: `key` is not provably alive at the
+ * free (stream_long_lived) and is non-blocking, so the legacy stream, which
+ * stands for such streams, does not wait for it.  Asked while the stream is
+ * alive (an allocation or a record_stream on it); the block is then marked
+ * REC_UNORDERED (ledger_hold). */
+int stream_needs_device_order(CUstream key);
 /* Remove a registered stream (bridge_forget_stream). */
 int stream_forget(CUstream key);
 /* 1 when the stream is capturing (or answers a capture error, as the legacy
  * stream does while a blocking stream captures), else 0, also for a handle
  * the driver calls unusable.  Handles 0, 1 and 2 are asked in d's context. */
 int stream_capturing(device_state *d, CUstream key);
+/* Make `free_stream` wait for the work queued now on the legacy stream (and
+ * so every blocking stream) and on every registered stream of d's context,
+ * capturing ones left out (an event there would join the capture): one
+ * event each, no host wait.  0, or -1 when one could not be waited for.
+ * d's context current, relaxed capture mode. */
+int stream_order_after_known(device_state *d, CUstream free_stream);
 /* Synchronize the registered streams of `ctx` that are not capturing. */
 void stream_sync_long_lived(CUcontext ctx);
 /* Make `free_stream` wait for the queued work of every stream recorded in
@@ -37,7 +50,8 @@ int stream_order_after_recorded(const record *rec, CUstream free_stream);
  * registered streams, streams of a tag whose framework keeps them alive
  * until the free returns: bridge_set_tag_holds_streams), else the legacy
  * default stream, which is ordered after the queued work of every blocking
- * stream.  A handle the bridge cannot prove alive is never given to the
+ * stream (a block of a non-blocking one is REC_UNORDERED and never freed on
+ * a stream: ledger_hold).  A handle the bridge cannot prove alive is never given to the
  * driver: a destroyed stream's handle crashed the driver or named a new
  * stream on an H200. */
 CUstream free_key(const record *rec);

@@ -250,7 +250,7 @@ def test_releasing_a_pool_during_another_capture_waits_for_it(sd):
     core.graph(END, DEV, *g2)
     assert sd.standin_counter(C_FREE) == frees + 1
     assert sd.standin_counter(2) == syncs  # ordered on the GPU, not by the host
-    assert stats()["graph_bytes"] == 0
+    assert stats()["graph_bytes"] == 0 and stats()["num_deferred"] == 0
     core.graph(RELEASE, DEV, *g2)
     core.forget_stream(CAP)
 
@@ -478,3 +478,140 @@ def test_destructors_on_another_thread_while_threads_allocate(sd):
         released |= {p for d, p in core.graph_collect() if d == DEV}
     assert released == pools
     assert stats()["graph_bytes"] == 0
+
+
+# ---- a release ordered after replays on any stream (issue 61, item 3) ----
+C_UNORDERED = 15
+
+
+def test_a_released_pools_blocks_wait_for_a_replay_on_another_stream(sd):
+    """Issue: the release ordered its frees after the legacy and capture streams
+    only; torch replays on the current stream, which may be one of its pooled,
+    non-blocking streams (torch.cuda.Stream()), which the legacy stream does not
+    wait for: a replay still running there read memory given back."""
+    replay = sd.standin_new_stream_flags(DEV, 1)  # non-blocking, registered (torch's)
+    core.register_stream(replay)
+    try:
+        pool = (0x71, 0)
+        core.graph(BEGIN, DEV, *pool)
+        tmp = galloc(4 * MIB, pool)
+        core.free(tmp)  # a temporary of the graph: stays with the pool
+        core.graph(END, DEV, *pool)
+        sd.standin_launch(replay, tmp, DEV)  # g.replay() on it, still running
+        unordered, syncs = sd.standin_counter(C_UNORDERED), sd.standin_counter(C_SYNC)
+        core.graph(RELEASE, DEV, *pool)  # del g
+        assert sd.standin_counter(C_UNORDERED) == unordered
+        assert sd.standin_counter(C_SYNC) == syncs  # ordered by events, no host wait
+        assert sd.standin_queued_kernels() == 1
+        s = stats()
+        assert s["graph_bytes"] == 0 and s["used"] == 0 and s["num_deferred"] == 0
+    finally:
+        core.forget_stream(replay)
+        sd.standin_sync_all(DEV)
+
+
+# ---- a capture that failed without its end hook (issue 61, item 4) ----
+def begin_capture(sd, pool, stream=CAP):
+    """torch's capture_begin: the begin hook, then cuStreamBeginCapture."""
+    assert core.graph(BEGIN, DEV, *pool) == Status.OK
+    assert sd.cuStreamBeginCapture_v2(stream, 2) == 0
+
+
+def fail_capture(sd, stream=CAP):
+    """An .item() inside torch.cuda.graph: the capture is invalidated, and torch
+    2.11's capture_end raises at cudaStreamEndCapture, before its end hook; its
+    reset never releases the pool of a capture that did not end well."""
+    sd.standin_invalidate_capture()
+    g = ctypes.c_void_p()
+    assert sd.cuStreamEndCapture(stream, ctypes.byref(g)) == 901 and not g.value
+
+
+def test_a_capture_that_failed_without_its_end_hook_leaves_nothing_behind(sd):
+    """Issue: after such a capture captures_active stayed 1 for good: the frees it
+    deferred were never issued (the ledger counted 8 MiB torch no longer held),
+    the GIL-held cache path missed on every call, trims and the refusal path never
+    synchronized, waits were refused at once."""
+    core.register_stream(CAP)  # torch's capture stream: one of its pooled streams
+    core.set_cache(DEV, 64 * MIB)
+    try:
+        rc, before = core.alloc(DEV, 4 * MIB, CAP, TORCH)  # made before the capture
+        pool = (0x72, 0)
+        begin_capture(sd, pool)
+        out = galloc(4 * MIB, pool)  # the capture's allocation
+        core.free(before)  # used by the captured stream: deferred
+        core.free(out)  # the graph's temporary: kept with its pool
+        s = stats()
+        assert s["num_deferred"] == 1 and s["graph_bytes"] == 4 * MIB and s["used"] == 8 * MIB
+        fail_capture(sd)
+        # the next look of the thread that began it (here the figures') ends it
+        s = stats()
+        assert s["captures_active"] == 0
+        assert s["num_deferred"] == 0 and s["graph_bytes"] == 0 and s["used"] == 0
+        assert [t["current"] for t in s["tags"]] == [0] * core.NTAGS
+        # and everything works as before it: the cache's GIL-held path hits ...
+        rc, p = core.alloc(DEV, MIB, CAP, TORCH)
+        core.free(p)
+        assert core.alloc_cached(DEV, MIB, CAP, TORCH) == (Status.OK, p)
+        core.free(p)
+        # ... a trim synchronizes the streams again
+        syncs = sd.standin_counter(C_SYNC)
+        assert core.trim(DEV, 0) == Status.OK
+        assert sd.standin_counter(C_SYNC) > syncs
+        # torch (a later one) releasing the pool after all changes nothing
+        assert core.graph(RELEASE, DEV, *pool) == Status.OK
+        assert stats()["used"] == 0
+    finally:
+        core.set_cache(DEV, 0)
+        core.forget_stream(CAP)
+
+
+def test_a_failed_capture_is_ended_only_by_the_thread_that_began_it(sd):
+    """Another thread may look between cudaStreamEndCapture and the end hook of a
+    capture that ended well: only the capturing thread, past capture_end without
+    the hook, knows the capture failed."""
+    import threading
+
+    core.register_stream(CAP)
+    try:
+        pool = (0x73, 0)
+        begin_capture(sd, pool)
+        tmp = galloc(2 * MIB, pool)
+        core.free(tmp)
+        fail_capture(sd)
+        t = threading.Thread(target=stats)
+        t.start()
+        t.join()
+        assert core.stats(DEV)[1]["captures_active"] == 0  # this thread's look ends it
+        assert stats()["graph_bytes"] == 0
+    finally:
+        core.forget_stream(CAP)
+
+
+def test_a_failed_capture_into_a_shared_pool_drops_its_use_only(sd):
+    """g1 captured into a pool, g2 failed in the same pool: g1's replays still use
+    the pool; it goes back at g1's release.  A torch that sends the end hook after
+    the core ended the capture (and so will release its use) is counted once."""
+    core.register_stream(CAP)
+    try:
+        pool = (0x74, 0)
+        begin_capture(sd, pool)
+        a = galloc(2 * MIB, pool)
+        core.free(a)
+        g = ctypes.c_void_p()
+        assert sd.cuStreamEndCapture(CAP, ctypes.byref(g)) == 0  # g1 ended well
+        assert core.graph(END, DEV, *pool) == Status.OK
+        begin_capture(sd, pool)  # g2, into the same pool
+        b = galloc(8 * MIB, pool)  # not a's block: larger than twice its size
+        core.free(b)
+        fail_capture(sd)
+        s = stats()
+        assert s["captures_active"] == 0 and s["graph_bytes"] == 10 * MIB  # g1 replays
+        assert core.graph(END, DEV, *pool) == Status.OK  # the end hook, late
+        assert core.graph(RELEASE, DEV, *pool) == Status.OK  # g2's release
+        assert stats()["graph_bytes"] == 10 * MIB  # g1 still holds the pool
+        assert core.graph(RELEASE, DEV, *pool) == Status.OK  # g1's
+        s = stats()
+        assert s["graph_bytes"] == 0 and s["used"] == 0
+        assert sd.cuGraphDestroy(g) == 0
+    finally:
+        core.forget_stream(CAP)

@@ -529,3 +529,110 @@ def test_cupy_captures_are_told_to_the_core(standin):
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+# ---- frees ordered after non-blocking streams the core cannot name (issue 61, item 3) ----
+C_SYNC, C_DEAD, C_UNORDERED = 2, 14, 15
+NON_BLOCKING = 1
+
+
+def dev_stats(dev: int) -> dict:
+    rc, s = core.stats(dev)
+    assert rc == Status.OK
+    return s
+
+
+def test_a_block_freed_on_a_non_blocking_stream_nobody_registered_waits_for_its_kernel(sd):
+    """Issue: a block freed on a CU_STREAM_NON_BLOCKING stream of device 1 (torch's
+    pooled streams of a device unify() did not register, a non-blocking CuPy stream
+    behind an ExternalStream) was queued on the legacy stream, which does not wait
+    for that stream: the pool could hand the memory on while the kernel still read
+    it.  The stream is destroyed before the free and its handle handed out again:
+    the free must not name it either."""
+    s = sd.standin_new_stream_flags(1, NON_BLOCKING)
+    rc, p = core.alloc(1, 4 * MIB, s, TORCH)
+    assert rc == Status.OK
+    sd.standin_launch(s, p, 1)  # a kernel on s still reads the block
+    assert sd.cuStreamDestroy_v2(s) == 0  # gone before the free; its work still queued
+    made = []  # new streams until the driver hands s's handle out again
+    while s not in made and len(made) < 4096:
+        h = ctypes.c_void_p()
+        assert sd.cuStreamCreate(ctypes.byref(h), NON_BLOCKING) == 0
+        made.append(h.value)
+    assert s in made
+    dead, unordered = sd.standin_counter(C_DEAD), sd.standin_counter(C_UNORDERED)
+    core.free(p)
+    assert sd.standin_counter(C_UNORDERED) == unordered  # never freed before the kernel
+    assert sd.standin_pending_on(1, LEGACY) == 0 and sd.standin_pending_on(1, s) == 0
+    st = dev_stats(1)
+    assert st["num_deferred"] == 1 and st["used"] == 4 * MIB  # held, still counted
+    # another stream's allocation meets the limit: the held block comes back,
+    # after one device-wide synchronization (the kernel done), not before
+    core.set_limit(1, 6 * MIB)
+    try:
+        syncs = sd.standin_counter(C_SYNC)
+        rc, q = core.alloc(1, 4 * MIB, LEGACY, TORCH)
+        assert rc == Status.OK
+        assert sd.standin_counter(C_SYNC) > syncs
+        assert sd.standin_queued_kernels() == 0
+        assert sd.standin_counter(C_UNORDERED) == unordered
+        assert dev_stats(1)["num_deferred"] == 0
+        core.free(q)
+    finally:
+        core.set_limit(1, 0)
+    assert sd.standin_counter(C_DEAD) == dead  # the reused handle was never given to the driver
+    for h in made:
+        assert sd.cuStreamDestroy_v2(h) == 0
+    sd.standin_sync_all(1)
+
+
+def test_a_recorded_non_blocking_stream_nobody_registered_orders_the_free(sd):
+    """record_stream with such a stream: the legacy stream stood for it, and does
+    not wait for it.  Now the free waits for a device-wide synchronization,
+    which torch.cuda.empty_cache() makes."""
+    s = sd.standin_new_stream_flags(DEV, NON_BLOCKING)
+    rc, p = core.alloc(DEV, 2 * MIB, LEGACY, TORCH)
+    sd.standin_launch(s, p, DEV)  # a side stream reads it
+    assert core.record_stream(p, s) == Status.OK
+    unordered = sd.standin_counter(C_UNORDERED)
+    core.free(p)
+    assert sd.standin_counter(C_UNORDERED) == unordered
+    assert stats()["num_deferred"] == 1
+    assert core.trim(DEV, 0) == Status.OK  # torch.cuda.empty_cache()
+    assert sd.standin_counter(C_UNORDERED) == unordered
+    s_ = stats()
+    assert s_["num_deferred"] == 0 and s_["used"] == 0
+    assert sd.standin_pending_bytes(DEV) == 0
+
+
+def test_a_blocking_stream_nobody_registered_is_still_ordered_by_the_legacy_stream(sd):
+    """What stays cheap: a blocking stream's block goes to the legacy stream, which
+    waits for it, with no host wait."""
+    s = sd.standin_new_stream_flags(DEV, 0)
+    rc, p = core.alloc(DEV, 2 * MIB, s, TORCH)
+    sd.standin_launch(s, p, DEV)
+    unordered, syncs = sd.standin_counter(C_UNORDERED), sd.standin_counter(C_SYNC)
+    core.free(p)
+    assert sd.standin_counter(C_UNORDERED) == unordered
+    assert sd.standin_counter(C_SYNC) == syncs
+    assert sd.standin_pending_on(DEV, LEGACY) == 2 * MIB
+    assert stats()["num_deferred"] == 0
+    sd.standin_sync_all(DEV)
+
+
+def test_a_registered_non_blocking_stream_frees_on_itself_with_no_host_wait(sd):
+    """torch's pooled streams, once registered: freed (and cached) on the stream."""
+    s = sd.standin_new_stream_flags(DEV, NON_BLOCKING)
+    core.register_stream(s)
+    try:
+        rc, p = core.alloc(DEV, 2 * MIB, s, TORCH)
+        sd.standin_launch(s, p, DEV)
+        unordered, syncs = sd.standin_counter(C_UNORDERED), sd.standin_counter(C_SYNC)
+        core.set_cache(DEV, 0)
+        core.free(p)
+        assert sd.standin_counter(C_UNORDERED) == unordered
+        assert sd.standin_counter(C_SYNC) == syncs
+        assert sd.standin_pending_on(DEV, s) == 2 * MIB
+    finally:
+        core.forget_stream(s)
+        sd.standin_sync_all(DEV)

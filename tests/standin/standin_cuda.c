@@ -21,7 +21,15 @@
  *     capacity with the default pool's;
  *   - events are real objects: recorded while standin_hold_events(1) they
  *     stay pending (cuEventQuery: CUDA_ERROR_NOT_READY) until their stream
- *     or context is synchronized or standin_complete_events() is called.
+ *     or context is synchronized or standin_complete_events() is called;
+ *   - work that reads a block (standin_launch, a kernel) stays queued until a
+ *     synchronization covers it, and a cuMemFreeAsync of the block on a
+ *     stream not ordered after it is counted (C_UNORDERED: on a GPU the pool
+ *     could hand the memory to another stream while the kernel reads it).
+ *     Order follows CUDA's rules: a stream is ordered after its own work and
+ *     after events it waited for; the legacy stream after every blocking
+ *     stream's work and blocking streams after the legacy stream's, never
+ *     after a non-blocking stream's (CU_STREAM_NON_BLOCKING).
  * It is NEVER evidence that anything works on a GPU: it exists so that CI can
  * test the ledger.  Controls: the standin_* functions at the end.
  */
@@ -106,7 +114,8 @@ enum {
     C_EVQUERY,
     C_HOSTPOOL,
     C_INVALIDATED, /* calls that would have invalidated another thread's capture */
-    C_DEAD         /* calls given the handle of a destroyed stream */
+    C_DEAD,        /* calls given the handle of a destroyed stream */
+    C_UNORDERED    /* frees of a block a queued kernel still reads, not ordered after it */
 };
 
 /* fault injection: entry name -> (code, remaining count) */
@@ -398,6 +407,8 @@ typedef struct sevent {
     struct sevent *next;
     CUstream stream; /* last stream recorded on */
     int pending;     /* 1: cuEventQuery says NOT_READY */
+    uint64_t *kids;  /* the queued kernels the record is ordered after */
+    size_t nk;
 } sevent;
 static sevent *events;  /* every live event */
 static int hold_events; /* 1: events recorded now stay pending */
@@ -429,6 +440,82 @@ static int dead_stream(CUstream s)
             return 1;
         }
     return 0;
+}
+
+/* ---- kernels (standin_launch): queued work that reads a block ---- */
+#define MAXAFTER 32
+typedef struct skernel {
+    struct skernel *next;
+    uint64_t id;
+    CUdeviceptr ptr;
+    int dev;                  /* handles 0, 1 and 2 name this device's streams */
+    CUstream after[MAXAFTER]; /* streams whose later work is ordered after it */
+    int nafter;
+} skernel;
+static skernel *kernels;
+static uint64_t kernel_ids;
+
+static CUstream norm_stream(CUstream s)
+{
+    return (uintptr_t)s == 0 ? (CUstream)(uintptr_t)1 : s;
+}
+
+static int blocking_stream(CUstream s) /* under mu; legacy and per-thread included */
+{
+    return (uintptr_t)s <= 2 || !nonblocking_stream(s);
+}
+
+/* Under mu: is work queued on `s` now (of device `dev`) ordered after k? */
+static int ordered_after(const skernel *k, CUstream s, int dev)
+{
+    s = norm_stream(s);
+    for (int i = 0; i < k->nafter; i++) {
+        CUstream a = k->after[i];
+        if ((uintptr_t)a <= 2 && k->dev != dev && (uintptr_t)s <= 2)
+            continue; /* another device's default streams */
+        if (a == s)
+            return 1;
+        /* the legacy stream waits for blocking streams, and they for it */
+        if ((uintptr_t)s == 1 && blocking_stream(a))
+            return 1;
+        if ((uintptr_t)a == 1 && blocking_stream(s))
+            return 1;
+    }
+    return 0;
+}
+
+static void kernel_after(skernel *k, CUstream s) /* under mu */
+{
+    s = norm_stream(s);
+    for (int i = 0; i < k->nafter; i++)
+        if (k->after[i] == s)
+            return;
+    if (k->nafter < MAXAFTER)
+        k->after[k->nafter++] = s;
+}
+
+/* Under mu: the kernels a synchronization of `s` (NULL: the whole device
+ * `dev`) waits for are done. */
+static void kernels_complete(CUstream s, int dev)
+{
+    for (skernel **pp = &kernels; *pp;) {
+        skernel *k = *pp;
+        if ((s == NULL && (dev < 0 || k->dev == dev)) || (s && ordered_after(k, s, dev))) {
+            *pp = k->next;
+            free(k);
+        } else {
+            pp = &k->next;
+        }
+    }
+}
+
+/* Under mu: a free of `p` on `s`: counted when a kernel reading p is queued
+ * and the free is not ordered after it. */
+static void check_free_order(CUdeviceptr p, CUstream s, int dev)
+{
+    for (skernel *k = kernels; k; k = k->next)
+        if (k->ptr == p && !ordered_after(k, s, dev))
+            counters[C_UNORDERED]++;
 }
 
 /* What the last cuStreamWaitEvent was given: the handle and the device of
@@ -885,6 +972,7 @@ CUresult cuCtxSynchronize(void)
     if (dev >= 0) {
         complete(dev, NULL, 1);
         events_complete(NULL, 1);
+        kernels_complete(NULL, dev);
     }
     counters[C_SYNC]++;
     pthread_mutex_unlock(&mu);
@@ -1135,6 +1223,7 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s)
     else if (live_take(p, &l) != 0)
         r = E_INVALID_VALUE; /* the driver would not know this pointer either */
     else {
+        check_free_order(p, s, dev_of_ctx(current_ctx));
         device *d = &devs[l.dev];
         if (d->npend == MAXPENDING)
             complete(l.dev, NULL, 1);
@@ -1220,7 +1309,20 @@ CUresult cuStreamSynchronize(CUstream s)
     if (dev >= 0)
         complete(dev, s, 0);
     events_complete(s, 0);
+    kernels_complete(s, dev);
     counters[C_SYNC]++;
+    pthread_mutex_unlock(&mu);
+    return OK;
+}
+
+CUresult cuStreamGetFlags(CUstream s, unsigned int *flags)
+{
+    pthread_mutex_lock(&mu);
+    if (dead_stream(s)) {
+        pthread_mutex_unlock(&mu);
+        return E_INVALID_HANDLE;
+    }
+    *flags = (uintptr_t)s > 2 && nonblocking_stream(s) ? 1u : 0u;
     pthread_mutex_unlock(&mu);
     return OK;
 }
@@ -1239,13 +1341,17 @@ CUresult cuStreamIsCapturing(CUstream s, int *status)
 
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags)
 {
-    (void)e;
     (void)flags;
     pthread_mutex_lock(&mu);
     if (dead_stream(s)) {
         pthread_mutex_unlock(&mu);
         return E_INVALID_HANDLE;
     }
+    sevent *ev = e;
+    for (size_t i = 0; ev && i < ev->nk; i++)
+        for (skernel *k = kernels; k; k = k->next)
+            if (k->id == ev->kids[i])
+                kernel_after(k, s);
     last_wait_stream = s;
     last_wait_dev = dev_of_ctx(current_ctx);
     pthread_mutex_unlock(&mu);
@@ -1281,6 +1387,18 @@ CUresult cuEventRecord(CUevent e, CUstream s)
     if (ev) {
         ev->stream = s;
         ev->pending = hold_events;
+        /* the queued kernels work on `s` is ordered after, now */
+        free(ev->kids);
+        ev->kids = NULL;
+        ev->nk = 0;
+        size_t n = 0;
+        int dev = dev_of_ctx(current_ctx);
+        for (skernel *k = kernels; k; k = k->next)
+            n += ordered_after(k, s, dev);
+        if (n && (ev->kids = malloc(n * sizeof *ev->kids)))
+            for (skernel *k = kernels; k; k = k->next)
+                if (ordered_after(k, s, dev))
+                    ev->kids[ev->nk++] = k->id;
     }
     counters[C_RECORD]++;
     pthread_mutex_unlock(&mu);
@@ -1306,6 +1424,7 @@ CUresult cuEventDestroy_v2(CUevent e)
     for (sevent **pp = &events; *pp; pp = &(*pp)->next)
         if (*pp == e) {
             *pp = (*pp)->next;
+            free(((sevent *)e)->kids);
             free(e);
             r = OK;
             break;
@@ -1940,6 +2059,7 @@ void standin_sync_all(int dev)
 {
     pthread_mutex_lock(&mu);
     complete(dev, NULL, 1);
+    kernels_complete(NULL, dev);
     pthread_mutex_unlock(&mu);
 }
 
@@ -1956,6 +2076,7 @@ void standin_complete_events(void)
 {
     pthread_mutex_lock(&mu);
     events_complete(NULL, 1);
+    kernels_complete(NULL, -1);
     pthread_mutex_unlock(&mu);
 }
 
@@ -2122,6 +2243,50 @@ uint64_t standin_live_user_objects(void)
 {
     pthread_mutex_lock(&mu);
     uint64_t n = live_uobjs;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+/* A stream of device `dev` created with `flags` (1: CU_STREAM_NON_BLOCKING),
+ * as torch's pool or cupy.cuda.Stream(non_blocking=True) makes one. */
+CUstream standin_new_stream_flags(int dev, unsigned int flags)
+{
+    pthread_mutex_lock(&mu);
+    CUstream s = (CUstream)(next_handle += 16);
+    if (nstreams < MAXSTREAMS && dev >= 0 && dev < ndev) {
+        streams[nstreams].s = s;
+        streams[nstreams].nonblocking = flags & 1;
+        streams[nstreams++].ctx = &devs[dev].ctx_tag;
+    }
+    pthread_mutex_unlock(&mu);
+    return s;
+}
+
+/* A kernel that reads block `p`, queued on `s` (handles 0, 1 and 2: of the
+ * current context's device, else of `dev`): queued until a synchronization
+ * covers it (see the banner). */
+void standin_launch(CUstream s, unsigned long long p, int dev)
+{
+    pthread_mutex_lock(&mu);
+    skernel *k = calloc(1, sizeof *k);
+    if (k) {
+        k->id = ++kernel_ids;
+        k->ptr = p;
+        k->dev = (uintptr_t)s <= 2 && dev_of_ctx(current_ctx) >= 0 ? dev_of_ctx(current_ctx) : dev;
+        k->after[k->nafter++] = norm_stream(s);
+        k->next = kernels;
+        kernels = k;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+/* Kernels still queued. */
+uint64_t standin_queued_kernels(void)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t n = 0;
+    for (skernel *k = kernels; k; k = k->next)
+        n++;
     pthread_mutex_unlock(&mu);
     return n;
 }
