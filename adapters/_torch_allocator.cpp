@@ -343,7 +343,16 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     }
     void *raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override
     {
-        return malloc(nbytes, c10::cuda::current_device(), stream);
+        // torch.cuda.caching_allocator_alloc(n, stream=s) (DGL and others pass
+        // torch's current stream): registered as allocate() registers it when it
+        // is one of torch's pooled streams; any other stream's blocks are freed
+        // where the core can order them (a non-blocking one's after a device-wide
+        // synchronization: streams.h, stream_needs_device_order)
+        c10::DeviceIndex device = c10::cuda::current_device();
+        c10::cuda::CUDAStream cs = c10::cuda::getCurrentCUDAStream(device);
+        if (cs.stream() == stream)
+            register_if_pooled(cs);
+        return malloc(nbytes, device, stream);
     }
     void raw_delete(void *ptr) override
     {

@@ -430,3 +430,74 @@ def test_record_stream_of_another_device_orders_the_free(mode):
     """Issue: the event was created in the block's context, its record on a stream of
     another device failed, and the failure was ignored: the free went ahead."""
     assert run_mode(RECORD_OTHER_DEVICE, mode) == {"corrupted": 0, "fallbacks": 0}
+
+
+# ---- frees ordered after non-blocking streams the core cannot name (issue 61, item 3) ----
+NON_BLOCKING_REUSE = """
+import gc
+import cupy as cp
+import torch
+if MODE == "bridge":
+    import bridge
+    bridge.unify(torch=True, cupy=False)
+#SLOW_COPY
+N = 50_000_000
+SPIN = 1_500_000_000  # about a second of clock64 before the copy starts
+torch.cuda.init()
+cs = cp.cuda.Stream(non_blocking=True)  # not one of torch's pooled streams
+ts = torch.cuda.ExternalStream(cs.ptr)
+results = {}
+
+def reuse_on_the_default_stream():
+    y = torch.empty(N, dtype=torch.float32, device="cuda")  # the default stream
+    y.fill_(9.0)
+    return y
+
+# 1. a tensor allocated on the external stream, dropped while a kernel there reads it
+with torch.cuda.stream(ts):
+    x = torch.full((N,), 3.0, device="cuda")
+out = cp.empty(N, dtype=cp.float32)
+with cs:
+    slow_copy((264,), (256,), (cp.from_dlpack(x), out, cp.int64(N), cp.int64(SPIN)))
+del x  # freed by torch while slow_copy reads it
+gc.collect()
+y = reuse_on_the_default_stream()
+cs.synchronize()
+torch.cuda.synchronize()
+results["tensor_corrupted"] = int((out != 3.0).sum())
+del y
+
+# 2. torch.cuda.caching_allocator_alloc(n, stream=...) (DGL's raw_alloc_with_stream)
+ptr = torch.cuda.caching_allocator_alloc(N * 4, stream=ts)
+raw = cp.ndarray((N,), dtype=cp.float32,
+                 memptr=cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(ptr, N * 4, None), 0))
+with cs:
+    raw.fill(3.0)
+    slow_copy((264,), (256,), (raw, out, cp.int64(N), cp.int64(SPIN)))
+del raw
+torch.cuda.caching_allocator_delete(ptr)
+y = reuse_on_the_default_stream()
+cs.synchronize()
+torch.cuda.synchronize()
+results["raw_corrupted"] = int((out != 3.0).sum())
+del y
+if MODE == "bridge":
+    torch.cuda.empty_cache()
+    from bridge._runtime import core
+    s = core.stats(0)[1]
+    results["deferred_after_empty_cache"] = s["num_deferred"]
+report(**results)
+""".replace("#SLOW_COPY\n", SLOW_COPY_SNIPPET)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_block_freed_on_a_non_blocking_stream_is_not_reused_while_its_kernel_reads_it(mode):
+    """Issue 61, item 3: a block freed on a stream the core could not prove alive
+    went to the legacy stream, which does not wait for a non-blocking stream: the
+    default stream's next allocation got it while the kernel still read it."""
+    pytest.importorskip("cupy")
+    pytest.importorskip("torch")
+    r = run_mode(NON_BLOCKING_REUSE, mode)
+    assert r["tensor_corrupted"] == 0 and r["raw_corrupted"] == 0, r
+    if mode == "bridge":
+        assert r["deferred_after_empty_cache"] == 0
