@@ -371,7 +371,9 @@ typedef struct bridge_stats {
     uint64_t num_retries;   /* allocations that succeeded on retry */
     uint64_t num_bad_frees; /* unknown pointers and double frees */
     uint64_t num_driver_errors;
-    uint64_t num_deferred;         /* frees waiting for a capture to end */
+    uint64_t num_deferred;         /* frees waiting for a capture to end, or for a
+                                      synchronization of the device (a block of a
+                                      non-blocking stream that may be gone) */
     uint64_t graph_bytes;          /* bytes held by captured graphs */
     uint64_t cached;               /* freed blocks kept for reuse (part of `used`) */
     uint64_t cache_limit;          /* cap of `cached`; 0 = no cache */

@@ -86,6 +86,7 @@ typedef struct gpool {
     CUstream watch;      /* its key, a registered stream; NULL: none seen */
     uint64_t watch_id;   /* the capture's id there */
     unsigned long owner; /* the thread that began the capture */
+    int watch_asked;     /* the stream was asked once since the last begin */
     int unannounced;     /* captures the core ended itself, their uses dropped */
 } gpool;
 
@@ -171,12 +172,9 @@ int bridge_capture_end(int device)
     if (cur <= 0)
         return BRIDGE_E_INVALID;
     /* The capture has ended (torch and CuPy end it before telling): the
-     * frees it held back can go now, not only under pressure, and those a
-     * device-wide synchronization orders (a pool released meanwhile). */
-    if (cur == 1) {
+     * frees it held back can go now, not only under pressure. */
+    if (cur == 1)
         ledger_flush_deferred(d);
-        ledger_settle_held(d);
-    }
     return BRIDGE_OK;
 }
 
@@ -197,6 +195,7 @@ static int pool_use(device_state *d, uint64_t id0, uint64_t id1, int capture)
                 p->watch = NULL;
                 p->owner = thread_self();
             }
+            p->watch_asked = 0;
             p->capturing++;
             atomic_fetch_add(&d->captures_active, 1);
         }
@@ -596,7 +595,9 @@ void graph_watch(device_state *d, uint64_t id0, uint64_t id1, CUstream key)
         return;
     pthread_mutex_lock(&d->capture_lock);
     gpool *p = find_pool(d, id0, id1);
-    if (p && p->capturing > 0 && !p->watch) {
+    if (p && p->capturing > 0 && !p->watch && !p->watch_asked) {
+        /* once per begin: a use_mem_pool routing's stream never captures */
+        p->watch_asked = 1;
         int status = CU_STREAM_CAPTURE_STATUS_NONE;
         uint64_t id = 0;
         int mode = capture_mode_relax();
@@ -669,10 +670,8 @@ int graph_reap_ended(device_state *d, int force)
     for (int i = 0; i < ngone; i++)
         release_pool(d, device, gone[i].id0, gone[i].id1, 0, 0);
     free(gone);
-    if (ended && !atomic_load(&d->captures_active)) {
+    if (ended && !atomic_load(&d->captures_active))
         ledger_flush_deferred(d);
-        ledger_settle_held(d);
-    }
     return ended;
 }
 

@@ -663,16 +663,17 @@ void ledger_defer(device_state *d, const record *rec)
 /* ---- frees only a device-wide synchronization orders ----
  * A REC_UNORDERED block: a stream that used it is non-blocking and may be
  * destroyed by the time of the free (its handle then another stream's, or
- * a crash in the driver: never given to it), or a graph replay may still
- * run on a stream the core never saw.  No stream the core can name then is
- * ordered after that work: the legacy stream waits for blocking streams
- * only.  torch's own allocator gives such memory back through cudaFree,
- * which synchronizes the device; the core does the same, once for many
- * blocks: the block is held (its bytes stay in `reserved`, shown in
- * num_deferred) until ledger_settle_held synchronizes the context, which
- * the refusal path (before an allocation is refused or waits), a trim
- * (empty_cache), a graph pool's release and a capture's end ask for.  The
- * synchronization is never made during a capture the core knows of. */
+ * a crash in the driver: never given to it).  No stream the core can name
+ * then is ordered after that stream's work: the legacy stream waits for
+ * blocking streams only.  torch's own allocator gives the memory of blocks
+ * it cannot reuse by stream back through cudaFree, which synchronizes the
+ * device; the core does the same, once for many blocks: the block is held
+ * (its bytes stay in `reserved`, shown in num_deferred) until
+ * ledger_settle_held synchronizes the context, which the refusal path
+ * (before an allocation is refused or waits) and a trim (empty_cache) ask
+ * for.  The synchronization is never made during a capture the core knows
+ * of; it would invalidate one it cannot see (XLA's), which only a process
+ * with such blocks risks. */
 void ledger_hold(device_state *d, const record *rec)
 {
     pthread_mutex_lock(&d->capture_lock);

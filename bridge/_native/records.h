@@ -19,9 +19,9 @@
 #define REC_GRAPH      1u /* owned by a captured graph until it is released */
 #define REC_USER_FREED 2u /* graph block the user has freed (memory kept) */
 #define REC_CARVED     4u /* carved from a chunk (carve.c): its free returns it there */
-#define REC_UNORDERED  8u /* a stream that used it may be gone and is non-blocking (or a
-                             graph's replay ran on a stream the core never saw): only a
-                             device-wide synchronization orders its free (ledger_hold) */
+#define REC_UNORDERED  8u /* a stream that used it may be gone at the free and is
+                             non-blocking: only a device-wide synchronization orders its
+                             free (ledger_hold) */
 
 typedef struct record {
     uintptr_t ptr;   /* key; 0 = empty slot, 1 = tombstone */

@@ -615,3 +615,24 @@ def test_a_failed_capture_into_a_shared_pool_drops_its_use_only(sd):
         assert sd.cuGraphDestroy(g) == 0
     finally:
         core.forget_stream(CAP)
+
+
+def test_a_use_mem_pool_routing_is_never_taken_for_a_failed_capture(sd):
+    """torch.cuda.use_mem_pool routes a stream that never captures: the core counts
+    it as a capture until its end hook, and must not end it because the stream is
+    not capturing."""
+    core.register_stream(CAP)
+    try:
+        pool = (0x75, 0)
+        assert core.graph(BEGIN, DEV, *pool) == Status.OK  # use_mem_pool enters
+        p = galloc(MIB, pool)  # routed to the pool, no capture on CAP
+        assert stats()["captures_active"] == 1
+        assert core.trim(DEV, 0) == Status.OK  # a forced look
+        assert stats()["captures_active"] == 1
+        core.free(p)
+        assert core.graph(END, DEV, *pool) == Status.OK  # use_mem_pool exits
+        assert core.graph(RELEASE, DEV, *pool) == Status.OK  # the MemPool goes
+        s = stats()
+        assert s["captures_active"] == 0 and s["graph_bytes"] == 0 and s["used"] == 0
+    finally:
+        core.forget_stream(CAP)
