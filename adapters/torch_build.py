@@ -76,6 +76,9 @@ ABI_HEADER = _HERE / "_torch_abi.h"
 
 #: Why the C++ allocator is not available (empty when it is).
 reason = ""
+#: Whether the last :func:`load` found a torch built without CUDA (nothing to build, and
+#: nothing to fall back to: unify leaves such a torch alone or refuses it).
+without_cuda = False
 #: Whether the last :func:`load` found the module built already.
 built_from_cache = False
 #: Seconds the last build took (0 when it came from the cache).
@@ -175,7 +178,7 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
     verbose
         Show the compiler's output.
     """
-    global reason, built_from_cache, build_seconds, location
+    global reason, built_from_cache, build_seconds, location, without_cuda
     try:
         torch = _torch()
     except ImportError as exc:
@@ -187,6 +190,14 @@ def load(*, build: bool = True, verbose: bool = False) -> ModuleType | None:
     if os.environ.get(PLUGGABLE_ENV, "").strip() not in ("", "0"):
         reason = (
             f"{PLUGGABLE_ENV}={os.environ[PLUGGABLE_ENV]} asks for torch's CUDAPluggableAllocator"
+        )
+        return None
+    without_cuda = getattr(torch.version, "cuda", None) is None  # a CPU-only (or ROCm) build
+    if without_cuda:
+        reason = (
+            f"torch {torch.__version__} is built without CUDA (torch.version.cuda is None): it "
+            "has no CUDA allocator to build against; install a CUDA build (pip uninstall torch, "
+            "then pip install torch)"
         )
         return None
     interface = torch_interface.read()

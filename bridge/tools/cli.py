@@ -381,7 +381,8 @@ def _build_cmd(args: argparse.Namespace, out: TextIO) -> int:
     module = builder.load(verbose=args.verbose)
     if module is None:
         print(f"{what} is not available: {builder.reason}.", file=out)
-        print(fallback, file=out)
+        if not getattr(builder, "without_cuda", False):  # a CPU-only torch has no fallback
+            print(fallback, file=out)
         return EXIT_ERROR
     how = (
         "found in the cache"

@@ -337,3 +337,27 @@ def test_a_cuda_jax_is_told_from_its_installed_files(tmp_path, monkeypatch, file
     assert not {"jaxlib", "jax_plugins", "jax_cuda13_plugin", "jax_cuda12_plugin"} & set(
         sys.modules
     )
+
+
+def test_build_torch_with_a_cpu_only_torch_says_so_at_once_and_compiles_nothing(
+    cpu_torch, tmp_path
+):
+    path, version = cpu_torch
+    e = dict(os.environ, BRIDGE_CACHE_DIR=str(tmp_path / "cache"))
+    if path:
+        e["PYTHONPATH"] = os.pathsep.join(p for p in (path, e.get("PYTHONPATH")) if p)
+    r = subprocess.run(
+        [sys.executable, "-m", "bridge", "build-torch"],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    words = r.stdout + r.stderr
+    assert r.returncode == 1, words
+    assert f"torch {version} is built without CUDA (torch.version.cuda is None)" in words
+    assert "pip uninstall torch, then pip install torch" in words
+    assert "compiling" not in words and "Traceback" not in words
+    # nothing to fall back to: unify leaves a CPU-only torch alone, on no allocator of ours
+    assert "CUDAPluggableAllocator" not in words
+    assert not (tmp_path / "cache").exists()  # nothing built, nothing kept
