@@ -17,12 +17,10 @@ from __future__ import annotations
 
 __all__ = ["BridgePlugin", "worker_label"]
 
-import inspect
 from typing import Any
 
 from bridge import share as _share
-from bridge.budget import DEVICE_MEMORY, parse_size
-from bridge.unify import unify
+from bridge.unify import check_keywords, unify
 
 try:
     from distributed import WorkerPlugin
@@ -32,23 +30,6 @@ except ImportError as _exc:  # the optional extra is missing: say what to instal
         "with pip install 'distributed>=2024.1' (from a checkout of the bridge: "
         "pip install -e '.[dask]'); dask-cuda is optional (LocalCUDACluster)."
     ) from _exc
-
-_UNIFY_ARGS = frozenset(inspect.signature(unify).parameters)
-
-
-def _checked(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """unify()'s keywords, checked where they can be without a driver (in the client)."""
-    unknown = sorted(set(kwargs) - _UNIFY_ARGS)
-    if unknown:
-        raise ValueError(
-            f"BridgePlugin({', '.join(f'{k}=...' for k in unknown)}): not a keyword of "
-            f"bridge.unify; it takes {', '.join(sorted(_UNIFY_ARGS))}"
-        )
-    if "budget" in kwargs:
-        parse_size(kwargs["budget"], total=1 << 40, name="budget", of=DEVICE_MEMORY)
-    if "share" in kwargs:
-        _share.share_name(kwargs["share"])
-    return dict(kwargs)
 
 
 def worker_label(name: object, address: object) -> str:
@@ -92,7 +73,7 @@ class BridgePlugin(WorkerPlugin):
     name = "bridge"
 
     def __init__(self, **unify_kwargs: Any) -> None:
-        self.unify_kwargs = _checked(unify_kwargs)
+        self.unify_kwargs = check_keywords(unify_kwargs, "BridgePlugin")
         self.unify_kwargs.setdefault("device", 0)
 
     def setup(self, worker: Any) -> None:

@@ -38,7 +38,6 @@ __all__ = [
 
 import functools
 import importlib
-import inspect
 import os
 import threading
 import warnings
@@ -47,9 +46,9 @@ from typing import Any
 
 from bridge import share as _share
 from bridge._errors import BridgeError
-from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, parse_size, size_from_env
+from bridge.budget import GPU_LIMIT_ENV, parse_size, size_from_env
 from bridge.pool import pool, stats
-from bridge.unify import Bridge, unify
+from bridge.unify import Bridge, check_keywords, unify
 
 try:
     import ray
@@ -60,26 +59,10 @@ except ImportError as _exc:  # the optional extra is missing: say what to instal
     ) from _exc
 
 DEFAULT_SHARE = "ray"  # the share of the workers on one GPU when share= is not given
-_UNIFY_ARGS = frozenset(inspect.signature(unify).parameters) - {"device"}
 _lock = threading.Lock()
 _settings: dict[str, Any] | None = None  # what the setup hook recorded in this worker
 # what the last unify_worker() saw: the fraction and CUDA_VISIBLE_DEVICES (Ray's GPUs)
 last_setup: dict[str, Any] = {}
-
-
-def _checked(kwargs: dict[str, Any], where: str) -> dict[str, Any]:
-    """unify()'s keywords, checked where they can be without a driver (in the driver)."""
-    unknown = sorted(set(kwargs) - _UNIFY_ARGS)
-    if unknown:
-        raise ValueError(
-            f"{where}({', '.join(f'{k}=...' for k in unknown)}): not a keyword it takes; it takes "
-            f"bridge.unify's but device (Ray gives the GPUs): {', '.join(sorted(_UNIFY_ARGS))}"
-        )
-    if "budget" in kwargs:
-        parse_size(kwargs["budget"], total=1 << 40, name="budget", of=DEVICE_MEMORY)
-    if "share" in kwargs:
-        _share.share_name(kwargs["share"])
-    return dict(kwargs)
 
 
 class WorkerSetup:
@@ -92,7 +75,7 @@ class WorkerSetup:
     """
 
     def __init__(self, **unify_kwargs: Any) -> None:
-        self.unify_kwargs = _checked(unify_kwargs, "bridge.ray.worker_setup")
+        self.unify_kwargs = check_keywords(unify_kwargs, "bridge.ray.worker_setup", but="device")
         self.__name__ = "bridge.ray.worker_setup"  # Ray names the hook by it in its messages
 
     def __call__(self) -> None:
@@ -180,7 +163,7 @@ def unify_worker(**unify_kwargs: Any) -> Bridge:
         )
     with _lock:
         kwargs = dict(_settings or {})
-    kwargs.update(_checked(unify_kwargs, "bridge.ray.unify_worker"))
+    kwargs.update(check_keywords(unify_kwargs, "bridge.ray.unify_worker", but="device"))
     share = kwargs.pop("share", None)
     share = DEFAULT_SHARE if share is None else share
     whole = kwargs.pop("budget", None)

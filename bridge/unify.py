@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
-__all__ = ["Bridge", "unify", "current"]
+__all__ = ["Bridge", "check_keywords", "unify", "current"]
 
 import importlib
 import importlib.util
+import inspect
 import threading
 import warnings
 from collections.abc import Iterable
 from types import ModuleType
+from typing import Any
 
 from bridge import _env, _runtime, _wait, frameworks, recovery, views
 from bridge import share as _share
@@ -514,3 +516,29 @@ def _not_installed(missing: dict[str, ImportError]) -> BridgeError:
         f"or '.[cuda12]' after {own_index_command(12)}), or pass {offs}, or leave "
         f"{'it' if len(names) == 1 else 'them'} out to set up only what is installed."
     )
+
+
+def check_keywords(kwargs: dict[str, Any], where: str, *, but: str = "") -> dict[str, Any]:
+    """``unify()``'s keywords for a later call elsewhere (a Dask or Ray worker), checked here.
+
+    What can be checked without a driver is: the names (``but``: one that ``where`` sets
+    itself, such as ``device``), the budget's form and the share's name. Returns a copy.
+
+    Raises
+    ------
+    ValueError
+        Naming ``where``, the keyword and what it takes instead.
+    """
+    takes = sorted(set(inspect.signature(unify).parameters) - {but})
+    unknown = sorted(set(kwargs) - set(takes))
+    if unknown:
+        sets = f" but {but} ({where} chooses it)" if but else ""
+        raise ValueError(
+            f"{where}({', '.join(f'{k}=...' for k in unknown)}): not a keyword it takes; it takes "
+            f"bridge.unify's{sets}: {', '.join(takes)}"
+        )
+    if "budget" in kwargs:
+        parse_size(kwargs["budget"], total=1 << 40, name="budget", of=DEVICE_MEMORY)
+    if "share" in kwargs:
+        _share.share_name(kwargs["share"])
+    return dict(kwargs)

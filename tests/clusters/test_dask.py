@@ -83,7 +83,9 @@ def test_each_worker_is_unified_with_the_budget_on_its_own_gpu(client):
 def test_a_bad_budget_is_refused_in_the_client_before_any_worker_is_touched(client):
     with pytest.raises(ValueError, match="budget"):
         bridge.dask.BridgePlugin(budget="lots")
-    with pytest.raises(ValueError, match=re.escape("(budgett=...): not a keyword of bridge.unify")):
+    with pytest.raises(
+        ValueError, match=re.escape("BridgePlugin(budgett=...): not a keyword it takes")
+    ):
         bridge.dask.BridgePlugin(budgett="64MiB")
     with pytest.raises(ValueError, match="share"):
         bridge.dask.BridgePlugin(share="")
