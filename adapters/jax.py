@@ -197,11 +197,14 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
     for d in devices:
         _runtime.ensure_device(d)
     found = {var: os.environ.get(var) for var in _WRITES}
+    caches = {d: core.stats(d)[1]["cache_limit"] for d in devices}  # _configure turns it off
     try:
         _configure(devices, partition)
         _start(devices)
     except BaseException as exc:
         _put_back(found)
+        for d, limit in caches.items():
+            core.set_cache(d, limit)
         if isinstance(exc, RuntimeError) and not isinstance(exc, BridgeError):
             raise BridgeError(
                 f"bridge.unify(jax=True): JAX did not start on the GPU ({exc}). The bridge put "

@@ -64,6 +64,7 @@ def state():
         "xla": {k: v for k, v in os.environ.items() if k.startswith("XLA_")},
         "limit": bridge.pool(0).get_limit(),
         "threshold": bridge.stats(0).release_threshold,
+        "cache": bridge._runtime.core.stats(0)[1]["cache_limit"],
         "bridge": unify_mod.current() is not None,
         "jax_imported": "jax" in sys.modules,
         "torch_loads": len(loads),
@@ -296,7 +297,9 @@ def test_a_jax_that_fails_to_start_on_the_gpu_is_put_back(cpu_jax):
     assert text.startswith("bridge.unify(jax=True): JAX did not start on the GPU (")
     assert "Unknown backend" in text and "put back the XLA_PYTHON_CLIENT_* variables" in text
     assert out["after"]["xla"] == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # as it was
-    assert out["after"] == out["before"] | {"jax_imported": True}  # the budget put back too
+    # the budget and the cache (turned off for JAX) put back too
+    assert out["after"] == out["before"] | {"jax_imported": True}
+    assert out["after"]["cache"] > 0
     assert out["started"] is False  # the backends this call started are cleared
     assert out["frameworks"] == []
 
