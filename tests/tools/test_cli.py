@@ -786,8 +786,13 @@ def test_doctor_warns_about_two_cuda_majors(standin, tmp_path):
         "2.11.0",
         {
             "torch/__init__.py": POISON,
-            "torch/version.py": "cuda: Optional[str] = '13.0'\n",
+            "torch/version.py": "__version__ = '2.11.0'\ncuda: Optional[str] = '13.0'\n",
             "torch/cuda/memory.py": "class CUDAPluggableAllocator:\n    pass\n",
+            # the C++ headers a CUDA wheel ships: the allocator can be built for it
+            "torch/include/c10/cuda/CUDACachingAllocator.h": (
+                "class CUDAAllocator : public DeviceAllocator {\n"
+                " public:\n  virtual std::string name() = 0;\n};\n"
+            ),
         },
     )
     _fake_package(
