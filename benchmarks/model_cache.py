@@ -4,6 +4,7 @@
     python benchmarks/model_cache.py [TRACES...]         (default: benchmarks/traces/*.json.gz)
     python benchmarks/model_cache.py --grid [TRACES...]  (the tiers' settings, searched)
     python benchmarks/model_cache.py --carve-grid        (the carved classes' settings)
+    python benchmarks/model_cache.py --native [TRACES...]  (segments beside native torch)
 
 Replays each trace as ``bench_trace.py replay`` does (five passes in one process, pool and
 cache kept from pass to pass, the blocks still live at the end of a pass freed through the
@@ -21,6 +22,13 @@ separate heaps; ``Heap`` (best fit over coalesced free ranges) reads low under c
 ``ChunkedHeap`` (no block of up to 32 MiB straddles a chunk) high, and the two bracket the
 H200's figures of the cached policies. The figures: docs/design.md, "A cache of carved
 small blocks: the model's figures".
+
+The policy ``segments`` is issue 62's design (``Segments``: torch's mechanism, segments
+with best fit, splitting and coalescing, over the driver's pool, one release rule); a
+model only until the core does it. ``native()`` models what bench_trace.py's ``native``
+replays (torch's caching allocator, ``TorchNative``; CuPy's MemoryPool, ``CupyNative``,
+for a mixed trace's CuPy events) and reproduces the H200's native figures
+(``MEASURED_NATIVE``); ``--native`` prints ``segments`` beside it on each trace.
 """
 
 from __future__ import annotations
@@ -197,6 +205,18 @@ class Settings:
     large_live_min: float = 0.0
     #: a model only: the carved classes return an emptied chunk lazily (Carver's ``lazy``)
     carve_lazy: bool = False
+    #: segments (issue 62's design; ``Segments``): every request carved from pool segments,
+    #: best fit with splitting and coalescing, one release rule; the tiers and carved
+    #: classes see nothing
+    segments: bool = False
+    seg_share: float = 1 / 16  # a large segment: this share of the live bytes, a power of two
+    seg_min: int = 64 * MIB  # ... at least this
+    seg_max: int = 512 * MIB  # ... at most this (a larger request: a segment of its own)
+    #: on a miss, empty segments go back while held + the new segment > this x the HWM of
+    #: the live bytes
+    seg_slack: float = 1.05
+    #: a large range is split when what is left is over this (0: whatever is left)
+    seg_split: int = MIB
 
 
 def live_chunk(share: float, low: int, high: int) -> Any:
@@ -259,6 +279,14 @@ POLICIES = {
                                   (DEVICE, live_chunk(1 / 8, 32 * MIB, 256 * MIB), 0))),
     "carve-all": Settings(limit=0, carve=((MIB, 2 * MIB, DEVICE), (DEVICE, 64 * MIB, 64 * MIB)),
                           large_fraction=0),
+    # torch's mechanism over the pool (``Segments``): 2 MiB segments for requests up to
+    # 1 MiB, live/16 (a power of two, 64-512 MiB) for larger ones, best fit, splitting,
+    # coalescing, per stream; empty segments kept, given back oldest first on a miss that
+    # would hold more than 1.05 x the HWM of the live bytes
+    "segments": Settings(limit=0, segments=True),
+    # segments with carve.c's splitting (a large range split whatever is left): the same
+    # hits and memory on the four traces (tests/benchmarks/test_model_cache.py)
+    "segments-core": Settings(limit=0, segments=True, seg_split=0),
 }
 
 EVICT_MAX = 16  # BRIDGE_CACHE_EVICT_MAX: blocks one put or trim hands back
@@ -526,6 +554,232 @@ class Carver:
         return sum(i[3] for i in self.info.values())
 
 
+class Segments:
+    """Issue 62's cache: every request served from segments taken from the pool, as
+    torch's caching allocator serves from cudaMalloc'd segments.
+
+    Sizes rounded up to 512 B (at least 512). A request of up to SMALL (1 MiB, after
+    rounding) is served from the small segments (2 MiB each), a larger one from the
+    large segments: ``share`` of the live bytes at the miss rounded up to a power of
+    two, within [``low``, ``high``]; a request larger than that gets a segment of its
+    own, rounded up to 2 MiB, whose rest later requests may take. Best fit over the free
+    ranges of the request's stream and size class: the smallest range that holds it,
+    then the oldest segment, then the lowest offset. The range is split when what is
+    left is at least 512 B (small) or over 1 MiB (large); else the whole range is
+    handed out. A freed block coalesces with its free neighbours; a segment with
+    nothing handed out is kept (``empty``, in the order it emptied).
+
+    ``split``: a large range is split when what is left is over this (torch: 1 MiB; 0:
+    whatever is left, as carve.c does, which never changes a hit: a rest of at most 1 MiB
+    holds no large request).
+
+    The release rule: ``hwm`` is the high-water mark of the live bytes (``live``: the
+    requested sizes of the blocks handed out). On a miss, before a new segment of S bytes
+    is taken, while ``held`` + S > ``slack`` x ``hwm`` and a segment is empty, the one
+    that emptied first goes back to the pool; a segment with anything handed out never
+    does. ``flush`` (pressure, empty_cache) gives back every empty segment. ``taken``
+    and ``returned`` count the segments (each one driver call)."""
+
+    SMALL = MIB
+    SMALL_SEGMENT = 2 * MIB
+    ROUND = 2 * MIB  # a segment of its own is rounded up to this
+
+    def __init__(self, pool: Pool, share: float = 1 / 16, low: int = 64 * MIB,
+                 high: int = 512 * MIB, slack: float = 1.05, split: int = MIB) -> None:  # fmt: skip
+        self.pool, self.share, self.low, self.high, self.slack = pool, share, low, high, slack
+        self.split = split
+        self.fits: dict[tuple, list] = defaultdict(list)  # (stream, large) -> (size, no, off)
+        self.ranges: dict[int, list] = {}  # segment no -> its free (offset, size), by offset
+        #: segment no -> [pool block, stream, large, bytes, blocks handed out]
+        self.info: dict[int, list] = {}
+        self.empty: OrderedDict = OrderedDict()  # empty segment no -> None, as they emptied
+        self.next_no = self.taken = self.returned = 0
+        self.held = self.used = self.live = self.hwm = 0  # used: bytes handed out
+
+    def segment_for(self, n: int, live: int) -> int:
+        """The bytes of the segment a miss of ``n`` (rounded) bytes takes."""
+        if n <= self.SMALL:
+            return self.SMALL_SEGMENT
+        want = max(int(live * self.share), 1)
+        size = min(self.high, max(self.low, 1 << (want - 1).bit_length()))
+        return size if n <= size else -(-n // self.ROUND) * self.ROUND
+
+    def _unlink(self, key: tuple, no: int, off: int, size: int) -> None:
+        self.fits[key].remove((size, no, off))
+        self.ranges[no].remove((off, size))
+
+    def _link(self, key: tuple, no: int, off: int, size: int) -> None:
+        bisect.insort(self.fits[key], (size, no, off))
+        bisect.insort(self.ranges[no], (off, size))
+
+    def alloc(self, n: int, stream: int, live: int = 0) -> tuple[tuple, bool]:
+        """(the block, whether a new segment was taken from the pool); ``live``: the
+        device's live bytes (a large segment's size follows them)."""
+        req, n = n, max(512, -(-n // 512) * 512)
+        large = n > self.SMALL
+        key = (stream, large)
+        fits = self.fits[key]
+        i = bisect.bisect_left(fits, (n, -1, -1))
+        new = i == len(fits)
+        if new:
+            size = self.segment_for(n, live)
+            self.hwm = max(self.hwm, self.live + req)
+            while self.empty and self.held + size > self.slack * self.hwm:
+                self._return(next(iter(self.empty)))
+            no, self.next_no = self.next_no, self.next_no + 1
+            self.info[no] = [self.pool.alloc(size), stream, large, size, 0]
+            self.ranges[no] = []
+            self._link(key, no, 0, size)
+            self.empty[no] = None
+            self.held += size
+            self.taken += 1
+            i = bisect.bisect_left(fits, (n, -1, -1))
+        size, no, off = fits[i]
+        self._unlink(key, no, off, size)
+        rest = size - n
+        if rest > self.split if large else rest >= 512:
+            self._link(key, no, off + n, rest)
+        else:
+            n = size
+        info = self.info[no]
+        if info[4] == 0:
+            del self.empty[no]
+        info[4] += 1
+        self.used += n
+        self.live += req
+        self.hwm = max(self.hwm, self.live)
+        return ("segment", self, no, off, n, req), new
+
+    def free(self, block: tuple) -> None:
+        """Give a block back to its segment, coalesced with its free neighbours."""
+        _, _, no, off, n, req = block
+        info = self.info[no]
+        key = (info[1], info[2])
+        self.used -= n
+        self.live -= req
+        r = self.ranges[no]
+        i = bisect.bisect(r, (off, 0))
+        if i < len(r) and off + n == r[i][0]:  # the free range after it
+            nxt = r[i]
+            self._unlink(key, no, *nxt)
+            n += nxt[1]
+        if i and sum(r[i - 1]) == off:  # the one before it
+            prv = r[i - 1]
+            self._unlink(key, no, *prv)
+            off, n = prv[0], prv[1] + n
+        self._link(key, no, off, n)
+        info[4] -= 1
+        if info[4] == 0:
+            self.empty[no] = None
+
+    def _return(self, no: int) -> None:
+        block, stream, large, size, _ = self.info.pop(no)
+        self._unlink((stream, large), no, 0, size)
+        del self.ranges[no]
+        del self.empty[no]
+        self.pool.release(block)
+        self.held -= size
+        self.returned += 1
+
+    def flush(self) -> None:
+        for no in list(self.empty):
+            self._return(no)
+
+    @property
+    def idle(self) -> int:
+        """Bytes the segments hold that no live block asked for (carve.c's carve_idle)."""
+        return self.held - self.live
+
+
+class TorchNative(Segments):
+    """A model of native torch's caching allocator (CUDACachingAllocator, no settings):
+    ``Segments``' best fit, splitting and coalescing over cudaMalloc'd segments, with
+    torch's segment sizes (a request of up to 1 MiB: 2 MiB; up to 10 MiB: 20 MiB; larger:
+    its own size rounded up to 2 MiB) and nothing ever given back (no allocation is
+    refused in a replay). Its reserved is ``held``, its driver calls ``taken``. Where
+    torch breaks a tie between free blocks of one size by address, this takes the oldest
+    segment, then the lowest offset."""
+
+    def __init__(self) -> None:
+        super().__init__(Pool(), slack=float("inf"))
+
+    def segment_for(self, n: int, live: int) -> int:
+        if n <= self.SMALL:
+            return self.SMALL_SEGMENT
+        if n < 10 * MIB:
+            return 20 * MIB
+        return -(-n // self.ROUND) * self.ROUND
+
+
+class CupyNative(Segments):
+    """A model of CuPy's default MemoryPool: sizes rounded up to 512 B, one arena per
+    stream (no size classes), the smallest free chunk that holds the request, split
+    whatever is left, coalesced on free; a miss cudaMallocs the rounded request itself;
+    nothing given back (``free_all_blocks`` runs only after a refused cudaMalloc)."""
+
+    SMALL = 1 << 62  # one arena: every request "small", split down to 512 B
+
+    def __init__(self) -> None:
+        super().__init__(Pool(), slack=float("inf"))
+
+    def segment_for(self, n: int, live: int) -> int:
+        return n
+
+
+def native(events: list, passes: int = 5, warmup: bool = True) -> dict:
+    """The trace replayed as bench_trace.py's ``native`` does: torch's caching allocator
+    (TorchNative), CuPy's MemoryPool (CupyNative) for a mixed trace's CuPy events; its
+    reserved is theirs together (both only grow: bench_trace.py reads the sum at the
+    end). The H200's figures: MEASURED_NATIVE."""
+    torch, cupy = TorchNative(), CupyNative()
+    live: dict[int, tuple | None] = {}
+    live_bytes = peak_live = hits = allocs = 0
+    first = (0, 0)
+
+    def alloc(e: list) -> tuple:
+        nonlocal live_bytes, peak_live, hits, allocs
+        allocs += 1
+        a = cupy if len(e) > 4 and e[4] == 1 else torch
+        block, new = a.alloc(e[2], e[3])
+        hits += not new
+        live_bytes += e[2]
+        peak_live = max(peak_live, live_bytes)
+        return (a, block, e[2])
+
+    def free(item: tuple) -> None:
+        nonlocal live_bytes
+        item[0].free(item[1])
+        live_bytes -= item[2]
+
+    if warmup:  # torch.zeros(1)
+        free(alloc([0, -1, 4, 0]))
+        peak_live = 0
+    for k in range(passes):
+        for e in events:
+            if e[0] == 0:
+                live[e[1]] = alloc(e) if e[2] else None
+            elif (item := live.pop(e[1])) is not None:
+                free(item)
+        for item in live.values():
+            if item is not None:
+                free(item)
+        live.clear()
+        if k == 0:
+            first = (hits, allocs)
+    steady = allocs - first[1]
+    reserved = torch.held + cupy.held
+    return {
+        "hits": hits / allocs,
+        "steady_hits": (hits - first[0]) / steady if steady else None,
+        "allocs": allocs,
+        "cache_hits": hits,
+        "peak_reserved": reserved,
+        "peak_live": peak_live,
+        "reserved_over_live": reserved / peak_live,
+        "driver_calls": torch.taken + cupy.taken,  # cudaMalloc calls
+    }
+
+
 def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | None = None,
            warmup: bool = False, record: list | None = None, pool_model: str = "heap",
            ops: list | None = None, **settings: Any) -> dict:  # fmt: skip
@@ -550,17 +804,23 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
     pool = Pool(POOLS[pool_model]) if ops is None else RecordingPool(POOLS[pool_model], ops)
     cache = Cache(s)
     carvers = [Carver(pool, *c, lazy=s.carve_lazy) for c in s.carve]
+    segs = (Segments(pool, s.seg_share, s.seg_min, s.seg_max, s.seg_slack, s.seg_split)
+            if s.segments else None)  # fmt: skip
     live: dict[int, tuple | None] = {}
-    live_bytes = peak_live = hits = allocs = peak_reserved = carved_live = 0
+    live_bytes = peak_live = hits = allocs = peak_reserved = carved_live = peak_held = 0
 
     def kept() -> int:  # the bytes kept for reuse: cached blocks, chunks' idle bytes
-        return cache.bytes + sum(c.held for c in carvers) - carved_live
+        idle = segs.idle if segs is not None else 0
+        return cache.bytes + sum(c.held for c in carvers) - carved_live + idle
 
     def alloc(size: int, stream: int) -> tuple:
-        nonlocal live_bytes, peak_live, hits, allocs, peak_reserved, carved_live
+        nonlocal live_bytes, peak_live, hits, allocs, peak_reserved, carved_live, peak_held
         allocs += 1
         carver = next((c for c in carvers if size <= c.largest), None)
-        if carver is not None:
+        if segs is not None:
+            block, new = segs.alloc(size, stream, live_bytes)
+            hits += not new
+        elif carver is not None:
             block, new = carver.alloc(size, stream, live_bytes)
             hits += not new
             carved_live += size
@@ -571,12 +831,17 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
         live_bytes += size
         peak_live = max(peak_live, live_bytes)
         peak_reserved = max(peak_reserved, pool.reserved())
+        if segs is not None:
+            peak_held = max(peak_held, segs.held)
         return (block, size, stream)
 
     def free(item: tuple) -> None:
         nonlocal live_bytes, carved_live
         block, size, stream = item
         live_bytes -= size
+        if block[0] == "segment":
+            block[1].free(block)
+            return
         if block[0] == "carved":
             carved_live -= size
             block[1].free(block, live_bytes)
@@ -593,7 +858,8 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
     if warmup:
         free(alloc(4, 0))
         peak_live = 0
-    for _ in range(passes):
+    first = (0, 0)  # (hits, allocations) at the end of the first pass
+    for k in range(passes):
         for e in events:
             if e[0] == 0:
                 live[e[1]] = alloc(e[2], e[3]) if e[2] else None
@@ -611,9 +877,14 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
             record.append(kept())
         if ops is not None:
             ops.append(0)  # the end of a pass (bench_trace.py synchronizes there)
+        if k == 0:
+            first = (hits, allocs)
     assert peak_reserved == pool.reserved()  # the pool never unmaps
+    steady = allocs - first[1]
     return {
         "hits": hits / allocs,
+        # the passes after the first: what a program that runs on sees
+        "steady_hits": (hits - first[0]) / steady if steady else None,
         "reserved_over_live": pool.reserved() / peak_live,
         "allocs": allocs,
         "cache_hits": hits,
@@ -622,6 +893,11 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
         "driver_calls": pool.calls,  # allocations and frees that reached the pool
         "chunks": [{"largest": c.largest, "chunk": c.chunk_of(peak_live), "mapped": c.mapped,
                     "returned": c.returned, "held": c.held} for c in carvers],  # fmt: skip
+        # the segments: taken and given back (each a driver call), the most bytes they
+        # held at once beside the HWM of the live bytes they served
+        "segments": None if segs is None else {
+            "taken": segs.taken, "returned": segs.returned, "held": segs.held,
+            "peak_held": peak_held, "hwm": segs.hwm},  # fmt: skip
     }
 
 
@@ -645,6 +921,11 @@ MEASURED = {
     ("cupy-fft", "tiers-fixed"): (1.898, 703, 1041),
     ("cupy-fft", "allhits"): (3.497, None, None),
 }
+
+#: native torch on the H200 (bench_trace.py's ``native``: torch's caching allocator, CuPy's
+#: MemoryPool beside it on mixed): peak reserved / peak live, benchmarks/results/trace.md
+#: (the run of 2026-12-03); ``native()`` models it
+MEASURED_NATIVE = {"gpt2": 1.185, "resnet50": 1.210, "cupy-fft": 1.799, "mixed": 2.425}
 
 KIB = 1 << 10
 #: the settings a user has without a rebuild, searched by ``--grid``
@@ -676,8 +957,51 @@ def compare(traces: list[dict]) -> None:
                 f"{c['reserved_over_live']:>11.3f} "
                 f"{f'{gh:,} of {ga:,}' if gh else '':>16} {f'{gpu:.3f}' if gpu else '':>9}"
             )
+        n = native(trace["events"])
+        gpu = MEASURED_NATIVE.get(trace["name"])
+        print(f"{trace['name']:<10} {'(native)':<13} {n['cache_hits']:>7,} of {n['allocs']:>6,} "
+              f"{n['driver_calls'] / n['allocs']:>11.2f} {n['reserved_over_live']:>9.3f} "
+              f"{'':>11} {'':>16} {f'{gpu:.3f}' if gpu else '':>9}")  # fmt: skip
         print(f"{trace['name']:<10} {'(floor)':<13} {'':>16} {'':>11} "
               f"{floor(trace['events']):>9.3f}")  # fmt: skip
+
+
+def beside_native(traces: list[dict], policy: str = "segments") -> list[dict]:
+    """A policy beside native torch on each trace: its hits (all five passes, warm-up
+    included, and the four after the first), its driver calls, its segments' peak over
+    peak live and the pool's reserved over live under both pool models; native's hits,
+    reserved over live (the model's, and the H200's where measured)."""
+    rows = []
+    for trace in traces:
+        ev = trace["events"]
+        r, c = (replay(ev, policy, warmup=True, pool_model=m) for m in ("heap", "chunked"))
+        n = native(ev)
+        seg = r["segments"]
+        rows.append({
+            "trace": trace["name"], "hits": r["hits"], "steady_hits": r["steady_hits"],
+            "driver_calls": r["driver_calls"],
+            "held": seg["peak_held"] / r["peak_live"] if seg else None,
+            "heap": r["reserved_over_live"], "chunked": c["reserved_over_live"],
+            "native_hits": n["hits"], "native_steady_hits": n["steady_hits"],
+            "native_calls": n["driver_calls"], "native": n["reserved_over_live"],
+            "native_h200": MEASURED_NATIVE.get(trace["name"]),
+        })  # fmt: skip
+    return rows
+
+
+def print_beside_native(traces: list[dict], policy: str = "segments") -> None:
+    print(f"{policy} beside native torch (five passes, warm-up included; hits: all passes / "
+          f"after the first; r/l: peak reserved / peak live)")  # fmt: skip
+    print(f"{'trace':<10} {'hits':>7} {'steady':>7} {'calls':>6} {'held/l':>7} "
+          f"{'r/l heap':>9} {'chunked':>8} | {'native hits':>11} {'steady':>7} {'calls':>6} "
+          f"{'r/l':>6} {'H200 r/l':>8}")  # fmt: skip
+    for w in beside_native(traces, policy):
+        h200 = f"{w['native_h200']:.3f}" if w["native_h200"] else ""
+        held = f"{w['held']:.3f}" if w["held"] else ""
+        print(f"{w['trace']:<10} {w['hits']:>7.1%} {w['steady_hits']:>7.1%} "
+              f"{w['driver_calls']:>6,} {held:>7} {w['heap']:>9.3f} {w['chunked']:>8.3f} | "
+              f"{w['native_hits']:>11.1%} {w['native_steady_hits']:>7.1%} "
+              f"{w['native_calls']:>6,} {w['native']:>6.3f} {h200:>8}")  # fmt: skip
 
 
 def floor(events: list) -> float:
@@ -735,10 +1059,14 @@ def carve_grid(traces: list[dict]) -> list[dict]:
 
 def main(argv: list[str]) -> None:
     show_grid, show_carve = "--grid" in argv, "--carve-grid" in argv
-    paths = [a for a in argv if a not in ("--grid", "--carve-grid")]
+    show_native = "--native" in argv
+    paths = [a for a in argv if a not in ("--grid", "--carve-grid", "--native")]
     paths = paths or sorted(glob.glob(os.path.join(HERE, "traces", "*.json.gz")))
     traces = [load(p) for p in paths]
     names = [t["name"] for t in traces]
+    if show_native:
+        print_beside_native(traces)
+        return
     if show_carve:
         print(f"{'MEDIUM':>7} {'CHUNK':>7} {'KEEP':>8} {'LARGE TIER':>13} "
               + " ".join(f"{n + ': hits, r/l heap/chunked':>30}" for n in names))  # fmt: skip

@@ -304,7 +304,7 @@ def test_the_pool_models_bracket_the_h200_where_the_cache_keeps_blocks():
     assert all(inside.values()), inside
 
 
-@pytest.mark.parametrize("policy", ["none", "tiers", "carve-all"])
+@pytest.mark.parametrize("policy", ["none", "tiers", "carve-all", "segments"])
 def test_the_recorded_pool_calls_replay_to_the_same_pool(policy):
     """replay(ops=...) writes down every call that reaches the pool, in order
     (probes/pool_sequence.py gives them to the GPU's pool): as many as the model counts,
@@ -394,3 +394,170 @@ def test_the_model_carves_as_carve_c_does(standin, carving):
         core.set_cache(0, 0)
         assert core.stats(0)[1]["carve_held"] == 0 and core.stats(0)[1]["cached"] == 0
         core.set_cache(0, limit)
+
+
+# ---- segments (issue 62's design) and the models of the native allocators ----
+
+
+def test_segments_carve_small_requests_from_2_mib_and_large_from_live_sized_segments():
+    pool = mc.Pool()
+    s = mc.Segments(pool)
+    a, new = s.alloc(1, 0)  # 512 B at least, from a 2 MiB segment
+    assert new and a[2:] == (0, 0, 512, 1) and s.info[0][3] == 2 * MIB  # (no, off, n, asked)
+    b, new = s.alloc(MIB, 0)  # 1 MiB is still small: the same segment, right after a
+    assert not new and b[2:] == (0, 512, MIB, MIB)
+    c, new = s.alloc(MIB + 1, 0, live=0)  # large: live / 16 is under 64 MiB, so 64 MiB
+    assert new and s.info[c[2]][3] == 64 * MIB
+    d, new = s.alloc(2 * MIB, 0, live=4096 * MIB)  # fits the 64 MiB segment's rest
+    assert not new and d[2] == c[2]
+    e, new = s.alloc(2 * MIB, 1, live=4096 * MIB)  # another stream: 4 GiB / 16 = 256 MiB
+    assert new and s.info[e[2]][3] == 256 * MIB
+    f, new = s.alloc(9000 * MIB + 1, 1, live=1 << 40)  # over 512 MiB: its own, 2 MiB steps
+    assert new and s.info[f[2]][3] == 9002 * MIB
+    assert s.segment_for(3 * MIB, 3 << 30) == 256 * MIB  # 192 MiB, a power of two up
+    assert s.segment_for(3 * MIB, 1 << 50) == 512 * MIB
+    assert (c[4], f[4]) == (MIB + 512, 9000 * MIB + 512)  # rounded to 512 B, the rest split
+    assert s.taken == pool.calls == 4 and s.used == sum(x[4] for x in (a, b, c, d, e, f))
+    # every byte of each segment is either handed out or in a free range
+    for no, (_, _, _, size, _) in s.info.items():
+        out = sum(blk[4] for blk in (a, b, c, d, e, f) if blk[2] == no)
+        assert out + sum(z for _, z in s.ranges[no]) == size
+
+
+def test_a_large_rest_of_1_mib_is_not_split_off_a_small_rest_of_512_bytes_is():
+    s = mc.Segments(mc.Pool())
+    a, _ = s.alloc(63 * MIB, 0)  # 1 MiB left in the 64 MiB segment: not over 1 MiB
+    assert a[4] == 64 * MIB and s.ranges[a[2]] == [] and s.used == 64 * MIB
+    s.free(a)
+    b, _ = s.alloc(63 * MIB - 512, 0)  # 1 MiB + 512 B left: split
+    assert b[4] == 63 * MIB - 512 and s.ranges[b[2]] == [(b[4], MIB + 512)]
+    c, _ = s.alloc(MIB, 0)  # small: a 2 MiB segment
+    d, _ = s.alloc(MIB - 512, 0)  # its other half but 512 B, which is split off
+    assert (c[2], d[2], d[4]) == (1, 1, MIB - 512) and s.ranges[1] == [(2 * MIB - 512, 512)]
+
+
+def test_best_fit_takes_the_smallest_range_then_the_oldest_segment_and_coalesces():
+    s = mc.Segments(mc.Pool())
+    blocks = [s.alloc(256 * 1024, 0)[0] for _ in range(8)]  # fills segment 0
+    more = [s.alloc(256 * 1024, 0)[0] for _ in range(8)]  # segment 1
+    assert {b[2] for b in blocks} == {0} and {b[2] for b in more} == {1}
+    s.free(more[2])  # a 256 KiB hole in the newer segment
+    s.free(blocks[5])  # and one in the older
+    s.free(blocks[1])
+    s.free(blocks[2])  # coalesces with blocks[1]'s range: 512 KiB
+    assert s.ranges[0] == [(256 * 1024, 512 * 1024), (5 * 256 * 1024, 256 * 1024)]
+    x, new = s.alloc(200 * 1024, 0)  # two 256 KiB holes fit best: the older segment's
+    assert not new and (x[2], x[3]) == (0, 5 * 256 * 1024)
+    y, _ = s.alloc(300 * 1024, 0)  # only the 512 KiB range holds it
+    assert (y[2], y[3]) == (0, 256 * 1024)
+    for b in [x, y] + blocks[:1] + blocks[3:5] + blocks[6:]:
+        s.free(b)
+    assert s.ranges[0] == [(0, 2 * MIB)] and list(s.empty) == [0]  # whole again, empty
+
+
+def test_an_emptied_segment_is_kept_and_the_release_rule_gives_back_the_first_emptied():
+    pool = mc.Pool()
+    s = mc.Segments(pool)
+    a, _ = s.alloc(64 * MIB, 0)
+    b, _ = s.alloc(64 * MIB, 0)
+    assert s.hwm == 128 * MIB
+    s.free(b)  # segment 1 empties first
+    s.free(a)
+    assert list(s.empty) == [1, 0] and s.returned == 0 and s.held == 128 * MIB
+    # 4 KiB on new streams: a 2 MiB segment each, kept while held + 2 MiB <= 1.05 x hwm
+    small = [s.alloc(4096, k)[0] for k in (1, 2, 3)]
+    assert s.returned == 0 and s.held == 134 * MIB  # 134 <= 134.4
+    small.append(s.alloc(4096, 4)[0])  # 136 MiB > 134.4: the first emptied goes back
+    assert s.returned == 1 and list(s.empty) == [0] and 1 not in s.info
+    assert s.held == 72 * MIB and pool.calls == 7
+    # a request the empty 64 MiB segment fits (its stream): a hit, nothing returned
+    c, new = s.alloc(64 * MIB, 0)
+    assert not new and c[2] == 0 and not s.empty
+    s.free(c)
+    # a large request of its own: the empty segment goes, the partly used small ones stay
+    d, new = s.alloc(1024 * MIB, 0)
+    assert new and s.returned == 2 and set(s.info) == {2, 3, 4, 5, d[2]}
+    s.free(d)
+    for blk in small:
+        s.free(blk)
+    s.flush()  # pressure / empty_cache: every empty segment goes back
+    assert s.held == 0 and s.info == {} and s.returned == s.taken == 7
+
+
+@pytest.mark.parametrize(("size", "segment"), [(512, 2 * MIB), (MIB, 2 * MIB),
+                                               (64 * MIB, 64 * MIB)])  # fmt: skip
+def test_a_loop_of_one_size_hits_after_its_first_allocation(size, segment):
+    ev = [[0, 0, 4096, 0]]  # something live through the loop
+    for i in range(1, 101):
+        ev += [[0, i, size, 0], [1, i]]
+    r = mc.replay(ev, "segments", passes=1, warmup=True)
+    # the warm-up's segment serves 4 KiB (and a small size); a large size takes one more
+    assert (r["cache_hits"], r["allocs"]) == (101 - (segment > 2 * MIB), 102)
+    taken = 1 + (segment > 2 * MIB)
+    assert r["segments"]["taken"] == r["driver_calls"] == taken
+    assert r["segments"]["peak_held"] == 2 * MIB + (segment if segment > 2 * MIB else 0)
+
+
+def test_each_stream_is_served_from_its_own_segments():
+    s = mc.Segments(mc.Pool())
+    a, _ = s.alloc(4096, 0)
+    s.free(a)
+    b, new = s.alloc(4096, 1)  # segment 0 is empty, but stream 0's
+    assert new and b[2] == 1 and s.info[1][1] == 1
+
+
+def test_the_torch_model_takes_torch_segment_sizes_and_gives_nothing_back():
+    t = mc.TorchNative()
+    sizes = [t.segment_for(n, 1 << 40) for n in (512, MIB, MIB + 512, 10 * MIB - 512,
+                                                 10 * MIB, 10 * MIB + 512)]  # fmt: skip
+    assert sizes == [2 * MIB, 2 * MIB, 20 * MIB, 20 * MIB, 10 * MIB, 12 * MIB]
+    blocks = [t.alloc(12 * MIB, 0)[0] for _ in range(10)]
+    for b in blocks:
+        t.free(b)
+    t.alloc(1 << 30, 0)  # a miss: torch releases nothing before cudaMalloc
+    assert t.returned == 0 and t.held == 10 * 12 * MIB + (1 << 30)
+    c = mc.CupyNative()  # CuPy: the rounded request itself, split down to 512 B
+    x, _ = c.alloc(3 * MIB + 1, 0)
+    assert c.held == 3 * MIB + 512
+    c.free(x)
+    y, new = c.alloc(3 * MIB - 1024, 0)
+    assert not new and c.ranges[y[2]] == [(3 * MIB - 1024, 1536)]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet50", "cupy-fft", "mixed"])
+def test_the_native_model_reproduces_the_h200s_native_figures(name):
+    events = mc.load(str(TRACES / f"{name}.json.gz"))["events"]
+    got = mc.native(events)["reserved_over_live"]
+    # torch alone within 0.005; beside CuPy's pool (mixed) within 0.035
+    assert abs(got - mc.MEASURED_NATIVE[name]) <= (0.035 if name == "mixed" else 0.005)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet50", "cupy-fft", "mixed"])
+def test_segments_hit_98_percent_and_hold_no_more_than_native_on_each_trace(name):
+    """Issue 62's bar on the committed traces: hits >= 98% (over all five passes, and
+    over the four after the first) and reserved / live under both pool models at or
+    below the model of native torch (and the H200's native figure)."""
+    (row,) = mc.beside_native([mc.load(str(TRACES / f"{name}.json.gz"))])
+    assert row["hits"] >= 0.98 and row["steady_hits"] >= 0.98, row
+    assert max(row["heap"], row["chunked"]) <= min(row["native"], row["native_h200"]), row
+    assert row["held"] <= row["heap"]  # the pool holds the segments and maps in chunks
+    # no segment is taken or given back after the first pass but a handful
+    assert row["driver_calls"] <= 60, row
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet50", "cupy-fft", "mixed"])
+def test_splitting_whatever_is_left_changes_neither_hits_nor_memory(name):
+    """segments-core (carve.c's splitting: a large range split whatever is left) against
+    segments (torch's: only a rest over 1 MiB): a rest of at most 1 MiB holds no large
+    request, so the hits, the driver calls and the pool's peaks agree."""
+    events = mc.load(str(TRACES / f"{name}.json.gz"))["events"]
+    for pool_model in ("heap", "chunked"):
+        a, b = (
+            mc.replay(events, p, warmup=True, pool_model=pool_model)
+            for p in ("segments", "segments-core")
+        )
+        for k in ("cache_hits", "driver_calls", "peak_reserved", "peak_live", "segments"):
+            assert a[k] == b[k], (k, pool_model)
+    s = mc.Segments(mc.Pool(), split=0)
+    x, _ = s.alloc(64 * MIB - 512, 0)  # 512 B left: split off all the same
+    assert x[4] == 64 * MIB - 512 and s.ranges[x[2]] == [(x[4], 512)]
