@@ -24,11 +24,13 @@ H200's figures of the cached policies. The figures: docs/design.md, "A cache of 
 small blocks: the model's figures".
 
 The policy ``segments`` is issue 62's design (``Segments``: torch's mechanism, segments
-with best fit, splitting and coalescing, over the driver's pool, one release rule); a
-model only until the core does it. ``native()`` models what bench_trace.py's ``native``
-replays (torch's caching allocator, ``TorchNative``; CuPy's MemoryPool, ``CupyNative``,
-for a mixed trace's CuPy events) and reproduces the H200's native figures
-(``MEASURED_NATIVE``); ``--native`` prints ``segments`` beside it on each trace.
+with best fit, splitting and coalescing, over the driver's pool, one release rule);
+``segments-core`` splits a large range whatever is left, as carve.c splits its chunks
+(the same hits and memory on the four traces: what a build on carve.c may follow).
+``native()`` models what bench_trace.py's ``native`` replays (torch's caching allocator,
+``TorchNative``; CuPy's MemoryPool, ``CupyNative``, for a mixed trace's CuPy events) and
+reproduces the H200's native figures (``MEASURED_NATIVE``); ``--native`` prints
+``segments`` beside it on each trace.
 """
 
 from __future__ import annotations
@@ -585,8 +587,11 @@ class Segments:
     ROUND = 2 * MIB  # a segment of its own is rounded up to this
 
     def __init__(self, pool: Pool, share: float = 1 / 16, low: int = 64 * MIB,
-                 high: int = 512 * MIB, slack: float = 1.05, split: int = MIB) -> None:  # fmt: skip
-        self.pool, self.share, self.low, self.high, self.slack = pool, share, low, high, slack
+                 high: int = 512 * MIB, slack: float | None = 1.05,
+                 split: int = MIB) -> None:  # fmt: skip
+        self.pool, self.share, self.low, self.high = pool, share, low, high
+        # per mille, as carve.c holds it; None: nothing ever given back on a miss
+        self.slack_pm = None if slack is None else round(slack * 1000)
         self.split = split
         self.fits: dict[tuple, list] = defaultdict(list)  # (stream, large) -> (size, no, off)
         self.ranges: dict[int, list] = {}  # segment no -> its free (offset, size), by offset
@@ -624,7 +629,8 @@ class Segments:
         if new:
             size = self.segment_for(n, live)
             self.hwm = max(self.hwm, self.live + req)
-            while self.empty and self.held + size > self.slack * self.hwm:
+            while (self.empty and self.slack_pm is not None
+                   and (self.held + size) * 1000 > self.slack_pm * self.hwm):  # fmt: skip
                 self._return(next(iter(self.empty)))
             no, self.next_no = self.next_no, self.next_no + 1
             self.info[no] = [self.pool.alloc(size), stream, large, size, 0]
@@ -701,7 +707,7 @@ class TorchNative(Segments):
     segment, then the lowest offset."""
 
     def __init__(self) -> None:
-        super().__init__(Pool(), slack=float("inf"))
+        super().__init__(Pool(), slack=None)
 
     def segment_for(self, n: int, live: int) -> int:
         if n <= self.SMALL:
@@ -720,7 +726,7 @@ class CupyNative(Segments):
     SMALL = 1 << 62  # one arena: every request "small", split down to 512 B
 
     def __init__(self) -> None:
-        super().__init__(Pool(), slack=float("inf"))
+        super().__init__(Pool(), slack=None)
 
     def segment_for(self, n: int, live: int) -> int:
         return n
