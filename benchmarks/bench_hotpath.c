@@ -7,8 +7,8 @@
  * legacy default stream (handle 0), the per-thread default stream (handle 2)
  * and, where the core has the call, a stream registered as long-lived.  Where
  * the core has bridge_free_cached, also the cache-only pair
- * (bridge_alloc_cached + bridge_free_cached).  Best of several loops, ns per
- * pair.
+ * (bridge_alloc_cached + bridge_free_cached); where it has segments, a block
+ * carved from a segment and given back.  Best of several loops, ns per pair.
  *
  *   python benchmarks/bench_hotpath.py [--rev GITREV ...]
  */
@@ -83,6 +83,19 @@ int main(int argc, char **argv)
            pairs(NULL, 1 << 20, n, loops, 1));
     printf("{\"path\": \"cache-only calls, per-thread stream\", \"pair_ns\": %.1f}\n",
            pairs((void *)(uintptr_t)2, 1 << 20, n, loops, 1));
+#endif
+#ifdef HAVE_SEGMENTS
+    /* segments (BRIDGE_CACHE_SEGMENTS=1): the tiers emptied first, so each pair is
+     * carved from a segment and given back to it */
+    bridge_set_cache(0, 0, 0);
+    bridge_set_cache(0, 1ull << 30, 256ull << 20);
+    bridge_set_cache_segments(0, 1);
+    printf("{\"path\": \"segments hit, legacy stream\", \"pair_ns\": %.1f}\n",
+           pairs(NULL, 1 << 20, n, loops, 0));
+    printf("{\"path\": \"segments hit, per-thread stream\", \"pair_ns\": %.1f}\n",
+           pairs((void *)(uintptr_t)2, 1 << 20, n, loops, 0));
+    printf("{\"path\": \"segments hit, 64 MiB, legacy stream\", \"pair_ns\": %.1f}\n",
+           pairs(NULL, 64 << 20, n, loops, 0));
 #endif
     return 0;
 }

@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                 flags.append("-DHAVE_REGISTER")
             if "bridge_free_cached" in header:
                 flags.append("-DHAVE_FREE_CACHED")
+            if "bridge_set_cache_segments" in header:
+                flags.append("-DHAVE_SEGMENTS")
             # the core as a shared library, as Python loads it (its thread-local
             # variables and its calls into itself cost what they cost there)
             so = compile_c(src / "libcore.so", core, *flags, "-fPIC", "-shared",

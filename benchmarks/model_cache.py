@@ -25,8 +25,8 @@ small blocks: the model's figures".
 
 The policy ``segments`` is issue 62's design (``Segments``: torch's mechanism, segments
 with best fit, splitting and coalescing, over the driver's pool, one release rule);
-``segments-core`` splits a large range whatever is left, as carve.c splits its chunks
-(the same hits and memory on the four traces: what a build on carve.c may follow).
+``segments-core`` is what carve.c builds with BRIDGE_CACHE_SEGMENTS=1 (a large range split
+whatever is left; held to it event by event on the stand-in driver).
 ``native()`` models what bench_trace.py's ``native`` replays (torch's caching allocator,
 ``TorchNative``; CuPy's MemoryPool, ``CupyNative``, for a mixed trace's CuPy events) and
 reproduces the H200's native figures (``MEASURED_NATIVE``); ``--native`` prints
@@ -286,8 +286,9 @@ POLICIES = {
     # coalescing, per stream; empty segments kept, given back oldest first on a miss that
     # would hold more than 1.05 x the HWM of the live bytes
     "segments": Settings(limit=0, segments=True),
-    # segments with carve.c's splitting (a large range split whatever is left): the same
-    # hits and memory on the four traces (tests/benchmarks/test_model_cache.py)
+    # segments as carve.c builds them (BRIDGE_CACHE_SEGMENTS=1): a large range split
+    # whatever is left; the same hits and memory on the four traces
+    # (tests/benchmarks/test_model_cache.py)
     "segments-core": Settings(limit=0, segments=True, seg_split=0),
 }
 

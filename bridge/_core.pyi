@@ -73,6 +73,8 @@ class RawStats(TypedDict):
     cache_large_fraction: float
     carve_held: int
     carve_on: int
+    carve_hwm: int
+    carve_slack: int
     num_cache_hits: int
     num_order_fallbacks: int
     num_pool_read_errors: int
@@ -205,6 +207,7 @@ def set_cache_carve(
     small_keep: int = ...,
     /,
 ) -> int: ...
+def set_cache_segments(device: int, on: bool = ..., /) -> int: ...
 def register_stream(stream: int, /) -> int: ...
 def forget_stream(stream: int, /) -> int: ...
 

@@ -121,6 +121,14 @@ VARIABLES: tuple[Variable, ...] = (
         ),
     ),
     Variable(
+        _runtime.CACHE_SEGMENTS_ENV,
+        POOL,
+        lambda t: _runtime.cache_segments_from_env(),
+        lambda v, t: _valid(
+            "the cache serves its requests from pool segments" if v else "segments are off"
+        ),
+    ),
+    Variable(
         _runtime.CACHE_THREAD_SLOT_ENV,
         POOL,
         lambda t: _runtime.cache_thread_slot_from_env(),

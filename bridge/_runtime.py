@@ -41,6 +41,9 @@ CACHE_LARGE_FRACTION_ENV = "BRIDGE_CACHE_LARGE_FRACTION"  # a fraction or a perc
 # carving (off by default): the cache's requests carved from pool chunks (docs/design.md)
 CACHE_CARVE_ENV = "BRIDGE_CACHE_CARVE"  # 1 / on, 0 / off
 IPC_ENV = "BRIDGE_IPC"  # 1: unify() allocates from exportable pools (unify(ipc=True))
+# segments (off by default): carving with every emptied segment kept under one release
+# rule (docs/design.md, "Segments of the pool"); wins over BRIDGE_CACHE_CARVE
+CACHE_SEGMENTS_ENV = "BRIDGE_CACHE_SEGMENTS"  # 1 / on, 0 / off
 # each thread's newest freed block in a slot of its own, in front of the lists (default on)
 CACHE_THREAD_SLOT_ENV = "BRIDGE_CACHE_THREAD_SLOT"  # 1 / on, 0 / off
 DEFAULT_CACHE_FRACTION = 1 / 16
@@ -120,6 +123,12 @@ def cache_carve_from_env() -> bool:
 def ipc_from_env() -> bool:
     """BRIDGE_IPC: whether unify() allocates from pools that other processes can import."""
     return switch_from_env(IPC_ENV, False, "blocks shareable with other processes")
+
+
+def cache_segments_from_env() -> bool:
+    """BRIDGE_CACHE_SEGMENTS: whether the cache serves its requests from pool segments,
+    every emptied one kept under the release rule (default off)."""
+    return switch_from_env(CACHE_SEGMENTS_ENV, False, "serve from pool segments")
 
 
 def cache_thread_slot_from_env() -> bool:
@@ -252,7 +261,9 @@ def ensure_device(device: int) -> None:
             what="sizing the cache",
             device=device,
         )
-        if cache_carve_from_env():
+        if cache_segments_from_env():
+            check(core.set_cache_segments(device), what="turning segments on", device=device)
+        elif cache_carve_from_env():
             check(core.set_cache_carve(device), what="turning carving on", device=device)
         check(
             core.set_cache_thread_slots(device, cache_thread_slot_from_env()),

@@ -237,8 +237,25 @@ int bridge_set_cache_carve(int device, double share, uint64_t min, uint64_t max,
     if (!(share >= 0.0 && share <= 65536.0) || (max && (!min || min > max)))
         return BRIDGE_E_INVALID;
     carve_set(device, (uint64_t)(share * 65536.0 + 0.5), min, max, keep, small_keep);
+    carve_set_slack(device, 0); /* the chunks past keep go back as they empty */
     if (!max)
         carve_flush(device, release_cached); /* off: no empty chunk is kept */
+    return BRIDGE_OK;
+}
+
+int bridge_set_cache_segments(int device, int on)
+{
+    if (!device_of(device))
+        return BRIDGE_E_DEVICE;
+    if (on) {
+        carve_set(device, BRIDGE_SEGMENTS_SHARE_Q16, BRIDGE_SEGMENTS_MIN, BRIDGE_SEGMENTS_MAX,
+                  UINT64_MAX, UINT64_MAX);
+        carve_set_slack(device, BRIDGE_SEGMENTS_SLACK_PM);
+    } else {
+        carve_set(device, 0, 0, 0, 0, 0);
+        carve_set_slack(device, 0);
+        carve_flush(device, release_cached);
+    }
     return BRIDGE_OK;
 }
 
@@ -754,6 +771,8 @@ static int carve_new_chunk(request *q, void **out)
         live += bytes;
     }
     uint64_t bytes = carve_chunk_bytes(q->want.device, q->want.size, live);
+    /* segments: the empty chunks past the release rule go back first */
+    carve_make_room(q->want.device, bytes, q->want.size, release_cached);
     uintptr_t base;
     if (ledger_alloc_chunk(d, bytes, q->stream, &base) != BRIDGE_OK)
         return BRIDGE_E_MISS;
@@ -1117,6 +1136,8 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->cache_large_fraction = (double)cache_large_fraction_q16(device) / 65536.0;
     out->carve_held = carve_held(device);
     out->carve_on = (uint64_t)carve_on(device);
+    out->carve_hwm = carve_hwm(device);
+    out->carve_slack = carve_slack(device);
     wait_fill_stats(device, out);
     raise_reserved_peaks(d, device);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {

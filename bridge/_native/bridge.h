@@ -193,6 +193,14 @@ int bridge_set_cache_thread_slots(int device, int on);
  * BRIDGE_E_INVALID otherwise. */
 int bridge_set_cache_carve(int device, double share, uint64_t min, uint64_t max, uint64_t keep,
                            uint64_t small_keep);
+/* Segments (off by default; BRIDGE_CACHE_SEGMENTS=1; docs/design.md "Segments
+ * of the pool"): carving with large chunks of 1/16 of the live bytes within
+ * 64-512 MiB, every emptied chunk kept, and one release rule: before a new
+ * chunk is taken, while the chunks plus the new one exceed 1.05 x the
+ * high-water mark of the carved bytes live, the empty chunk that emptied
+ * first goes back to the pool (a flush, a waiter, the budget's recovery
+ * chain: every empty chunk).  Off: carving off, the empty chunks go back. */
+int bridge_set_cache_segments(int device, int on);
 /* Blocks freed on `stream` may be cached: it lives as long as the process
  * (torch's pooled streams).  Default streams need no registration; other
  * streams' blocks are never cached, since a user stream may be destroyed
@@ -397,6 +405,8 @@ typedef struct bridge_stats {
     double cache_large_fraction; /* ... and its share of the live bytes (0: none) */
     uint64_t carve_held;         /* bytes of the chunks blocks are carved from */
     uint64_t carve_on;           /* 1 while carving is on */
+    uint64_t carve_hwm;          /* the most carved bytes live at once (requested sizes) */
+    uint64_t carve_slack;        /* the release rule's slack, per mille (0: none) */
 } bridge_stats;
 
 int bridge_get_stats(int device, bridge_stats *out);

@@ -60,6 +60,9 @@ typedef struct dcarve {
     _Atomic uint64_t held;   /* bytes of every chunk; written under the lock */
     _Atomic uint64_t carved; /* requested bytes of the live carved blocks; ditto */
     _Atomic uint64_t share, min, max, keep, small_keep;
+    _Atomic uint64_t slack_pm; /* the release rule's slack, per mille; 0: no rule */
+    _Atomic uint64_t hwm;      /* the most `carved` bytes live at once; written under
+                                  the lock */
 } dcarve;
 
 static dcarve carves[BRIDGE_MAX_DEVICES] = {
@@ -251,6 +254,18 @@ static chunk *oldest_empty(const dcarve *c, int cls)
     return best;
 }
 
+/* The empty chunk that emptied first, of either class, or NULL. */
+static chunk *first_emptied(const dcarve *c)
+{
+    chunk *best = NULL;
+    for (uint32_t i = 0; i < c->nchunks; i++) {
+        chunk *ch = c->chunks[i];
+        if (ch->empty_seq && (!best || ch->empty_seq < best->empty_seq))
+            best = ch;
+    }
+    return best;
+}
+
 /* Carve n bytes from the free range l->v[i]. */
 static uintptr_t carve_from(dcarve *c, fits *l, uint32_t i, uint64_t n, uint64_t size)
 {
@@ -267,6 +282,9 @@ static uintptr_t carve_from(dcarve *c, fits *l, uint32_t i, uint64_t n, uint64_t
     }
     ch->nlive++;
     add_locked(&c->carved, size);
+    uint64_t carved = atomic_load_explicit(&c->carved, RELAXED);
+    if (carved > atomic_load_explicit(&c->hwm, RELAXED))
+        atomic_store_explicit(&c->hwm, carved, RELAXED);
     return ch->base + f.off;
 }
 
@@ -418,6 +436,56 @@ void carve_give(int device, uintptr_t ptr, uint64_t size, int keep_none, cache_r
         release(device, out[j].ptr, out[j].size, out[j].stream);
 }
 
+void carve_set_slack(int device, uint64_t slack_pm)
+{
+    dcarve *c = &carves[device];
+    pthread_mutex_lock(&c->lock);
+    atomic_store(&c->slack_pm, slack_pm);
+    atomic_store(&c->hwm, atomic_load(&c->carved)); /* the mark starts again */
+    pthread_mutex_unlock(&c->lock);
+}
+
+uint64_t carve_make_room(int device, uint64_t bytes, uint64_t size, cache_release_fn release)
+{
+    dcarve *c = &carves[device];
+    uint64_t slack = atomic_load_explicit(&c->slack_pm, RELAXED), out_bytes = 0;
+    if (!slack)
+        return 0;
+    for (;;) {
+        cache_block out[BRIDGE_CACHE_EVICT_MAX];
+        int k = 0;
+        pthread_mutex_lock(&c->lock);
+        uint64_t hwm = atomic_load_explicit(&c->carved, RELAXED) + size;
+        if (hwm < atomic_load_explicit(&c->hwm, RELAXED))
+            hwm = atomic_load_explicit(&c->hwm, RELAXED);
+        else
+            atomic_store_explicit(&c->hwm, hwm, RELAXED);
+        chunk *ch;
+        while (k < BRIDGE_CACHE_EVICT_MAX &&
+               (unsigned __int128)(atomic_load_explicit(&c->held, RELAXED) + bytes) * 1000 >
+                   (unsigned __int128)hwm * slack &&
+               (ch = first_emptied(c)))
+            drop_chunk(c, ch, &out[k++]);
+        pthread_mutex_unlock(&c->lock);
+        for (int j = 0; j < k; j++) {
+            release(device, out[j].ptr, out[j].size, out[j].stream);
+            out_bytes += out[j].size;
+        }
+        if (k < BRIDGE_CACHE_EVICT_MAX)
+            return out_bytes;
+    }
+}
+
+uint64_t carve_hwm(int device)
+{
+    return atomic_load(&carves[device].hwm);
+}
+
+uint64_t carve_slack(int device)
+{
+    return atomic_load(&carves[device].slack_pm);
+}
+
 uint64_t carve_flush(int device, cache_release_fn release)
 {
     dcarve *c = &carves[device];
@@ -499,5 +567,6 @@ void carve_forget_after_fork(void)
         c->empty[SMALL] = c->empty[LARGE] = 0;
         atomic_store(&c->held, 0);
         atomic_store(&c->carved, 0);
+        atomic_store(&c->hwm, 0);
     }
 }

@@ -47,6 +47,17 @@
 #define BRIDGE_CARVE_MIN         (32ull << 20)
 #define BRIDGE_CARVE_MAX         (256ull << 20)
 
+/* Segments (BRIDGE_CACHE_SEGMENTS=1, bridge_set_cache_segments): carving with
+ * every emptied chunk kept (keep and small_keep unbounded), large chunks of
+ * 1/16 of the live bytes within 64-512 MiB, and one release rule instead:
+ * carve_make_room before each new chunk.  The rules are
+ * benchmarks/model_cache.py's Segments' (policy segments-core), held to it
+ * event by event on the committed traces (tests/benchmarks). */
+#define BRIDGE_SEGMENTS_SHARE_Q16 (65536u / 16)
+#define BRIDGE_SEGMENTS_MIN       (64ull << 20)
+#define BRIDGE_SEGMENTS_MAX       (512ull << 20)
+#define BRIDGE_SEGMENTS_SLACK_PM  1050u /* 1.05 x the high-water mark */
+
 /* Carving on for the device (relaxed: read on every allocation). */
 int carve_on(int device);
 /* On (max > 0) or off, and the settings: the large chunks' share of the live
@@ -71,6 +82,20 @@ uintptr_t carve_add(int device, CUstream key, uintptr_t base, uint64_t bytes, ui
  * chunks past their class's keep (all of them when `keep_none`) go to
  * `release` after the lock. */
 void carve_give(int device, uintptr_t ptr, uint64_t size, int keep_none, cache_release_fn release);
+/* The release rule's slack, per mille of the high-water mark (0: no rule,
+ * the default; segments: BRIDGE_SEGMENTS_SLACK_PM); the mark starts again
+ * from the carved bytes live now. */
+void carve_set_slack(int device, uint64_t slack_pm);
+/* Before a chunk of `bytes` is taken for a request of `size`: the high-water
+ * mark of the carved bytes live (requested sizes) takes in those live now
+ * plus `size`; then, while the chunks' bytes + `bytes` exceed slack x that
+ * mark and a chunk is empty, the one that emptied first (either class, any
+ * stream) goes to `release` after the lock.  A chunk with a block carved
+ * from it never does.  Returns the bytes given back; 0 without a slack. */
+uint64_t carve_make_room(int device, uint64_t bytes, uint64_t size, cache_release_fn release);
+/* The high-water mark of the carved bytes live (never lowered but by a fork). */
+uint64_t carve_hwm(int device);
+uint64_t carve_slack(int device);
 /* Every empty chunk of the device to `release`; returns their bytes. */
 uint64_t carve_flush(int device, cache_release_fn release);
 /* A stream is forgotten: its empty chunks go to `release`, and nothing is

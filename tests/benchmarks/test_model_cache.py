@@ -561,3 +561,58 @@ def test_splitting_whatever_is_left_changes_neither_hits_nor_memory(name):
     s = mc.Segments(mc.Pool(), split=0)
     x, _ = s.alloc(64 * MIB - 512, 0)  # 512 B left: split off all the same
     assert x[4] == 64 * MIB - 512 and s.ranges[x[2]] == [(x[4], 512)]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet50", "cupy-fft", "mixed"])
+def test_the_model_serves_segments_as_the_core_does(standin, name):
+    """Segments on (core.set_cache_segments, carve.c): the idle bytes after every event of
+    each committed trace, the hits, the segments' bytes and their high-water mark at the
+    end, the model's (policy segments-core) and the core's; no two live blocks overlap."""
+    from bridge._runtime import core
+
+    passes = {"gpt2": 2, "resnet50": 2, "cupy-fft": 5, "mixed": 3}[name]
+    events = mc.load(str(TRACES / f"{name}.json.gz"))["events"]
+    standin.standin_set_capacity(0, 1 << 50)
+    limit = core.stats(0)[1]["cache_limit"]
+    core.set_cache(0, 1 << 30)  # carving serves only while the cache is on
+    assert core.set_cache_segments(0, True) == 0
+    try:
+        before = core.stats(0)[1]
+        assert before["carve_on"] == 1 and before["carve_slack"] == 1050
+        got = []
+        for _ in range(passes):
+            live: dict = {}
+            spans: dict = {}
+            for e in events:
+                if e[0] == 0:
+                    rc, p = core.alloc(0, e[2], 0, 2)
+                    assert rc == 0
+                    live[e[1]] = p
+                    if p:
+                        spans[p] = p + e[2]
+                elif live[e[1]]:
+                    p = live.pop(e[1])
+                    del spans[p]
+                    core.free(p)
+                got.append(core.stats(0)[1]["cached"])
+            starts = sorted(spans)
+            ends = [spans[a] for a in starts]
+            assert all(e <= b for e, b in zip(ends, starts[1:], strict=False))  # no overlap
+            for p in live.values():
+                if p:
+                    core.free(p)
+            got.append(core.stats(0)[1]["cached"])
+        after = core.stats(0)[1]
+        want: list = []
+        r = mc.replay(events, "segments-core", passes=passes, record=want)
+        assert after["num_retries"] == before["num_retries"]
+        assert after["num_cache_hits"] - before["num_cache_hits"] == r["cache_hits"]
+        assert got == want
+        assert after["carve_held"] == r["segments"]["held"]
+        assert after["carve_hwm"] == r["segments"]["hwm"]
+    finally:
+        assert core.set_cache_segments(0, False) == 0  # off: the empty segments go back
+        core.set_cache(0, 0)
+        s = core.stats(0)[1]
+        assert s["carve_held"] == 0 and s["cached"] == 0 and s["carve_on"] == 0
+        core.set_cache(0, limit)

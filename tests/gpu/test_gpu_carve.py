@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Carving (BRIDGE_CACHE_CARVE=1: blocks carved from pool chunks) on a real GPU.
-(scripts/gpu-test)
+"""Carving (BRIDGE_CACHE_CARVE=1: blocks carved from pool chunks) and segments
+(BRIDGE_CACHE_SEGMENTS=1: carving with every emptied segment kept under the release rule)
+on a real GPU. (scripts/gpu-test)
 
-Every scenario runs in fresh processes with the native allocators (the power check) and on
-the bridge with carving on: ranges of a chunk handed out again only in stream order, after
-the streams recorded against them, no two live blocks sharing bytes, and CUDA graphs
-captured beside it.
+Every scenario runs in fresh processes with the native allocators (the power check), on
+the bridge with carving on, and with segments on: ranges of a chunk handed out again only
+in stream order, after the streams recorded against them, no two live blocks sharing
+bytes, and CUDA graphs captured beside it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import pytest
 from gpu_util import run_mode
 
 pytestmark = pytest.mark.gpu
-MODES = ("native", "carve")
-ENV = {"BRIDGE_CACHE_CARVE": "1"}
+MODES = ("native", "carve", "segments")
+ENV = {"carve": {"BRIDGE_CACHE_CARVE": "1"}, "segments": {"BRIDGE_CACHE_SEGMENTS": "1"}}
 
 
 def run(code: str, mode: str) -> dict:
-    return run_mode(code, "bridge" if mode == "carve" else "native", env=ENV)
+    return run_mode(code, "native" if mode == "native" else "bridge", env=ENV.get(mode))
 
 
 TORCH_SETUP = """
@@ -65,7 +66,7 @@ report(wrong=wrong, held=held)
 def test_a_block_used_on_another_stream_is_not_handed_out_before_that_streams_work(mode):
     out = run(RECORDED, mode)
     assert out["wrong"] == 0
-    if mode == "carve":
+    if mode != "native":
         assert out["held"] > 0  # the blocks were carved
 
 
@@ -100,7 +101,7 @@ report(wrong=wrong, hits=hits, held=carve_held())
 def test_live_blocks_of_many_sizes_never_share_bytes(mode):
     out = run(CHURN, mode)
     assert out["wrong"] == 0
-    if mode == "carve":
+    if mode != "native":
         assert out["held"] > 0 and out["hits"] > 1000  # carved, mostly without a driver call
 
 
@@ -165,5 +166,5 @@ def test_cupy_arrays_on_carved_blocks_and_on_its_own_streams_are_correct(mode):
     pytest.importorskip("cupy")
     out = run(CUPY, mode)
     assert out["wrong"] == 0
-    if mode == "carve":
+    if mode != "native":
         assert out["held"] > 0  # the default stream's arrays were carved

@@ -593,6 +593,59 @@ static void phase_carve(void)
           stats_of(0).carve_held);
 }
 
+/* ---- phase: segments (carving with the release rule: BRIDGE_CACHE_SEGMENTS=1) ---- */
+static void phase_segments(void)
+{
+    reset();
+    /* 2 MiB segments and 64 MiB ones: the budget refuses some, the release
+     * rule and the recovery chain give empty ones back under the threads */
+    const uint64_t limit = 160 * MIB;
+    uint64_t cache = stats_of(0).cache_limit;
+    CHECK(bridge_set_cache(0, 64 * MIB, 256 * MIB) == BRIDGE_OK, "set_cache");
+    CHECK(bridge_set_cache_segments(0, 1) == BRIDGE_OK, "set_cache_segments");
+    CHECK(bridge_set_limit(0, limit) == BRIDGE_OK, "set_limit");
+    for (int i = 0; i < 8; i++)
+        CHECK(bridge_register_stream(stream_of(i)) == BRIDGE_OK, "register_stream");
+    uint64_t driver_allocs = standin.counter(0), allocs = stats_of(0).num_allocs;
+    worker w[8];
+    for (int i = 0; i < 8; i++)
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 3000 * scale,
+                        .limit = limit,
+                        .max_size = i % 2 ? 3 * MIB : 64 * KIB,
+                        .seed = 0x5E65ull * (uint64_t)(i + 3),
+                        .tags = BRIDGE_NTAGS,
+                        .default_streams = i < 4 && i % 2 == 0,
+                        .cached_first = i % 3 == 0};
+    run_threads(8, edge_thread, w, sizeof w[0]);
+    bridge_stats s = stats_of(0);
+    CHECK(s.peak_used <= limit, "peak %" PRIu64 " passed the budget", s.peak_used);
+    CHECK(s.carve_on == 1 && s.carve_slack == 1050, "segments are off");
+    CHECK(standin.counter(0) - driver_allocs < s.num_allocs - allocs,
+          "segments served no allocation");
+    CHECK(bridge_set_limit(0, 0) == BRIDGE_OK, "set_limit");
+    ring.producers_left = 4;
+    for (int i = 0; i < 8; i++)
+        w[i] = (worker){.id = i, /* 0-3 produce on registered streams, 4-7 free */
+                        .dev = 0,
+                        .iters = 2000 * scale,
+                        .max_size = 4 * MIB,
+                        .seed = 0x5E65ull * (uint64_t)(i + 11)};
+    run_threads(8, cross_thread, w, sizeof w[0]);
+    printf("  segments: %" PRIu64 " allocations, %" PRIu64 " from the driver, %" PRIu64
+           " bytes in segments at the end (high-water mark %" PRIu64 ")\n",
+           stats_of(0).num_allocs - allocs, standin.counter(0) - driver_allocs,
+           stats_of(0).carve_held, stats_of(0).carve_hwm);
+    for (int i = 0; i < 8; i++)
+        bridge_forget_stream(stream_of(i));
+    CHECK(bridge_set_cache_segments(0, 0) == BRIDGE_OK, "segments off");
+    CHECK(bridge_set_cache(0, cache, 256 * MIB) == BRIDGE_OK, "set_cache");
+    check_idle("segments");
+    CHECK(stats_of(0).carve_held == 0, "segments: %" PRIu64 " bytes left",
+          stats_of(0).carve_held);
+}
+
 /* ---- phase: limits (budget, tag caps, hook changed under the allocators) ---- */
 static atomic_int limits_stop;
 static atomic_int hook_calls;
@@ -1610,6 +1663,7 @@ int main(int argc, char **argv)
     phase_cache();
     printf("stress: carve\n");
     phase_carve();
+    phase_segments();
     printf("stress: graph\n");
     phase_graph();
     printf("stress: corners\n");

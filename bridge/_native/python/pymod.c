@@ -609,6 +609,15 @@ static PyObject *py_set_cache_thread_slots(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_cache_thread_slots(dev, on));
 }
 
+static PyObject *py_set_cache_segments(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int dev, on = 1;
+    if (!PyArg_ParseTuple(args, "i|p", &dev, &on))
+        return NULL;
+    return PyLong_FromLong(bridge_set_cache_segments(dev, on));
+}
+
 static PyObject *py_set_cache_carve(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -957,6 +966,8 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(waiting)
     PUT(carve_held)
     PUT(carve_on)
+    PUT(carve_hwm)
+    PUT(carve_slack)
 #undef PUT
     if (put_float(d, "cache_fraction", s.cache_fraction) < 0 ||
         put_float(d, "cache_large_fraction", s.cache_large_fraction) < 0)
@@ -1113,6 +1124,9 @@ static PyMethodDef methods[] = {
      "set_cache_tiers(device, small_max=1MiB, large_cap=64MiB) -> status: blocks above "
      "small_max have their own least-recently-cached order under a fixed cap, "
      "cached_large <= min(limit, large_cap); each tier evicts only its own blocks"},
+    {"set_cache_segments", py_set_cache_segments, METH_VARARGS,
+     "set_cache_segments(device, on=True) -> status: the cache's requests carved from pool "
+     "segments, every emptied one kept under the release rule (off: carving off)"},
     {"set_cache_carve", py_set_cache_carve, METH_VARARGS,
      "set_cache_carve(device, share=1/8, min=32 MiB, max=256 MiB, keep=0, small_keep=0) -> "
      "status: carve the cache's requests from pool chunks (max 0: off)"},

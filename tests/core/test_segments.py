@@ -1,0 +1,176 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Segments of the pool (carve.c with the release rule; BRIDGE_CACHE_SEGMENTS=1), on the
+stand-in driver.
+
+The rules (best fit, splitting, coalescing, the segments' sizes, the release rule) are
+held against the model (policy segments-core) event by event on the committed traces in
+tests/benchmarks/test_model_cache.py; these tests hold what a user relies on around them:
+loops that hit, driver calls, stream order, the budget with two frameworks."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge._errors import Status
+from bridge._runtime import core
+
+MIB = 1 << 20
+DEV = 0
+OTHER, CUPY, TORCH = 0, 1, 2
+SIDE = 0x5000  # a stream handle the stand-in accepts
+C_ALLOC, C_FREE, C_WAIT, C_RECORD = 0, 1, 3, 4
+
+
+@pytest.fixture
+def segs(standin):
+    core.set_cache(DEV, 1 << 30)
+    assert core.set_cache_segments(DEV, True) == Status.OK
+    live = core.live_records()
+    yield standin
+    assert core.live_records() == live
+    assert core.set_cache_segments(DEV, False) == Status.OK
+    core.set_cache(DEV, 0)
+    core.forget_stream(SIDE)
+    assert stats()["carve_held"] == 0
+
+
+def stats() -> dict:
+    rc, s = core.stats(DEV)
+    assert rc == Status.OK
+    return s
+
+
+def alloc(size: int, stream: int = 0, tag: int = TORCH) -> int:
+    rc, p = core.alloc(DEV, size, stream, tag)
+    assert rc == Status.OK and p
+    return p
+
+
+def test_segments_on_and_off_show_in_the_figures(segs):
+    s = stats()
+    assert (s["carve_on"], s["carve_slack"]) == (1, 1050)
+    assert core.set_cache_segments(DEV, False) == Status.OK
+    s = stats()
+    assert (s["carve_on"], s["carve_slack"]) == (0, 0)
+    assert core.set_cache_segments(DEV, True) == Status.OK
+    assert core.set_cache_segments(99, True) == Status.DEVICE
+
+
+@pytest.mark.parametrize(("size", "segment"), [(512, 2 * MIB), (MIB, 2 * MIB),
+                                               (64 * MIB, 64 * MIB)])  # fmt: skip
+def test_a_loop_of_one_size_hits_after_its_first_allocation(segs, size, segment):
+    calls, hits = segs.standin_counter(C_ALLOC), stats()["num_cache_hits"]
+    first = alloc(size)
+    core.free(first)
+    for _ in range(100):
+        p = alloc(size)
+        assert p == first  # the same bytes of the same segment, every time
+        core.free(p)
+    s = stats()
+    assert segs.standin_counter(C_ALLOC) == calls + 1  # one segment, taken once
+    assert s["num_cache_hits"] - hits == 100
+    assert s["carve_held"] == segment and s["cached"] == segment  # kept, idle
+    assert s["used"] == segment  # idle segments count in the bytes reserved
+
+
+def test_an_emptied_segment_is_kept_and_the_rule_gives_back_the_first_emptied(segs):
+    a = alloc(64 * MIB)
+    b = alloc(64 * MIB)
+    assert stats()["carve_hwm"] == 128 * MIB
+    frees = segs.standin_counter(C_FREE)
+    core.free(b)  # b's segment empties first
+    core.free(a)
+    assert segs.standin_counter(C_FREE) == frees and stats()["carve_held"] == 128 * MIB
+    # 2 MiB segments on new streams, kept while held + 2 MiB <= 1.05 x 128 MiB
+    streams = [SIDE + 0x100 * k for k in range(1, 5)]
+    small = []
+    for k, st in enumerate(streams):
+        segs.standin_adopt_stream(st, DEV)
+        core.register_stream(st)
+        small.append(alloc(4096, st))
+        assert segs.standin_counter(C_FREE) == frees + (k == 3)
+    # 136 MiB > 134.4 MiB: b's segment went back, a's stays and serves a again
+    assert stats()["carve_held"] == 64 * MIB + 4 * 2 * MIB
+    assert alloc(64 * MIB) == a
+    core.free(a)
+    for p in small:
+        core.free(p)
+    for st in streams:
+        core.forget_stream(st)
+
+
+def test_a_segment_of_another_stream_is_never_handed_out(segs):
+    segs.standin_adopt_stream(SIDE, DEV)
+    core.register_stream(SIDE)
+    keep = alloc(4096, SIDE)  # SIDE's segment, from its start
+    p = alloc(8192, SIDE)
+    core.free(p)  # a free range of SIDE's segment that would fit
+    calls = segs.standin_counter(C_ALLOC)
+    q = alloc(8192)  # the default stream: a segment of its own
+    assert segs.standin_counter(C_ALLOC) == calls + 1
+    assert not (keep <= q < keep + 2 * MIB) and stats()["carve_held"] == 4 * MIB
+    core.free(q)
+    assert alloc(8192, SIDE) == p  # SIDE's own segment serves SIDE again
+    core.free(p)
+    core.free(keep)
+
+
+def test_a_piece_freed_with_a_recorded_stream_is_handed_out_after_that_streams_work(segs):
+    segs.standin_adopt_stream(SIDE, DEV)
+    core.register_stream(SIDE)
+    keep = alloc(4096)  # keeps the segment from emptying
+    p = alloc(8192)
+    assert core.record_stream(p, SIDE) == Status.OK
+    records, waits = segs.standin_counter(C_RECORD), segs.standin_counter(C_WAIT)
+    core.free(p)
+    # the segment's stream waits for SIDE's queued work (one event, one wait) before
+    # its range may be carved again
+    assert segs.standin_counter(C_RECORD) == records + 1
+    assert segs.standin_counter(C_WAIT) == waits + 1
+    assert alloc(8192) == p
+    core.free(p)
+    core.free(keep)
+
+
+def test_two_frameworks_at_a_tight_budget_idle_segments_go_back_before_a_refusal(segs):
+    # CuPy's blocks leave four empty 64 MiB segments behind, all kept
+    blocks = [alloc(64 * MIB, 0, CUPY) for _ in range(4)]
+    for p in blocks:
+        core.free(p)
+    assert stats()["carve_held"] == stats()["cached"] == 256 * MIB
+    core.set_limit(DEV, 100 * MIB)
+    try:
+        retries = stats()["num_retries"]
+        # torch's 80 MiB: the rule gives back two of them; the budget then refuses a new
+        # segment beside the other two, and the recovery chain gives back every empty
+        # one (one retry) before the request would be refused: it is served, from the
+        # pool as it would be without segments
+        p = alloc(80 * MIB, 0, TORCH)
+        s = stats()
+        assert s["carve_held"] == s["cached"] == 0 and s["used"] == 80 * MIB
+        assert s["tags"][TORCH]["current"] == 80 * MIB and s["tags"][CUPY]["current"] == 0
+        assert s["num_retries"] == retries + 1
+        core.free(p)
+        # and a request over what is left after everything goes back is still refused
+        q = alloc(90 * MIB, 0, CUPY)
+        rc, r = core.alloc(DEV, 20 * MIB, 0, TORCH)
+        assert rc == Status.BUDGET and not r
+        core.free(q)
+    finally:
+        core.set_limit(DEV, 0)
+        core.trim(DEV, 0)
+
+
+def test_empty_segments_go_back_on_a_trim_and_when_segments_are_turned_off(segs):
+    a, b = alloc(4096), alloc(3 * MIB)
+    core.free(a)
+    core.free(b)
+    assert stats()["carve_held"] == 2 * MIB + 64 * MIB  # both kept, empty
+    assert core.trim(DEV, 0) == Status.OK  # torch.cuda.empty_cache()
+    assert stats()["carve_held"] == 0 and stats()["used"] == 0
+    p = alloc(4096)
+    core.free(alloc(4096, 0, CUPY))
+    assert core.set_cache_segments(DEV, False) == Status.OK
+    assert stats()["carve_held"] == 2 * MIB  # p's segment is not empty
+    core.free(p)  # carving off: it goes back as it empties
+    assert stats()["carve_held"] == 0
