@@ -67,7 +67,13 @@ def op_trim() -> dict:
 
 def op_stats() -> dict:
     rc, raw = core.stats(DEV)
-    return {"share": share.membership(DEV), "pool_reserved": raw["pool_reserved"]}
+    return {
+        "share": share.membership(DEV),
+        "pool_reserved": raw["pool_reserved"],
+        "carve_on": raw["carve_on"],
+        "carve_held": raw["carve_held"],
+        "cached": raw["cached"],
+    }
 
 
 def op_alloc_until(size: int, seconds: float) -> dict:

@@ -165,12 +165,12 @@ static void raise_reserved_peaks(device_state *d, int device)
 
 /* Every cached block of a device back to the pool (in stream order; blocks
  * of a stream being captured wait for its end). */
-static void flush_cache(int device)
+static uint64_t flush_cache(int device)
 {
     if (device_of(device))
         raise_reserved_peaks(&bridge_devices[device], device);
-    cache_flush(device, release_cached);
-    carve_flush(device, release_cached);
+    uint64_t bytes = cache_flush(device, release_cached);
+    return bytes + carve_flush(device, release_cached);
 }
 
 int bridge_forget_stream(void *stream)
@@ -758,26 +758,55 @@ static int take_carved(request *q, void **out)
 }
 
 /* A new chunk for the request, sized by the bytes live now, and the block
- * carved from it (a driver call: the device's context is current).  A chunk
- * the budget or the pool refuses: BRIDGE_E_MISS, and the request goes to the
- * pool as it would without carving (with the recovery chain). */
+ * carved from it (a driver call: the device's context is current).  A
+ * request past its tag's cap takes no chunk.  With segments (the release
+ * rule on) under a budget or a share: a chunk's idle bytes go back only once
+ * every block carved from it is freed, so a chunk larger than the request is
+ * taken only while it is at most half the room they leave (ledger_room),
+ * else the request's own (carve_chunk_least); before a chunk that does not
+ * fit the room, every idle byte of the cache goes back and the allocating
+ * stream is synchronized, so that the frees land (a share then trims this
+ * pool before it asks the other members); a larger chunk refused is tried
+ * again at the request's own size, after the same.  Refused: BRIDGE_E_MISS,
+ * and the request goes to the pool as it would without carving (with the
+ * recovery chain). */
 static int carve_new_chunk(request *q, void **out)
 {
     device_state *d = q->d;
-    uint64_t live = 0;
+    int dev = q->want.device;
+    uint64_t size = q->want.size, live = 0, tag_live = 0;
     for (int t = 0; t < BRIDGE_NTAGS; t++) {
         uint64_t bytes;
         ledger_tag_live(d, t, &bytes, NULL);
         live += bytes;
+        if (t == q->want.tag)
+            tag_live = bytes;
     }
-    uint64_t bytes = carve_chunk_bytes(q->want.device, q->want.size, live);
+    uint64_t tlimit = atomic_load_explicit(&d->tag[q->want.tag].limit, RELAXED);
+    if (tlimit && (size > tlimit || tag_live > tlimit - size))
+        return BRIDGE_E_MISS; /* the pool path refuses it with the cap's error */
+    uint64_t bytes = carve_chunk_bytes(dev, size, live);
+    uint64_t least = carve_chunk_least(size);
+    uint64_t room = carve_slack(dev) ? ledger_room(d) : UINT64_MAX; /* segments only */
+    if (room != UINT64_MAX) {
+        if (bytes > least && bytes > room / 2)
+            bytes = least;
+        if (bytes > room && flush_cache(dev))
+            sync_stream(d, q->stream, q->want.stream); /* the frees land: a trim returns them */
+    }
     /* segments: the empty chunks past the release rule go back first */
-    carve_make_room(q->want.device, bytes, q->want.size, release_cached);
+    carve_make_room(dev, bytes, size, release_cached);
     uintptr_t base;
-    if (ledger_alloc_chunk(d, bytes, q->stream, &base) != BRIDGE_OK)
-        return BRIDGE_E_MISS;
-    uintptr_t p =
-        carve_add(q->want.device, q->want.stream, base, bytes, q->want.size, release_cached);
+    if (ledger_alloc_chunk(d, bytes, q->stream, &base) != BRIDGE_OK) {
+        if (bytes == least || !carve_slack(dev))
+            return BRIDGE_E_MISS;
+        if (flush_cache(dev))
+            sync_stream(d, q->stream, q->want.stream);
+        bytes = least;
+        if (ledger_alloc_chunk(d, bytes, q->stream, &base) != BRIDGE_OK)
+            return BRIDGE_E_MISS;
+    }
+    uintptr_t p = carve_add(dev, q->want.stream, base, bytes, size, release_cached);
     return p && adopt_carved(q, p, out) == BRIDGE_OK ? BRIDGE_OK : BRIDGE_E_MISS;
 }
 

@@ -199,7 +199,10 @@ int bridge_set_cache_carve(int device, double share, uint64_t min, uint64_t max,
  * chunk is taken, while the chunks plus the new one exceed 1.05 x the
  * high-water mark of the carved bytes live, the empty chunk that emptied
  * first goes back to the pool (a flush, a waiter, the budget's recovery
- * chain: every empty chunk).  Off: carving off, the empty chunks go back. */
+ * chain: every empty chunk).  Under a budget or a share a chunk is larger
+ * than its request (rounded up to 2 MiB) only while it is at most half the
+ * room they leave, and every idle byte goes back before a chunk that does
+ * not fit it.  Off: carving off, the empty chunks go back. */
 int bridge_set_cache_segments(int device, int on);
 /* Blocks freed on `stream` may be cached: it lives as long as the process
  * (torch's pooled streams).  Default streams need no registration; other

@@ -349,6 +349,12 @@ uint64_t carve_chunk_bytes(int device, uint64_t size, uint64_t live)
     return own > chunk ? own : chunk;
 }
 
+uint64_t carve_chunk_least(uint64_t size)
+{
+    uint64_t n = rounded(size);
+    return (n + BRIDGE_CARVE_ROUND - 1) / BRIDGE_CARVE_ROUND * BRIDGE_CARVE_ROUND;
+}
+
 uintptr_t carve_add(int device, CUstream key, uintptr_t base, uint64_t bytes, uint64_t size,
                     cache_release_fn release)
 {

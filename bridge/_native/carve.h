@@ -52,7 +52,9 @@
  * 1/16 of the live bytes within 64-512 MiB, and one release rule instead:
  * carve_make_room before each new chunk.  The rules are
  * benchmarks/model_cache.py's Segments' (policy segments-core), held to it
- * event by event on the committed traces (tests/benchmarks). */
+ * event by event on the committed traces (tests/benchmarks).  Under a budget
+ * or a share, alloc.c sizes a new chunk by the room they leave
+ * (carve_new_chunk: larger than carve_chunk_least only within half of it). */
 #define BRIDGE_SEGMENTS_SHARE_Q16 (65536u / 16)
 #define BRIDGE_SEGMENTS_MIN       (64ull << 20)
 #define BRIDGE_SEGMENTS_MAX       (512ull << 20)
@@ -72,6 +74,9 @@ uintptr_t carve_take(int device, CUstream key, uint64_t size);
 /* The bytes of a new chunk for a request of `size`, `live` bytes being live
  * on the device. */
 uint64_t carve_chunk_bytes(int device, uint64_t size, uint64_t live);
+/* The least chunk for a request of `size`: the request rounded up to
+ * BRIDGE_CARVE_ROUND (for the small class, one small chunk). */
+uint64_t carve_chunk_least(uint64_t size);
 /* Add a chunk the pool just gave (base, bytes) for stream `key`, and carve
  * `size` (best fit, as carve_take): the block's address; 0 only when the host
  * has no memory for the chunk's bookkeeping (the chunk then goes to

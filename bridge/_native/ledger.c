@@ -51,6 +51,8 @@ void ledger_listen(const ledger_parts *parts)
         told.settle_growth = parts->settle_growth;
     if (parts->pool_trimmed)
         told.pool_trimmed = parts->pool_trimmed;
+    if (parts->room)
+        told.room = parts->room;
     if (parts->forget_after_fork)
         told.forget_after_fork = parts->forget_after_fork;
 }
@@ -306,6 +308,24 @@ static inline int over_tag_limit(device_state *d, int tag, uint64_t tlimit, uint
 {
     return tlimit && (raw > tlimit ? less_kept(d, tag, raw, NULL) > tlimit
                                    : tlimit == BRIDGE_TAG_LIMIT_ZERO);
+}
+
+uint64_t ledger_room(device_state *d)
+{
+    uint64_t room = UINT64_MAX;
+    uint64_t limit = atomic_load_explicit(&d->limit, RELAXED);
+    if (limit) {
+        uint64_t r = atomic_load_explicit(&d->reserved, memory_order_acquire);
+        uint64_t others = others_of(d);
+        room = r >= limit || others >= limit - r ? 0 : limit - r - others;
+    }
+    share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
+    if (sm && told.room) {
+        uint64_t s = told.room(d, sm);
+        if (s < room)
+            room = s;
+    }
+    return room;
 }
 
 /* Fast path without a budget: two atomic adds. */

@@ -41,6 +41,11 @@ int ledger_alloc(device_state *d, const record *want, CUstream stream, int side,
  * carved) and committed, with no record; *out set.  BRIDGE_OK, the limit that
  * refused, BRIDGE_E_OOM or BRIDGE_E_DRIVER.  The device's context is current. */
 int ledger_alloc_chunk(device_state *d, uint64_t size, CUstream stream, uintptr_t *out);
+/* The bytes the device's reservations may still grow by: the budget's room
+ * (what others hold in the pool counted: one driver call) and the share's
+ * (share_room), the smaller; UINT64_MAX under neither.  A figure of the
+ * moment for sizing a chunk; the reservation decides. */
+uint64_t ledger_room(device_state *d);
 /* A block already on the budget (the cache's), handed to rec->tag: the tag's
  * cap checked, the record inserted and counted, *out set.  Refused
  * (BRIDGE_E_TAG_LIMIT, or BRIDGE_E_OOM: no host memory for the record): the
@@ -130,6 +135,8 @@ typedef struct ledger_parts {
     int (*reserve_growth)(device_state *d, share_member *m, uint64_t size);
     void (*settle_growth)(device_state *d, share_member *m, uint64_t size, int granted);
     void (*pool_trimmed)(device_state *d, share_member *m);
+    /* The bytes the share lets this process's pool grow by now. */
+    uint64_t (*room)(device_state *d, share_member *m);
     /* A fork child: the parts above forget the parent's state (no lock). */
     void (*forget_after_fork)(void);
 } ledger_parts;

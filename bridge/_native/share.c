@@ -648,6 +648,19 @@ int share_reserve(struct device_state *d, share_member *m, uint64_t size)
     return BRIDGE_OK;
 }
 
+uint64_t share_room(struct device_state *d, share_member *m)
+{
+    /* a raise of the claim to `need` + g units is admitted while the other
+     * members' claims plus it stay within the budget; the claim above `need`
+     * is within that already (the claims never sum above the budget) */
+    uint64_t need = need_units(d, m);
+    uint64_t group = group_units(m), mine = w_units(atomic_load(&m->me->word));
+    uint64_t others = group > mine ? group - mine : 0;
+    if (need == UINT64_MAX || others + need < others || others + need >= m->budget_units)
+        return 0;
+    return (m->budget_units - others - need) * SHARE_UNIT;
+}
+
 /* The pool against the claim: a pool above it grew by more than the
  * allocations rounded to a unit (counted, and claimed at once: the memory is
  * taken); a claim above the pool and what is in flight by more than
@@ -888,7 +901,8 @@ static void listen_to_the_ledger(void)
 {
     const ledger_parts parts = {.reserve_growth = share_reserve,
                                 .settle_growth = share_settle,
-                                .pool_trimmed = share_trimmed};
+                                .pool_trimmed = share_trimmed,
+                                .room = share_room};
     ledger_listen(&parts);
 }
 

@@ -24,6 +24,11 @@
 int share_reserve(struct device_state *d, share_member *m, uint64_t size);
 /* After the driver answered (granted: 1 when it gave the block). */
 void share_settle(struct device_state *d, share_member *m, uint64_t size, int granted);
+/* The bytes this process's pool may still grow by before a reservation
+ * would be refused, from the claims as they are now (no lock, no trim, no
+ * ask: a figure for sizing, which share_reserve decides again); 0 when the
+ * pool's figure cannot be read. */
+uint64_t share_room(struct device_state *d, share_member *m);
 /* The pool was trimmed: lower the claim to what it holds now. */
 void share_trimmed(struct device_state *d, share_member *m);
 

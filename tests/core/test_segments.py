@@ -9,6 +9,9 @@ loops that hit, driver calls, stream order, the budget with two frameworks."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from bridge._errors import Status
@@ -140,16 +143,16 @@ def test_two_frameworks_at_a_tight_budget_idle_segments_go_back_before_a_refusal
     assert stats()["carve_held"] == stats()["cached"] == 256 * MIB
     core.set_limit(DEV, 100 * MIB)
     try:
-        retries = stats()["num_retries"]
-        # torch's 80 MiB: the rule gives back two of them; the budget then refuses a new
-        # segment beside the other two, and the recovery chain gives back every empty
-        # one (one retry) before the request would be refused: it is served, from the
-        # pool as it would be without segments
+        retries, ooms = stats()["num_retries"], stats()["num_ooms"]
+        # torch's 80 MiB: the rule gives back two of them; a segment of 80 MiB does not
+        # fit the room the budget leaves beside the other two, so every empty one goes
+        # back first (and the stream is synchronized, so that the frees land): the
+        # request is served from a segment of its own size, with no refusal to retry
         p = alloc(80 * MIB, 0, TORCH)
         s = stats()
-        assert s["carve_held"] == s["cached"] == 0 and s["used"] == 80 * MIB
+        assert s["carve_held"] == s["used"] == 80 * MIB and s["cached"] == 0
         assert s["tags"][TORCH]["current"] == 80 * MIB and s["tags"][CUPY]["current"] == 0
-        assert s["num_retries"] == retries + 1
+        assert (s["num_retries"], s["num_ooms"]) == (retries, ooms)
         core.free(p)
         # and a request over what is left after everything goes back is still refused
         q = alloc(90 * MIB, 0, CUPY)
@@ -158,6 +161,95 @@ def test_two_frameworks_at_a_tight_budget_idle_segments_go_back_before_a_refusal
         core.free(q)
     finally:
         core.set_limit(DEV, 0)
+        core.trim(DEV, 0)
+
+
+def test_under_a_budget_a_segment_is_larger_than_its_request_only_within_half_the_room(segs):
+    # a segment's idle bytes go back only once every block of it is freed: 40 MiB at a
+    # budget of 100 MiB takes a segment of 40 MiB (64 MiB would be more than half the
+    # room), and 60 MiB on another stream, the rest of the budget, is served
+    segs.standin_adopt_stream(SIDE, DEV)
+    core.register_stream(SIDE)
+    core.set_limit(DEV, 100 * MIB)
+    try:
+        p = alloc(40 * MIB)
+        assert stats()["carve_held"] == 40 * MIB
+        q = alloc(60 * MIB, SIDE)
+        s = stats()
+        assert s["carve_held"] == s["used"] == 100 * MIB and s["cached"] == 0
+        rc, r = core.alloc(DEV, 2 * MIB, 0, TORCH)
+        assert rc == Status.BUDGET and not r
+        core.free(q)
+        core.free(p)
+    finally:
+        core.set_limit(DEV, 0)
+        core.trim(DEV, 0)
+    # with room to spare: the segment of 64 MiB, whose rest serves the next request
+    core.set_limit(DEV, 1 << 30)
+    try:
+        calls = segs.standin_counter(C_ALLOC)
+        p, q = alloc(40 * MIB), alloc(20 * MIB)
+        assert segs.standin_counter(C_ALLOC) == calls + 1
+        assert stats()["carve_held"] == 64 * MIB
+        core.free(q)
+        core.free(p)
+    finally:
+        core.set_limit(DEV, 0)
+        core.trim(DEV, 0)
+
+
+def test_a_waiter_is_served_when_a_segment_empties(segs):
+    # 40 + 50 MiB live at a budget of 100 MiB: another 50 MiB waits; the free of the
+    # 40 MiB empties its segment, which goes back at once (no segment is kept while a
+    # thread waits), and the waiter is served
+    segs.standin_adopt_stream(SIDE, DEV)
+    core.register_stream(SIDE)
+    core.set_limit(DEV, 100 * MIB)
+    try:
+        p, q = alloc(40 * MIB), alloc(50 * MIB, SIDE)
+        out: dict = {}
+
+        def wait():
+            core.set_thread_wait(True, 20.0, 0)
+            try:
+                out["r"] = core.alloc(DEV, 50 * MIB, 0, TORCH)
+            finally:
+                core.set_thread_wait(False, 0.0, 0)
+
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        end = time.monotonic() + 10
+        while not stats()["waiting"]:
+            assert time.monotonic() < end, "the allocation did not wait"
+            time.sleep(0.002)
+        core.free(p)
+        t.join(30)
+        assert not t.is_alive()
+        rc, r = out["r"]
+        assert rc == Status.OK and r
+        s = stats()
+        # p's segment went back; the waiter's block is the pool's (a wait retries there)
+        assert s["used"] == 100 * MIB and s["carve_held"] == 50 * MIB and s["cached"] == 0
+        core.free(r)
+        core.free(q)
+    finally:
+        core.set_limit(DEV, 0)
+        core.trim(DEV, 0)
+
+
+def test_a_request_past_its_frameworks_cap_takes_no_segment(segs):
+    assert core.set_tag_limit(DEV, TORCH, 50 * MIB) == Status.OK
+    try:
+        p = alloc(40 * MIB)
+        held, calls = stats()["carve_held"], segs.standin_counter(C_ALLOC)
+        rc, r = core.alloc(DEV, 20 * MIB, 0, TORCH)
+        assert rc == Status.TAG_LIMIT and not r
+        assert stats()["carve_held"] == held and segs.standin_counter(C_ALLOC) == calls
+        core.free(alloc(10 * MIB))  # within the cap: served from the segment's rest
+        assert segs.standin_counter(C_ALLOC) == calls
+        core.free(p)
+    finally:
+        core.set_tag_limit(DEV, TORCH, 0)
         core.trim(DEV, 0)
 
 

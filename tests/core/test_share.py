@@ -209,6 +209,62 @@ def test_exactly_at_the_budget_passes_one_byte_over_is_refused(workers, share_di
     assert a.call("alloc", size=1)["rc"] == Status.BUDGET
 
 
+# ---- segments of the pool (BRIDGE_CACHE_SEGMENTS=1) ----
+
+SEGMENTS = {"BRIDGE_CACHE_SEGMENTS": "1"}
+
+
+def test_segments_a_request_that_fits_the_shares_room_is_served(workers, share_dir):
+    """A segment's idle bytes go back only once every block carved from it is freed, so a
+    member takes a segment larger than its request only while it is at most half the room
+    the share leaves: at a 64 MiB budget, 40 MiB takes a segment of 40 MiB (its size with
+    room to spare is 64 MiB, which would strand 24 MiB), and the other member's 24 MiB,
+    exactly what is left, is served."""
+    a, b = workers(**SEGMENTS), workers(**SEGMENTS)
+    name = _name()
+    a.call("join", name=name, budget=64 * MIB)
+    b.call("join", name=name)
+    assert a.call("stats")["carve_on"] == 1
+    assert a.call("alloc", size=40 * MIB)["rc"] == Status.OK
+    assert a.call("stats")["carve_held"] == 40 * MIB
+    assert b.call("alloc", size=24 * MIB + 1)["rc"] == Status.BUDGET
+    assert b.call("alloc", size=24 * MIB)["rc"] == Status.OK
+    s = b.call("stats")
+    assert s["carve_held"] == 24 * MIB and s["share"]["group"] == 64 * MIB
+    assert a.call("alloc", size=1)["rc"] == Status.BUDGET
+    # with room to spare the segment is larger than its request and serves the next one
+    c = workers(**SEGMENTS)
+    c.call("join", name=_name(), budget=1 << 30)
+    assert c.call("alloc", size=40 * MIB)["rc"] == Status.OK
+    assert c.call("alloc", size=20 * MIB)["rc"] == Status.OK
+    assert c.call("stats")["carve_held"] == 64 * MIB
+
+
+def test_segments_a_members_idle_segments_go_back_before_it_asks_the_others(workers, share_dir):
+    """At a tight share a member's own empty segments go back to the pool (and the pool
+    is trimmed) before the other members are asked to trim: the request is served and no
+    ask is made.  Its segment of 4 MiB stays kept by the release rule (4 + 54 MiB is
+    within 1.05 x its high-water mark of 60 MiB); the share's room, not the rule, sends
+    it back."""
+    a, b = workers(**SEGMENTS), workers(**SEGMENTS)
+    name = _name()
+    a.call("join", name=name, budget=64 * MIB)
+    b.call("join", name=name)
+    a.call("free", ptr=a.call("alloc", size=60 * MIB)["ptr"])  # the high-water mark: 60 MiB
+    # b's 8 MiB asks a, whose service thread gives its empty segment back
+    assert b.call("alloc", size=8 * MIB)["rc"] == Status.OK
+    assert a.call("stats")["carve_held"] == 0
+    a.call("free", ptr=a.call("alloc", size=4 * MIB)["ptr"])
+    s = a.call("stats")
+    assert s["carve_held"] == s["cached"] == 4 * MIB  # empty, kept
+    asks, trims = s["share"]["num_asks"], b.call("stats")["share"]["num_trims_served"]
+    assert a.call("alloc", size=54 * MIB)["rc"] == Status.OK  # 64 - 8 - 4 < 54
+    s = a.call("stats")
+    assert s["share"]["num_asks"] == asks and s["carve_held"] == 54 * MIB
+    assert b.call("stats")["share"]["num_trims_served"] == trims
+    assert s["share"]["group"] <= 64 * MIB
+
+
 def test_processes_hammering_the_edge_never_hold_more_than_the_budget(workers, share_dir):
     budget, block, n = 64 * MIB, 4 * MIB, 4
     counter = share_dir / "oracle"

@@ -597,13 +597,15 @@ static void phase_carve(void)
 static void phase_segments(void)
 {
     reset();
-    /* 2 MiB segments and 64 MiB ones: the budget refuses some, the release
-     * rule and the recovery chain give empty ones back under the threads */
+    /* 2 MiB segments and 64 MiB ones: the budget refuses some (segments sized
+     * by its room), a framework's cap others, the release rule and the
+     * recovery chain give empty ones back under the threads */
     const uint64_t limit = 160 * MIB;
     uint64_t cache = stats_of(0).cache_limit;
     CHECK(bridge_set_cache(0, 64 * MIB, 256 * MIB) == BRIDGE_OK, "set_cache");
     CHECK(bridge_set_cache_segments(0, 1) == BRIDGE_OK, "set_cache_segments");
     CHECK(bridge_set_limit(0, limit) == BRIDGE_OK, "set_limit");
+    CHECK(bridge_set_tag_limit(0, 1, 24 * MIB) == BRIDGE_OK, "set_tag_limit");
     for (int i = 0; i < 8; i++)
         CHECK(bridge_register_stream(stream_of(i)) == BRIDGE_OK, "register_stream");
     uint64_t driver_allocs = standin.counter(0), allocs = stats_of(0).num_allocs;
@@ -624,6 +626,8 @@ static void phase_segments(void)
     CHECK(s.carve_on == 1 && s.carve_slack == 1050, "segments are off");
     CHECK(standin.counter(0) - driver_allocs < s.num_allocs - allocs,
           "segments served no allocation");
+    CHECK(s.tag[1].peak <= 24 * MIB, "tag 1's peak %" PRIu64 " passed its cap", s.tag[1].peak);
+    CHECK(bridge_set_tag_limit(0, 1, 0) == BRIDGE_OK, "set_tag_limit");
     CHECK(bridge_set_limit(0, 0) == BRIDGE_OK, "set_limit");
     ring.producers_left = 4;
     for (int i = 0; i < 8; i++)
