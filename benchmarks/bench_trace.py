@@ -43,6 +43,9 @@ Memory is each process's own; a configuration's figure is the largest. Configura
   before its cap followed the live bytes.
 - ``bridge-carve``: blocks carved from pool chunks (``CARVE_ENV``: ``BRIDGE_CACHE_CARVE=1``,
   off by default; docs/design.md, "Carving blocks from pool chunks").
+- ``bridge-segments``: segments of the pool, every emptied one kept under one release rule
+  (``SEGMENTS_ENV``: ``BRIDGE_CACHE_SEGMENTS=1``, off by default; docs/design.md, "Segments
+  of the pool").
 - ``bridge-pluggable``: torch through its ``CUDAPluggableAllocator`` over the same core
   (``PLUGGABLE_ENV``, the fallback where the C++ allocator cannot be built): against
   ``bridge``, what the C++ torch allocator changes, memory included.
@@ -80,8 +83,8 @@ TORCH, CUPY = 0, 1
 #: Configurations that replay only torch (a mixed trace's CuPy events need CuPy's own allocators).
 TORCH_ONLY = ("rmm", "null-pluggable")
 CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-allhits",
-           "bridge-onetier", "bridge-fixedlarge", "bridge-carve", "bridge-pluggable",
-           "null-pluggable")  # fmt: skip
+           "bridge-onetier", "bridge-fixedlarge", "bridge-carve", "bridge-segments",
+           "bridge-pluggable", "null-pluggable")  # fmt: skip
 
 
 # ---- traces ----
