@@ -336,8 +336,42 @@ def record_mixed(batches: Iterable[int] = (32, 64, 48, 96, 32, 80, 64, 48)) -> d
     return from_history(events, "mixed", tags, (core.EV_ALLOC, core.EV_FREE))
 
 
+def record_attention(requests: int = 24, seed: int = 0) -> dict:
+    """Variable-shape inference: a decoder answering requests of changing batch size and
+    prompt length, a few tokens each (no two requests share a shape), fp16, no KV cache."""
+    import random
+
+    import torch
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    width, heads, depth, vocab = 1024, 16, 8, 32000
+    embed = torch.nn.Embedding(vocab, width).cuda().half()
+    layer = torch.nn.TransformerEncoderLayer(
+        width, heads, 4 * width, batch_first=True, norm_first=True
+    )
+    body = torch.nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+    body = body.cuda().half().eval()
+    head = torch.nn.Linear(width, vocab, bias=False).cuda().half()
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    with torch.inference_mode():
+        for _ in range(requests):
+            batch, prompt = rng.choice((1, 2, 4, 8, 16)), rng.randint(16, 1024)
+            ids = torch.randint(0, vocab, (batch, prompt), device="cuda")
+            for _ in range(rng.randint(2, 6)):
+                mask = torch.nn.Transformer.generate_square_subsequent_mask(
+                    ids.shape[1], device="cuda", dtype=torch.float16
+                )
+                hidden = body(embed(ids), mask=mask, is_causal=True)
+                ids = torch.cat([ids, head(hidden[:, -1]).argmax(-1, keepdim=True)], dim=1)
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    return from_snapshot(snap, "attention")
+
+
 RECORDERS = {"gpt2": record_gpt2, "resnet50": record_resnet50, "cupy-fft": record_cupy_fft,
-             "mixed": record_mixed}
+             "mixed": record_mixed, "attention": record_attention}
 
 
 # ---- null-pluggable: a trivial allocator behind torch's pluggable path ----
