@@ -12,13 +12,8 @@ works on a GPU.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
+from torch_util import run_scenario
 
 torch = pytest.importorskip("torch")
 if torch.version.cuda is None:  # the allocator is C++ against torch's CUDA headers and symbols
@@ -166,24 +161,8 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    if os.environ.get("BRIDGE_TEST_GPU") == "1":
-        pytest.skip("stand-in test; this is a GPU run")
-    env = dict(os.environ)
-    env.setdefault("BRIDGE_CACHE_DIR", str(tmp_path_factory.mktemp("torch-cache")))
-    env.pop("BRIDGE_TORCH_PLUGGABLE", None)
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCENARIO)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    lines = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, r.stdout[-3000:] + r.stderr[-6000:]
-    out = json.loads(lines[-1][len("RESULT ") :])
-    if "skip" in out:
-        pytest.skip(f"the C++ torch allocator's build needs what is missing: {out['skip']}")
-    return out
+    cache = str(tmp_path_factory.mktemp("torch-cache"))
+    return run_scenario(SCENARIO, cache)
 
 
 def test_installed_as_torchs_allocator(result):
