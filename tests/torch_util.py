@@ -36,3 +36,17 @@ def run_scenario(scenario: str, cache_dir: str, **env: str) -> dict:
     if "skip" in out:
         pytest.skip(f"the C++ torch allocator's build needs what is missing: {out['skip']}")
     return out
+
+
+def cuda_torch():
+    """torch where it is a CUDA build (the C++ allocator is compiled against torch's CUDA
+    headers and symbols); else the calling test module is skipped with the reason."""
+    torch = pytest.importorskip("torch")
+    if torch.version.cuda is None:
+        pytest.skip(
+            f"torch {torch.__version__} is built without CUDA: the bridge's torch allocator "
+            "needs a CUDA torch (bridge.unify() leaves this one alone: "
+            "tests/adapters/test_cpu_only.py)",
+            allow_module_level=True,
+        )
+    return torch

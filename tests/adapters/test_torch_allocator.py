@@ -13,15 +13,9 @@ works on a GPU.
 from __future__ import annotations
 
 import pytest
-from torch_util import run_scenario
+from torch_util import cuda_torch, run_scenario
 
-torch = pytest.importorskip("torch")
-if torch.version.cuda is None:  # the allocator is C++ against torch's CUDA headers and symbols
-    pytest.skip(
-        f"torch {torch.__version__} is built without CUDA: the bridge's torch allocator needs a "
-        "CUDA torch (bridge.unify() leaves this one alone: tests/adapters/test_cpu_only.py)",
-        allow_module_level=True,
-    )
+torch = cuda_torch()
 
 SCENARIO = r"""
 import json, os, torch

@@ -16,9 +16,9 @@ CUDA here); the GPU halves are in tests/gpu/test_gpu_torch_native.py.
 from __future__ import annotations
 
 import pytest
-from torch_util import run_scenario
+from torch_util import cuda_torch, run_scenario
 
-torch = pytest.importorskip("torch")
+torch = cuda_torch()
 
 MIB = 1 << 20
 

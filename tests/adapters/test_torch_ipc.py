@@ -18,8 +18,9 @@ import subprocess
 import sys
 
 import pytest
+from torch_util import cuda_torch
 
-pytest.importorskip("torch")
+cuda_torch()
 
 SETUP = r"""
 import ctypes, json, sys
