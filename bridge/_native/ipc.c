@@ -466,6 +466,13 @@ int bridge_ipc_export(void *ptr, unsigned char *out, uint64_t *offset)
     int rc = ensure_server();
     if (rc != BRIDGE_OK)
         return rc;
+    /* the driver exports a pointer only from a pool already shared: the
+     * pool's descriptor first (once; kept for the importers that ask) */
+    if (export_pool_fd(dev) < 0)
+        return fail(BRIDGE_E_IPC,
+                    "the driver cannot export device %d's exportable pool: leave ipc off, or "
+                    "update the driver",
+                    dev);
     ipc_handle h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, HANDLE_MAGIC, 8);

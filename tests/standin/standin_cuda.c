@@ -300,6 +300,7 @@ typedef struct xrange {
 } xrange;
 typedef struct xpool {
     int in_use, imported, dev, fd;
+    int shared; /* its descriptor exported: only then are its pointers (the H200's driver) */
     char *base;
     uint64_t cap, ino;
     uint64_t used, reserved, used_high, reserved_high, threshold;
@@ -1619,6 +1620,8 @@ CUresult cuMemPoolExportToShareableHandle(void *handle, CUmemoryPool pool, int t
         r = E_INVALID_VALUE;
     else if ((*(int *)handle = dup(x->fd)) < 0)
         r = E_OUT_OF_MEMORY;
+    else
+        x->shared = 1;
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -1659,7 +1662,7 @@ CUresult cuMemPoolExportPointer(void *data, CUdeviceptr p)
     size_t j = caplive ? slot_of(p) & (caplive - 1) : 0;
     while (caplive && lives[j].ptr) {
         if (lives[j].ptr == p) {
-            if (lives[j].xp >= 0) {
+            if (lives[j].xp >= 0 && xpools[lives[j].xp].shared) {
                 xpool *x = &xpools[lives[j].xp];
                 xexport e = {XPOOL_MAGIC, x->ino, (uint64_t)((char *)(uintptr_t)p - x->base),
                              lives[j].size, {0}};
