@@ -57,7 +57,10 @@ static inline uint64_t cache_held(device_state *d, uint64_t freeing)
  * memo, a copy of the record of its last allocation, valid while the memo
  * word of its slot still names the block (records.c clears it at any change
  * of the record).  Whoever else takes a parked block out of a slot takes its
- * record out of the table first (detach_parked). */
+ * record out of the table first (detach_parked; a carved block's then goes
+ * back to its segment, carved_leaves_slot).  With segments a carved block
+ * parks so too (cache_park_carved), and only until its owner's next
+ * allocation (take_cached_plain). */
 /* The memo lives on the heap (tls.h), made at the thread's first one (NULL
  * before), freed at its exit; memo_key's value. */
 static _Thread_local record *my_memo BRIDGE_TLS_ONE_LOAD;
@@ -96,7 +99,8 @@ static record *memo_attach(void)
 static inline void memo_set(const record *r)
 {
     record *m;
-    if (r->park && !r->flags && ((m = my_memo) || (m = memo_attach()))) {
+    /* a plain block or a carved one (parked as cache_park_carved says) */
+    if (r->park && !(r->flags & ~REC_CARVED) && ((m = my_memo) || (m = memo_attach()))) {
         *m = *r;
         atomic_store_explicit(&r->park->memo, r->ptr, memory_order_release);
     }
@@ -110,12 +114,20 @@ static inline void memo_set(const record *r)
  * cleared the word first, under the record's shard lock.  Only a change made
  * at the same time as the free, a use of memory being freed, could go
  * unseen, as it would by the table. */
-static inline int memo_claim(void *ptr, record *out)
+static inline const record *memo_peek(void *ptr)
 {
     uintptr_t p = (uintptr_t)ptr;
     const record *memo = my_memo;
     if (!memo || memo->ptr != p || !memo->park ||
         atomic_load_explicit(&memo->park->memo, memory_order_acquire) != p)
+        return NULL;
+    return memo;
+}
+
+static inline int memo_claim(void *ptr, record *out)
+{
+    const record *memo = memo_peek(ptr);
+    if (!memo)
         return 0;
     atomic_store_explicit(&memo->park->memo, 0, RELAXED);
     *out = *memo;
@@ -238,8 +250,10 @@ int bridge_set_cache_carve(int device, double share, uint64_t min, uint64_t max,
         return BRIDGE_E_INVALID;
     carve_set(device, (uint64_t)(share * 65536.0 + 0.5), min, max, keep, small_keep);
     carve_set_slack(device, 0); /* the chunks past keep go back as they empty */
-    if (!max)
+    if (!max) {
+        cache_release_carved(device); /* the parked carved blocks to their chunks */
         carve_flush(device, release_cached); /* off: no empty chunk is kept */
+    }
     return BRIDGE_OK;
 }
 
@@ -254,6 +268,7 @@ int bridge_set_cache_segments(int device, int on)
     } else {
         carve_set(device, 0, 0, 0, 0, 0);
         carve_set_slack(device, 0);
+        cache_release_carved(device);
         carve_flush(device, release_cached);
     }
     return BRIDGE_OK;
@@ -397,6 +412,21 @@ static void carved_free(device_state *d, const record *rec)
         retry_held_back();
 }
 
+/* A carved block parked in a thread slot (cache_park_carved) that leaves it
+ * other than to its owner's allocation (cache.c calls it, no cache lock
+ * held): its record out of the table (the tag's figures with it), then back
+ * to its segment in stream order, as a carved free returns it. */
+static void carved_leaves_slot(int device, const cache_block *b)
+{
+    record rec;
+    if (!b->kept || records_take_parked(b->ptr, &rec, ledger_unpark) != 0)
+        /* no record to take (never so: a carved block parks with it): the
+         * range back all the same, never lost nor handed out twice */
+        rec = (record){.ptr = b->ptr, .size = b->size, .stream = b->stream, .device = device,
+                       .flags = REC_CARVED};
+    carved_free(&bridge_devices[device], &rec);
+}
+
 void bridge_free(void *ptr)
 {
     if (!ptr || bridge_forked())
@@ -407,12 +437,13 @@ void bridge_free(void *ptr)
     int kept = 0;
     device_state *d;
     /* fastest: the block this thread allocated last, parked in its slot with
-     * its record (a plain block that goes to the cache now: no capture, no
-     * deferred frees, cacheable); else the table */
+     * its record (a plain block that goes to the cache now, or a carved one of
+     * segments: no capture, no deferred frees, cacheable); else the table */
     int parkable = memo_claim(ptr, &rec);
     if (parkable) {
         d = &bridge_devices[rec.device];
-        parkable = !rec.flags && !atomic_load_explicit(&d->captures_active, RELAXED) &&
+        parkable = !(rec.flags & ~REC_CARVED) &&
+                   !atomic_load_explicit(&d->captures_active, RELAXED) &&
                    !atomic_load_explicit(&d->num_deferred, RELAXED) && cacheable(&rec);
     }
     /* fast path: one shard lock, one cache lock, a few atomics */
@@ -426,9 +457,14 @@ void bridge_free(void *ptr)
     history_maybe(BRIDGE_EV_FREE, rec.device, rec.ptr, rec.size, rec.stream, rec.tag);
     d = &bridge_devices[rec.device];
     if (parkable) {
-        /* parked: still in the tag's figures (park.h); only the free's count */
-        if (cache_park(rec.device, rec.stream, rec.size, rec.ptr, rec.tag,
-                       cache_held(d, rec.size), rec.park)) {
+        /* parked: still in the tag's figures (park.h); only the free's count.
+         * A carved block stays carved, the slot's carved block (if any) back
+         * to its segment first. */
+        if ((rec.flags & REC_CARVED)
+                ? cache_park_carved(rec.device, rec.stream, rec.size, rec.ptr, rec.tag, rec.park,
+                                    1)
+                : cache_park(rec.device, rec.stream, rec.size, rec.ptr, rec.tag,
+                             cache_held(d, rec.size), rec.park)) {
             ledger_count_parked(&rec);
             return;
         }
@@ -439,6 +475,10 @@ void bridge_free(void *ptr)
             return;
         }
         ledger_count_free(d, &rec);
+        if (rec.flags & REC_CARVED) {
+            carved_free(d, &rec);
+            return;
+        }
         goto cache_it;
     }
     if (kept == 1) {
@@ -523,7 +563,21 @@ int bridge_free_cached(void *ptr)
     record rec;
     /* the block this thread allocated last: parked in its slot with its
      * record, cache_or_keep's rule without the table (the block stays in
-     * the tag's figures while parked, park.h) */
+     * the tag's figures while parked, park.h).  A carved one parks only into
+     * an empty slot (a carved block there goes back to its segment through
+     * a detach: bridge_free's work, the memo left for it) */
+    const record *memo = memo_peek(ptr);
+    if (memo && memo->flags == REC_CARVED) {
+        device_state *d = &bridge_devices[memo->device];
+        if (!cacheable(memo) || atomic_load_explicit(&d->captures_active, RELAXED) ||
+            atomic_load_explicit(&d->num_deferred, RELAXED) ||
+            !cache_park_carved(memo->device, memo->stream, memo->size, memo->ptr, memo->tag,
+                               memo->park, 0))
+            return BRIDGE_E_MISS;
+        atomic_store_explicit(&memo->park->memo, 0, RELAXED);
+        ledger_count_parked(memo);
+        return BRIDGE_OK;
+    }
     if (memo_claim(ptr, &rec)) {
         device_state *d = &bridge_devices[rec.device];
         if (!rec.flags && cacheable(&rec) && !atomic_load_explicit(&d->captures_active, RELAXED) &&
@@ -708,12 +762,27 @@ static int take_cached_plain(device_state *d, int device, size_t size, void *str
     const record *memo = my_memo;
     uintptr_t p = 0;
     int kept = 0;
-    if (memo && memo->size == size && memo->stream == key && memo->tag == tag && !memo->flags &&
-        memo->owner == thread_self()) {
-        p = cache_take_back(device, memo->park, memo->ptr, key, size, &kept);
+    if (memo && memo->size == size && memo->stream == key && memo->tag == tag &&
+        !(memo->flags & ~REC_CARVED) && memo->owner == thread_self()) {
+        /* a carved block: not while a capture runs on the device (carvable's
+         * rule: a capture's allocations take graph.c's path) */
+        int carved = memo->flags != 0;
+        if (!carved || (!atomic_load_explicit(&d->captures_active, RELAXED) &&
+                        !atomic_load_explicit(&d->stream_captures, RELAXED)))
+            p = cache_take_back(device, memo->park, memo->ptr, key, size, carved, &kept);
         if (p && kept && readopt_memo(d, memo, out) == BRIDGE_OK)
             return BRIDGE_OK;
+        if (p && carved) { /* the tag's cap refused it: back to its segment */
+            cache_block b = {p, size, key, kept, 1};
+            carved_leaves_slot(device, &b);
+            p = 0;
+        }
     }
+    /* a carved block parked by this thread's last free and not taken back by
+     * this allocation: back to its segment before anything is carved (a
+     * parked block lives until its owner's next allocation, no longer) */
+    if (!p)
+        cache_release_mine_carved(device);
     *q = request_of(d, device, size, stream, tag);
     if (!p)
         return take_cached(q, out);
@@ -741,9 +810,13 @@ static int adopt_carved(request *q, uintptr_t p, void **out)
     record want = q->want;
     want.ptr = p;
     want.flags |= REC_CARVED;
+    if (!want.park && carve_slack(want.device)) /* the slot where its free parks it */
+        want.park = cache_park_words_made(want.device);
     int rc = ledger_adopt(q->d, &want, out);
     if (rc != BRIDGE_OK)
         carve_give(want.device, p, want.size, 0, release_cached);
+    else if (carve_slack(want.device))
+        memo_set(&want); /* segments: its free may park it (BRIDGE_CACHE_CARVE's blocks never) */
     return rc;
 }
 
@@ -1127,6 +1200,7 @@ __attribute__((constructor)) static void tell_the_ledger(void)
     const ledger_parts parts = {.freed = wait_freed, .forget_after_fork = forget_after_fork};
     ledger_listen(&parts);
     cache_set_detach(detach_parked);
+    cache_set_carved_return(carved_leaves_slot);
 }
 
 /* ---- figures ---- */
@@ -1167,6 +1241,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     out->carve_on = (uint64_t)carve_on(device);
     out->carve_hwm = carve_hwm(device);
     out->carve_slack = carve_slack(device);
+    out->carve_parked = cache_parked_carved(device);
     wait_fill_stats(device, out);
     raise_reserved_peaks(d, device);
     for (int i = 0; i < BRIDGE_NTAGS; i++) {

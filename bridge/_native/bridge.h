@@ -410,6 +410,8 @@ typedef struct bridge_stats {
     uint64_t carve_on;           /* 1 while carving is on */
     uint64_t carve_hwm;          /* the most carved bytes live at once (requested sizes) */
     uint64_t carve_slack;        /* the release rule's slack, per mille (0: none) */
+    uint64_t carve_parked;       /* carved blocks parked in thread slots (requested sizes;
+                                    in `cached`, still carved: in no chunk's free range) */
 } bridge_stats;
 
 int bridge_get_stats(int device, bridge_stats *out);

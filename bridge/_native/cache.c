@@ -12,7 +12,16 @@
  *
  * In front of the lists, each thread has a slot per device that holds the
  * block it freed last (the thread slots, below): logically the newest end of
- * that block's tier and key, reached without the lock. */
+ * that block's tier and key, reached without the lock.
+ *
+ * A slot may instead hold a carved block (carve.c, segments: cache_park_carved),
+ * parked with its record and still carved out of its segment.  It is in no
+ * tier and no list (its bytes are `parked_carved`), no cap holds it, and only
+ * its owner's next allocation takes it back (cache_take_back); whatever else
+ * takes it out of the slot (a flush, a stream's end, the owner's next
+ * allocation of another key, a plain block freed into the slot, the owner's
+ * exit) hands it to the carved-return hook, which gives it back to its
+ * segment (alloc.c), never to the lists or the pool. */
 #include "cache.h"
 #include "carve.h"
 
@@ -83,6 +92,7 @@ typedef struct tslot {
     _Atomic uint64_t size;
     _Atomic(CUstream) stream;
     _Atomic uint32_t tier;
+    _Atomic int carved; /* the block is carved (carve.c), parked with its record */
     _Atomic int owned;  /* a live thread's */
     struct tslot *next; /* the device's list */
 } tslot;
@@ -116,6 +126,7 @@ typedef struct dcache {
                                   nothing is cached, freed bytes go to the pool;
                                   written under the lock */
     _Atomic uint64_t parked[TIERS]; /* bytes in the thread slots, by tier */
+    _Atomic uint64_t parked_carved; /* carved blocks' bytes in the thread slots (in no tier) */
     _Atomic(tslot *) tslots;        /* every thread slot of the device */
     _Atomic int slots_on;           /* 0: frees go to the lists alone */
 } dcache;
@@ -334,7 +345,7 @@ static __attribute__((noinline)) int evict(dcache *c, int t, uint64_t cap, uint6
     while (k < max && tr->oldest != NONE && tier_bytes(c, t) + extra > cap) {
         uint32_t i = tr->oldest;
         node *nd = &c->nodes[i];
-        out[k++] = (cache_block){nd->ptr, nd->size, nd->stream, 0};
+        out[k++] = (cache_block){nd->ptr, nd->size, nd->stream, 0, 0};
         unlink_node(c, find(c, nd->stream, nd->size, 0), i);
     }
     return k;
@@ -380,10 +391,25 @@ static inline int put_fits(dcache *c, int t, uint64_t held, uint64_t size, uint6
 
 /* ---- the thread slots (see the banner at struct tslot) ---- */
 static _Atomic(cache_detach_fn) detach_hook;
+static _Atomic(cache_carved_fn) carved_hook;
 
 void cache_set_detach(cache_detach_fn fn)
 {
     atomic_store(&detach_hook, fn);
+}
+
+void cache_set_carved_return(cache_carved_fn fn)
+{
+    atomic_store(&carved_hook, fn);
+}
+
+/* A carved block out of its slot goes back to its segment (alloc.c), never
+ * into the lists nor to the pool; no cache lock held. */
+static inline void carved_leaves(int device, const cache_block *b)
+{
+    cache_carved_fn fn = atomic_load_explicit(&carved_hook, memory_order_acquire);
+    if (fn)
+        fn(device, b);
 }
 
 /* A block parked with its record leaves its slot for anything but its
@@ -397,6 +423,10 @@ static inline void detach(int device, cache_block *b)
         b->kept = 0;
     }
 }
+
+/* What a claim wants of a slot's block: any block, one of a key, of a
+ * stream, of a tier (these two: a plain block), or a carved one. */
+enum { WANT_ANY, WANT_KEY, WANT_STREAM, WANT_TIER, WANT_CARVED };
 
 /* The calling thread's slots by device: a table on the heap (tls.h), made
  * at the thread's first slot, NULL before; slot_key's value. */
@@ -414,13 +444,23 @@ static inline tslot *my_slot(int device)
 /* At a thread's exit its slots are left unowned, each with its block, and
  * its table freed (a later destructor that frees into a slot makes both
  * anew, and sets the key again: this runs once more). */
+static int slot_claim(dcache *c, tslot *s, int want, CUstream stream, uint64_t size, int t,
+                      cache_block *out);
+
 static void slots_thread_ended(void *table)
 {
     tslot **t = table;
     my_slots = NULL;
-    for (int d = 0; d < BRIDGE_MAX_DEVICES; d++)
-        if (t[d])
-            atomic_store_explicit(&t[d]->owned, 0, memory_order_release);
+    for (int d = 0; d < BRIDGE_MAX_DEVICES; d++) {
+        if (!t[d])
+            continue;
+        /* a carved block goes back to its segment: no other thread's
+         * allocation would take it back (a plain block stays, in its tier) */
+        cache_block b;
+        if (slot_claim(&caches[d], t[d], WANT_CARVED, NULL, 0, 0, &b))
+            carved_leaves(d, &b);
+        atomic_store_explicit(&t[d]->owned, 0, memory_order_release);
+    }
     free(t);
 }
 
@@ -473,22 +513,23 @@ static tslot *slot_attach(dcache *c, int device)
     return s;
 }
 
-/* What a claim wants of a slot's block. */
-enum { WANT_ANY, WANT_KEY, WANT_STREAM, WANT_TIER };
 
 /* Another thread's claim of slot s: 1 with its block in *out (and out of the
  * slot and the tier's bytes) when it holds one that the claim wants, else 0
  * (the slot as it was). */
 static inline int slot_wanted(tslot *s, int want, CUstream stream, uint64_t size, int t)
 {
+    int carved = atomic_load_explicit(&s->carved, RELAXED);
     switch (want) {
-    case WANT_KEY:
-        return atomic_load_explicit(&s->size, RELAXED) == size &&
+    case WANT_KEY: /* a carved block is its owner's alone */
+        return !carved && atomic_load_explicit(&s->size, RELAXED) == size &&
                atomic_load_explicit(&s->stream, RELAXED) == stream;
     case WANT_STREAM:
         return atomic_load_explicit(&s->stream, RELAXED) == stream;
     case WANT_TIER:
-        return (int)atomic_load_explicit(&s->tier, RELAXED) == t;
+        return !carved && (int)atomic_load_explicit(&s->tier, RELAXED) == t;
+    case WANT_CARVED:
+        return carved;
     default:
         return 1;
     }
@@ -508,12 +549,14 @@ static int slot_claim(dcache *c, tslot *s, int want, CUstream stream, uint64_t s
     uint64_t sz = atomic_load_explicit(&s->size, RELAXED);
     CUstream st = atomic_load_explicit(&s->stream, RELAXED);
     uint32_t tr = atomic_load_explicit(&s->tier, RELAXED);
+    int carved = atomic_load_explicit(&s->carved, RELAXED);
     if (!slot_wanted(s, want, stream, size, t)) {
         atomic_store_explicit(&s->ptr, p, memory_order_release);
         return 0;
     }
-    atomic_fetch_sub_explicit(&c->parked[tr], sz, RELAXED);
-    *out = (cache_block){p, sz, st, atomic_load_explicit(&s->park.kept, memory_order_acquire) == p};
+    atomic_fetch_sub_explicit(carved ? &c->parked_carved : &c->parked[tr], sz, RELAXED);
+    *out = (cache_block){p, sz, st, atomic_load_explicit(&s->park.kept, memory_order_acquire) == p,
+                         carved};
     atomic_store_explicit(&s->ptr, 0, memory_order_release);
     return 1;
 }
@@ -525,7 +568,8 @@ static int claim_slots(dcache *c, int want, CUstream stream, uint64_t size, int 
 {
     int n = 0;
     if (!atomic_load_explicit(&c->parked[TIER_SMALL], RELAXED) &&
-        !atomic_load_explicit(&c->parked[TIER_LARGE], RELAXED))
+        !atomic_load_explicit(&c->parked[TIER_LARGE], RELAXED) &&
+        !atomic_load_explicit(&c->parked_carved, RELAXED))
         return 0;
     for (tslot *s = atomic_load_explicit(&c->tslots, memory_order_acquire); s && n < max;
          s = s->next)
@@ -539,17 +583,21 @@ static inline int slot_take_back(dcache *c, tslot *s, uintptr_t ptr)
     if (!atomic_compare_exchange_strong_explicit(&s->ptr, &ptr, 0, memory_order_acquire,
                                                  RELAXED))
         return 0;
-    atomic_fetch_sub_explicit(&c->parked[atomic_load_explicit(&s->tier, RELAXED)],
+    atomic_fetch_sub_explicit(atomic_load_explicit(&s->carved, RELAXED)
+                                  ? &c->parked_carved
+                                  : &c->parked[atomic_load_explicit(&s->tier, RELAXED)],
                               atomic_load_explicit(&s->size, RELAXED), RELAXED);
     return 1;
 }
 
 /* The owner's block p (as read from its slot) taken back when it is of this
- * key: p, *kept set as cache_take's; else 0 (the slot as it was). */
+ * key and carved or not as `carved` says: p, *kept set as cache_take's; else
+ * 0 (the slot as it was). */
 static inline uintptr_t mine_take_back(dcache *c, tslot *mine, uintptr_t p, CUstream stream,
-                                       uint64_t size, int *kept)
+                                       uint64_t size, int carved, int *kept)
 {
-    if (p <= SLOT_BUSY || atomic_load_explicit(&mine->size, RELAXED) != size ||
+    if (p <= SLOT_BUSY || atomic_load_explicit(&mine->carved, RELAXED) != carved ||
+        atomic_load_explicit(&mine->size, RELAXED) != size ||
         atomic_load_explicit(&mine->stream, RELAXED) != stream || !slot_take_back(c, mine, p))
         return 0;
     *kept = atomic_load_explicit(&mine->park.kept, memory_order_acquire) == p;
@@ -558,12 +606,13 @@ static inline uintptr_t mine_take_back(dcache *c, tslot *mine, uintptr_t p, CUst
 
 /* The owner's slot gets a block (the slot is empty and the owner's). */
 static inline void slot_fill(dcache *c, tslot *s, uintptr_t ptr, uint64_t size, CUstream stream,
-                             int t)
+                             int t, int carved)
 {
     atomic_store_explicit(&s->size, size, RELAXED);
     atomic_store_explicit(&s->stream, stream, RELAXED);
     atomic_store_explicit(&s->tier, (uint32_t)t, RELAXED);
-    atomic_fetch_add_explicit(&c->parked[t], size, RELAXED);
+    atomic_store_explicit(&s->carved, carved, RELAXED);
+    atomic_fetch_add_explicit(carved ? &c->parked_carved : &c->parked[t], size, RELAXED);
     atomic_store_explicit(&s->ptr, ptr, memory_order_release);
 }
 
@@ -577,7 +626,7 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size, int *kept)
     tslot *mine = my_slot(device);
     if (mine) {
         uintptr_t p = atomic_load_explicit(&mine->ptr, memory_order_acquire);
-        if (mine_take_back(c, mine, p, stream, size, kept))
+        if (mine_take_back(c, mine, p, stream, size, 0, kept))
             return p;
     }
     uintptr_t got = take_listed(c, stream, size);
@@ -592,18 +641,27 @@ uintptr_t cache_take(int device, CUstream stream, uint64_t size, int *kept)
 }
 
 uintptr_t cache_take_back(int device, const park_words *pw, uintptr_t ptr, CUstream stream,
-                          uint64_t size, int *kept)
+                          uint64_t size, int carved, int *kept)
 {
     tslot *mine = my_slot(device);
     *kept = 0;
     if (!mine || &mine->park != pw || atomic_load_explicit(&mine->ptr, RELAXED) != ptr)
         return 0;
-    return mine_take_back(&caches[device], mine, ptr, stream, size, kept);
+    return mine_take_back(&caches[device], mine, ptr, stream, size, carved, kept);
 }
 
 park_words *cache_park_words(int device)
 {
     tslot *mine = my_slot(device);
+    return mine ? &mine->park : NULL;
+}
+
+park_words *cache_park_words_made(int device)
+{
+    dcache *c = &caches[device];
+    tslot *mine = my_slot(device);
+    if (!mine && atomic_load_explicit(&c->slots_on, RELAXED))
+        mine = slot_attach(c, device);
     return mine ? &mine->park : NULL;
 }
 
@@ -627,8 +685,66 @@ int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, int ta
     atomic_store_explicit(&mine->park.size, size, RELAXED);
     atomic_store_explicit(&mine->park.tag, tag, RELAXED);
     atomic_store_explicit(&mine->park.kept, ptr, memory_order_release);
-    slot_fill(c, mine, ptr, size, stream, t);
+    slot_fill(c, mine, ptr, size, stream, t, 0);
     return 1;
+}
+
+int cache_park_carved(int device, CUstream stream, uint64_t size, uintptr_t ptr, int tag,
+                      park_words *pw, int evict)
+{
+    dcache *c = &caches[device];
+    tslot *mine = my_slot(device);
+    if (!mine || &mine->park != pw || !atomic_load_explicit(&c->slots_on, RELAXED) ||
+        !atomic_load_explicit(&c->limit, RELAXED) || atomic_load_explicit(&c->held, RELAXED))
+        return 0;
+    uintptr_t a = atomic_load_explicit(&mine->ptr, RELAXED);
+    if (a) {
+        /* the slot's carved block back to its segment first (its record out
+         * of the table clears the slot's `kept` word); a plain block stays */
+        cache_block old;
+        if (!evict || a == SLOT_BUSY || !atomic_load_explicit(&mine->carved, RELAXED) ||
+            !slot_claim(c, mine, WANT_CARVED, NULL, 0, 0, &old))
+            return 0;
+        carved_leaves(device, &old);
+    }
+    if (atomic_load_explicit(&mine->park.kept, RELAXED))
+        return 0; /* another thread's claim of the slot's block is detaching it */
+    atomic_store_explicit(&mine->park.size, size, RELAXED);
+    atomic_store_explicit(&mine->park.tag, tag, RELAXED);
+    atomic_store_explicit(&mine->park.kept, ptr, memory_order_release);
+    slot_fill(c, mine, ptr, size, stream, TIER_SMALL, 1);
+    return 1;
+}
+
+uint64_t cache_parked_carved(int device)
+{
+    return atomic_load(&caches[device].parked_carved);
+}
+
+void cache_release_mine_carved(int device)
+{
+    tslot *mine = my_slot(device);
+    cache_block b;
+    if (mine && atomic_load_explicit(&mine->ptr, RELAXED) > SLOT_BUSY &&
+        atomic_load_explicit(&mine->carved, RELAXED) &&
+        slot_claim(&caches[device], mine, WANT_CARVED, NULL, 0, 0, &b))
+        carved_leaves(device, &b);
+}
+
+uint64_t cache_release_carved(int device)
+{
+    dcache *c = &caches[device];
+    uint64_t bytes = 0;
+    if (!atomic_load_explicit(&c->parked_carved, RELAXED))
+        return 0;
+    for (tslot *s = atomic_load_explicit(&c->tslots, memory_order_acquire); s; s = s->next) {
+        cache_block b;
+        if (slot_claim(c, s, WANT_CARVED, NULL, 0, 0, &b)) {
+            carved_leaves(device, &b);
+            bytes += b.size;
+        }
+    }
+    return bytes;
 }
 
 void cache_kept(int device, int tag, uint64_t *bytes, int64_t *count)
@@ -781,13 +897,23 @@ static int put_via_slot(dcache *c, tslot *mine, CUstream stream, uint64_t size, 
         return 0; /* threads wait for memory: nothing is kept */
     int t = tier_of(c, size);
     uintptr_t a = atomic_load_explicit(&mine->ptr, memory_order_acquire);
+    if (a > SLOT_BUSY && atomic_load_explicit(&mine->carved, RELAXED)) {
+        /* a carved block goes back to its segment (a detach and the carve
+         * lock: not for a free that evicts nothing, which may hold a shard
+         * lock); the slot is then empty */
+        cache_block old;
+        if (!evicted || !slot_claim(c, mine, WANT_CARVED, NULL, 0, 0, &old))
+            return put_listed(c, stream, size, ptr, held, evicted, nevicted);
+        carved_leaves((int)(c - caches), &old);
+        a = atomic_load_explicit(&mine->ptr, memory_order_acquire);
+    }
     if (!a && put_fits(c, t, held, size, tier_bytes(c, t))) {
-        slot_fill(c, mine, ptr, size, stream, t);
+        slot_fill(c, mine, ptr, size, stream, t, 0);
         return 1;
     }
     /* The slot's block leaves it, still counted in its tier (`parked`) until
      * it is linked, evicted or put back; a claim under way: the lists. */
-    cache_block old = {0, 0, NULL, 0};
+    cache_block old = {0, 0, NULL, 0, 0};
     int ot = 0;
     if (a) {
         /* a block parked with its record: detaching it takes a shard lock,
@@ -798,7 +924,7 @@ static int put_via_slot(dcache *c, tslot *mine, CUstream stream, uint64_t size, 
                                                      RELAXED))
             return put_listed(c, stream, size, ptr, held, evicted, nevicted);
         old = (cache_block){a, atomic_load_explicit(&mine->size, RELAXED),
-                            atomic_load_explicit(&mine->stream, RELAXED), parked};
+                            atomic_load_explicit(&mine->stream, RELAXED), parked, 0};
         ot = (int)atomic_load_explicit(&mine->tier, RELAXED);
         detach((int)(c - caches), &old);
     }
@@ -831,7 +957,7 @@ static int put_via_slot(dcache *c, tslot *mine, CUstream stream, uint64_t size, 
                 }
             }
             if (kept) {
-                slot_fill(c, mine, ptr, size, stream, t);
+                slot_fill(c, mine, ptr, size, stream, t, 0);
                 old.ptr = 0;
             }
         }
@@ -903,9 +1029,13 @@ static uint64_t release_slots(dcache *c, int device, int want, CUstream stream,
     do {
         n = claim_slots(c, want, stream, 0, 0, out, BATCH);
         for (int k = 0; k < n; k++) {
+            bytes += out[k].size;
+            if (out[k].carved) { /* to its segment, in stream order */
+                carved_leaves(device, &out[k]);
+                continue;
+            }
             detach(device, &out[k]);
             release(device, out[k].ptr, out[k].size, out[k].stream);
-            bytes += out[k].size;
         }
     } while (n == BATCH);
     return bytes;
@@ -957,7 +1087,7 @@ uint64_t cache_flush_stream(int device, CUstream stream, cache_release_fn releas
                 node *nd = &c->nodes[i];
                 uint32_t next = nd->newer;
                 if (nd->stream == stream) {
-                    out[n++] = (cache_block){nd->ptr, nd->size, nd->stream, 0};
+                    out[n++] = (cache_block){nd->ptr, nd->size, nd->stream, 0, 0};
                     unlink_node(c, find(c, nd->stream, nd->size, 0), i);
                 }
                 i = next;
@@ -991,14 +1121,18 @@ uint64_t cache_blocks(int device)
             n++;
     pthread_mutex_unlock(&c->lock);
     for (tslot *s = atomic_load_explicit(&c->tslots, memory_order_acquire); s; s = s->next)
-        n += atomic_load_explicit(&s->ptr, RELAXED) > SLOT_BUSY;
+        n += atomic_load_explicit(&s->ptr, RELAXED) > SLOT_BUSY &&
+             !atomic_load_explicit(&s->carved, RELAXED); /* a carved one is a segment's */
     return n;
 }
 
 uint64_t cache_bytes(int device)
 {
-    /* the carved classes' idle bytes too: every byte kept for reuse */
-    return all_bytes(&caches[device]) + carve_idle(device);
+    /* the carved classes' idle bytes too, and the carved blocks parked in
+     * thread slots (still carved, so not in carve_idle): every byte kept for
+     * reuse */
+    return all_bytes(&caches[device]) +
+           atomic_load_explicit(&caches[device].parked_carved, RELAXED) + carve_idle(device);
 }
 
 uint64_t cache_limit(int device)
@@ -1077,6 +1211,7 @@ void cache_forget_after_fork(void)
         atomic_store(&caches[i].tslots, NULL);
         for (int t = 0; t < TIERS; t++)
             atomic_store(&caches[i].parked[t], 0);
+        atomic_store(&caches[i].parked_carved, 0);
     }
     /* the forking thread's slots, the child's only thread */
     if (my_slots)

@@ -27,6 +27,8 @@
  * event for event; a key keeps DEPTH blocks in the lists and, beside them,
  * a thread's newest.  Other threads reach a slot's block when their request
  * misses the lists, and every flush, trim and stream's end reaches it.
+ * With segments a slot may hold a carved block instead (cache_park_carved):
+ * its owner's alone, in no tier, back to its segment when it leaves.
  */
 #ifndef BRIDGE_CACHE_H
 #define BRIDGE_CACHE_H
@@ -68,22 +70,28 @@ typedef struct cache_block {
     uintptr_t ptr;
     uint64_t size;
     CUstream stream;
-    int kept; /* parked with its record (park.h): the caller detaches it first */
+    int kept;   /* parked with its record (park.h): the caller detaches it first */
+    int carved; /* a carved block (carve.c) out of a thread slot */
 } cache_block;
 
-/* Pop the most recently cached block of exactly `size` for `stream`; 0 when
- * none.  *kept: 1 when it is the calling thread's own block parked with its
+/* Pop the most recently cached block of exactly `size` for `stream` (never a
+ * carved block parked in a slot); 0 when none.  *kept: 1 when it is the calling thread's own block parked with its
  * record (cache_park), which is still in the table (the caller takes it back
  * live or detaches it); 0 otherwise (any other block parked so was detached). */
 uintptr_t cache_take(int device, CUstream stream, uint64_t size, int *kept);
 /* cache_take's first case, for one block: `ptr` out of the calling thread's
  * slot on `device` when that slot's park words are `pw` and it holds ptr
- * under this key; 0 otherwise (the slot as it was).  *kept as cache_take's. */
+ * under this key, a carved block (cache_park_carved) or a plain one as
+ * `carved` says; 0 otherwise (the slot as it was).  *kept as cache_take's.
+ * The only way a carved block leaves its slot live: cache_take never hands
+ * one out. */
 uintptr_t cache_take_back(int device, const park_words *pw, uintptr_t ptr, CUstream stream,
-                          uint64_t size, int *kept);
+                          uint64_t size, int carved, int *kept);
 /* The calling thread's slot's park words on `device` (park.h); NULL while it
  * has no slot there.  A record made by this thread points to them. */
 park_words *cache_park_words(int device);
+/* The same, the slot made first when the thread has none (the slots on). */
+park_words *cache_park_words_made(int device);
 /* Park a freed block in the calling thread's empty slot with its record left
  * in the table (its slot's words `pw`, the record's): 1 when parked (the
  * block is cached, its `kept` word set), 0 when it cannot be (the slot full
@@ -93,6 +101,35 @@ park_words *cache_park_words(int device);
  * for cache_kept. */
 int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, int tag, uint64_t held,
                park_words *pw);
+/* A freed carved block (carve.c) parked in the calling thread's slot with its
+ * record (as cache_park), still carved out of its segment, for that thread's
+ * next allocation of its key (cache_take_back).  The slot must be empty, or
+ * (`evict`) hold a carved block, which goes back to its segment first (the
+ * carved-return hook: a detach and the carve lock).  0 when it cannot be
+ * parked (a plain block in the slot, another thread's words, the slots or
+ * the cache off, a thread waiting for memory): the caller returns the block
+ * to its segment.  No cap holds it (it is in no tier): its bytes are
+ * `parked_carved`, in cache_bytes. */
+int cache_park_carved(int device, CUstream stream, uint64_t size, uintptr_t ptr, int tag,
+                      park_words *pw, int evict);
+/* The calling thread's carved block parked on `device`, if any, back to its
+ * segment (the hook): at that thread's allocation that does not take it back,
+ * so that a parked block never outlives its owner's next allocation. */
+void cache_release_mine_carved(int device);
+/* Every carved block parked in a thread slot of `device` back to its
+ * segment (the hook); returns their bytes.  cache_flush and
+ * cache_flush_stream return them too (with the plain blocks). */
+uint64_t cache_release_carved(int device);
+/* The bytes of the carved blocks parked in thread slots of `device` (in
+ * cache_bytes; requested sizes). */
+uint64_t cache_parked_carved(int device);
+/* Who returns a carved block that leaves a slot other than to its owner's
+ * allocation (alloc.c: the record out of the table, then the range back to
+ * its segment in stream order): called with no lock of the cache held, at a
+ * flush, a stream's end, a carved park that needs the slot, a plain free
+ * into the slot, the owner's exit.  Set once, before any park. */
+typedef void (*cache_carved_fn)(int device, const cache_block *b);
+void cache_set_carved_return(cache_carved_fn fn);
 /* The blocks of `tag` parked with their records on `device` now: their bytes
  * and their number (a walk of the device's slots, no lock).  They are still
  * in the tag's `current` and `count` (park.h): a reader takes these out. */

@@ -237,7 +237,7 @@ static void drop_chunk(dcarve *c, chunk *ch, cache_block *out)
     if (ch->empty_seq)
         c->empty[ch->cls] -= ch->bytes;
     add_locked(&c->held, -ch->bytes);
-    *out = (cache_block){ch->base, ch->bytes, ch->key, 0};
+    *out = (cache_block){ch->base, ch->bytes, ch->key, 0, 0};
     free(ch->free);
     free(ch);
 }

@@ -54,7 +54,12 @@
  * benchmarks/model_cache.py's Segments' (policy segments-core), held to it
  * event by event on the committed traces (tests/benchmarks).  Under a budget
  * or a share, alloc.c sizes a new chunk by the room they leave
- * (carve_new_chunk: larger than carve_chunk_least only within half of it). */
+ * (carve_new_chunk: larger than carve_chunk_least only within half of it).
+ * In front of segments (not of carving alone): the carved block a thread
+ * allocated last and frees waits in that thread's cache.c slot, still carved
+ * (live to this file, idle in the figures: cache.c's parked_carved), until
+ * the thread's next allocation takes it back or it comes back here through
+ * carve_give (cache.h, cache_park_carved). */
 #define BRIDGE_SEGMENTS_SHARE_Q16 (65536u / 16)
 #define BRIDGE_SEGMENTS_MIN       (64ull << 20)
 #define BRIDGE_SEGMENTS_MAX       (512ull << 20)

@@ -66,6 +66,7 @@
 #include <time.h>
 
 #include "ledger.h"
+#include "cache.h"
 #include "graph.h"
 
 typedef struct gblock {
@@ -157,6 +158,9 @@ int bridge_capture_begin(int device)
     device_state *d = device_use(device, &rc);
     if (!d)
         return rc;
+    /* the carved blocks parked in thread slots back to their segments before
+     * the capture counts (a parked block is no capture's to take) */
+    cache_release_carved(device);
     capture_announce(d);
     return BRIDGE_OK;
 }
@@ -212,6 +216,7 @@ int bridge_graph_begin(int device, uint64_t id0, uint64_t id1)
     device_state *d = device_use(device, &rc);
     if (!d)
         return rc;
+    cache_release_carved(device); /* as bridge_capture_begin */
     rc = pool_use(d, id0, id1, 1);
     if (rc == BRIDGE_OK)
         wait_for_syncs(d);
@@ -230,6 +235,7 @@ int bridge_capture_begin_stream(int device, void *stream, uint64_t *id1)
         return rc;
     CUstream key = stream_key((CUstream)stream);
     uint64_t id = atomic_fetch_add(&next_stream_pool, 1) + 1;
+    cache_release_carved(device); /* as bridge_capture_begin */
     rc = BRIDGE_OK;
     pthread_mutex_lock(&d->capture_lock);
     gpool *p = add_pool(d, BRIDGE_STREAM_POOL, id);

@@ -5,6 +5,11 @@
  * allocation and free takes neither shard lock (alloc.c, "a block parked
  * with its record").
  *
+ * The block is a plain one (cache_park: cached in the slot's tier) or, with
+ * segments, a carved one (cache_park_carved: still carved out of its
+ * segment, and back there, never in cache.c's lists, when it leaves the slot
+ * other than to its owner's allocation).
+ *
  * Each thread slot has one park_words; each record points to the words of
  * the slot of the thread that allocated it (NULL: none).
  *   kept  the block parked in the slot with its record: every reader of the

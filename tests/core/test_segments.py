@@ -81,9 +81,13 @@ def test_an_emptied_segment_is_kept_and_the_rule_gives_back_the_first_emptied(se
     b = alloc(64 * MIB)
     assert stats()["carve_hwm"] == 128 * MIB
     frees = segs.standin_counter(C_FREE)
-    core.free(b)  # b's segment empties first
+    # b, the block this thread allocated last, waits in its slot (still carved) until
+    # the thread's next allocation, which gives it back to its segment: a's segment
+    # empties first
+    core.free(b)
     core.free(a)
     assert segs.standin_counter(C_FREE) == frees and stats()["carve_held"] == 128 * MIB
+    assert stats()["carve_parked"] == 64 * MIB and stats()["cached"] == 128 * MIB
     # 2 MiB segments on new streams, kept while held + 2 MiB <= 1.05 x 128 MiB
     streams = [SIDE + 0x100 * k for k in range(1, 5)]
     small = []
@@ -92,10 +96,10 @@ def test_an_emptied_segment_is_kept_and_the_rule_gives_back_the_first_emptied(se
         core.register_stream(st)
         small.append(alloc(4096, st))
         assert segs.standin_counter(C_FREE) == frees + (k == 3)
-    # 136 MiB > 134.4 MiB: b's segment went back, a's stays and serves a again
+    # 136 MiB > 134.4 MiB: a's segment went back, b's stays and serves b again
     assert stats()["carve_held"] == 64 * MIB + 4 * 2 * MIB
-    assert alloc(64 * MIB) == a
-    core.free(a)
+    assert alloc(64 * MIB) == b
+    core.free(b)
     for p in small:
         core.free(p)
     for st in streams:
@@ -266,3 +270,142 @@ def test_empty_segments_go_back_on_a_trim_and_when_segments_are_turned_off(segs)
     assert stats()["carve_held"] == 2 * MIB  # p's segment is not empty
     core.free(p)  # carving off: it goes back as it empties
     assert stats()["carve_held"] == 0
+
+
+# ---- the thread slot in front of the segments (issue 62's fast path) ----
+
+
+def test_a_carved_block_freed_and_allocated_again_on_one_thread_is_served_from_its_slot(segs):
+    """The block a thread allocated last and frees waits in its slot with its record,
+    still carved; the thread's next allocation of its (stream, size) takes it back: the
+    same address, a cache hit, no driver call, the record never out of the table."""
+    p = alloc(3 * MIB)
+    calls, hits = segs.standin_counter(C_ALLOC), stats()["num_cache_hits"]
+    for _ in range(10):
+        core.free(p)
+        s = stats()
+        # parked: in the figures' idle bytes (cached), not in any free range
+        assert s["carve_parked"] == 3 * MIB and s["cached"] == 64 * MIB
+        assert core.parked_records() == 1 and s["tags"][TORCH]["current"] == 0
+        q = alloc(3 * MIB)
+        assert q == p
+        assert core.parked_records() == 0 and stats()["carve_parked"] == 0
+    s = stats()
+    assert s["num_cache_hits"] - hits == 10 and segs.standin_counter(C_ALLOC) == calls
+    assert s["tags"][TORCH]["current"] == 3 * MIB and s["cached"] == 61 * MIB
+    core.free(p)
+
+
+def test_a_parked_block_is_never_handed_to_another_stream_or_another_thread(segs):
+    segs.standin_adopt_stream(SIDE, DEV)
+    core.register_stream(SIDE)
+    p = alloc(8192, SIDE)
+    core.free(p)  # parked in this thread's slot, SIDE's
+    assert stats()["carve_parked"] == 8192
+    # another thread asks for the same (stream, size): the parked block is not its
+    out: dict = {}
+
+    def other():
+        out["r"] = core.alloc(DEV, 8192, SIDE, TORCH)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    rc, r = out["r"]
+    assert rc == Status.OK and r != p
+    assert stats()["carve_parked"] == 8192  # still this thread's
+    # this thread on the default stream: a segment of that stream's own; the parked
+    # block went back to SIDE's segment first (its next allocation did not take it)
+    q = alloc(8192)
+    assert q != p and not (p <= q < p + 2 * MIB - 8192)
+    assert stats()["carve_parked"] == 0
+    core.free(q)
+    core.free(r)
+    assert alloc(8192, SIDE) == p  # back in SIDE's segment, best fit
+    core.free(p)
+
+
+@pytest.mark.parametrize("how", ["trim", "cache off", "segments off", "forget stream"])
+def test_a_parked_block_goes_back_to_its_segment_on_a_flush(segs, how):
+    segs.standin_adopt_stream(SIDE, DEV)
+    core.register_stream(SIDE)
+    p = alloc(3 * MIB, SIDE)
+    core.free(p)
+    assert stats()["carve_parked"] == 3 * MIB and stats()["carve_held"] == 64 * MIB
+    frees = segs.standin_counter(C_FREE)
+    if how == "trim":  # torch.cuda.empty_cache(), a share's ask
+        assert core.trim(DEV, 0) == Status.OK
+    elif how == "cache off":
+        core.set_cache(DEV, 0)
+    elif how == "segments off":
+        assert core.set_cache_segments(DEV, False) == Status.OK
+    else:
+        core.forget_stream(SIDE)
+    s = stats()
+    # back in its segment, which emptied and went back to the pool
+    assert s["carve_parked"] == 0 and s["carve_held"] == 0 and s["cached"] == 0
+    assert segs.standin_counter(C_FREE) == frees + 1 and core.parked_records() == 0
+    core.set_cache(DEV, 1 << 30)
+    assert core.set_cache_segments(DEV, True) == Status.OK
+
+
+def test_at_a_tight_budget_a_parked_block_goes_back_before_a_refusal(segs):
+    """48 MiB freed and parked holds its whole 48 MiB segment; 40 MiB more at a budget
+    of 64 MiB is served all the same: the parked block goes back to its segment, the
+    segment (empty) to the pool, and the request gets a segment of its own, with no
+    refusal."""
+    core.set_limit(DEV, 64 * MIB)
+    try:
+        p = alloc(48 * MIB)
+        assert stats()["carve_held"] == 48 * MIB
+        core.free(p)
+        assert stats()["carve_parked"] == 48 * MIB
+        ooms = stats()["num_ooms"]
+        q = alloc(40 * MIB, 0, CUPY)
+        s = stats()
+        assert s["carve_parked"] == 0 and s["num_ooms"] == ooms
+        assert s["used"] <= 64 * MIB and s["tags"][CUPY]["current"] == 40 * MIB
+        core.free(q)
+    finally:
+        core.set_limit(DEV, 0)
+        core.trim(DEV, 0)
+
+
+def test_a_thread_that_ends_leaves_nothing_parked(segs):
+    def work():
+        core.free(alloc(3 * MIB))
+        assert stats()["carve_parked"] == 3 * MIB
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    s = stats()
+    # its block back in its segment: the segment empty, every byte of it idle
+    assert s["carve_parked"] == 0 and core.parked_records() == 0
+    assert s["carve_held"] == 64 * MIB and s["cached"] == 64 * MIB
+    assert s["tags"][TORCH]["current"] == 0
+    assert core.trim(DEV, 0) == Status.OK and stats()["carve_held"] == 0
+
+
+def test_cupys_free_parks_a_carved_block_and_its_next_allocation_takes_it_back(segs):
+    """CuPy's free (bridge_free_cached, with the GIL held) of the carved block its
+    thread allocated last: OK, no slow path; CuPy's cache-only allocation takes it back.
+    A carved block that is not the thread's last is still bridge_free's (MISS)."""
+    p = alloc(4096, 0, CUPY)
+    hits = stats()["num_cache_hits"]
+    for _ in range(5):
+        assert core.free_cached(p) == Status.OK
+        assert stats()["carve_parked"] == 4096 and core.parked_records() == 1
+        rc, q = core.alloc_cached(DEV, 4096, 0, CUPY)
+        assert rc == Status.OK and q == p
+    assert stats()["num_cache_hits"] - hits == 5
+    a = alloc(8192, 0, CUPY)
+    assert core.free_cached(p) == Status.MISS  # carved, not the thread's last
+    core.free(p)
+    assert stats()["carve_parked"] == 0
+    assert core.free_cached(a) == Status.OK and stats()["carve_parked"] == 8192
+    rc, b = core.alloc_cached(DEV, 4096, 0, CUPY)  # another size: a back to its segment
+    assert rc == Status.OK and stats()["carve_parked"] == 0 and b == p
+    assert core.free_cached(b) == Status.OK and stats()["carve_parked"] == 4096
+    assert core.trim(DEV, 0) == Status.OK
+    assert stats()["carve_parked"] == 0 and stats()["carve_held"] == 0

@@ -594,6 +594,68 @@ static void phase_carve(void)
 }
 
 /* ---- phase: segments (carving with the release rule: BRIDGE_CACHE_SEGMENTS=1) ---- */
+/* The threads' slots in front of the segments: threads 0-5 loop on a few sizes
+ * on four streams, each freeing the block it allocated last (parked in its
+ * slot, still carved) and mostly allocating it again (taken back), half of
+ * them through CuPy's calls; every 8th block goes to a mailbox, where the
+ * paired thread frees it (a block another thread allocated last: the table's
+ * way); thread 6 trims and flushes meanwhile (every parked block back to its
+ * segment under the owners' feet); each worker ends with a block parked,
+ * which its exit gives back. */
+static _Atomic int slot_stop;
+static _Atomic uint64_t slot_parked_seen;
+static void *_Atomic mailbox[8];
+
+static void *slot_thread(void *arg)
+{
+    worker *w = arg;
+    if (w->id == 6) {
+        while (!atomic_load(&slot_stop)) {
+            if (stats_of(0).carve_parked)
+                atomic_fetch_add(&slot_parked_seen, 1);
+            CHECK(bridge_trim(0, 0) == BRIDGE_OK, "trim");
+            sched_yield();
+        }
+        return NULL;
+    }
+    static const size_t few[] = {4 * KIB, 64 * KIB, 3 * MIB};
+    uint64_t s = w->seed;
+    for (int i = 0; i < w->iters; i++) {
+        size_t size = few[rnd(&s) % 3];
+        void *stream = stream_of(w->id % 4);
+        void *p = NULL;
+        int rc = BRIDGE_E_MISS;
+        if (w->cached_first)
+            rc = bridge_alloc_cached(0, size, stream, BRIDGE_TAG_CUPY, &p);
+        if (rc == BRIDGE_E_MISS)
+            rc = bridge_alloc(0, size, stream, BRIDGE_TAG_CUPY, &p);
+        CHECK(rc == BRIDGE_OK && p, "alloc status %d", rc);
+        w->ok++;
+        if (rnd(&s) % 8 == 0) { /* to the paired thread, whose free is the table's */
+            worker_free(w, atomic_exchange(&mailbox[w->id ^ 1], p));
+            continue;
+        }
+        worker_free(w, p); /* parked: the block this thread allocated last */
+        if (rnd(&s) % 4) { /* and taken back by the next allocation */
+            void *q = NULL;
+            rc = BRIDGE_E_MISS;
+            if (w->cached_first)
+                rc = bridge_alloc_cached(0, size, stream, BRIDGE_TAG_CUPY, &q);
+            if (rc == BRIDGE_E_MISS)
+                rc = bridge_alloc(0, size, stream, BRIDGE_TAG_CUPY, &q);
+            CHECK(rc == BRIDGE_OK && q, "alloc status %d", rc);
+            w->ok++;
+            w->hits += q == p;
+            worker_free(w, q);
+        }
+    }
+    void *p = NULL;
+    CHECK(bridge_alloc(0, 4 * KIB, stream_of(w->id % 4), BRIDGE_TAG_CUPY, &p) == BRIDGE_OK,
+          "alloc");
+    bridge_free(p); /* parked at the thread's exit */
+    return NULL;
+}
+
 static void phase_segments(void)
 {
     reset();
@@ -641,6 +703,34 @@ static void phase_segments(void)
            " bytes in segments at the end (high-water mark %" PRIu64 ")\n",
            stats_of(0).num_allocs - allocs, standin.counter(0) - driver_allocs,
            stats_of(0).carve_held, stats_of(0).carve_hwm);
+    /* the threads' slots (slot_thread): six workers and a trimmer */
+    pthread_t trimmer;
+    worker tw = {.id = 6};
+    atomic_store(&slot_stop, 0);
+    CHECK(pthread_create(&trimmer, NULL, slot_thread, &tw) == 0, "pthread_create");
+    for (int i = 0; i < 6; i++)
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 2000 * scale,
+                        .seed = 0x5107ull * (uint64_t)(i + 5),
+                        .cached_first = i % 2};
+    run_threads(6, slot_thread, w, sizeof w[0]);
+    atomic_store(&slot_stop, 1);
+    pthread_join(trimmer, NULL);
+    for (int i = 0; i < 8; i++)
+        bridge_free(atomic_exchange(&mailbox[i], NULL));
+    uint64_t taken_back = 0;
+    for (int i = 0; i < 6; i++)
+        taken_back += w[i].hits;
+    s = stats_of(0);
+    /* every worker ended with a block parked: their exits gave them back */
+    CHECK(s.carve_parked == 0, "%" PRIu64 " bytes parked after the threads ended",
+          s.carve_parked);
+    CHECK(bridge_parked_records() == 0, "parked records after the threads ended");
+    CHECK(taken_back > 0, "no block was taken back from a slot");
+    printf("  segments' slots: %" PRIu64 " blocks taken back, parked bytes seen %" PRIu64
+           " times by the trimmer\n",
+           taken_back, atomic_load(&slot_parked_seen));
     for (int i = 0; i < 8; i++)
         bridge_forget_stream(stream_of(i));
     CHECK(bridge_set_cache_segments(0, 0) == BRIDGE_OK, "segments off");

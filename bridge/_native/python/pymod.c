@@ -968,6 +968,7 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
     PUT(carve_on)
     PUT(carve_hwm)
     PUT(carve_slack)
+    PUT(carve_parked)
 #undef PUT
     if (put_float(d, "cache_fraction", s.cache_fraction) < 0 ||
         put_float(d, "cache_large_fraction", s.cache_large_fraction) < 0)
