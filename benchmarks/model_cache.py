@@ -219,6 +219,9 @@ class Settings:
     seg_slack: float = 1.05
     #: a large range is split when what is left is over this (0: whatever is left)
     seg_split: int = MIB
+    #: the replaying thread's slot in front of the segments (``Segments``' ``slot``:
+    #: carve.c's blocks in cache.c's thread slot, issue 62's fast path)
+    seg_slot: bool = False
 
 
 def live_chunk(share: float, low: int, high: int) -> Any:
@@ -287,9 +290,9 @@ POLICIES = {
     # would hold more than 1.05 x the HWM of the live bytes
     "segments": Settings(limit=0, segments=True),
     # segments as carve.c builds them (BRIDGE_CACHE_SEGMENTS=1): a large range split
-    # whatever is left; the same hits and memory on the four traces
-    # (tests/benchmarks/test_model_cache.py)
-    "segments-core": Settings(limit=0, segments=True, seg_split=0),
+    # whatever is left (the same hits and memory on the committed traces:
+    # tests/benchmarks/test_model_cache.py), the thread slot in front as the core has it
+    "segments-core": Settings(limit=0, segments=True, seg_split=0, seg_slot=True),
 }
 
 EVICT_MAX = 16  # BRIDGE_CACHE_EVICT_MAX: blocks one put or trim hands back
@@ -581,7 +584,16 @@ class Segments:
     is taken, while ``held`` + S > ``slack`` x ``hwm`` and a segment is empty, the one
     that emptied first goes back to the pool; a segment with anything handed out never
     does. ``flush`` (pressure, empty_cache) gives back every empty segment. ``taken``
-    and ``returned`` count the segments (each one driver call)."""
+    and ``returned`` count the segments (each one driver call).
+
+    ``slot``: the replaying thread's slot in front (cache.c's thread slot, as carve.c's
+    blocks use it since issue 62's fast path): ``put`` of the block the thread allocated
+    last (and has not freed since) parks it, still handed out of its segment; the
+    thread's next allocation takes it back when it asks for the same (stream, size) (a
+    hit, nothing carved), and otherwise gives it back to its segment (coalescing then)
+    before it looks for a range, as ``flush`` does first. Any other ``put`` is ``free``.
+    A parked block's bytes are idle (``idle``) and stay in ``live`` (so in ``hwm``), as
+    carve.c counts a parked block carved."""
 
     SMALL = MIB
     SMALL_SEGMENT = 2 * MIB
@@ -589,8 +601,11 @@ class Segments:
 
     def __init__(self, pool: Pool, share: float = 1 / 16, low: int = 64 * MIB,
                  high: int = 512 * MIB, slack: float | None = 1.05,
-                 split: int = MIB) -> None:  # fmt: skip
+                 split: int = MIB, slot: bool = False) -> None:  # fmt: skip
         self.pool, self.share, self.low, self.high = pool, share, low, high
+        self.slot = slot
+        self.last: tuple | None = None  # the block allocated last, not freed since
+        self.parked: tuple | None = None  # the block in the slot
         # per mille, as carve.c holds it; None: nothing ever given back on a miss
         self.slack_pm = None if slack is None else round(slack * 1000)
         self.split = split
@@ -621,6 +636,12 @@ class Segments:
     def alloc(self, n: int, stream: int, live: int = 0) -> tuple[tuple, bool]:
         """(the block, whether a new segment was taken from the pool); ``live``: the
         device's live bytes (a large segment's size follows them)."""
+        if self.parked is not None:
+            p, self.parked = self.parked, None
+            if (p[6], p[5]) == (stream, n):  # the slot's block, taken back: a hit
+                self.last = p
+                return p, False
+            self.free(p)  # not this allocation's: back to its segment first
         req, n = n, max(512, -(-n // 512) * 512)
         large = n > self.SMALL
         key = (stream, large)
@@ -655,11 +676,23 @@ class Segments:
         self.used += n
         self.live += req
         self.hwm = max(self.hwm, self.live)
-        return ("segment", self, no, off, n, req), new
+        block = ("segment", self, no, off, n, req, stream)
+        self.last = block
+        return block, new
+
+    def put(self, block: tuple) -> None:
+        """The user's free: the block allocated last parks in the slot (``slot`` on),
+        any other goes back to its segment."""
+        if self.slot and block is self.last:
+            self.parked, self.last = block, None
+        else:
+            if block is self.last:
+                self.last = None
+            self.free(block)
 
     def free(self, block: tuple) -> None:
         """Give a block back to its segment, coalesced with its free neighbours."""
-        _, _, no, off, n, req = block
+        _, _, no, off, n, req, _ = block
         info = self.info[no]
         key = (info[1], info[2])
         self.used -= n
@@ -689,13 +722,17 @@ class Segments:
         self.returned += 1
 
     def flush(self) -> None:
+        if self.parked is not None:  # the slot's block first: its segment may empty
+            p, self.parked = self.parked, None
+            self.free(p)
         for no in list(self.empty):
             self._return(no)
 
     @property
     def idle(self) -> int:
-        """Bytes the segments hold that no live block asked for (carve.c's carve_idle)."""
-        return self.held - self.live
+        """Bytes the segments hold that no live block asked for (carve.c's carve_idle),
+        the parked block's included (cache.c's parked_carved)."""
+        return self.held - self.live + (self.parked[5] if self.parked is not None else 0)
 
 
 class TorchNative(Segments):
@@ -798,7 +835,8 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
     0-byte allocations make no allocation; ``warmup``: the replay's ``torch.zeros(1)``
     (4 bytes, freed into the cache) comes first, counted as an allocation as the
     bridge counts it. ``record``: a list that gets the cached bytes (the carved chunks' idle
-    bytes included) after every event
+    bytes included; with the segments' slot on, a pair: those and the bytes parked in the
+    slot, requested sizes) after every event
     and after each pass's last frees (to hold against cache.c's on the stand-in driver).
     ``pool_model``: a POOLS name. ``ops``: a list that gets the calls reaching the pool
     (RecordingPool), and 0 after each pass."""
@@ -811,14 +849,19 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
     pool = Pool(POOLS[pool_model]) if ops is None else RecordingPool(POOLS[pool_model], ops)
     cache = Cache(s)
     carvers = [Carver(pool, *c, lazy=s.carve_lazy) for c in s.carve]
-    segs = (Segments(pool, s.seg_share, s.seg_min, s.seg_max, s.seg_slack, s.seg_split)
-            if s.segments else None)  # fmt: skip
+    segs = (Segments(pool, s.seg_share, s.seg_min, s.seg_max, s.seg_slack, s.seg_split,
+                     s.seg_slot) if s.segments else None)  # fmt: skip
     live: dict[int, tuple | None] = {}
     live_bytes = peak_live = hits = allocs = peak_reserved = carved_live = peak_held = 0
 
     def kept() -> int:  # the bytes kept for reuse: cached blocks, chunks' idle bytes
         idle = segs.idle if segs is not None else 0
         return cache.bytes + sum(c.held for c in carvers) - carved_live + idle
+
+    def recorded() -> Any:  # with the segments' slot: the kept bytes and the slot's
+        if segs is None or not segs.slot:
+            return kept()
+        return (kept(), segs.parked[5] if segs.parked is not None else 0)
 
     def alloc(size: int, stream: int) -> tuple:
         nonlocal live_bytes, peak_live, hits, allocs, peak_reserved, carved_live, peak_held
@@ -847,7 +890,7 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
         block, size, stream = item
         live_bytes -= size
         if block[0] == "segment":
-            block[1].free(block)
+            block[1].put(block)
             return
         if block[0] == "carved":
             carved_live -= size
@@ -875,13 +918,13 @@ def replay(events: list, policy: str = "tiers", passes: int = 5, depth: int | No
                 if item is not None:
                     free(item)
             if record is not None:
-                record.append(kept())
+                record.append(recorded())
         for item in live.values():  # bench_trace.py's live.clear(): freed in order
             if item is not None:
                 free(item)
         live.clear()
         if record is not None:
-            record.append(kept())
+            record.append(recorded())
         if ops is not None:
             ops.append(0)  # the end of a pass (bench_trace.py synchronizes there)
         if k == 0:

@@ -403,9 +403,9 @@ def test_segments_carve_small_requests_from_2_mib_and_large_from_live_sized_segm
     pool = mc.Pool()
     s = mc.Segments(pool)
     a, new = s.alloc(1, 0)  # 512 B at least, from a 2 MiB segment
-    assert new and a[2:] == (0, 0, 512, 1) and s.info[0][3] == 2 * MIB  # (no, off, n, asked)
+    assert new and a[2:6] == (0, 0, 512, 1) and s.info[0][3] == 2 * MIB  # (no, off, n, asked)
     b, new = s.alloc(MIB, 0)  # 1 MiB is still small: the same segment, right after a
-    assert not new and b[2:] == (0, 512, MIB, MIB)
+    assert not new and b[2:6] == (0, 512, MIB, MIB)
     c, new = s.alloc(MIB + 1, 0, live=0)  # large: live / 16 is under 64 MiB, so 64 MiB
     assert new and s.info[c[2]][3] == 64 * MIB
     d, new = s.alloc(2 * MIB, 0, live=4096 * MIB)  # fits the 64 MiB segment's rest
@@ -506,6 +506,34 @@ def test_each_stream_is_served_from_its_own_segments():
     assert new and b[2] == 1 and s.info[1][1] == 1
 
 
+def test_the_slot_parks_the_block_allocated_last_until_the_next_allocation():
+    """Segments' slot (segments-core, as cache.c's thread slot holds a carved block): the
+    block the thread allocated last parks at its free, still handed out of its segment
+    (idle in the figures, live for the release rule's mark); the next allocation of its
+    (stream, size) takes it back (a hit, nothing carved); any other next allocation gives
+    it back to its segment first, coalescing; a block that is not the last is freed."""
+    s = mc.Segments(mc.Pool(), slot=True)
+    keep, _ = s.alloc(4096, 0)
+    a, _ = s.alloc(3 * MIB, 0)
+    s.put(a)
+    assert s.parked is a and s.ranges[a[2]] == [(3 * MIB, 61 * MIB)]  # still carved
+    assert s.idle == s.held - 4096 and s.live == 4096 + 3 * MIB
+    b, new = s.alloc(3 * MIB, 0)
+    assert b is a and not new and s.parked is None and s.taken == 2
+    s.put(b)
+    # another stream: a back to its segment first, which empties whole, and the release
+    # rule gives it back before the new segment is taken
+    c, new = s.alloc(3 * MIB, 1)
+    assert new and s.parked is None and a[2] not in s.info and s.returned == 1
+    assert s.live == 4096 + 3 * MIB
+    s.put(keep)  # not the last allocated: freed at once
+    assert s.parked is None and s.ranges[0] == [(0, 2 * MIB)]
+    s.put(c)
+    assert s.parked is c
+    s.flush()  # the parked block first: its segment empties and goes back with the rest
+    assert s.parked is None and s.held == 0 and s.live == 0
+
+
 def test_the_torch_model_takes_torch_segment_sizes_and_gives_nothing_back():
     t = mc.TorchNative()
     sizes = [t.segment_for(n, 1 << 40) for n in (512, MIB, MIB + 512, 10 * MIB - 512,
@@ -577,15 +605,17 @@ def test_splitting_whatever_is_left_changes_neither_hits_nor_memory(name):
 
 @pytest.mark.parametrize("name", ["gpt2", "resnet50", "cupy-fft", "mixed", "attention"])
 def test_the_model_serves_segments_as_the_core_does(standin, name):
-    """Segments on (core.set_cache_segments, carve.c): the idle bytes after every event of
-    each committed trace, the hits, the segments' bytes and their high-water mark at the
-    end, the model's (policy segments-core) and the core's; no two live blocks overlap."""
+    """Segments on (core.set_cache_segments, carve.c): the idle bytes and the bytes
+    parked in the thread's slot after every event of each committed trace, the hits, the
+    segments' bytes and their high-water mark at the end, the model's (policy
+    segments-core, its slot on) and the core's; no two live blocks overlap."""
     from bridge._runtime import core
 
     passes = {"gpt2": 2, "resnet50": 2, "cupy-fft": 5, "mixed": 3, "attention": 2}[name]
     events = mc.load(str(TRACES / f"{name}.json.gz"))["events"]
     standin.standin_set_capacity(0, 1 << 50)
     limit = core.stats(0)[1]["cache_limit"]
+    core.set_cache(0, 0)  # empty: no plain block of an earlier test waits in this thread's slot
     core.set_cache(0, 1 << 30)  # carving serves only while the cache is on
     assert core.set_cache_segments(0, True) == 0
     try:
@@ -606,17 +636,20 @@ def test_the_model_serves_segments_as_the_core_does(standin, name):
                     p = live.pop(e[1])
                     del spans[p]
                     core.free(p)
-                got.append(core.stats(0)[1]["cached"])
+                s = core.stats(0)[1]
+                got.append((s["cached"], s["carve_parked"]))
             starts = sorted(spans)
             ends = [spans[a] for a in starts]
             assert all(e <= b for e, b in zip(ends, starts[1:], strict=False))  # no overlap
             for p in live.values():
                 if p:
                     core.free(p)
-            got.append(core.stats(0)[1]["cached"])
+            s = core.stats(0)[1]
+            got.append((s["cached"], s["carve_parked"]))
         after = core.stats(0)[1]
         want: list = []
         r = mc.replay(events, "segments-core", passes=passes, record=want)
+        assert any(parked for _, parked in want)  # the slot served on this trace
         assert after["num_retries"] == before["num_retries"]
         assert after["num_cache_hits"] - before["num_cache_hits"] == r["cache_hits"]
         assert got == want
