@@ -75,6 +75,7 @@ class RawStats(TypedDict):
     carve_on: int
     carve_hwm: int
     carve_slack: int
+    carve_parked: int
     num_cache_hits: int
     num_order_fallbacks: int
     num_pool_read_errors: int
