@@ -52,7 +52,7 @@ WAIT_TARGET = (">=", 0.9)      # bench_wait.py: tight budget with waiting / unli
 SHARE_TARGET = ("<=", 1.05)    # bench_share.py: share / own at cache hits, median per size
 RMM_TARGET = ("<=", 1.05)      # bench_rmm.py: bridge's RMM resource / RMM's async, worst size
 #: The traces run_all.py replays: each has its checks, "missing" when it did not run.
-TRACES = ("gpt2", "resnet50", "cupy-fft", "mixed")
+TRACES = ("gpt2", "resnet50", "cupy-fft", "mixed", "attention")
 #: Traces with CuPy's events too (bench_trace.py replays those through CuPy): no RMM there.
 MIXED_TRACES = ("mixed",)
 

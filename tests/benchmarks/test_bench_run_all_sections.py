@@ -282,11 +282,7 @@ def test_plan_runs_the_later_sections_after_the_others_in_order():
     order = [s for i, s in enumerate(sections[first_later:]) if s not in sections[first_later:][:i]]
     assert order == list(LATER)
     names = [t.name for t in tasks]
-    assert names[first_later:] == [
-        "trace-gpt2",
-        "trace-resnet50",
-        "trace-cupy-fft",
-        "trace-mixed",
+    assert names[first_later:] == [f"trace-{name}" for name in checks.TRACES] + [
         "capacity",
         "wait",
         "share-torch",
@@ -359,13 +355,7 @@ def test_without_rmm_the_rmm_section_is_skipped_with_the_reason():
 def test_only_and_dry_run_print_the_part(capsys, tmp_path):
     assert run_all.main(["--out", str(tmp_path), "--dry-run", "--only", "wait,trace"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split()[0] for ln in lines] == [
-        "trace-gpt2",
-        "trace-resnet50",
-        "trace-cupy-fft",
-        "trace-mixed",
-        "wait",
-    ]
+    assert [ln.split()[0] for ln in lines] == [f"trace-{name}" for name in checks.TRACES] + ["wait"]
     assert all("--out " + str(tmp_path / "raw") in ln for ln in lines)
     assert not (tmp_path / "results.json").exists()  # a dry run writes nothing
     assert run_all.main(["--out", str(tmp_path), "--dry-run", "--only", "rmm"]) == 0
@@ -433,7 +423,7 @@ def test_part_runs_merge_into_one_results_json(tmp_path, monkeypatch):
     second = json.loads((out / "results.json").read_text())
     assert second["alloc_turns"] == first["alloc_turns"]  # kept
     assert any(p.startswith("alloc-turns-torch:") for p in second["problems"])
-    assert set(second["trace"]) == {"gpt2", "resnet50", "cupy-fft", "mixed"}
+    assert set(second["trace"]) == set(checks.TRACES)
     assert second["trace"]["gpt2"]["data"] == CANNED["trace-gpt2"]
     assert second["capacity"]["data"]["ratio"] == 2.0
     assert [p["only"] for p in second["meta"]["parts"]] == ["alloc_turns", "trace,capacity"]
