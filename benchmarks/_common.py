@@ -43,8 +43,12 @@ ONETIER_ENV = {"BRIDGE_CACHE_SMALL_MAX": "100%"}
 FIXEDLARGE_ENV = {"BRIDGE_CACHE_LARGE_FRACTION": "0"}
 #: "bridge-carve": blocks carved from pool chunks (carve.c; off by default)
 CARVE_ENV = {"BRIDGE_CACHE_CARVE": "1"}
-#: "bridge-segments": segments of the pool under one release rule (carve.c; off by default)
+#: "bridge-segments": segments of the pool under one release rule (carve.c; the default,
+#: named here so that a shell's BRIDGE_CACHE_SEGMENTS=0 cannot turn it off)
 SEGMENTS_ENV = {"BRIDGE_CACHE_SEGMENTS": "1"}
+#: "bridge-tiers": the exact-size tiers alone (cache.c), the default before segments, for
+#: comparison
+TIERS_ENV = {"BRIDGE_CACHE_SEGMENTS": "0"}
 #: "bridge-unowned": CuPy's blocks in CuPy's UnownedMemory, not BridgeMemory
 #: (adapters/cupy_memory.py)
 UNOWNED_ENV = {"BRIDGE_CUPY_UNOWNED": "1"}
@@ -73,6 +77,8 @@ def config_env(framework: str, config: str) -> dict[str, str]:
         return dict(CARVE_ENV)
     if config == "bridge-segments":
         return dict(SEGMENTS_ENV)
+    if config == "bridge-tiers":
+        return dict(TIERS_ENV)
     if config == "bridge-unowned":
         return dict(UNOWNED_ENV)
     if config == "bridge-noslot":

@@ -32,7 +32,8 @@ them. Against the first configuration: ``round_ratios``, their ``ratio_spread`` 
 Memory is each process's own; a configuration's figure is the largest. Configurations:
 
 - ``native``: torch's own caching allocator; ``async``: its cudaMallocAsync backend;
-  ``rmm``: RMM's CudaAsyncMemoryResource (when installed); ``bridge``: the bridge as shipped.
+  ``rmm``: RMM's CudaAsyncMemoryResource (when installed); ``bridge``: the bridge as shipped
+  (segments of the pool).
 - ``bridge-nocache``: the cache off (``BRIDGE_CACHE_LIMIT=0``): every event a driver call.
 - ``bridge-allhits``: the cache as large as it can be (``ALLHITS_ENV``, and the largest
   cached block lifted to the limit): the bridge's cost with the fewest misses (its table of
@@ -44,8 +45,10 @@ Memory is each process's own; a configuration's figure is the largest. Configura
 - ``bridge-carve``: blocks carved from pool chunks (``CARVE_ENV``: ``BRIDGE_CACHE_CARVE=1``,
   off by default; docs/design.md, "Carving blocks from pool chunks").
 - ``bridge-segments``: segments of the pool, every emptied one kept under one release rule
-  (``SEGMENTS_ENV``: ``BRIDGE_CACHE_SEGMENTS=1``, off by default; docs/design.md, "Segments
-  of the pool").
+  (``SEGMENTS_ENV``: ``BRIDGE_CACHE_SEGMENTS=1``, the default, so ``bridge`` too unless the
+  shell turns it off; docs/design.md, "Segments of the pool").
+- ``bridge-tiers``: the exact-size tiers alone (``TIERS_ENV``: ``BRIDGE_CACHE_SEGMENTS=0``),
+  the cache by default before segments, for comparison.
 - ``bridge-pluggable``: torch through its ``CUDAPluggableAllocator`` over the same core
   (``PLUGGABLE_ENV``, the fallback where the C++ allocator cannot be built): against
   ``bridge``, what the C++ torch allocator changes, memory included.
@@ -84,7 +87,7 @@ TORCH, CUPY = 0, 1
 TORCH_ONLY = ("rmm", "null-pluggable")
 CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-allhits",
            "bridge-onetier", "bridge-fixedlarge", "bridge-carve", "bridge-segments",
-           "bridge-pluggable", "null-pluggable")  # fmt: skip
+           "bridge-tiers", "bridge-pluggable", "null-pluggable")  # fmt: skip
 
 
 # ---- traces ----

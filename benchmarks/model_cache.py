@@ -4,7 +4,10 @@
     python benchmarks/model_cache.py [TRACES...]         (default: benchmarks/traces/*.json.gz)
     python benchmarks/model_cache.py --grid [TRACES...]  (the tiers' settings, searched)
     python benchmarks/model_cache.py --carve-grid        (the carved classes' settings)
-    python benchmarks/model_cache.py --native [TRACES...]  (segments beside native torch)
+    python benchmarks/model_cache.py --native [TRACES...]  (``default`` beside native torch)
+
+With no option: ``default`` (the library's cache as it is by default) beside the model of
+native torch on each trace, then every policy's figures.
 
 Replays each trace as ``bench_trace.py replay`` does (five passes in one process, pool and
 cache kept from pass to pass, the blocks still live at the end of a pass freed through the
@@ -30,7 +33,8 @@ whatever is left; held to it event by event on the stand-in driver).
 ``native()`` models what bench_trace.py's ``native`` replays (torch's caching allocator,
 ``TorchNative``; CuPy's MemoryPool, ``CupyNative``, for a mixed trace's CuPy events) and
 reproduces the H200's native figures (``MEASURED_NATIVE``); ``--native`` prints
-``segments`` beside it on each trace.
+``default`` beside it on each trace. ``default`` is what the library does by default:
+``segments-core``'s Settings (BRIDGE_CACHE_SEGMENTS=0 gives ``tiers`` back).
 """
 
 from __future__ import annotations
@@ -294,6 +298,10 @@ POLICIES = {
     # tests/benchmarks/test_model_cache.py), the thread slot in front as the core has it
     "segments-core": Settings(limit=0, segments=True, seg_split=0, seg_slot=True),
 }
+#: what the library does by default (BRIDGE_CACHE_SEGMENTS unset): segments as carve.c
+#: builds them, the very Settings of ``segments-core``, whatever they become; held to the
+#: core event for event on every committed trace (tests/benchmarks/test_model_cache.py)
+POLICIES["default"] = POLICIES["segments-core"]
 
 EVICT_MAX = 16  # BRIDGE_CACHE_EVICT_MAX: blocks one put or trim hands back
 
@@ -1016,7 +1024,7 @@ def compare(traces: list[dict]) -> None:
               f"{floor(trace['events']):>9.3f}")  # fmt: skip
 
 
-def beside_native(traces: list[dict], policy: str = "segments") -> list[dict]:
+def beside_native(traces: list[dict], policy: str = "default") -> list[dict]:
     """A policy beside native torch on each trace: its hits (all five passes, warm-up
     included, and the four after the first), its driver calls, its segments' peak over
     peak live and the pool's reserved over live under both pool models; native's hits,
@@ -1039,7 +1047,7 @@ def beside_native(traces: list[dict], policy: str = "segments") -> list[dict]:
     return rows
 
 
-def print_beside_native(traces: list[dict], policy: str = "segments") -> None:
+def print_beside_native(traces: list[dict], policy: str = "default") -> None:
     print(f"{policy} beside native torch (five passes, warm-up included; hits: all passes / "
           f"after the first; r/l: peak reserved / peak live)")  # fmt: skip
     print(f"{'trace':<10} {'hits':>7} {'steady':>7} {'calls':>6} {'held/l':>7} "
@@ -1127,6 +1135,8 @@ def main(argv: list[str]) -> None:
                   f"{cells}")  # fmt: skip
         return
     if not show_grid:
+        print_beside_native(traces)
+        print()
         compare(traces)
         return
     print(f"{'SMALL_MAX':>9} {'LARGE_CAP':>9} {'FRACTION':>8} "

@@ -38,11 +38,13 @@ CACHE_FLOOR_ENV = "BRIDGE_CACHE_FLOOR"  # a size: the cap is at least this (unde
 CACHE_SMALL_MAX_ENV = "BRIDGE_CACHE_SMALL_MAX"  # a size: the small tier's largest block
 CACHE_LARGE_CAP_ENV = "BRIDGE_CACHE_LARGE_CAP"  # a size: the large tier's cap
 CACHE_LARGE_FRACTION_ENV = "BRIDGE_CACHE_LARGE_FRACTION"  # a fraction or a percentage; 0: none
-# carving (off by default): the cache's requests carved from pool chunks (docs/design.md)
+# carving (off by default): the cache's requests carved from pool chunks, no empty chunk
+# kept (docs/design.md); 1 with BRIDGE_CACHE_SEGMENTS unset: carving instead of segments
 CACHE_CARVE_ENV = "BRIDGE_CACHE_CARVE"  # 1 / on, 0 / off
 IPC_ENV = "BRIDGE_IPC"  # 1: unify() allocates from exportable pools (unify(ipc=True))
-# segments (off by default): carving with every emptied segment kept under one release
-# rule (docs/design.md, "Segments of the pool"); wins over BRIDGE_CACHE_CARVE
+# segments (the default): carving with every emptied segment kept under one release
+# rule (docs/design.md, "Segments of the pool"); set, it wins over BRIDGE_CACHE_CARVE;
+# 0: the exact-size tiers alone (BRIDGE_CACHE_LIMIT=0: no cache at all)
 CACHE_SEGMENTS_ENV = "BRIDGE_CACHE_SEGMENTS"  # 1 / on, 0 / off
 # each thread's newest freed block in a slot of its own, in front of the lists (default on)
 CACHE_THREAD_SLOT_ENV = "BRIDGE_CACHE_THREAD_SLOT"  # 1 / on, 0 / off
@@ -127,8 +129,14 @@ def ipc_from_env() -> bool:
 
 def cache_segments_from_env() -> bool:
     """BRIDGE_CACHE_SEGMENTS: whether the cache serves its requests from pool segments,
-    every emptied one kept under the release rule (default off)."""
-    return switch_from_env(CACHE_SEGMENTS_ENV, False, "serve from pool segments")
+    every emptied one kept under the release rule.
+
+    Default on, unless BRIDGE_CACHE_CARVE=1 asks for carving instead; 0: the exact-size
+    tiers alone (cache.c), as the cache was before segments.
+    """
+    return switch_from_env(
+        CACHE_SEGMENTS_ENV, not cache_carve_from_env(), "serve from pool segments"
+    )
 
 
 def cache_thread_slot_from_env() -> bool:

@@ -54,9 +54,12 @@ class Stats:
     reserved : int
         Bytes the pool holds from the driver (used + idle, ``RESERVED_MEM_CURRENT``).
     cached : int
-        Freed blocks the bridge keeps for reuse by the next allocation of the
-        same size on the same stream (idle, counted in ``reserved`` and in the
-        budget; returned to the pool before any allocation fails).
+        Idle bytes the bridge's cache keeps for reuse: by default the free
+        ranges of its pool segments, empty segments included (served to later
+        allocations on the same stream; with ``BRIDGE_CACHE_SEGMENTS=0``,
+        freed blocks reused by the next allocation of the same size on the
+        same stream). Counted in ``reserved`` and in the budget; returned to
+        the pool before any allocation fails.
     peak_used : int
         Highest ``used`` seen by the driver (``USED_MEM_HIGH``).
     num_allocs : int

@@ -100,13 +100,22 @@ def memset(ptr: int, value: int, n: int) -> None:
 
 
 def carving() -> bool:
-    """Whether this run carves the cache's blocks from pool chunks (BRIDGE_CACHE_CARVE=1).
-    A carved block's chunk holds idle bytes while the block lives (counted as cached), and
-    a chunk that empties goes back to the pool at once: tests of the tiers' figures read
-    them accordingly."""
-    from bridge._runtime import cache_carve_from_env
+    """Whether this run carves the cache's blocks from pool chunks with no empty chunk kept
+    (BRIDGE_CACHE_CARVE=1, BRIDGE_CACHE_SEGMENTS unset). A carved block's chunk holds idle
+    bytes while the block lives (counted as cached), and a chunk that empties goes back to
+    the pool at once: tests of the tiers' figures read them accordingly."""
+    from bridge._runtime import cache_carve_from_env, cache_segments_from_env
 
-    return cache_carve_from_env()
+    return cache_carve_from_env() and not cache_segments_from_env()
+
+
+def segments() -> bool:
+    """Whether this run's cache is segments of the pool (the default; BRIDGE_CACHE_SEGMENTS=0
+    gives the exact-size tiers): a block's segment holds idle bytes while the block lives,
+    and every segment that empties is kept (counted as cached) until a flush."""
+    from bridge._runtime import cache_segments_from_env
+
+    return cache_segments_from_env()
 
 
 def ctx_sync() -> None:

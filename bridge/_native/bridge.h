@@ -193,8 +193,9 @@ int bridge_set_cache_thread_slots(int device, int on);
  * BRIDGE_E_INVALID otherwise. */
 int bridge_set_cache_carve(int device, double share, uint64_t min, uint64_t max, uint64_t keep,
                            uint64_t small_keep);
-/* Segments (off by default; BRIDGE_CACHE_SEGMENTS=1; docs/design.md "Segments
- * of the pool"): carving with large chunks of 1/16 of the live bytes within
+/* Segments (off in the core until set; the library's default: the Python side
+ * turns them on for every device it sets up unless BRIDGE_CACHE_SEGMENTS=0;
+ * docs/design.md "Segments of the pool"): carving with large chunks of 1/16 of the live bytes within
  * 64-512 MiB, every emptied chunk kept, and one release rule: before a new
  * chunk is taken, while the chunks plus the new one exceed 1.05 x the
  * high-water mark of the carved bytes live, the empty chunk that emptied

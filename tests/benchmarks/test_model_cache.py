@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 
@@ -603,24 +604,48 @@ def test_splitting_whatever_is_left_changes_neither_hits_nor_memory(name):
     assert x[4] == 64 * MIB - 512 and s.ranges[x[2]] == [(x[4], 512)]
 
 
+def test_the_default_policy_is_segments_as_the_core_builds_them():
+    """``default`` follows ``segments-core`` (the same Settings), whatever those become."""
+    assert mc.POLICIES["default"] is mc.POLICIES["segments-core"]
+    assert mc.POLICIES["default"].segments
+
+
 @pytest.mark.parametrize("name", ["gpt2", "resnet50", "cupy-fft", "mixed", "attention"])
-def test_the_model_serves_segments_as_the_core_does(standin, name):
-    """Segments on (core.set_cache_segments, carve.c): the idle bytes and the bytes
-    parked in the thread's slot after every event of each committed trace, the hits, the
-    segments' bytes and their high-water mark at the end, the model's (policy
-    segments-core, its slot on) and the core's; no two live blocks overlap."""
+def test_default_hits_98_percent_and_holds_no_more_than_native(name):
+    """The library's default (policy ``default``) on every committed trace: hits >= 98%
+    after the first pass (and over all five) and reserved / live under both pool models
+    at or below the model of native torch on the same trace."""
+    (row,) = mc.beside_native([mc.load(str(TRACES / f"{name}.json.gz"))], "default")
+    assert row["hits"] >= 0.98 and row["steady_hits"] >= 0.98, row
+    assert max(row["heap"], row["chunked"]) <= row["native"], row
+
+
+@pytest.mark.parametrize("name", ["gpt2", "resnet50", "cupy-fft", "mixed", "attention"])
+def test_the_model_serves_segments_as_the_core_does(standin, monkeypatch, name):
+    """The device set up as the library sets it up by default (no BRIDGE_CACHE_*
+    variable): segments on (carve.c); the idle bytes and the bytes parked in the thread's
+    slot after every event of each committed trace, the hits, the segments' bytes and
+    their high-water mark at the end, the model's (policy ``default``) and the core's; no
+    two live blocks overlap."""
+    from bridge import _runtime
     from bridge._runtime import core
 
     passes = {"gpt2": 2, "resnet50": 2, "cupy-fft": 5, "mixed": 3, "attention": 2}[name]
     events = mc.load(str(TRACES / f"{name}.json.gz"))["events"]
     standin.standin_set_capacity(0, 1 << 50)
     limit = core.stats(0)[1]["cache_limit"]
+    for var in [v for v in os.environ if v.startswith("BRIDGE_CACHE_")]:
+        monkeypatch.delenv(var)
+    _runtime.reset_process_state()
+    _runtime.ensure_device(0)  # the library's defaults: the cache on, segments on
+    lim = core.stats(0)[1]["cache_limit"]
     core.set_cache(0, 0)  # empty: no plain block of an earlier test waits in this thread's slot
-    core.set_cache(0, 1 << 30)  # carving serves only while the cache is on
-    assert core.set_cache_segments(0, True) == 0
+    core.set_cache(0, lim)
+    assert core.set_cache_segments(0, True) == 0  # as ensure_device set it
     try:
         before = core.stats(0)[1]
         assert before["carve_on"] == 1 and before["carve_slack"] == 1050
+        assert before["cache_limit"] > 0
         got = []
         for _ in range(passes):
             live: dict = {}
@@ -648,7 +673,7 @@ def test_the_model_serves_segments_as_the_core_does(standin, name):
             got.append((s["cached"], s["carve_parked"]))
         after = core.stats(0)[1]
         want: list = []
-        r = mc.replay(events, "segments-core", passes=passes, record=want)
+        r = mc.replay(events, "default", passes=passes, record=want)
         assert any(parked for _, parked in want)  # the slot served on this trace
         assert after["num_retries"] == before["num_retries"]
         assert after["num_cache_hits"] - before["num_cache_hits"] == r["cache_hits"]

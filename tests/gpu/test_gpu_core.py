@@ -19,6 +19,7 @@ from gpu_util import (
     device_bytes,
     driver_pool_attr,
     memset,
+    segments,
 )
 
 pytestmark = pytest.mark.gpu
@@ -55,7 +56,7 @@ def test_pool_figures_equal_the_driver(clean):
     import bridge
 
     core = clean
-    carved = carving()
+    carved, segs = carving(), segments()
     base_ledger = bridge.stats(0).ledger
     assert bridge.stats(0).cached == 0  # the fixture emptied the cache
     sizes = [1 * MIB, 7 * MIB + 3, 48 * MIB]
@@ -67,9 +68,13 @@ def test_pool_figures_equal_the_driver(clean):
     ctx_sync()
     pool = bridge.pool(0)
     s = bridge.stats(0)
-    # the bridge's cache counts as free: carved blocks' chunks hold idle bytes, the tiers
-    # nothing yet
-    assert s.cached > 0 if carved else s.cached == 0
+    # the bridge's cache counts as free: carved blocks' chunks and segments hold idle
+    # bytes (segments: 1 MiB of the 2 MiB one, the rest of the 64 MiB one the two larger
+    # blocks share), the tiers nothing yet
+    if segs:
+        assert s.cached == 1 * MIB + 64 * MIB - (7 * MIB + 3) - 48 * MIB  # requested sizes
+    else:
+        assert s.cached > 0 if carved else s.cached == 0
     assert pool.used_bytes() == driver_pool_attr(USED) - s.cached
     assert pool.total_bytes() == driver_pool_attr(RESERVED)
     assert pool.free_bytes() == driver_pool_attr(RESERVED) - driver_pool_attr(USED) + s.cached
@@ -82,8 +87,9 @@ def test_pool_figures_equal_the_driver(clean):
     # kept for the next allocation of the same size: the 1 MiB block under the small
     # tier's 64 MiB floor; of the two large ones, with nothing else live, the newest alone
     # (the large tier's cap: max(live / 8, the block being cached), at most 64 MiB).
-    # Carving: every chunk emptied, and went back to the pool at once.
-    assert s.cached == (0 if carved else 1 * MIB + 48 * MIB)
+    # Carving: every chunk emptied, and went back to the pool at once. Segments: both
+    # emptied, both kept (2 MiB and 64 MiB).
+    assert s.cached == (66 * MIB if segs else 0 if carved else 1 * MIB + 48 * MIB)
     assert s.ledger - s.cached == base_ledger
     assert pool.used_bytes() + s.cached == driver_pool_attr(USED)
     pool.free_all_blocks()
@@ -100,12 +106,18 @@ def test_default_cache_holds_a_training_steps_worth(clean):
     cached: with 25 GiB live, four 16 MiB blocks all stay; a freed 128 MiB block goes back
     to the pool."""
     core = clean
-    if carving():  # a test of the two tiers: what reaches them with carving off
+    # a test of the two tiers (BRIDGE_CACHE_SEGMENTS=0): what reaches them with carving
+    # and segments off
+    if segments():
+        core.set_cache_segments(0, False)
+    elif carving():
         core.set_cache_carve(0, 0, 0, 0)
     try:
         tiers_hold_a_training_steps_worth(core)
     finally:
-        if carving():
+        if segments():
+            core.set_cache_segments(0, True)
+        elif carving():
             core.set_cache_carve(0)
 
 
@@ -307,5 +319,6 @@ def test_double_free_is_counted_not_raised(clean):
     after = bridge.stats(0)
     assert after.num_bad_frees == before.num_bad_frees + 2
     assert after.tags[0]["current"] == before.tags[0]["current"] - MIB
-    # the block is cached, still on the ledger; carving: its 2 MiB chunk emptied, went back
+    # the block is cached, still on the ledger; carving: its 2 MiB chunk emptied, went back;
+    # segments: its 2 MiB segment emptied, kept
     assert after.ledger == before.ledger - (2 * MIB if carving() else 0)
