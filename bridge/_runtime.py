@@ -269,7 +269,9 @@ def ensure_device(device: int) -> None:
             what="sizing the cache",
             device=device,
         )
-        if cache_segments_from_env():
+        if core.ipc_enabled(device):
+            pass  # unify(ipc=True): a carved block cannot be exported, no carving
+        elif cache_segments_from_env():
             check(core.set_cache_segments(device), what="turning segments on", device=device)
         elif cache_carve_from_env():
             check(core.set_cache_carve(device), what="turning carving on", device=device)

@@ -58,7 +58,8 @@ def run(cmd: dict) -> dict:
         return {"imported": standin.standin_imported_count()}
     if op == "stats":
         s = bridge.stats(DEV)
-        return {"used": s.used, "reserved": s.reserved, "limit": s.limit}
+        carve_held = core.stats(DEV)[1]["carve_held"]
+        return {"used": s.used, "reserved": s.reserved, "limit": s.limit, "carve_held": carve_held}
     if op == "counts":
         holds, imported, refused = core.ipc_counts()
         return {"holds": holds, "imported": imported, "refused": refused}

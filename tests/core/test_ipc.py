@@ -124,6 +124,22 @@ def test_a_spawned_process_reads_and_writes_the_block_through_its_handle(workers
     assert p("counts")["holds"] == 0
 
 
+def test_every_block_is_exportable_under_ipc_whatever_the_cache_does(workers):
+    """The cache carves segments by default; a block carved from a segment is not an
+    allocation of the pool of its own and cannot be exported, so unify(ipc=True) turns
+    segments off: blocks of every size, allocated and freed in any order, export."""
+    p = workers()
+    assert p("unify", ipc=True)["ipc"] is True
+    ptrs = [p("alloc", size=n)["ptr"] for n in (4096, 4096, 3 << 20, 3 << 20)]
+    p("free", ptr=ptrs[0])
+    ptrs[0] = p("alloc", size=2048)["ptr"]
+    for ptr in ptrs:
+        e = p("export", ptr=ptr)
+        assert e["rc"] == Status.OK, e
+        assert e["offset"] == 0
+    assert p("stats")["carve_held"] == 0  # nothing carved
+
+
 def test_a_block_of_the_default_pool_is_refused_with_what_to_do(workers):
     p = workers()
     assert p("unify")["ipc"] is False
