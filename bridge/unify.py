@@ -357,9 +357,7 @@ def unify(
                     check(core.ipc_enable(d), what="creating the exportable pool", device=d)
                     # a block carved from a segment (or a chunk) is no allocation of the
                     # pool's own and cannot be exported: the exact-size cache instead
-                    check(
-                        core.set_cache_segments(d, False), what="turning segments off", device=d
-                    )
+                    check(core.set_cache_segments(d, False), what="turning segments off", device=d)
                     # blocks cached from the default pool are not exportable: back to it
                     check(core.trim(d, 0), what="emptying the cache", device=d)
         recovery.install()
