@@ -49,9 +49,9 @@ def reserved():
 
 # ---- max_memory_reserved across empty_cache ----
 torch._C._cuda_resetPeakMemoryStats(0)
-a = mod._alloc_on(8 * MIB, 0, 0)
-mod._free(a)                              # 8 MiB cached
-b = mod._alloc_on(4 * MIB, 0, 0)          # another size: 4 MiB live, 8 MiB cached
+b = mod._alloc_on(128 * MIB, 0, 0)        # 128 MiB live
+a = mod._alloc_on(8 * MIB, 0, 0)          # another size
+mod._free(a)                              # 8 MiB cached (segments: its 64 MiB segment)
 torch._C._cuda_emptyCache()               # nobody read the figures before
 out["reserved_after_empty"] = reserved()
 torch._C._cuda_resetPeakMemoryStats(0)
@@ -76,7 +76,7 @@ held = mod._alloc_on(4 * MIB, 0, 0)       # torch holds 4 MiB
 limit = core.stats(0)[1]["used"] + MIB
 core.set_limit(0, limit)
 try:
-    mod._alloc_on(8 * MIB, 0, 0)
+    mod._alloc_on(128 * MIB, 0, 0)        # more than any idle rest of held's segment
     out["observer_budget"] = "no error"
 except torch.cuda.OutOfMemoryError:
     rc, mi = core.mem_info(0)
@@ -135,6 +135,7 @@ torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
 g = mod._alloc_on(4 * MIB, 0, 0)
 torch._C._cuda_endAllocateToPool(0, pool)
 mod._free(g)                              # kept for the pool
+torch._C._cuda_emptyCache()               # no idle segment left to serve the request
 core.set_limit(0, core.stats(0)[1]["used"] + MIB)
 def try_alloc():
     try:
@@ -191,17 +192,21 @@ print("RESULT " + json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    # devices 1 and 2 are set up by the scenario
+@pytest.fixture(scope="module", params=["segments", "tiers"])
+def result(request, tmp_path_factory):
+    # devices 1 and 2 are set up by the scenario; the cache as by default (segments) and
+    # as BRIDGE_CACHE_SEGMENTS=0 makes it (the exact-size tiers)
     cache = str(tmp_path_factory.mktemp("torch-cache"))
-    return run_scenario(SCENARIO, cache, BRIDGE_STANDIN_DEVICES="3")
+    seg = "1" if request.param == "segments" else "0"
+    out = run_scenario(SCENARIO, cache, BRIDGE_STANDIN_DEVICES="3", BRIDGE_CACHE_SEGMENTS=seg)
+    out["mode"] = request.param
+    return out
 
 
 def test_oom_observer_gets_the_request_and_what_torch_may_use(result):
     # torch's observer: (device, alloc_size, allowed, device_free), not the live bytes
     (device, size, allowed, free, _), limit, mi_free = result["observer_budget"]
-    assert (device, size) == (0, 8 * MIB)  # torch held 4 MiB: the request is what is passed
+    assert (device, size) == (0, 128 * MIB)  # torch held 4 MiB: the request is passed
     assert allowed == limit and free == mi_free
     device, size, allowed, _, calls = result["observer_fraction"]
     total = result["total"]
@@ -234,16 +239,19 @@ def test_the_pluggable_paths_memory_fraction_does_the_same(result):
 
 
 def test_max_memory_reserved_survives_empty_cache_until_a_reset(result):
-    # 8 MiB cached and 4 MiB live were reserved (12 MiB) before empty_cache
+    # 128 MiB live and a's bytes cached (8 MiB; segments: its emptied 64 MiB segment) were
+    # reserved before empty_cache
+    idle = 64 * MIB if result["mode"] == "segments" else 8 * MIB
     current, peak, py_current, py_peak = result["reserved_after_empty"]
-    assert current == 4 * MIB and peak == 12 * MIB
+    assert current == 128 * MIB and peak == 128 * MIB + idle
     assert (py_current, py_peak) == (current, peak)  # the pluggable path's figures agree
-    assert result["reserved_after_reset"] == [4 * MIB] * 4
+    assert result["reserved_after_reset"] == [128 * MIB] * 4
 
 
 def test_cache_info_counts_the_cache_and_the_pools_idle_memory(result):
     largest, driver_free, pool_idle, cached = result["cache_info"]
-    assert cached == 16 * MIB
+    # the freed 16 MiB (segments: the 64 MiB segment it emptied)
+    assert cached == (64 * MIB if result["mode"] == "segments" else 16 * MIB)
     assert largest == driver_free + pool_idle + cached
     largest, free = result["cache_info_budget"]
     assert largest == free  # under a budget: what the budget leaves
@@ -261,7 +269,9 @@ def test_use_on_oom_pool_lends_its_idle_block_before_an_oom(result):
 def test_a_second_begin_on_a_routed_pool_is_refused_and_the_route_stays(result):
     msg, routed, plain = result["second_begin"]
     assert msg == "beginAllocateToPool: already recording to mempool_id"
-    assert routed == [1, 0, 11] and plain == [0, 0, 0]
+    assert routed == [1, 0, 11]
+    # no graph flag, no pool (segments: carved, REC_CARVED 4; tiers: a pool block, 0)
+    assert plain == ([4, 0, 0] if result["mode"] == "segments" else [0, 0, 0])
 
 
 def test_snapshot_trace_times_are_microseconds_since_the_epoch(result):
