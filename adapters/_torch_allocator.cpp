@@ -25,7 +25,9 @@
 //
 // Pools (CUDA graphs, torch.cuda.MemPool, graph trees): torch's pool calls map
 // onto the core's graph pools (graph.c): begin/end/release count users and
-// route the claimed streams' allocations to the pool; createOrIncrefPool is a
+// route the claimed streams' allocations to the pool (the begin also tells the
+// core torch's current stream and whether a capture begins on it, so that a
+// capture that fails before allocating is noticed); createOrIncrefPool is a
 // use without routing; the checkpoint calls of CUDA graph trees read and set
 // which of a pool's blocks are live.  A MemPool made with an allocator of its
 // own gets its blocks from that allocator, as natively (outside the budget);
@@ -548,6 +550,34 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     void beginAllocateToPool(c10::DeviceIndex device, MempoolId id,
                              std::function<bool(cudaStream_t)> filter) override
     {
+        cudaStream_t stream;
+        try {
+            stream = current_stream(device);
+        } catch (const std::exception &) {
+            begin_pool(device, id, std::move(filter), nullptr, -1); // no stream to ask
+            return;
+        }
+        begin_on(device, id, std::move(filter), stream);
+    }
+    // What a begin is, from torch's current stream `stream`: torch calls the
+    // hook before cudaStreamBeginCapture, so a capture's filter (the stream
+    // capturing into this capture) refuses the stream now, and a routing's
+    // (use_mem_pool: this thread; graph trees: this stream) takes it.
+    void begin_on(int device, MempoolId id, std::function<bool(cudaStream_t)> filter,
+                  cudaStream_t stream)
+    {
+        int kind;
+        try {
+            kind = filter && filter(stream) ? 0 : 1;
+        } catch (const std::exception &) {
+            kind = -1;
+        }
+        begin_pool(device, id, std::move(filter), stream, kind);
+    }
+    // kind: 1 a capture begins next on `stream`, 0 a routing, -1 unknown.
+    void begin_pool(int device, MempoolId id, std::function<bool(cudaStream_t)> filter,
+                    cudaStream_t stream, int kind)
+    {
         uint64_t serial;
         {
             std::lock_guard<std::mutex> lock(route_mu);
@@ -558,7 +588,9 @@ class BridgeAllocator final : public CCA::CUDAAllocator
             serial = ++route_serial;
             routes.push_back(Route{device, id, std::move(filter), serial});
         }
-        if (core::bridge_graph_begin(device, id.first, id.second) != BRIDGE_OK) {
+        int rc = kind < 0 ? core::bridge_graph_begin(device, id.first, id.second)
+                          : core::bridge_graph_begin_on(device, id.first, id.second, stream, kind);
+        if (rc != BRIDGE_OK) {
             drop_route(serial);
             TORCH_CHECK(false, "bridge: no host memory to open a memory pool on device ", device);
         }
@@ -871,6 +903,22 @@ size_t cache_info(int device)
     return largest;
 }
 
+// For the tests: torch's begin hook with `stream` as torch's current stream
+// (torch cannot start CUDA on the stand-in) and the filter of a capture
+// (`capture`: the stream, once the capture began after the hook) or of a
+// routing (use_mem_pool's: this thread, any stream).
+void begin_pool_on(int device, uint64_t id0, uint64_t id1, uint64_t stream, bool capture)
+{
+    TORCH_CHECK(installed, "bridge: install() first");
+    auto s = reinterpret_cast<cudaStream_t>(stream);
+    std::function<bool(cudaStream_t)> filter = [](cudaStream_t) { return true; };
+    auto began = std::make_shared<std::atomic<bool>>(false);
+    if (capture)
+        filter = [began, s](cudaStream_t x) { return began->load() && x == s; };
+    installed->begin_on(device, MempoolId{id0, id1}, std::move(filter), s);
+    began->store(true);
+}
+
 #ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
 // For the tests: an OOM rejection observer attached through torch's own entry
 // point (as a C++ monitor would), and the calls it saw: (device, size, in use, total).
@@ -920,6 +968,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
           pybind11::arg("on"));
     m.def("_trace_times", &trace_times,
           "For tests: the snapshot's trace of device 0 as (address, action, time_us)");
+    m.def("_begin_pool_on", &begin_pool_on,
+          "For tests: the begin hook of a capture (or a routing) on a given current stream",
+          pybind11::arg("device"), pybind11::arg("id0"), pybind11::arg("id1"),
+          pybind11::arg("stream"), pybind11::arg("capture"));
     m.def("_cache_info", &cache_info, "For tests: cacheInfo (the largest block a request gets)",
           pybind11::arg("device"));
 #ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver

@@ -44,6 +44,7 @@ using MempoolId = c10::MempoolId_t;
     X(bridge_device_ready)       \
     X(bridge_set_tag_limit)      \
     X(bridge_graph_begin)        \
+    X(bridge_graph_begin_on)     \
     X(bridge_graph_end)          \
     X(bridge_graph_release)      \
     X(bridge_graph_incref)       \

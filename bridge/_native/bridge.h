@@ -238,6 +238,14 @@ int bridge_set_tag_holds_streams(int tag, int holds);
  * last user releases it; frees of other pointers are deferred until no
  * capture is active. */
 int bridge_graph_begin(int device, uint64_t id0, uint64_t id1);
+/* bridge_graph_begin with what the caller knows of the begin: `capture` 1:
+ * a capture begins next on `stream` (torch's current stream at its begin
+ * hook, which torch calls before cudaStreamBeginCapture), so a capture that
+ * fails before any allocation into the pool is still noticed (a registered
+ * stream only: one the core may ask about later); 0: a routing of a thread
+ * or stream that never captures (torch.cuda.use_mem_pool), whose pool no
+ * graph replays into unless a capture uses it too. */
+int bridge_graph_begin_on(int device, uint64_t id0, uint64_t id1, void *stream, int capture);
 int bridge_graph_end(int device, uint64_t id0, uint64_t id1);
 int bridge_graph_release(int device, uint64_t id0, uint64_t id1);
 int bridge_alloc_graph(int device, size_t size, int tag, uint64_t id0, uint64_t id1, void *stream,

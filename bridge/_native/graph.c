@@ -22,18 +22,24 @@
  *              replayed in the order they were captured (torch's rule too).
  *   release    the last user released the pool: its user-freed blocks go
  *              back to the pool, and its live blocks (static outputs) become
- *              ordinary blocks, each free ordered on the legacy default
- *              stream (after every blocking stream) and after the capture
- *              stream.  A replay may still run on another stream (torch
- *              replays on the current stream: torch.cuda.Stream() is a
- *              non-blocking one, which the legacy stream does not wait for):
- *              the user-freed blocks' frees are also ordered after the work
- *              queued at the release on every registered stream (torch's
- *              pooled streams), by events, with no host wait.  A replay on a
- *              stream nobody registered (an ExternalStream) is not waited
- *              for; torch's own release waits for it through cudaFree's
- *              synchronization of the device, which the core never makes
- *              while it cannot see every capture (XLA's).
+ *              ordinary blocks.  A replay may still run, on any stream (torch
+ *              replays on the current stream: a non-blocking one, which the
+ *              legacy stream does not wait for, or a torch.cuda.ExternalStream
+ *              the core cannot name), and the core is never told where: so
+ *              where a capture used the pool (`replayable`), every block of it
+ *              is REC_UNORDERED: the user-freed ones now, the live ones at
+ *              their free, are held (in `reserved`, shown in num_deferred)
+ *              until a device-wide synchronization, which the recovery chain
+ *              makes before a refusal and a trim (empty_cache) makes, then
+ *              given back (ledger_hold, ledger_settle_held).  torch's own
+ *              release does the same: a private pool's memory goes back only
+ *              through empty_cache or the OOM retry, by cudaFree, which
+ *              synchronizes the device.  No host wait at the release itself.
+ *              A pool no capture used (a torch.cuda.use_mem_pool routing's),
+ *              a dead CuPy graph's (its launches completed) and a failed
+ *              capture's have no replay to wait for: each free is ordered on
+ *              the legacy default stream (after every blocking stream) and
+ *              after the capture stream, as any free.
  *              The pool leaves the table and its blocks are swept in one
  *              step under capture_lock, so a capture that begins a pool with
  *              the same id meanwhile keeps its own.
@@ -41,15 +47,27 @@
  *              before it calls the end hook, and its reset releases only a
  *              capture that ended well: after an invalidated capture the
  *              core hears neither (pytorch PRs 180395 and 190348 changed
- *              that).  The core watches the stream of each torch capture
- *              (the first allocation into the pool names it, when it is a
- *              registered stream: alive for good, safe to ask) and its
- *              capture id; when the thread that began the capture finds
- *              that stream no longer in that capture, and the end hook never
- *              came, the capture failed (a capture that ends well calls the
- *              hook in that thread before capture_end returns): the core
- *              ends it and drops its use of the pool, as torch's fixed
- *              capture_end and reset do (graph_reap_ended).
+ *              that; torch 2.14 sends both at the graph's reset, which may
+ *              come much later).  The core watches the stream of each torch
+ *              capture and its capture id: the torch allocator tells the
+ *              stream at the begin hook (torch's current stream; torch calls
+ *              the hook just before cudaStreamBeginCapture, and the begin is
+ *              a capture, not a routing, when torch's filter refuses that
+ *              stream then: bridge_graph_begin_on), else the first
+ *              allocation into the pool names it; only a registered stream
+ *              (alive for good, safe to ask later).  When the thread that
+ *              began the capture finds that stream no longer in that
+ *              capture (or, told at the begin, not capturing and never seen
+ *              capturing: the capture began right after the hook and has
+ *              ended), and the end hook never came, the capture failed (a
+ *              capture that ends well calls the hook in that thread before
+ *              capture_end returns, and nothing between the hook and
+ *              cudaStreamBeginCapture calls the allocator): the core ends it
+ *              and drops its use of the pool, as torch's fixed capture_end
+ *              and reset do (graph_reap_ended).  A capture on a stream
+ *              nobody registered (an ExternalStream: its handle may be dead
+ *              by the next look) is never asked about: it ends with torch's
+ *              end hook, if one comes.
  *   CuPy pool  a pool of one CuPy capture (bridge_capture_begin_stream):
  *              allocations on the capturing stream are routed to it, and it
  *              is released when CuPy's Graph dies: a CUDA user object the
@@ -89,6 +107,12 @@ typedef struct gpool {
     unsigned long owner; /* the thread that began the capture */
     int watch_asked;     /* the stream was asked once since the last begin */
     int unannounced;     /* captures the core ended itself, their uses dropped */
+    /* the stream a torch capture begins on, told at its begin hook before
+     * the capture starts (bridge_graph_begin_on): a registered stream; NULL:
+     * none told (see "ended unannounced") */
+    CUstream cand;
+    int replayable; /* a capture (or a begin of unknown kind) used the pool: a
+                       graph may replay into its blocks (see "release") */
 } gpool;
 
 struct graph_pools {
@@ -183,9 +207,16 @@ int bridge_capture_end(int device)
 }
 
 /* ---- torch's pool hooks ---- */
-/* One more user of the pool (made on first use); `capture`: a capture or a
- * torch routing (use_mem_pool) that begins, counted as active. */
-static int pool_use(device_state *d, uint64_t id0, uint64_t id1, int capture)
+/* What a begin is: a use without a capture (torch.cuda.MemPool's creation),
+ * a begin whose kind the caller does not know (it may be a capture), a
+ * capture that begins next on a stream the caller names, a routing of a
+ * thread or stream (use_mem_pool, graph trees' warm-up) that never captures. */
+enum { USE_ONLY, BEGIN_UNKNOWN, BEGIN_CAPTURE, BEGIN_ROUTING };
+
+/* One more user of the pool (made on first use); every begin is counted as
+ * an active capture (a routing too: the torch allocator asks its routes
+ * only while one is); `key`: a BEGIN_CAPTURE's stream. */
+static int pool_use(device_state *d, uint64_t id0, uint64_t id1, int kind, CUstream key)
 {
     int rc = BRIDGE_OK;
     pthread_mutex_lock(&d->capture_lock);
@@ -194,11 +225,18 @@ static int pool_use(device_state *d, uint64_t id0, uint64_t id1, int capture)
         p = add_pool(d, id0, id1);
     if (p) {
         p->uses++;
-        if (capture) {
+        if (kind != USE_ONLY) {
             if (!p->capturing) {
                 p->watch = NULL;
+                p->cand = NULL;
                 p->owner = thread_self();
             }
+            /* only a registered stream: alive for good, safe to ask later */
+            if (kind == BEGIN_CAPTURE && !p->watch && (uintptr_t)stream_handle(key) > 2 &&
+                stream_long_lived(key))
+                p->cand = key;
+            if (kind != BEGIN_ROUTING)
+                p->replayable = 1;
             p->watch_asked = 0;
             p->capturing++;
             atomic_fetch_add(&d->captures_active, 1);
@@ -217,7 +255,21 @@ int bridge_graph_begin(int device, uint64_t id0, uint64_t id1)
     if (!d)
         return rc;
     cache_release_carved(device); /* as bridge_capture_begin */
-    rc = pool_use(d, id0, id1, 1);
+    rc = pool_use(d, id0, id1, BEGIN_UNKNOWN, NULL);
+    if (rc == BRIDGE_OK)
+        wait_for_syncs(d);
+    return rc;
+}
+
+int bridge_graph_begin_on(int device, uint64_t id0, uint64_t id1, void *stream, int capture)
+{
+    int rc;
+    device_state *d = device_use(device, &rc);
+    if (!d)
+        return rc;
+    cache_release_carved(device); /* as bridge_capture_begin */
+    rc = pool_use(d, id0, id1, capture ? BEGIN_CAPTURE : BEGIN_ROUTING,
+                  stream_key((CUstream)stream));
     if (rc == BRIDGE_OK)
         wait_for_syncs(d);
     return rc;
@@ -242,6 +294,7 @@ int bridge_capture_begin_stream(int device, void *stream, uint64_t *id1)
     if (p) {
         p->uses = 1; /* the Graph's: released when it dies */
         p->capturing = 1;
+        p->replayable = 1;
         p->bound = key;
         atomic_fetch_add(&d->stream_captures, 1);
         atomic_fetch_add(&d->captures_active, 1);
@@ -497,19 +550,23 @@ int bridge_graph_end(int device, uint64_t id0, uint64_t id1)
 typedef struct sweep {
     uint64_t id0, id1;
     int device;
+    int replays; /* a graph may still replay into the blocks */
     record *out; /* user-freed blocks taken out of the table */
     size_t n, cap;
     int oom; /* no room to collect one: it stays in the table */
 } sweep;
 
 /* A released pool's block, from now on an ordinary one: its free is ordered
- * on the legacy stream and after the capture stream (see the glossary).
- * 0, or -1 when there is no host memory for the stream (then the capture
- * stream alone orders it, as before). */
-static int unbind_block(record *r)
+ * on the legacy stream and after the capture stream, and where a graph may
+ * still replay into it (`replays`) after a device-wide synchronization
+ * (REC_UNORDERED: ledger_hold; see the glossary).  0, or -1 when there is no
+ * host memory for the stream (then the capture stream alone orders it). */
+static int unbind_block(record *r, int replays)
 {
     CUstream cap = r->stream;
     r->flags &= REC_UNORDERED; /* a recorded stream's mark stays */
+    if (replays)
+        r->flags |= REC_UNORDERED;
     if (cap == STREAM_LEGACY || (uintptr_t)cap == 0)
         return 0;
     if (records_add_stream(r, cap))
@@ -525,7 +582,7 @@ static int sweep_pool(record *r, void *arg)
         r->device != s->device)
         return 0;
     if (!(r->flags & REC_USER_FREED)) {
-        unbind_block(r); /* still in use (a static output): an ordinary block */
+        unbind_block(r, s->replays); /* still in use (a static output): an ordinary block */
         return 0;
     }
     if (s->n == s->cap) {
@@ -533,20 +590,21 @@ static int sweep_pool(record *r, void *arg)
         record *n = realloc(s->out, ncap * sizeof *n);
         if (!n) {
             s->oom = 1;
-            unbind_block(r); /* it stays, an ordinary block the user freed: lost */
+            unbind_block(r, s->replays); /* it stays, a block the user freed: lost */
             return 0;
         }
         s->out = n;
         s->cap = ncap;
     }
-    unbind_block(r);
+    unbind_block(r, s->replays);
     s->out[s->n++] = *r;
     return 1;
 }
 
 /* One use of the pool released (`drop`: 1; 0: its uses were dropped
  * already) and, at the last, the pool with it.  `replays`: a graph of the
- * pool may have been replayed on any stream (see the glossary). */
+ * pool may have been replayed on any stream, if a capture used the pool
+ * (see the glossary). */
 static int release_pool(device_state *d, int device, uint64_t id0, uint64_t id1, int drop,
                         int replays)
 {
@@ -559,6 +617,7 @@ static int release_pool(device_state *d, int device, uint64_t id0, uint64_t id1,
             atomic_fetch_sub(&d->captures_active, p->capturing);
         if (p->bound)
             atomic_fetch_sub(&d->stream_captures, 1);
+        s.replays = replays && p->replayable;
         drop_pool(d, p);
         last = 1;
         /* In the same step (shard locks under capture_lock, the order
@@ -569,18 +628,17 @@ static int release_pool(device_state *d, int device, uint64_t id0, uint64_t id1,
     pthread_mutex_unlock(&d->capture_lock);
     if (!last)
         return BRIDGE_OK; /* another graph still uses the pool */
-    /* No host wait: each free is ordered after the capture stream and the
-     * legacy stream, and, where a replay may still run (`replays`), after
-     * the work queued now on every registered stream (ledger_release_after_
-     * known).  Nothing replays a dead CuPy graph (its launches completed) or
-     * a failed capture. */
-    for (size_t i = 0; i < s.n; i++)
+    /* No host wait.  Where a replay may still run (s.replays: on any
+     * stream, one the core cannot name included) the blocks are REC_UNORDERED:
+     * held until a device-wide synchronization (ledger_hold), as torch's own
+     * release gives a private pool back through cudaFree.  Else each free is
+     * ordered after the capture stream and the legacy stream: nothing
+     * replays a dead CuPy graph (its launches completed), a failed capture
+     * or a pool only routings used. */
+    for (size_t i = 0; i < s.n; i++) {
         atomic_fetch_sub_explicit(&d->graph_bytes, s.out[i].size, RELAXED);
-    if (replays)
-        ledger_release_after_known(d, s.out, s.n);
-    else
-        for (size_t i = 0; i < s.n; i++)
-            ledger_release(d, &s.out[i]);
+        ledger_release(d, &s.out[i]);
+    }
     free(s.out);
     return BRIDGE_OK;
 }
@@ -652,19 +710,31 @@ int graph_reap_ended(device_state *d, int force)
         gone = malloc(g->n * sizeof *gone);
     for (size_t i = 0; gone && i < g->n; i++) {
         gpool *p = &g->pool[i];
-        if (!p->capturing || !p->watch || p->owner != me || !stream_long_lived(p->watch))
+        /* the stream seen capturing, else the one the capture was begun on */
+        CUstream s = p->watch ? p->watch : p->cand;
+        if (!p->capturing || !s || p->owner != me || !stream_long_lived(s))
             continue;
         int status = CU_STREAM_CAPTURE_STATUS_NONE;
         uint64_t id = 0;
         int mode = capture_mode_relax();
-        CUresult r =
-            bridge_drv.cuStreamGetCaptureInfo_v2(p->watch, &status, &id, NULL, NULL, NULL);
+        CUresult r = bridge_drv.cuStreamGetCaptureInfo_v2(s, &status, &id, NULL, NULL, NULL);
         capture_mode_exit(mode);
-        if (r != CUDA_SUCCESS || (status != CU_STREAM_CAPTURE_STATUS_NONE && id == p->watch_id))
+        if (r != CUDA_SUCCESS)
+            continue;
+        if (!p->watch && status != CU_STREAM_CAPTURE_STATUS_NONE) {
+            p->watch = s; /* the capture begun on it runs: watch that one */
+            p->watch_id = id;
+            continue;
+        }
+        if (p->watch && status != CU_STREAM_CAPTURE_STATUS_NONE && id == p->watch_id)
             continue; /* still in its capture (invalidated ones too, until they end) */
-        /* what torch's fixed capture_end and reset do: end it, drop its use */
+        /* Over without its end hook: the capture watched, or (never seen) the
+         * one begun on the told stream, which its thread began right after
+         * the hook and ended since.  What torch's fixed capture_end and
+         * reset do: end it, drop its use. */
         p->capturing--;
         p->watch = NULL;
+        p->cand = NULL;
         p->unannounced++;
         atomic_fetch_sub(&d->captures_active, 1);
         ended++;
@@ -768,7 +838,7 @@ int bridge_graph_incref(int device, uint64_t id0, uint64_t id1)
 {
     int rc;
     device_state *d = device_use(device, &rc);
-    return d ? pool_use(d, id0, id1, 0) : rc;
+    return d ? pool_use(d, id0, id1, USE_ONLY, NULL) : rc;
 }
 
 int bridge_graph_uses(int device, uint64_t id0, uint64_t id1)

@@ -597,35 +597,6 @@ void ledger_release(device_state *d, const record *rec)
         settle(d, &r);
 }
 
-void ledger_release_after_known(device_state *d, record *recs, size_t n)
-{
-    if (!n)
-        return;
-    ctx_guard g;
-    ctx_enter(d, &g);
-    int mode = capture_mode_relax();
-    int o = stream_order_after_known(d, d->side);
-    if (o)
-        atomic_fetch_add_explicit(&d->num_order_fallbacks, 1, RELAXED);
-    for (size_t i = 0; i < n; i++) {
-        record r = recs[i];
-        if (o || (r.flags & REC_UNORDERED)) {
-            ledger_release(d, &r); /* as any release (ledger_hold's for the mark) */
-            continue;
-        }
-        r.stream = d->side; /* alive for good; its handle and its key alike */
-        if (issue_free(d, &r)) {
-            /* a recorded stream (the capture's) captures again: after its end */
-            r.stream = recs[i].stream;
-            ledger_defer(d, &r);
-        } else {
-            settle(d, &r);
-        }
-    }
-    capture_mode_exit(mode);
-    ctx_exit(&g);
-}
-
 void ledger_defer(device_state *d, const record *rec)
 {
     if (rec->flags & REC_UNORDERED) {
@@ -683,17 +654,19 @@ void ledger_defer(device_state *d, const record *rec)
 /* ---- frees only a device-wide synchronization orders ----
  * A REC_UNORDERED block: a stream that used it is non-blocking and may be
  * destroyed by the time of the free (its handle then another stream's, or
- * a crash in the driver: never given to it).  No stream the core can name
- * then is ordered after that stream's work: the legacy stream waits for
- * blocking streams only.  torch's own allocator gives the memory of blocks
- * it cannot reuse by stream back through cudaFree, which synchronizes the
- * device; the core does the same, once for many blocks: the block is held
- * (its bytes stay in `reserved`, shown in num_deferred) until
- * ledger_settle_held synchronizes the context, which the refusal path
- * (before an allocation is refused or waits) and a trim (empty_cache) ask
- * for.  The synchronization is never made during a capture the core knows
- * of; it would invalidate one it cannot see (XLA's), which only a process
- * with such blocks risks. */
+ * a crash in the driver: never given to it), or it is a released graph
+ * pool's, which a replay may still use on a stream nobody names (graph.c's
+ * "release").  No stream the core can name then is ordered after that
+ * stream's work: the legacy stream waits for blocking streams only.
+ * torch's own allocator gives the memory of blocks it cannot reuse by
+ * stream back through cudaFree, which synchronizes the device; the core
+ * does the same, once for many blocks: the block is held (its bytes stay
+ * in `reserved`, shown in num_deferred) until ledger_settle_held
+ * synchronizes the context, which the refusal path (before an allocation
+ * is refused or waits) and a trim (empty_cache) ask for.  The
+ * synchronization is never made during a capture the core knows of; it
+ * would invalidate one it cannot see (XLA's), which only a process with
+ * such blocks risks (as torch's own cudaFree would). */
 void ledger_hold(device_state *d, const record *rec)
 {
     pthread_mutex_lock(&d->capture_lock);

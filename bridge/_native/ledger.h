@@ -75,7 +75,8 @@ void ledger_count_alloc(device_state *d, int tag, uint64_t size);
 /* Give the block back to the pool now if its streams allow it, else defer it
  * until they do; the ledger is settled when the driver free is issued. */
 void ledger_release(device_state *d, const record *rec);
-/* A REC_UNORDERED block's free: held (its bytes still counted) until a
+/* A REC_UNORDERED block's free (a block of a stream the core cannot name,
+ * or of a released graph pool): held (its bytes still counted) until a
  * device-wide synchronization orders it (ledger_settle_held). */
 void ledger_hold(device_state *d, const record *rec);
 /* Synchronize the device's context (unless a capture the core knows of
@@ -84,12 +85,6 @@ int ledger_settle_held(device_state *d);
 /* One synchronization of the device's context, in relaxed capture mode and
  * never during a capture the core knows of: 1 when it was made. */
 int ledger_sync_device(device_state *d);
-/* ledger_release of n blocks (their records out of the table) that a
- * graph's replay may still use, on a stream the core may not know: each free
- * is issued on the device's side stream after the work queued now on the
- * legacy stream and on every registered stream (stream_order_after_known),
- * and after its recorded streams; no host wait. */
-void ledger_release_after_known(device_state *d, record *recs, size_t n);
 /* Hold a free back until no capture runs on its stream. */
 void ledger_defer(device_state *d, const record *rec);
 /* The capture of `key` (a stream alive now, that may be destroyed soon

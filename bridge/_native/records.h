@@ -20,8 +20,9 @@
 #define REC_USER_FREED 2u /* graph block the user has freed (memory kept) */
 #define REC_CARVED     4u /* carved from a chunk (carve.c): its free returns it there */
 #define REC_UNORDERED  8u /* a stream that used it may be gone at the free and is
-                             non-blocking: only a device-wide synchronization orders its
-                             free (ledger_hold) */
+                             non-blocking, or a released graph pool's block (a replay
+                             may still use it on any stream): only a device-wide
+                             synchronization orders its free (ledger_hold) */
 
 typedef struct record {
     uintptr_t ptr;   /* key; 0 = empty slot, 1 = tombstone */

@@ -249,45 +249,6 @@ int stream_order_after_recorded(const record *rec, CUstream free_stream)
     return worst;
 }
 
-/* ---- ordering after every stream the core can name ---- */
-/* One event on `s` (a stream of d's context, current), waited for by
- * `free_stream`: 0, or -1 when it could not be.  A capturing stream (or the
- * legacy one while a blocking stream captures) is left alone: an event
- * recorded there would join the capture. */
-static int wait_for_stream(CUstream s, CUstream free_stream)
-{
-    int status = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult r = bridge_drv.cuStreamIsCapturing(s, &status);
-    if (capture_error(r) || (r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE))
-        return 0;
-    if (r != CUDA_SUCCESS)
-        return -1;
-    CUevent ev = NULL;
-    if (bridge_drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
-        return -1;
-    int rc = bridge_drv.cuEventRecord(ev, s) == CUDA_SUCCESS &&
-                     bridge_drv.cuStreamWaitEvent(free_stream, ev, 0) == CUDA_SUCCESS
-                 ? 0
-                 : -1;
-    bridge_drv.cuEventDestroy_v2(ev); /* released once it completes */
-    return rc;
-}
-
-int stream_order_after_known(device_state *d, CUstream free_stream)
-{
-    int rc = wait_for_stream(STREAM_LEGACY, free_stream);
-    for (size_t i = 0; i < LONG_LIVED_SLOTS; i++) {
-        uintptr_t s = atomic_load_explicit(&long_lived[i], memory_order_acquire);
-        CUcontext sctx = NULL;
-        if (s <= TOMBSTONE || (CUstream)s == free_stream ||
-            bridge_drv.cuStreamGetCtx((CUstream)s, &sctx) != CUDA_SUCCESS || sctx != d->ctx)
-            continue;
-        if (wait_for_stream((CUstream)s, free_stream))
-            rc = -1;
-    }
-    return rc;
-}
-
 /* ---- letting queued frees land without a device-wide synchronization ---- */
 /* Synchronize the registered streams of `ctx` that are not capturing (a
  * synchronization of a capturing stream would invalidate its capture).  In

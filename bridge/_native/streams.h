@@ -31,12 +31,6 @@ int stream_forget(CUstream key);
  * stream does while a blocking stream captures), else 0, also for a handle
  * the driver calls unusable.  Handles 0, 1 and 2 are asked in d's context. */
 int stream_capturing(device_state *d, CUstream key);
-/* Make `free_stream` wait for the work queued now on the legacy stream (and
- * so every blocking stream) and on every registered stream of d's context,
- * capturing ones left out (an event there would join the capture): one
- * event each, no host wait.  0, or -1 when one could not be waited for.
- * d's context current, relaxed capture mode. */
-int stream_order_after_known(device_state *d, CUstream free_stream);
 /* Synchronize the registered streams of `ctx` that are not capturing. */
 void stream_sync_long_lived(CUcontext ctx);
 /* Make `free_stream` wait for the queued work of every stream recorded in

@@ -31,6 +31,8 @@ def sd(standin):
     live = core.live_records()
     yield standin
     standin.standin_set_capturing(None)
+    # a released pool's blocks wait for a device-wide synchronization: a trim makes it
+    core.trim(DEV, 0)
     standin.standin_sync_all(DEV)
     assert core.live_records() == live
     assert core.stats(DEV)[1]["captures_active"] == 0
@@ -65,8 +67,14 @@ def test_a_shared_pool_lives_until_its_last_graph_is_released(sd):
     assert sd.standin_counter(C_FREE) == frees  # g2 still replays into both blocks
     assert stats()["graph_bytes"] == 12 * MIB
     assert core.graph(RELEASE, DEV, *pool) == Status.OK  # del g2
+    # out of the pool, held until a device-wide synchronization (a replay of g2
+    # may still run on any stream)
+    s = stats()
+    assert s["graph_bytes"] == 0 and s["num_deferred"] == 2 and s["used"] == 12 * MIB
+    assert sd.standin_counter(C_FREE) == frees
+    assert core.trim(DEV, 0) == Status.OK  # torch.cuda.empty_cache()
     assert sd.standin_counter(C_FREE) == frees + 2
-    assert stats()["graph_bytes"] == 0
+    assert stats()["used"] == 0
 
 
 def test_freed_graph_blocks_are_reused_within_the_pool(sd):
@@ -92,6 +100,7 @@ def test_freed_graph_blocks_are_reused_within_the_pool(sd):
     core.free(r)
     core.graph(END, DEV, *pool)
     core.graph(RELEASE, DEV, *pool)
+    assert core.trim(DEV, 0) == Status.OK
     assert stats()["used"] == 0
 
 
@@ -138,14 +147,42 @@ def test_pools_do_not_share_blocks(sd):
         core.graph(RELEASE, DEV, *g)
 
 
-def test_a_live_graph_block_is_freed_after_its_capture_stream_and_the_default_stream(sd):
+def test_a_live_graph_block_is_freed_after_a_device_wide_synchronization(sd):
+    """A static output that outlives its graph: a replay of the graph may still write
+    it on any stream (one the core cannot name included), so its free waits for a
+    device-wide synchronization, as torch's private pool gives it back through
+    cudaFree; never cached."""
+    pool = (0x5C, 0)
+    core.graph(BEGIN, DEV, *pool)
+    p = galloc(2 * MIB, pool)
+    core.graph(END, DEV, *pool)
+    core.graph(RELEASE, DEV, *pool)
+    core.register_stream(CAP)
+    core.set_cache(DEV, 64 * MIB)
+    try:
+        frees, syncs = sd.standin_counter(C_FREE), sd.standin_counter(C_SYNC)
+        core.free(p)
+        s = stats()
+        assert s["cached"] == 0 and s["num_deferred"] == 1 and s["used"] == 2 * MIB
+        assert sd.standin_counter(C_FREE) == frees
+        assert core.trim(DEV, 0) == Status.OK
+        assert sd.standin_counter(C_SYNC) > syncs and sd.standin_counter(C_FREE) == frees + 1
+        assert stats()["used"] == 0
+    finally:
+        core.set_cache(DEV, 0)
+        core.forget_stream(CAP)
+
+
+def test_a_routed_pools_live_block_is_freed_after_its_stream_and_the_default_stream(sd):
     """Issue: such blocks were recorded on the bridge's idle side stream, so their
     free completed at once while the capture stream's kernels still read them; then
     (issue 30, item 5) they were freed and cached on the capture stream alone, with
-    no ordering after the default stream that read the static output."""
+    no ordering after the default stream that read the static output.  A pool only
+    routings used (torch.cuda.use_mem_pool) has no graph replaying into it: its
+    blocks need no device-wide synchronization."""
     pool = (0x57, 0)
-    core.graph(BEGIN, DEV, *pool)
-    p = galloc(2 * MIB, pool)  # a static output that outlives the graph
+    assert core.graph_begin_on(DEV, *pool, CAP, False) == Status.OK  # use_mem_pool
+    p = galloc(2 * MIB, pool)  # a block that outlives the pool
     core.graph(END, DEV, *pool)
     syncs = sd.standin_counter(C_SYNC)
     core.graph(RELEASE, DEV, *pool)
@@ -248,8 +285,12 @@ def test_releasing_a_pool_during_another_capture_waits_for_it(sd):
     assert stats()["num_deferred"] == 1
     sd.standin_set_capturing(None)
     core.graph(END, DEV, *g2)
+    # held until a device-wide synchronization (g1's replay may run on any stream),
+    # which the next trim or refusal makes now that no capture runs
+    assert sd.standin_counter(C_FREE) == frees and stats()["num_deferred"] == 1
+    assert core.trim(DEV, 0) == Status.OK
     assert sd.standin_counter(C_FREE) == frees + 1
-    assert sd.standin_counter(2) == syncs  # ordered on the GPU, not by the host
+    assert sd.standin_counter(2) > syncs
     assert stats()["graph_bytes"] == 0 and stats()["num_deferred"] == 0
     core.graph(RELEASE, DEV, *g2)
     core.forget_stream(CAP)
@@ -278,8 +319,10 @@ def test_a_cupy_captures_temporaries_stay_with_its_graph_until_it_is_released(sd
     core.free(new)
     assert core.graph(RELEASE, DEV, core.CUPY_POOL, pool) == Status.OK  # the Graph died
     assert stats()["graph_bytes"] == 0
-    assert sd.standin_counter(C_FREE) >= frees + 2
     core.free(out)  # the output outlives its graph: an ordinary block now
+    # a launch of the graph may still run: given back after a device-wide sync
+    assert core.trim(DEV, 0) == Status.OK
+    assert sd.standin_counter(C_FREE) >= frees + 3
     assert stats()["used"] == 0
 
 
@@ -480,17 +523,23 @@ def test_destructors_on_another_thread_while_threads_allocate(sd):
     assert stats()["graph_bytes"] == 0
 
 
-# ---- a release ordered after replays on any stream (issue 61, item 3) ----
+# ---- a release ordered after replays on any stream (issue 61) ----
 C_UNORDERED = 15
 
 
-def test_a_released_pools_blocks_wait_for_a_replay_on_another_stream(sd):
-    """Issue: the release ordered its frees after the legacy and capture streams
-    only; torch replays on the current stream, which may be one of its pooled,
-    non-blocking streams (torch.cuda.Stream()), which the legacy stream does not
-    wait for: a replay still running there read memory given back."""
-    replay = sd.standin_new_stream_flags(DEV, 1)  # non-blocking, registered (torch's)
-    core.register_stream(replay)
+@pytest.mark.parametrize("registered", [True, False], ids=["torch-stream", "external-stream"])
+def test_a_released_pools_blocks_wait_for_a_replay_on_any_stream(sd, registered):
+    """Issue 61, item 3: the release ordered its frees after the legacy and capture
+    streams only; torch replays on the current stream, which may be non-blocking (the
+    legacy stream does not wait for it).  Then only after registered streams (torch's
+    pooled ones) by events: a replay on a stream nobody registered
+    (torch.cuda.ExternalStream) still wrote the pool's memory given back.  Now the
+    pool's blocks are held until a device-wide synchronization, as torch's release
+    gives a private pool back through cudaFree: never handed out before it, in
+    `used` meanwhile, and given back by the recovery chain before a refusal."""
+    replay = sd.standin_new_stream_flags(DEV, 1)  # non-blocking
+    if registered:
+        core.register_stream(replay)
     try:
         pool = (0x71, 0)
         core.graph(BEGIN, DEV, *pool)
@@ -499,14 +548,30 @@ def test_a_released_pools_blocks_wait_for_a_replay_on_another_stream(sd):
         core.graph(END, DEV, *pool)
         sd.standin_launch(replay, tmp, DEV)  # g.replay() on it, still running
         unordered, syncs = sd.standin_counter(C_UNORDERED), sd.standin_counter(C_SYNC)
+        frees = sd.standin_counter(C_FREE)
         core.graph(RELEASE, DEV, *pool)  # del g
-        assert sd.standin_counter(C_UNORDERED) == unordered
-        assert sd.standin_counter(C_SYNC) == syncs  # ordered by events, no host wait
-        assert sd.standin_queued_kernels() == 1
+        assert sd.standin_counter(C_FREE) == frees  # nothing given back yet
+        assert sd.standin_counter(C_SYNC) == syncs  # and no host wait at the release
         s = stats()
-        assert s["graph_bytes"] == 0 and s["used"] == 0 and s["num_deferred"] == 0
+        assert s["graph_bytes"] == 0 and s["used"] == 4 * MIB and s["num_deferred"] == 1
+        # new work meanwhile never gets the pool's bytes
+        rc, p = core.alloc(DEV, 4 * MIB, OTHER, TORCH)
+        assert rc == Status.OK and p != tmp
+        # a refusal: the recovery chain synchronizes and gives them back first
+        core.set_limit(DEV, 12 * MIB)
+        rc, q = core.alloc(DEV, 8 * MIB, OTHER, TORCH)
+        assert rc == Status.OK and q
+        assert sd.standin_counter(C_SYNC) > syncs
+        assert sd.standin_queued_kernels() == 0  # the replay was done before
+        assert sd.standin_counter(C_UNORDERED) == unordered
+        s = stats()
+        assert s["num_deferred"] == 0 and s["used"] == 12 * MIB
+        core.free(p)
+        core.free(q)
     finally:
-        core.forget_stream(replay)
+        core.set_limit(DEV, 0)
+        if registered:
+            core.forget_stream(replay)
         sd.standin_sync_all(DEV)
 
 
@@ -610,6 +675,7 @@ def test_a_failed_capture_into_a_shared_pool_drops_its_use_only(sd):
         assert core.graph(RELEASE, DEV, *pool) == Status.OK  # g2's release
         assert stats()["graph_bytes"] == 10 * MIB  # g1 still holds the pool
         assert core.graph(RELEASE, DEV, *pool) == Status.OK  # g1's
+        assert core.trim(DEV, 0) == Status.OK  # g1 may replay: after a device sync
         s = stats()
         assert s["graph_bytes"] == 0 and s["used"] == 0
         assert sd.cuGraphDestroy(g) == 0
@@ -624,7 +690,7 @@ def test_a_use_mem_pool_routing_is_never_taken_for_a_failed_capture(sd):
     core.register_stream(CAP)
     try:
         pool = (0x75, 0)
-        assert core.graph(BEGIN, DEV, *pool) == Status.OK  # use_mem_pool enters
+        assert core.graph_begin_on(DEV, *pool, CAP, False) == Status.OK  # use_mem_pool enters
         p = galloc(MIB, pool)  # routed to the pool, no capture on CAP
         assert stats()["captures_active"] == 1
         assert core.trim(DEV, 0) == Status.OK  # a forced look
@@ -636,3 +702,88 @@ def test_a_use_mem_pool_routing_is_never_taken_for_a_failed_capture(sd):
         assert s["captures_active"] == 0 and s["graph_bytes"] == 0 and s["used"] == 0
     finally:
         core.forget_stream(CAP)
+
+
+# ---- a failed capture the core hears of only at its begin (issue 61) ----
+@pytest.mark.parametrize("told", [True, False], ids=["stream-told", "begin-only"])
+def test_a_capture_that_failed_before_allocating_into_its_pool_is_noticed(sd, told):
+    """Issue 61: the core learned a capture's stream at the pool's first allocation,
+    so a capture that failed before one (an .item() first thing in the body) stayed
+    active for good: a block freed on the captured stream during it was never given
+    back, the cache's GIL-held path missed, stats showed the capture.  The torch
+    allocator now tells the stream at the begin hook (torch calls it just before
+    cudaStreamBeginCapture); a begin that does not tell it (the pluggable path's)
+    is still noticed only at the pool's first allocation."""
+    core.register_stream(CAP)  # torch's capture stream: one of its pooled streams
+    core.set_cache(DEV, 64 * MIB)
+    try:
+        rc, a = core.alloc(DEV, 4 * MIB, CAP, TORCH)  # made before the capture
+        pool = (0x76, 0)
+        if told:
+            assert core.graph_begin_on(DEV, *pool, CAP, True) == Status.OK
+        else:
+            assert core.graph(BEGIN, DEV, *pool) == Status.OK
+        assert sd.cuStreamBeginCapture_v2(CAP, 2) == 0
+        core.free(a)  # freed inside the capture, on its stream: held back
+        assert stats()["num_deferred"] == 1
+        fail_capture(sd)
+        s = stats()  # the next look of the thread that began it
+        if not told:  # what the core did before it was told the stream
+            assert s["captures_active"] == 1 and s["num_deferred"] == 1
+            assert core.graph(END, DEV, *pool) == Status.OK  # torch 2.14's reset, later
+            assert core.graph(RELEASE, DEV, *pool) == Status.OK
+            return
+        assert s["captures_active"] == 0 and s["num_deferred"] == 0 and s["used"] == 0
+        # a freed block is handed out again at once, on the GIL-held path too
+        rc, p = core.alloc(DEV, MIB, CAP, TORCH)
+        core.free(p)
+        assert core.alloc_cached(DEV, MIB, CAP, TORCH) == (Status.OK, p)
+        core.free(p)
+        # torch 2.14+ ends and releases the pool at the graph's reset: nothing more
+        core.graph(END, DEV, *pool)  # the pool is gone already: a no-op
+        assert core.graph(RELEASE, DEV, *pool) == Status.OK
+        s = stats()
+        assert s["captures_active"] == 0 and s["used"] == s["cached"]
+    finally:
+        core.set_cache(DEV, 0)
+        core.forget_stream(CAP)
+
+
+def test_a_told_capture_that_runs_is_not_ended_by_its_threads_looks(sd):
+    """The stream told at the begin, capturing when the thread looks: the capture is
+    watched, not ended; it ends with its end hook, as any capture."""
+    core.register_stream(CAP)
+    try:
+        pool = (0x77, 0)
+        assert core.graph_begin_on(DEV, *pool, CAP, True) == Status.OK
+        assert sd.cuStreamBeginCapture_v2(CAP, 2) == 0
+        assert stats()["captures_active"] == 1  # a look during the capture
+        tmp = galloc(MIB, pool)
+        core.free(tmp)
+        assert core.trim(DEV, 0) == Status.OK  # a forced look
+        assert stats()["captures_active"] == 1 and stats()["graph_bytes"] == MIB
+        g = ctypes.c_void_p()
+        assert sd.cuStreamEndCapture(CAP, ctypes.byref(g)) == 0
+        assert core.graph(END, DEV, *pool) == Status.OK
+        assert stats()["captures_active"] == 0 and stats()["graph_bytes"] == MIB
+        assert core.graph(RELEASE, DEV, *pool) == Status.OK
+        assert sd.cuGraphDestroy(g) == 0
+    finally:
+        core.forget_stream(CAP)
+
+
+def test_a_told_capture_on_a_stream_nobody_registered_is_never_asked_about(sd):
+    """A capture on a stream the core cannot prove alive (torch.cuda.ExternalStream):
+    the core never gives its handle to the driver later (it may be destroyed); the
+    capture ends with torch's end hook (torch 2.14+ sends it at the graph's reset)."""
+    ext = sd.standin_new_stream_flags(DEV, 1)
+    pool = (0x78, 0)
+    assert core.graph_begin_on(DEV, *pool, ext, True) == Status.OK
+    assert sd.cuStreamBeginCapture_v2(ext, 2) == 0
+    fail_capture(sd, ext)
+    assert sd.cuStreamDestroy_v2(ext) == 0  # the user's stream, gone
+    dead = sd.standin_counter(14)  # C_DEAD: a destroyed stream's handle given
+    assert stats()["captures_active"] == 1
+    assert sd.standin_counter(14) == dead
+    assert core.graph(END, DEV, *pool) == Status.OK
+    assert core.graph(RELEASE, DEV, *pool) == Status.OK

@@ -66,10 +66,16 @@ def test_graph_blocks_live_until_the_graph_is_released(led):
     assert core.graph(GRAPH_END, DEV, *g) == Status.OK
     assert stats()["graph_bytes"] == 6 * MIB  # ending the capture keeps it: replays
     assert core.graph(GRAPH_RELEASE, DEV, *g) == Status.OK
+    # out of the pool; a replay may still run on any stream: held (still counted)
+    # until a device-wide synchronization, which a trim (or a refusal) makes
     s = stats()
-    assert s["graph_bytes"] == 0 and s["used"] == 0
-    assert led.counter(C_FREE) == frees + 1
+    assert s["graph_bytes"] == 0 and s["used"] == 6 * MIB and s["num_deferred"] == 1
+    assert led.counter(C_FREE) == frees
     assert core.lookup(p)[0] == Status.INVALID
+    assert core.trim(DEV, 0) == Status.OK
+    s = stats()
+    assert s["used"] == 0 and s["num_deferred"] == 0
+    assert led.counter(C_FREE) == frees + 1
 
 
 def test_graph_block_still_in_use_at_release_becomes_ordinary(led):
@@ -82,9 +88,12 @@ def test_graph_block_still_in_use_at_release_becomes_ordinary(led):
     assert core.graph(GRAPH_RELEASE, DEV, *g) == Status.OK
     assert led.counter(C_FREE) == frees  # the user still holds it
     assert stats()["used"] == MIB
-    core.free(p)
+    core.free(p)  # a replay may still write it: after a device-wide synchronization
     s = stats()
-    assert s["used"] == 0 and s["graph_bytes"] == 0
+    assert s["used"] == MIB and s["graph_bytes"] == 0 and s["num_deferred"] == 1
+    assert led.counter(C_FREE) == frees
+    assert core.trim(DEV, 0) == Status.OK
+    assert stats()["used"] == 0
     assert led.counter(C_FREE) == frees + 1
 
 
@@ -173,6 +182,7 @@ def test_the_core_never_frees_or_syncs_on_a_capturing_stream(led):
     assert core.last_driver_error()[0] != 900
     core.free(gp)
     core.graph(GRAPH_RELEASE, DEV, *g)
+    core.trim(DEV, 0)  # the released pool's block, held for a device-wide sync
 
 
 def test_no_stream_sync_while_a_capture_runs(led):

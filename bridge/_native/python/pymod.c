@@ -1063,6 +1063,21 @@ static PyObject *py_graph(PyObject *m, PyObject *args)
     return PyLong_FromLong(rc);
 }
 
+static PyObject *py_graph_begin_on(PyObject *m, PyObject *args)
+{
+    /* graph_begin_on(device, id0, id1, stream, capture) (tests) */
+    (void)m;
+    int dev, capture;
+    unsigned long long a, b, stream;
+    if (!PyArg_ParseTuple(args, "iKKKp", &dev, &a, &b, &stream, &capture))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_graph_begin_on(dev, a, b, (void *)(uintptr_t)stream, capture);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
 static PyObject *py_alloc_graph(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -1187,6 +1202,8 @@ static PyMethodDef methods[] = {
     {"parked_records", py_parked_records, METH_NOARGS,
      "Freed blocks parked in their thread's slot with their record kept (diagnostics)."},
     {"graph", py_graph, METH_VARARGS, "graph(op, device, id0, id1) -> status"},
+    {"graph_begin_on", py_graph_begin_on, METH_VARARGS,
+     "graph_begin_on(device, id0, id1, stream, capture) -> status"},
     {"alloc_graph", py_alloc_graph, METH_VARARGS,
      "alloc_graph(device, size, tag, id0, id1, stream=0) -> (status, ptr)"},
     {"set_pressure_callback", py_set_pressure_callback, METH_O, "Set the recovery hook (or None)."},
