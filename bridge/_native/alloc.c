@@ -375,6 +375,12 @@ static void retry_held_back(void)
 /* A carved block back to its chunk, in stream order: 0 when given back, 1
  * when it must wait (a capture of its stream, or of a stream recorded against
  * it; a recorded stream that could not be ordered). */
+void alloc_retry_held_back(void)
+{
+    if (atomic_load_explicit(&pending_count, RELAXED))
+        retry_held_back();
+}
+
 static int carved_return(device_state *d, const record *rec)
 {
     if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(d, rec->stream))

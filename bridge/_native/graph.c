@@ -201,8 +201,10 @@ int bridge_capture_end(int device)
         return BRIDGE_E_INVALID;
     /* The capture has ended (torch and CuPy end it before telling): the
      * frees it held back can go now, not only under pressure. */
-    if (cur == 1)
+    if (cur == 1) {
         ledger_flush_deferred(d);
+        alloc_retry_held_back();
+    }
     return BRIDGE_OK;
 }
 
@@ -746,8 +748,10 @@ int graph_reap_ended(device_state *d, int force)
     for (int i = 0; i < ngone; i++)
         release_pool(d, device, gone[i].id0, gone[i].id1, 0, 0);
     free(gone);
-    if (ended && !atomic_load(&d->captures_active))
+    if (ended && !atomic_load(&d->captures_active)) {
         ledger_flush_deferred(d);
+        alloc_retry_held_back();
+    }
     return ended;
 }
 
