@@ -57,6 +57,11 @@ UNOWNED_ENV = {"BRIDGE_CUPY_UNOWNED": "1"}
 PLUGGABLE_ENV = {"BRIDGE_TORCH_PLUGGABLE": "1"}
 #: the cache without its thread slots (cache.c), the shared lists alone, for comparison.
 NOSLOT_ENV = {"BRIDGE_CACHE_THREAD_SLOT": "0"}
+#: "bridge-ipc": unify(ipc=True) through its variable: every block from the exportable pool
+#: (POSIX file descriptors, what CUDA tensors sent to other processes need), the tiers as
+#: the cache (a block carved from a segment cannot be exported), for the allocation pair
+#: against the default pool's.
+IPC_ENV = {"BRIDGE_IPC": "1"}
 
 
 def config_env(framework: str, config: str) -> dict[str, str]:
@@ -83,6 +88,8 @@ def config_env(framework: str, config: str) -> dict[str, str]:
         return dict(UNOWNED_ENV)
     if config == "bridge-noslot":
         return dict(NOSLOT_ENV)
+    if config == "bridge-ipc":
+        return dict(IPC_ENV)
     return {}
 
 

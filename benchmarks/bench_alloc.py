@@ -9,9 +9,10 @@ torch configurations (``torch.empty(n, dtype=torch.uint8, device='cuda')``, drop
            variable; this script checks that torch really uses that backend)
   rmm      RMM's CUDAPluggableAllocator over ``rmm.mr.CudaAsyncMemoryResource``
   bridge   ``bridge.unify(cupy=False, torch=True)``
-  bridge-nocache, bridge-carve, bridge-noslot
+  bridge-nocache, bridge-carve, bridge-noslot, bridge-ipc
            the same with the cache off, with carving, without the thread slots
-           (``BRIDGE_CACHE_THREAD_SLOT=0``: the shared lists alone)
+           (``BRIDGE_CACHE_THREAD_SLOT=0``: the shared lists alone), from the
+           exportable pool (``BRIDGE_IPC=1``, as ``unify(ipc=True)``)
 cupy configurations (``cupy.empty(n, dtype=cupy.uint8)``, dropped):
   native   CuPy's default ``MemoryPool``
   async    ``cupy.cuda.MemoryAsyncPool`` (the device's default pool)
@@ -51,7 +52,7 @@ from _common import (  # noqa: E402
 FRAMEWORKS = ("torch", "cupy")
 #: the configurations setup_torch knows
 TORCH_CONFIGS = ("native", "async", "rmm", "bridge", "bridge-nocache", "bridge-carve",
-                 "bridge-noslot")
+                 "bridge-noslot", "bridge-ipc")
 #: every configuration (bench_turns.py takes any but "all"); bridge-unowned is CuPy's alone
 CONFIGS = (*TORCH_CONFIGS, "bridge-unowned", "all")
 
