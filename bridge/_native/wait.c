@@ -364,31 +364,46 @@ void wait_refused_graph(device_state *d, size_t size)
         tl_last_outcome = why;
 }
 
-/* The wait of one refused allocation, as a state machine.  States: QUEUED
- * (in queue[device], GIL released, the cache held so frees reach the pool),
- * then a loop of TRY -> SLEEP -> TRY ..., then LEFT (off the queue, GIL back,
- * figures counted).  Each TRY calls `retry` (the allocation again) unless a
- * waiter ahead of this one would not fit beside it (`fits_behind`); its flags
- * say whether a free woke us (WAIT_RETRY_FREED) and whether this try runs the
- * garbage collection first (WAIT_RETRY_COLLECT: once per wait).  Transitions:
+/* The wait of one refused allocation, as a state machine (enum wait_state;
+ * the loop below switches on it).  Each TRY calls `retry` (the allocation
+ * again) unless a waiter ahead of this one would not fit beside it
+ * (`fits_behind`); its flags say whether a free woke us (WAIT_RETRY_FREED)
+ * and whether this try runs the garbage collection first
+ * (WAIT_RETRY_COLLECT: once per wait).  Transitions:
  *
+ *   QUEUED                          -> TRY (after a first check_all_waiting)
  *   TRY ok                          -> LEFT, BRIDGE_WAIT_OK
  *   TRY refused, not retryable      -> LEFT, BRIDGE_WAIT_NONE (a cap, a driver error)
- *   chosen as the victim            -> one LAST try, with the collection, if
- *                                      the collection did not run yet; then
- *                                      LEFT, ALL_WAITING (unless that try got it)
- *   past the deadline               -> the same LAST try, then LEFT, TIMEOUT
- *   every CHECK_EVERY: Ctrl-C       -> LEFT, INTERRUPTED
- *   every CHECK_EVERY otherwise     -> check_all_waiting (may choose a victim)
- *   TRY refused                     -> SLEEP on cv until a free on the device
- *                                      (freed_gen moves), the victim mark, the
- *                                      poll interval (1 ms doubling to 16 ms
- *                                      while nothing frees), the next check or
- *                                      the deadline, whichever comes first
+ *   TRY, chosen as the victim       -> LAST, ALL_WAITING (read as the try begins)
+ *   TRY refused, past the deadline  -> LAST if the collection did not run yet,
+ *                                      else LEFT, TIMEOUT
+ *   TRY refused, every CHECK_EVERY: Ctrl-C -> LEFT, INTERRUPTED
+ *   TRY refused, every CHECK_EVERY otherwise: check_all_waiting (may choose
+ *                                      a victim), then SLEEP
+ *   TRY refused                     -> SLEEP
+ *   LAST                            -> one more try, with the collection,
+ *                                      if it did not run yet (else LEFT at
+ *                                      once); then LEFT: BRIDGE_WAIT_OK when
+ *                                      it got the memory, else the outcome
+ *                                      that made it LAST (or NONE, as TRY)
+ *   SLEEP                           -> TRY, woken on cv by a free on the
+ *                                      device (freed_gen moves), the victim
+ *                                      mark, the poll interval (1 ms
+ *                                      doubling to 16 ms while nothing
+ *                                      frees), the next check or the
+ *                                      deadline, whichever comes first
  *
  * Past COLLECT_AFTER the next TRY runs the collection.  `mu` is taken only to
  * read or change the queue and the generations, never across `retry` or the
  * sleep's wake-up work (cond_timedwait drops it). */
+enum wait_state {
+    WAIT_QUEUED, /* in queue[device], GIL released, the cache held so frees reach the pool */
+    WAIT_TRY,    /* one try of the allocation (retry) */
+    WAIT_LAST,   /* the last try: the victim, or past the deadline */
+    WAIT_SLEEP,  /* on cv until a free, the victim mark, the poll, the check or the deadline */
+    WAIT_LEFT,   /* the outcome decided: off the queue, GIL back, figures counted */
+};
+
 int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_fn retry, void *ctx,
                   void **out)
 {
@@ -423,77 +438,98 @@ int wait_for_room(device_state *d, int device, size_t size, int rc, wait_retry_f
     cache_hold(device, 1);
     atomic_fetch_add_explicit(&num_waits[device], 1, RELAXED);
     void *gil = h.release_gil ? h.release_gil() : NULL;
+    enum wait_state state = WAIT_QUEUED;
 
     tl_wait_now = atomic_fetch_add_explicit(&wait_serial, 1, RELAXED) + 1;
     uint64_t t0 = now_ns(), now = t0, deadline = t0 + budget_ns;
     if (deadline < t0)
         deadline = UINT64_MAX;
     uint64_t poll = POLL_MIN, next_check = t0 + CHECK_EVERY, collect_at = t0 + COLLECT_AFTER;
-    int outcome = BRIDGE_WAIT_TIMEOUT, freed = 0, collected = 0, last = 0;
+    uint64_t gen = 0; /* freed_gen as the last try began: a SLEEP ends when it moves */
+    int outcome = BRIDGE_WAIT_TIMEOUT, freed = 0, collected = 0;
     check_all_waiting(device);
-    for (;;) {
-        pthread_mutex_lock(&mu);
-        int victim = w.victim;
-        uint64_t gen = freed_gen[device];
-        uint64_t first = queue[device] == &w ? 0 : queue[device]->size;
-        pthread_mutex_unlock(&mu);
-        if (victim) {
-            outcome = BRIDGE_WAIT_ALL_WAITING;
-            last = 1;
-        }
-        int r = rc, flags = freed ? WAIT_RETRY_FREED : 0;
-        /* the collection: past the grace, or this is the last try */
-        if (!collected && (last || now >= collect_at)) {
-            flags |= WAIT_RETRY_COLLECT | WAIT_RETRY_FREED;
-            collected = 1;
-        } else if (last) {
-            break; /* collected already: the refusal stands */
-        }
-        if (!first || fits_behind(d, device, first, size))
-            r = retry(ctx, flags, out);
-        if (r == BRIDGE_OK) {
-            outcome = BRIDGE_WAIT_OK;
-            break;
-        }
-        rc = r;
-        if (!retryable(r)) {
-            outcome = BRIDGE_WAIT_NONE; /* a framework cap or a driver error: no wait helps */
-            break;
-        }
-        if (last)
-            break; /* the collection did not make room either */
-        now = now_ns();
-        if (now >= deadline) {
-            if (!collected) {
-                last = 1; /* one more try, after the collection */
-                continue;
+    state = WAIT_TRY;
+    while (state != WAIT_LEFT) {
+        switch (state) {
+        case WAIT_TRY:
+        case WAIT_LAST: {
+            pthread_mutex_lock(&mu);
+            int victim = w.victim;
+            gen = freed_gen[device];
+            uint64_t first = queue[device] == &w ? 0 : queue[device]->size;
+            pthread_mutex_unlock(&mu);
+            if (victim) {
+                outcome = BRIDGE_WAIT_ALL_WAITING;
+                state = WAIT_LAST;
             }
-            break; /* BRIDGE_WAIT_TIMEOUT */
-        }
-        if (now >= next_check) {
-            next_check = now + CHECK_EVERY;
-            if (h.interrupted && h.interrupted()) {
-                outcome = BRIDGE_WAIT_INTERRUPTED;
+            int r = rc, flags = freed ? WAIT_RETRY_FREED : 0;
+            /* the collection: past the grace, or this is the last try */
+            if (!collected && (state == WAIT_LAST || now >= collect_at)) {
+                flags |= WAIT_RETRY_COLLECT | WAIT_RETRY_FREED;
+                collected = 1;
+            } else if (state == WAIT_LAST) {
+                state = WAIT_LEFT; /* collected already: the refusal stands */
                 break;
             }
-            check_all_waiting(device);
+            if (!first || fits_behind(d, device, first, size))
+                r = retry(ctx, flags, out);
+            if (r == BRIDGE_OK) {
+                outcome = BRIDGE_WAIT_OK;
+                state = WAIT_LEFT;
+                break;
+            }
+            rc = r;
+            if (!retryable(r)) {
+                outcome = BRIDGE_WAIT_NONE; /* a framework cap or a driver error: no wait helps */
+                state = WAIT_LEFT;
+                break;
+            }
+            if (state == WAIT_LAST) {
+                state = WAIT_LEFT; /* the collection did not make room either */
+                break;
+            }
+            now = now_ns();
+            if (now >= deadline) {
+                /* one more try, after the collection; else BRIDGE_WAIT_TIMEOUT */
+                state = collected ? WAIT_LEFT : WAIT_LAST;
+                break;
+            }
+            if (now >= next_check) {
+                next_check = now + CHECK_EVERY;
+                if (h.interrupted && h.interrupted()) {
+                    outcome = BRIDGE_WAIT_INTERRUPTED;
+                    state = WAIT_LEFT;
+                    break;
+                }
+                check_all_waiting(device);
+            }
+            state = WAIT_SLEEP;
+            break;
         }
-        uint64_t wake = now + poll;
-        if (wake > deadline)
-            wake = deadline;
-        if (wake > next_check)
-            wake = next_check;
-        struct timespec ts;
-        deadline_of(&ts, wake);
-        pthread_mutex_lock(&mu);
-        int woke = 0;
-        while (!w.victim && !(woke = freed_gen[device] != gen) &&
-               pthread_cond_timedwait(&cv, &mu, &ts) != ETIMEDOUT)
-            ;
-        woke = woke || freed_gen[device] != gen;
-        freed = woke;
-        pthread_mutex_unlock(&mu);
-        poll = woke ? POLL_MIN : (poll * 2 > POLL_MAX ? POLL_MAX : poll * 2);
+        case WAIT_SLEEP: {
+            uint64_t wake = now + poll;
+            if (wake > deadline)
+                wake = deadline;
+            if (wake > next_check)
+                wake = next_check;
+            struct timespec ts;
+            deadline_of(&ts, wake);
+            pthread_mutex_lock(&mu);
+            int woke = 0;
+            while (!w.victim && !(woke = freed_gen[device] != gen) &&
+                   pthread_cond_timedwait(&cv, &mu, &ts) != ETIMEDOUT)
+                ;
+            woke = woke || freed_gen[device] != gen;
+            freed = woke;
+            pthread_mutex_unlock(&mu);
+            poll = woke ? POLL_MIN : (poll * 2 > POLL_MAX ? POLL_MAX : poll * 2);
+            state = WAIT_TRY;
+            break;
+        }
+        case WAIT_QUEUED:
+        case WAIT_LEFT:
+            break; /* QUEUED is left before the loop; LEFT ends it */
+        }
     }
     leave(&w);
     tl_wait_now = 0;
