@@ -7,7 +7,9 @@
  * child's forgetting).  Every call goes down: to the graph pools (graph.c),
  * the wait (wait.c), the history (views.c), the cache (cache.c), the ledger
  * (ledger.c), streams and devices; none of them calls back in here.  The
- * ledger's own accounting and its free path are in ledger.c's banner.
+ * ledger's own accounting and its free path are in ledger.c's banner; a
+ * block's states and the functions here that move it between them, in
+ * block.h's.
  */
 #include "ledger.h"
 #include "cache.h"
@@ -56,11 +58,8 @@ static inline uint64_t cache_held(device_state *d, uint64_t freeing)
  * shard lock.  The free knows the record without the table from the thread's
  * memo, a copy of the record of its last allocation, valid while the memo
  * word of its slot still names the block (records.c clears it at any change
- * of the record).  Whoever else takes a parked block out of a slot takes its
- * record out of the table first (detach_parked; a carved block's then goes
- * back to its segment, carved_leaves_slot).  With segments a carved block
- * parks so too (cache_park_carved), and only until its owner's next
- * allocation (take_cached_plain). */
+ * of the record).  The states (PARKED, PARKED_CARVED, MEMO) and who moves a
+ * block in and out of them: block.h. */
 /* The memo lives on the heap (tls.h), made at the thread's first one (NULL
  * before), freed at its exit; memo_key's value. */
 static _Thread_local record *my_memo BRIDGE_TLS_ONE_LOAD;
@@ -321,11 +320,11 @@ static inline int cacheable(const record *rec)
 }
 
 /* ---- carved blocks (carve.c) ---- */
-/* Carved frees that must wait: a capture of the block's stream runs, or a
- * stream recorded against it could not be ordered before its chunk's.  Each
- * returns to its chunk once no capture runs on the device (the next carved
- * free or carved allocation there retries them).  Their bytes stay in
- * `reserved`, in no tag and not in `cached`.  Under pending_lock, a leaf. */
+/* Carved frees that must wait (HELD_BACK, block.h): a capture of the
+ * block's stream runs, or a stream recorded against it could not be ordered
+ * before its chunk's.  Each returns to its chunk once no capture runs on the
+ * device (the next carved free or carved allocation there retries them).
+ * Under pending_lock, a leaf. */
 static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
 static record *pending;
 static size_t npending, cappending;

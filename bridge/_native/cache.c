@@ -15,13 +15,9 @@
  * that block's tier and key, reached without the lock.
  *
  * A slot may instead hold a carved block (carve.c, segments: cache_park_carved),
- * parked with its record and still carved out of its segment.  It is in no
- * tier and no list (its bytes are `parked_carved`), no cap holds it, and only
- * its owner's next allocation takes it back (cache_take_back); whatever else
- * takes it out of the slot (a flush, a stream's end, the owner's next
- * allocation of another key, a plain block freed into the slot, the owner's
- * exit) hands it to the carved-return hook, which gives it back to its
- * segment (alloc.c), never to the lists or the pool. */
+ * in no tier and no list: its bytes are `parked_carved`.  The states a block
+ * takes here (SLOT, CACHED, PARKED, PARKED_CARVED), their figures and who
+ * moves a block between them are block.h's. */
 #include "cache.h"
 #include "carve.h"
 

@@ -28,7 +28,8 @@
  * a thread's newest.  Other threads reach a slot's block when their request
  * misses the lists, and every flush, trim and stream's end reaches it.
  * With segments a slot may hold a carved block instead (cache_park_carved):
- * its owner's alone, in no tier, back to its segment when it leaves.
+ * its owner's alone, in no tier, back to its segment when it leaves.  A
+ * block's states here and elsewhere, and their figures: block.h.
  */
 #ifndef BRIDGE_CACHE_H
 #define BRIDGE_CACHE_H

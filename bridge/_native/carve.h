@@ -23,8 +23,8 @@
  * stream is carved again by the next request on that stream, after the
  * freed block's work in stream order; a block with streams recorded against
  * it returns to its chunk after the chunk's stream was made to wait for them
- * (alloc.c).  The free ranges are idle bytes like cached blocks: in the
- * budget's `reserved`, in no framework's bytes, in the figures' `cached`.
+ * (alloc.c).  The free ranges are idle bytes like cached blocks (CARVED_FREE;
+ * a block's states and their figures: block.h).
  *
  * One lock per device, a leaf: no driver call, no other lock under it.
  */

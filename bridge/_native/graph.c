@@ -28,10 +28,10 @@
  *              the core cannot name), and the core is never told where: so
  *              where a capture used the pool (`replayable`), every block of it
  *              is REC_UNORDERED: the user-freed ones now, the live ones at
- *              their free, are held (in `reserved`, shown in num_deferred)
- *              until a device-wide synchronization, which the recovery chain
- *              makes before a refusal and a trim (empty_cache) makes, then
- *              given back (ledger_hold, ledger_settle_held).  torch's own
+ *              their free, are HELD (block.h) until a device-wide
+ *              synchronization, which the recovery chain makes before a
+ *              refusal and a trim (empty_cache) makes, then given back
+ *              (ledger_hold, ledger_settle_held).  torch's own
  *              release does the same: a private pool's memory goes back only
  *              through empty_cache or the OOM retry, by cudaFree, which
  *              synchronizes the device.  No host wait at the release itself.
@@ -74,6 +74,8 @@
  *              captured graph owns tells the core (bridge_capture_bind_graph,
  *              graph_collect_dead); adapters/cupy.py falls back on CuPy's own
  *              hooks when the driver refuses one.
+ * A graph block's states (GRAPH_LIVE, GRAPH_FREED, then LIVE or HELD at the
+ * release), their figures and transitions: block.h.
  * Locking: every field here is under the device's capture_lock.  The records
  * table's shard locks are never taken while a shard lock is held by the
  * caller: the release sweep collects records first and releases them after.

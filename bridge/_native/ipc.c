@@ -16,7 +16,8 @@
  * while held is freed when the last hold drops, and a connection that
  * closes (the importer let go of everything, exited or was killed) drops
  * its holds.  The block stays in the owner's ledger the whole time (the
- * importer's imports are in no ledger), so the budget counts it once.
+ * importer's imports are in no ledger), so the budget counts it once
+ * (IPC_HELD, block.h).
  *
  * Importing (bridge_ipc_import): one connection and one imported pool per
  * exporter and device, kept for the process's life; a pointer imported from

@@ -5,9 +5,9 @@
  * (ledger.h), never by name.
  *
  * Accounting, per device (every figure is an atomic, lock-free to read):
- *   reserved   bytes counted against the budget: live allocations, graph
- *              blocks kept for replay, deferred frees, blocks kept by the
- *              cache (cache.c), and reservations of allocations in flight.
+ *   reserved   bytes counted against the budget: every block in a state but
+ *              POOL (block.h: live, parked, cached, carved, deferred, held,
+ *              graph blocks), and reservations of allocations in flight.
  *              A reservation is added BEFORE the driver is asked, and checked
  *              against the budget with the sum that includes every concurrent
  *              reservation, so two threads can both be refused at the edge
@@ -23,7 +23,8 @@
  * (streams.c says which handle that is from this thread), after every stream
  * recorded against it, and never while that stream is being captured (the
  * free would become a node of the user's graph): such frees are deferred
- * and issued as soon as the captures end.
+ * and issued as soon as the captures end (DEFERRED; a block's states and
+ * their figures: block.h).
  */
 #include "ledger.h"
 #include "cache.h"
@@ -651,7 +652,7 @@ void ledger_defer(device_state *d, const record *rec)
     pthread_mutex_unlock(&d->capture_lock);
 }
 
-/* ---- frees only a device-wide synchronization orders ----
+/* ---- frees only a device-wide synchronization orders (HELD, block.h) ----
  * A REC_UNORDERED block: a stream that used it is non-blocking and may be
  * destroyed by the time of the free (its handle then another stream's, or
  * a crash in the driver: never given to it), or it is a released graph

@@ -2,13 +2,9 @@
 /* park.h: the two words by which a thread's slot (cache.c) and the records
  * table (records.c) agree on a block whose record stays in the table while
  * the block waits in the slot, so that a block cycling through one thread's
- * allocation and free takes neither shard lock (alloc.c, "a block parked
- * with its record").
- *
- * The block is a plain one (cache_park: cached in the slot's tier) or, with
- * segments, a carved one (cache_park_carved: still carved out of its
- * segment, and back there, never in cache.c's lists, when it leaves the slot
- * other than to its owner's allocation).
+ * allocation and free takes neither shard lock.  The states they encode
+ * (PARKED, PARKED_CARVED, and MEMO, a sub-state of LIVE), their figures and
+ * their transitions are block.h's; these are the words.
  *
  * Each thread slot has one park_words; each record points to the words of
  * the slot of the thread that allocated it (NULL: none).

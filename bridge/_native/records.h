@@ -3,6 +3,7 @@
  *
  * Every pointer the core hands out has one record until it is freed; a free
  * of a pointer without a record is a double free or a foreign pointer.  The
+ * states in which a block has its record, and the flags: block.h.  The
  * table is split into shards, each an open-addressing hash table under its own
  * mutex, so threads freeing different pointers rarely meet.
  */
@@ -12,17 +13,9 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "block.h"
 #include "driver.h"
 #include "park.h"
-
-/* record flags */
-#define REC_GRAPH      1u /* owned by a captured graph until it is released */
-#define REC_USER_FREED 2u /* graph block the user has freed (memory kept) */
-#define REC_CARVED     4u /* carved from a chunk (carve.c): its free returns it there */
-#define REC_UNORDERED  8u /* a stream that used it may be gone at the free and is
-                             non-blocking, or a released graph pool's block (a replay
-                             may still use it on any stream): only a device-wide
-                             synchronization orders its free (ledger_hold) */
 
 typedef struct record {
     uintptr_t ptr;   /* key; 0 = empty slot, 1 = tombstone */
@@ -30,7 +23,7 @@ typedef struct record {
     CUstream stream; /* the allocating stream; frees are ordered on it */
     int32_t device;
     uint8_t tag;             /* enum bridge_tag */
-    uint8_t flags;           /* REC_* */
+    uint8_t flags;           /* REC_* (block.h) */
     uint16_t nrec;           /* streams recorded against the block (recs[]) */
     CUstream *recs;          /* malloc'd, nrec entries; NULL when nrec == 0 */
     uint64_t graph0, graph1; /* graph pool id when REC_GRAPH */
