@@ -43,10 +43,10 @@ Memory is each process's own; a configuration's figure is the largest. Configura
 - ``bridge-fixedlarge``: the large tier under its fixed cap alone (``FIXEDLARGE_ENV``), as
   before its cap followed the live bytes.
 - ``bridge-carve``: blocks carved from pool chunks (``CARVE_ENV``: ``BRIDGE_CACHE_CARVE=1``,
-  off by default; docs/design.md, "Carving blocks from pool chunks").
+  off by default; docs/design.md, Note [Segments]).
 - ``bridge-segments``: segments of the pool, every emptied one kept under one release rule
   (``SEGMENTS_ENV``: ``BRIDGE_CACHE_SEGMENTS=1``, the default, so ``bridge`` too unless the
-  shell turns it off; docs/design.md, "Segments of the pool").
+  shell turns it off; docs/design.md, Note [Segments]).
 - ``bridge-tiers``: the exact-size tiers alone (``TIERS_ENV``: ``BRIDGE_CACHE_SEGMENTS=0``),
   the cache by default before segments, for comparison.
 - ``bridge-pluggable``: torch through its ``CUDAPluggableAllocator`` over the same core

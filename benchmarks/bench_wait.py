@@ -14,7 +14,7 @@ round-by-round ratios of tight to unlimited and their median (the verdict), the 
 ratio; per run the waits and OOMs, steps per second by tenth of the run, the steps in which
 a wait began, the first ten steps' times, the calls and time of the recovery chain's Python
 part (``bridge.recovery.relieve``) and the explicit ``gc.collect()`` calls (a collection
-before each wait once cost a run 0.15-0.36 s: docs/design.md).
+before each wait once cost a run 0.15-0.36 s; see Note [Recovery chain] in docs/design.md).
 """
 
 from __future__ import annotations

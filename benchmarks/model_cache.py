@@ -23,8 +23,9 @@ H200's). The pool is a model: memory mapped in 32 MiB chunks (measured:
 ``scripts/pool_growth_probe.py``), never unmapped, small (<= 1 MiB) and larger requests in
 separate heaps; ``Heap`` (best fit over coalesced free ranges) reads low under churn,
 ``ChunkedHeap`` (no block of up to 32 MiB straddles a chunk) high, and the two bracket the
-H200's figures of the cached policies. The figures: docs/design.md, "A cache of carved
-small blocks: the model's figures".
+H200's figures of the cached policies. The figures: benchmarks/results/probes.md and
+benchmarks/results/trace.md; the model's own, as first written: ``git show
+b4c11eb:docs/design.md``, "A cache of carved small blocks: the model's figures".
 
 The policy ``segments`` is issue 62's design (``Segments``: torch's mechanism, segments
 with best fit, splitting and coalescing, over the driver's pool, one release rule);
@@ -135,7 +136,7 @@ class ChunkedHeap(Heap):
 
 #: the pool models: Heap (best fit over coalesced ranges; fits the H200's figures with no
 #: cache and with everything cached) and ChunkedHeap (a pessimistic one); the H200's figures
-#: of the cached policies lie between the two (docs/design.md)
+#: of the cached policies lie between the two (benchmarks/results/probes.md)
 POOLS = {"heap": Heap, "chunked": ChunkedHeap}
 
 
@@ -199,7 +200,7 @@ class Settings:
     large_fraction: float = 1 / 8
     depth: int = 64  # blocks a (stream, size) key (BRIDGE_CACHE_DEPTH)
     evict: bool = True  # False: a block that does not fit is declined (the first cache)
-    #: the thread slot in front of the lists (cache.c since the twenty-third session;
+    #: the thread slot in front of the lists (cache.c since 2026-12-03;
     #: BRIDGE_CACHE_THREAD_SLOT); False: the lists alone, as the earlier caches were
     slot: bool = True
     #: carved classes (a model only, not in cache.c): (largest request, chunk bytes, empty
@@ -247,7 +248,7 @@ POLICIES = {
     # the cache of 2026-11-30: one order, max(64 MiB, live / 16), 16 blocks a key
     "lru": Settings(small_max=DEVICE, depth=16, slot=False),
     # cache.c as built: two tiers, 64 blocks a key, the large tier's cap
-    # min(64 MiB, max(live / 8, the block cached)) (sixteenth session)
+    # min(64 MiB, max(live / 8, the block cached)) (since 2026-12-02)
     "tiers": Settings(),
     # the tiers before: the large tier's cap a fixed 64 MiB (what MEASURED's "tiers-fixed"
     # rows ran)
@@ -261,8 +262,8 @@ POLICIES = {
     # the fixed tiers with the large tier's cap also at most 1/16 of live, no floor (a model
     # only: a loop of one large size would miss)
     "tiers-live16": Settings(large_fraction=0, large_live_min=1 / 16),
-    # carved classes (docs/design.md, "A cache of carved small blocks: the model's
-    # figures"). carve-small: requests up to 1 MiB carved from 2 MiB chunks (every empty
+    # carved classes (git show b4c11eb:docs/design.md, "A cache of carved small blocks: the
+    # model's figures"). carve-small: requests up to 1 MiB carved from 2 MiB chunks (every empty
     # chunk kept), larger ones in today's large tier
     "carve-small": Settings(carve=((MIB, 2 * MIB, DEVICE),), large_fraction=0),
     # torch's layout: also 1-10 MiB carved from 20 MiB chunks, every empty chunk kept
@@ -272,13 +273,13 @@ POLICIES = {
     # empty one returned at once), larger ones in the large tier under min(64 MiB, live/16)
     "carve": Settings(carve=((MIB, 2 * MIB, DEVICE), (10 * MIB, 64 * MIB, 0)),
                       large_fraction=0, large_live_min=1 / 16),
-    # every size carved (twelfth session, docs/design.md "The model's frontier on four
-    # traces"): up to 1 MiB from 2 MiB chunks (kept), the rest from 64 MiB chunks (a larger
+    # every size carved (2026-12-02; git show b4c11eb:docs/design.md, "The model's frontier
+    # on four traces"): up to 1 MiB from 2 MiB chunks (kept), the rest from 64 MiB chunks (a larger
     # request: a chunk of its own), at most 64 MiB of empty chunks kept
     # carving as built in carve.c (BRIDGE_CACHE_CARVE=1): up to 1 MiB from 2 MiB chunks,
     # larger requests from chunks of 1/8 of the live bytes (a power of two, 32 to 256 MiB),
     # no empty chunk kept (the best of the carved policies on the H200's pool:
-    # probes/pool_sequence.py, docs/design.md)
+    # probes/pool_sequence.py, benchmarks/results/probes.md)
     "carve-live": Settings(limit=0, carve=((MIB, 2 * MIB, 0),
                                            (DEVICE, live_chunk(1 / 8, 32 * MIB, 256 * MIB), 0))),
     # carve-live with an emptied chunk returned lazily (Carver's ``lazy``): a loop of one

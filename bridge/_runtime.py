@@ -39,11 +39,12 @@ CACHE_SMALL_MAX_ENV = "BRIDGE_CACHE_SMALL_MAX"  # a size: the small tier's large
 CACHE_LARGE_CAP_ENV = "BRIDGE_CACHE_LARGE_CAP"  # a size: the large tier's cap
 CACHE_LARGE_FRACTION_ENV = "BRIDGE_CACHE_LARGE_FRACTION"  # a fraction or a percentage; 0: none
 # carving (off by default): the cache's requests carved from pool chunks, no empty chunk
-# kept (docs/design.md); 1 with BRIDGE_CACHE_SEGMENTS unset: carving instead of segments
+# kept (docs/design.md, Note [Segments]); 1 with BRIDGE_CACHE_SEGMENTS unset: carving
+# instead of segments
 CACHE_CARVE_ENV = "BRIDGE_CACHE_CARVE"  # 1 / on, 0 / off
 IPC_ENV = "BRIDGE_IPC"  # 1: unify() allocates from exportable pools (unify(ipc=True))
 # segments (the default): carving with every emptied segment kept under one release
-# rule (docs/design.md, "Segments of the pool"); set, it wins over BRIDGE_CACHE_CARVE;
+# rule (docs/design.md, Note [Segments]); set, it wins over BRIDGE_CACHE_CARVE;
 # 0: the exact-size tiers alone (BRIDGE_CACHE_LIMIT=0: no cache at all)
 CACHE_SEGMENTS_ENV = "BRIDGE_CACHE_SEGMENTS"  # 1 / on, 0 / off
 # each thread's newest freed block in a slot of its own, in front of the lists (default on)

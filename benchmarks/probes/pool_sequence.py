@@ -15,9 +15,8 @@ release threshold at its maximum as ``unify`` sets it, the pool trimmed to nothi
 each policy (``--fresh``: each policy in a process of its own). The pool's
 ``RESERVED_MEM_HIGH`` over the trace's peak of live bytes is then the policy's peak
 reserved / peak live on the GPU without building the policy in the core: on the H200 it
-gave the figures of ``bench_trace.py replay`` for every configuration built (docs/design.md,
-"What the pool itself holds for each policy"). No framework is imported; the driver
-through ``cuda.bindings``.
+gave the figures of ``bench_trace.py replay`` for every configuration built
+(benchmarks/results/probes.md). No framework is imported; the driver through ``cuda.bindings``.
 
 The policies: every ``model_cache.POLICIES`` entry (``tiers`` is the cache as built,
 ``carve-live`` carving as built), then variants of the carved classes (``variants``).

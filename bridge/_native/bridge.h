@@ -183,7 +183,7 @@ int bridge_set_cache_large_fraction(int device, double fraction);
  * cache's order (the hits and the cached bytes are the lists' alone would
  * give, on one thread).  Off: freed blocks go to the shared lists alone. */
 int bridge_set_cache_thread_slots(int device, int on);
-/* Carving (off by default; docs/design.md "Carving blocks from chunks"): the
+/* Carving (off by default; docs/design.md, Note [Segments]): the
  * requests the cache may serve are carved from pool chunks of their stream,
  * those of at most 1 MiB from 2 MiB chunks, larger ones from chunks of
  * `share` of the live bytes rounded up to a power of two within [min, max];
@@ -195,7 +195,7 @@ int bridge_set_cache_carve(int device, double share, uint64_t min, uint64_t max,
                            uint64_t small_keep);
 /* Segments (off in the core until set; the library's default: the Python side
  * turns them on for every device it sets up unless BRIDGE_CACHE_SEGMENTS=0;
- * docs/design.md "Segments of the pool"): carving with large chunks of 1/16 of the live bytes within
+ * docs/design.md, Note [Segments]): carving with large chunks of 1/16 of the live bytes within
  * 64-512 MiB, every emptied chunk kept, and one release rule: before a new
  * chunk is taken, while the chunks plus the new one exceed 1.05 x the
  * high-water mark of the carved bytes live, the empty chunk that emptied

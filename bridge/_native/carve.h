@@ -42,7 +42,7 @@
  * rounded up to this. */
 #define BRIDGE_CARVE_ROUND       (2ull << 20)
 /* Defaults of bridge_set_cache_carve (the best of the carved policies on the
- * four committed traces, measured on the H200's pool: docs/design.md). */
+ * four committed traces, measured on the H200's pool: benchmarks/results/probes.md). */
 #define BRIDGE_CARVE_SHARE_Q16   (65536u / 8)
 #define BRIDGE_CARVE_MIN         (32ull << 20)
 #define BRIDGE_CARVE_MAX         (256ull << 20)

@@ -129,7 +129,7 @@ def test_the_model_caches_as_cache_c_does(standin, setting):
         assert got == want, name
 
 
-# ---- the carved classes (a model only: docs/design.md, "A cache of carved small blocks") ----
+# ---- the carved classes (a model only) ----
 
 
 def test_a_carver_takes_a_chunk_and_carves_best_fit_in_512_byte_steps():
@@ -250,7 +250,7 @@ def test_the_floor_is_the_peak_of_live_bytes_in_whole_pool_chunks():
 def test_on_the_traces_the_candidate_holds_what_it_carves_and_the_pool_never_less(name):
     """The committed traces under the candidate: the model's own consistency (every
     allocation counted once, the carved chunks inside the pool's reserved bytes, a
-    chunk taken only on a miss), not its figures (docs/design.md gives those)."""
+    chunk taken only on a miss), not its figures (benchmarks/results/probes.md gives those)."""
     import gzip
     import json
 
@@ -287,7 +287,8 @@ def test_the_chunked_pool_never_lets_a_block_straddle_a_chunk():
 
 def test_the_pool_models_bracket_the_h200_where_the_cache_keeps_blocks():
     """Replaying the traces, Heap and ChunkedHeap hold the H200's measured reserved / live
-    between them for today's cached policies on GPT-2 and ResNet-50 (docs/design.md)."""
+    between them for today's cached policies on GPT-2 and ResNet-50
+    (benchmarks/results/probes.md)."""
     import gzip
     import json
 
