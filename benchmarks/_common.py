@@ -39,7 +39,7 @@ ALLHITS_ENV = {"BRIDGE_CACHE_LIMIT": "100%", "BRIDGE_CACHE_FLOOR": "100%",
 #: the cache as it was before the two tiers, for comparison.
 ONETIER_ENV = {"BRIDGE_CACHE_SMALL_MAX": "100%"}
 #: "bridge-fixedlarge": the large tier under its fixed 64 MiB cap alone, whatever is live
-#: (the cache before the sixteenth session), for comparison.
+#: (the cache before 2026-12-02), for comparison.
 FIXEDLARGE_ENV = {"BRIDGE_CACHE_LARGE_FRACTION": "0"}
 #: "bridge-carve": blocks carved from pool chunks (carve.c; off by default)
 CARVE_ENV = {"BRIDGE_CACHE_CARVE": "1"}

@@ -92,7 +92,7 @@ def holds(led):
 
 
 def test_a_free_is_issued_on_the_stream_rmm_frees_on(holds):
-    """Issue (H200, eleventh session): a DeviceBuffer freed on a non-blocking CuPy
+    """Issue (H200, 2026-12-02): a DeviceBuffer freed on a non-blocking CuPy
     stream while a kernel still read it was freed on the legacy stream, which does
     not wait for a non-blocking stream; a buffer of the same size made at once on
     another stream got the memory and overwrote what the kernel read. RMM keeps the

@@ -794,7 +794,7 @@ def test_a_waiting_allocation_asks_the_others_to_trim_once(workers, share_dir):
 
 
 def test_a_new_allocation_right_after_a_refusal_asks_again(workers, share_dir):
-    """Issue (H200, eleventh session: test_gpu_share's 6 GiB hold refused though the
+    """Issue (H200, 2026-12-02: test_gpu_share's 6 GiB hold refused though the
     others held only cached memory): a refused allocation asked the others to trim;
     they freed within the second after, and the next allocation did not ask (asked
     under a second ago, and their published live bytes were not yet lower), so it
