@@ -23,8 +23,8 @@ native = "bridge/_native"
 CORE = ("driver.c", "counts.c", "records.c", "cache.c", "carve.c", "streams.c", "ledger.c", "graph.c",
         "wait.c", "device.c", "alloc.c",
         "share.c", "pinned.c", "views.c", "managed.c", "ipc.c")
-BINDINGS = ("pymod.c", "pypinned.c", "dlpack.c", "pyviews.c", "pycallback.c", "pyshare.c",
-            "pyblock.c", "pymanaged.c")
+BINDINGS = ("pymod.c", "pybind.c", "pypinned.c", "dlpack.c", "pyviews.c", "pycallback.c",
+            "pyshare.c", "pyblock.c", "pymanaged.c")
 ADAPTERS = ("_torch_abi.cpp", "_cupy_alloc.c")
 core = Extension(
     "bridge._core",

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* pymod.c: the Python face of the core, module bridge._core.
  *
- * Thin wrappers that return status codes (bridge/_errors.py turns them into
- * exceptions).  Block, the C-level owner of one allocation, is pyblock.c;
+ * Functions that return status codes (bridge/_errors.py turns them into
+ * exceptions).  Those that only parse, call and return are rows of
+ * CORE_BINDINGS (one C body serves them all: pybind.h); the rest, written
+ * by hand, build results or hold state of their own.  Block, the
+ * C-level owner of one allocation, is pyblock.c;
  * the pinned pool's objects pypinned.c; what adapters add to the module
  * (their C beside them in adapters/) is listed by frameworks.h.
  */
@@ -16,6 +19,7 @@
 
 #include "bridge.h"
 #include "cache.h"
+#include "pybind.h"
 #include "pyblock.h"
 
 /* ---- the pressure hook: Python's recovery chain, reached from C ---- */
@@ -35,9 +39,9 @@ static pthread_cond_t relief_cv = PTHREAD_COND_INITIALIZER;
 static uint64_t relief_asked, relief_done; /* request generations (relief_mu) */
 static int relief_args[3];                 /* device, tag, stage of the request */
 static size_t relief_size;
-static int relief_freed;            /* result of generation relief_done */
-static int reliever_running;        /* a reliever waits for requests */
-static double relief_timeout = 5.0; /* seconds */
+static int relief_freed;               /* result of generation relief_done */
+static int reliever_running;           /* a reliever waits for requests */
+static double relief_timeout = 5.0;    /* seconds */
 static _Atomic unsigned relieved_tags; /* bit t: tag t's pressure goes to the reliever */
 
 static int run_callback(int device, size_t size, int tag, int stage)
@@ -110,12 +114,10 @@ static int pressure_trampoline(int device, size_t size, int tag, int stage)
     return freed;
 }
 
-static PyObject *py_relief_loop(PyObject *m, PyObject *a)
+static PyObject *py_relief_loop(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
 {
     /* The reliever's body: serve requests until stop_relief() (never returns
      * otherwise).  Run it in a daemon thread. */
-    (void)m;
-    (void)a;
     pthread_mutex_lock(&relief_mu);
     if (reliever_running) {
         pthread_mutex_unlock(&relief_mu);
@@ -151,10 +153,8 @@ static PyObject *py_relief_loop(PyObject *m, PyObject *a)
     Py_RETURN_TRUE;
 }
 
-static PyObject *py_stop_relief(PyObject *m, PyObject *a)
+static PyObject *py_stop_relief(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
 {
-    (void)m;
-    (void)a;
     pthread_mutex_lock(&relief_mu);
     reliever_running = 0;
     relief_done = relief_asked; /* nobody waits for a request nobody serves */
@@ -163,11 +163,17 @@ static PyObject *py_stop_relief(PyObject *m, PyObject *a)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_set_relief_timeout(PyObject *m, PyObject *arg)
+/* a float argument (METH_O): -1 with the error set */
+static int float_arg(PyObject *arg, double *t)
 {
-    (void)m;
-    double t = PyFloat_AsDouble(arg);
-    if (t == -1.0 && PyErr_Occurred())
+    *t = PyFloat_AsDouble(arg);
+    return *t == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *py_set_relief_timeout(PyObject *Py_UNUSED(m), PyObject *arg)
+{
+    double t;
+    if (float_arg(arg, &t) < 0)
         return NULL;
     if (!(t >= 0.0 && t <= 3600.0)) {
         PyErr_Format(PyExc_ValueError, "the relief timeout must be in [0, 3600] seconds, got %R",
@@ -180,9 +186,8 @@ static PyObject *py_set_relief_timeout(PyObject *m, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_set_pressure_callback(PyObject *m, PyObject *cb)
+static PyObject *py_set_pressure_callback(PyObject *Py_UNUSED(m), PyObject *cb)
 {
-    (void)m;
     if (cb == Py_None) {
         bridge_set_pressure_hook(NULL);
         Py_CLEAR(pressure_callback);
@@ -232,9 +237,8 @@ static int wait_interrupted(void)
     return hit;
 }
 
-static PyObject *py_set_main_thread(PyObject *m, PyObject *arg)
+static PyObject *py_set_main_thread(PyObject *Py_UNUSED(m), PyObject *arg)
 {
-    (void)m;
     unsigned long id = PyLong_AsUnsignedLong(arg);
     if (id == (unsigned long)-1 && PyErr_Occurred())
         return NULL;
@@ -244,25 +248,19 @@ static PyObject *py_set_main_thread(PyObject *m, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_set_wait(PyObject *m, PyObject *arg)
+static PyObject *py_set_wait(PyObject *Py_UNUSED(m), PyObject *arg)
 {
-    (void)m;
-    double t = PyFloat_AsDouble(arg);
-    if (t == -1.0 && PyErr_Occurred())
-        return NULL;
-    return PyLong_FromLong(bridge_set_wait(t));
+    double t;
+    return float_arg(arg, &t) < 0 ? NULL : PyLong_FromLong(bridge_set_wait(t));
 }
 
-static PyObject *py_get_wait(PyObject *m, PyObject *a)
+static PyObject *py_get_wait(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
 {
-    (void)m;
-    (void)a;
     return PyFloat_FromDouble(bridge_get_wait());
 }
 
-static PyObject *py_set_thread_wait(PyObject *m, PyObject *args)
+static PyObject *py_set_thread_wait(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
     int set, priority;
     double seconds;
     if (!PyArg_ParseTuple(args, "pdi", &set, &seconds, &priority))
@@ -270,29 +268,24 @@ static PyObject *py_set_thread_wait(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_thread_wait(set, seconds, priority));
 }
 
-static PyObject *py_thread_wait(PyObject *m, PyObject *a)
+static PyObject *py_thread_wait(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
 {
-    (void)m;
-    (void)a;
     int set, priority;
     double seconds;
     bridge_get_thread_wait(&set, &seconds, &priority);
     return Py_BuildValue("Ndi", PyBool_FromLong(set), seconds, priority);
 }
 
-static PyObject *py_last_wait(PyObject *m, PyObject *a)
+static PyObject *py_last_wait(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
 {
-    (void)m;
-    (void)a;
     double seconds;
     int outcome;
     bridge_last_wait(&seconds, &outcome);
     return Py_BuildValue("di", seconds, outcome);
 }
 
-static PyObject *py_wait_holders(PyObject *m, PyObject *args)
+static PyObject *py_wait_holders(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
     int dev, n = 0;
     if (!PyArg_ParseTuple(args, "i", &dev))
         return NULL;
@@ -316,47 +309,113 @@ static PyObject *py_wait_holders(PyObject *m, PyObject *args)
     return Py_BuildValue("iN", rc, list);
 }
 
+/* ---- the functions a row of a table makes (pybind.h) ---- */
+/* X(python name, kind, C function, format, flags, docstring, defaults) */
+#define CORE_BINDINGS(X)                                                                           \
+    X(init, s, bridge_init, "|z", BIND_NOGIL,                                                      \
+      "init(path=None) -> status: load the driver.", [0].s = NULL)                                 \
+    X(initialized, v, bridge_initialized, NULL, BIND_BOOL, "Whether the driver is loaded.",        \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(device_count, out_i, bridge_device_count, NULL, BIND_PLAIN, "-> (status, count)",            \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(driver_version, out_i, bridge_driver_version, NULL, BIND_PLAIN, "-> (status, version)",      \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(current_device, out_i, bridge_current_device, NULL, BIND_PLAIN,                              \
+      "-> (status, device of the current context)", BIND_NO_DEFAULTS)                              \
+    X(loaded_library, str, bridge_loaded_library, NULL, BIND_PLAIN, "The driver library in use.",  \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(load_error, str, bridge_load_error, NULL, BIND_PLAIN, "Why loading the driver failed.",      \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(setup, ik, bridge_device_setup, "iK", BIND_NOGIL,                                            \
+      "setup(device, release_threshold) -> status", BIND_NO_DEFAULTS)                              \
+    X(ready, i, bridge_device_ready, "i", BIND_BOOL, "ready(device) -> bool", BIND_NO_DEFAULTS)    \
+    X(reassert, i, bridge_reassert, "i", BIND_NOGIL, "reassert(device) -> status",                 \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(pool_attribute, ii_out_k, bridge_pool_attribute, "ii", BIND_PLAIN,                           \
+      "pool_attribute(device, attr) -> (status, value)", BIND_NO_DEFAULTS)                         \
+    X(trim, ik, bridge_trim, "i|K", BIND_NOGIL, "trim(device, keep=0) -> status", [1].k = 0)       \
+    X(grant_peer_access, i_out_i, bridge_grant_peer_access, "i", BIND_PLAIN,                       \
+      "-> (status, peers granted)", BIND_NO_DEFAULTS)                                              \
+    X(set_limit, ik, bridge_set_limit, "iK", BIND_PLAIN, "set_limit(device, bytes) -> status",     \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(ipc_enable, i, bridge_ipc_enable, "i", BIND_NOGIL,                                           \
+      "ipc_enable(device) -> status: allocate from a pool with POSIX fd export from now on",       \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(ipc_enabled, i, bridge_ipc_enabled, "i", BIND_BOOL, "ipc_enabled(device) -> bool",           \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(ipc_release, void_p, bridge_ipc_release, "K", BIND_NOGIL,                                    \
+      "ipc_release(ptr): let go of an import", BIND_NO_DEFAULTS)                                   \
+    X(ipc_error, str, bridge_ipc_error, NULL, BIND_PLAIN,                                          \
+      "why this thread's last ipc_* call failed", BIND_NO_DEFAULTS)                                \
+    X(set_cache, ikk, bridge_set_cache, "iK|K", BIND_NOGIL,                                        \
+      "set_cache(device, limit, max_block=256MiB) -> status: the hard cap of cached bytes "        \
+      "(0: no cache; emptied) and the largest cached block",                                       \
+      [2].k = 256ull << 20)                                                                        \
+    X(set_cache_fraction, idk, bridge_set_cache_fraction, "id|K", BIND_PLAIN,                      \
+      "set_cache_fraction(device, fraction, floor=64MiB) -> status: the cache's cap follows "      \
+      "the bytes the frameworks hold, cached <= min(limit, max(floor, live * fraction)); "         \
+      "past it the least recently cached blocks go back to the pool (default 1/16, 64 MiB); "      \
+      "blocks up to the small tier's largest (set_cache_tiers)",                                   \
+      [2].k = 64ull << 20)                                                                         \
+    X(set_cache_tiers, ikk, bridge_set_cache_tiers, "i|KK", BIND_PLAIN,                            \
+      "set_cache_tiers(device, small_max=1MiB, large_cap=64MiB) -> status: blocks above "          \
+      "small_max have their own least-recently-cached order under a fixed cap, "                   \
+      "cached_large <= min(limit, large_cap); each tier evicts only its own blocks",               \
+      [1].k = 1ull << 20, [2].k = 64ull << 20)                                                     \
+    X(set_cache_segments, ii, bridge_set_cache_segments, "i|p", BIND_PLAIN,                        \
+      "set_cache_segments(device, on=True) -> status: the cache's requests carved from pool "      \
+      "segments, every emptied one kept under the release rule (off: carving off)",                \
+      [1].i = 1)                                                                                   \
+    X(set_cache_thread_slots, ii, bridge_set_cache_thread_slots, "ip", BIND_PLAIN,                 \
+      "set_cache_thread_slots(device, on) -> status: each thread's newest freed block waits "      \
+      "in a slot of its own, taken back by that thread without a lock (default on)",               \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(set_cache_large_fraction, id, bridge_set_cache_large_fraction, "id", BIND_PLAIN,             \
+      "set_cache_large_fraction(device, fraction) -> status: the large tier's cap is also at "     \
+      "most this share of the bytes the frameworks hold, but never less than the block being "     \
+      "cached: cached_large <= min(limit, large_cap, max(live * fraction, block)) (default "       \
+      "1/8; 0: the fixed cap alone)",                                                              \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(register_stream, p, bridge_register_stream, "K", BIND_PLAIN,                                 \
+      "register_stream(handle) -> status: blocks freed on it may be cached", BIND_NO_DEFAULTS)     \
+    X(forget_stream, p, bridge_forget_stream, "K", BIND_PLAIN,                                     \
+      "forget_stream(handle) -> status: no longer cache blocks freed on it", BIND_NO_DEFAULTS)     \
+    X(bind_graph, ikp, bridge_capture_bind_graph, "iKK", BIND_NOGIL,                               \
+      "bind_graph(device, pool, stream) -> status: the captured graph's end releases the pool",    \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(set_tag_holds_streams, ii, bridge_set_tag_holds_streams, "ip", BIND_PLAIN,                   \
+      "set_tag_holds_streams(tag, holds) -> status: the tag keeps its streams alive until frees",  \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(forked, v, bridge_forked, NULL, BIND_BOOL,                                                   \
+      "Whether this is a fork child of a process that used CUDA.", BIND_NO_DEFAULTS)               \
+    X(set_tag_limit, iik, bridge_set_tag_limit, "iiK", BIND_PLAIN,                                 \
+      "set_tag_limit(device, tag, bytes) -> status", BIND_NO_DEFAULTS)                             \
+    X(set_tag_cached, ii, bridge_set_tag_cached, "ip", BIND_PLAIN,                                 \
+      "set_tag_cached(tag, cached) -> status: may the tag's freed blocks be cached",               \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(free, void_p, bridge_free, "K", BIND_NOGIL, "free(ptr): never raises", BIND_NO_DEFAULTS)     \
+    X(free_cached, p, bridge_free_cached, "K", BIND_PLAIN,                                         \
+      "free_cached(ptr) -> status: into the cache only (MISS: call free)", BIND_NO_DEFAULTS)       \
+    X(record_stream, pp, bridge_record_stream, "KK", BIND_PLAIN,                                   \
+      "record_stream(ptr, stream) -> status", BIND_NO_DEFAULTS)                                    \
+    X(reset_peak, ii, bridge_reset_peak, "i|i", BIND_PLAIN,                                        \
+      "reset_peak(device, tag=-1) -> status", [1].i = -1)                                          \
+    X(reset_accumulated, ii, bridge_reset_accumulated, "i|i", BIND_PLAIN,                          \
+      "reset_accumulated(device, tag=-1) -> status", [1].i = -1)                                   \
+    X(others, i_out_k, bridge_others, "i", BIND_PLAIN, "others(device) -> (status, bytes)",        \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(live_records, u64, bridge_live_records, NULL, BIND_PLAIN, "Live allocations, every device.", \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(parked_records, u64, bridge_parked_records, NULL, BIND_PLAIN,                                \
+      "Freed blocks parked in their thread's slot with their record kept (diagnostics).",          \
+      BIND_NO_DEFAULTS)
+
+CORE_BINDINGS(BRIDGE_BIND_FUNCTION)
+static PyMethodDef core_bindings[] = {BRIDGE_BIND_METHODS(CORE_BINDINGS)};
+
 /* ---- module functions ---- */
-static PyObject *py_init(PyObject *m, PyObject *args)
+static PyObject *py_device_info(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
-    const char *path = NULL;
-    if (!PyArg_ParseTuple(args, "|z", &path))
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_init(path);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
-}
-
-static PyObject *py_initialized(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    return PyBool_FromLong(bridge_initialized());
-}
-
-/* f(int *out) -> (status, out) */
-#define INT_OUT(pyname, fn)                           \
-    static PyObject *pyname(PyObject *m, PyObject *a) \
-    {                                                 \
-        (void)m;                                      \
-        (void)a;                                      \
-        int out = 0;                                  \
-        int rc = fn(&out);                            \
-        return Py_BuildValue("ii", rc, out);          \
-    }
-
-INT_OUT(py_device_count, bridge_device_count)
-
-INT_OUT(py_driver_version, bridge_driver_version)
-
-INT_OUT(py_current_device, bridge_current_device)
-
-static PyObject *py_device_info(PyObject *m, PyObject *args)
-{
-    (void)m;
     int dev;
     if (!PyArg_ParseTuple(args, "i", &dev))
         return NULL;
@@ -371,256 +430,54 @@ static PyObject *py_device_info(PyObject *m, PyObject *args)
                          (unsigned long long)total);
 }
 
-static PyObject *py_last_driver_error(PyObject *m, PyObject *a)
+static PyObject *py_last_driver_error(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
 {
-    (void)m;
-    (void)a;
     int code = bridge_last_driver_error();
     return Py_BuildValue("is", code, code ? bridge_driver_error_name(code) : "CUDA_SUCCESS");
 }
 
-static PyObject *py_loaded_library(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    return PyUnicode_FromString(bridge_loaded_library());
-}
-
-static PyObject *py_load_error(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    return PyUnicode_FromString(bridge_load_error());
-}
-
-static PyObject *py_setup(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev;
-    unsigned long long threshold;
-    if (!PyArg_ParseTuple(args, "iK", &dev, &threshold))
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_device_setup(dev, threshold);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
-}
-
-static PyObject *py_ready(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev;
-    if (!PyArg_ParseTuple(args, "i", &dev))
-        return NULL;
-    return PyBool_FromLong(bridge_device_ready(dev));
-}
-
-/* f(int) -> status, GIL released */
-#define DEV_CALL(pyname, expr)                           \
-    static PyObject *pyname(PyObject *m, PyObject *args) \
-    {                                                    \
-        (void)m;                                         \
-        int dev;                                         \
-        if (!PyArg_ParseTuple(args, "i", &dev))          \
-            return NULL;                                 \
-        int rc;                                          \
-        Py_BEGIN_ALLOW_THREADS                           \
-        rc = (expr);                                     \
-        Py_END_ALLOW_THREADS                             \
-        return PyLong_FromLong(rc);                      \
-    }
-
-DEV_CALL(py_reassert, bridge_reassert(dev))
-
-static PyObject *py_pool_attribute(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev, attr;
-    if (!PyArg_ParseTuple(args, "ii", &dev, &attr))
-        return NULL;
-    uint64_t v = 0;
-    int rc = bridge_pool_attribute(dev, attr, &v);
-    return Py_BuildValue("iK", rc, (unsigned long long)v);
-}
-
-static PyObject *py_trim(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev;
-    unsigned long long keep = 0;
-    if (!PyArg_ParseTuple(args, "i|K", &dev, &keep))
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_trim(dev, keep);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
-}
-
-static PyObject *py_grant_peer_access(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev, n = 0;
-    if (!PyArg_ParseTuple(args, "i", &dev))
-        return NULL;
-    int rc = bridge_grant_peer_access(dev, &n);
-    return Py_BuildValue("ii", rc, n);
-}
-
 /* ---- blocks shared with other processes (ipc.c) ---- */
-static PyObject *py_ipc_enable(PyObject *m, PyObject *args)
+static PyObject *py_ipc_export(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
-    int dev;
-    if (!PyArg_ParseTuple(args, "i", &dev))
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS rc = bridge_ipc_enable(dev);
-    Py_END_ALLOW_THREADS return PyLong_FromLong(rc);
-}
-
-static PyObject *py_ipc_enabled(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev;
-    if (!PyArg_ParseTuple(args, "i", &dev))
-        return NULL;
-    return PyBool_FromLong(bridge_ipc_enabled(dev));
-}
-
-static PyObject *py_ipc_export(PyObject *m, PyObject *args)
-{
-    (void)m;
     unsigned long long ptr;
     if (!PyArg_ParseTuple(args, "K", &ptr))
         return NULL;
     unsigned char h[BRIDGE_IPC_HANDLE_SIZE];
     uint64_t offset = 0;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = bridge_ipc_export((void *)(uintptr_t)ptr, h, &offset);
-    Py_END_ALLOW_THREADS if (rc != BRIDGE_OK) return Py_BuildValue("iOK", rc, Py_None, 0ull);
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_ipc_export((void *)(uintptr_t)ptr, h, &offset);
+    Py_END_ALLOW_THREADS
+    if (rc != BRIDGE_OK)
+        return Py_BuildValue("iOK", rc, Py_None, 0ull);
     return Py_BuildValue("iy#K", rc, (const char *)h, (Py_ssize_t)sizeof h,
                          (unsigned long long)offset);
 }
 
-static PyObject *py_ipc_import(PyObject *m, PyObject *args)
+static PyObject *py_ipc_import(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
     Py_buffer h;
     int dev;
     if (!PyArg_ParseTuple(args, "y*i", &h, &dev))
         return NULL;
     void *out = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc =
-        bridge_ipc_import((const unsigned char *)h.buf, (size_t)h.len, dev, &out);
-    Py_END_ALLOW_THREADS PyBuffer_Release(&h);
+    Py_BEGIN_ALLOW_THREADS
+    rc = bridge_ipc_import((const unsigned char *)h.buf, (size_t)h.len, dev, &out);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&h);
     return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)out);
 }
 
-static PyObject *py_ipc_release(PyObject *m, PyObject *args)
+static PyObject *py_ipc_counts(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(noargs))
 {
-    (void)m;
-    unsigned long long ptr;
-    if (!PyArg_ParseTuple(args, "K", &ptr))
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS bridge_ipc_release((void *)(uintptr_t)ptr);
-    Py_END_ALLOW_THREADS Py_RETURN_NONE;
-}
-
-static PyObject *py_ipc_error(PyObject *m, PyObject *noargs)
-{
-    (void)m;
-    (void)noargs;
-    return PyUnicode_FromString(bridge_ipc_error());
-}
-
-static PyObject *py_ipc_counts(PyObject *m, PyObject *noargs)
-{
-    (void)m;
-    (void)noargs;
     return Py_BuildValue("KKK", (unsigned long long)bridge_ipc_holds(),
                          (unsigned long long)bridge_ipc_imported(),
                          (unsigned long long)bridge_ipc_refused());
 }
 
-static PyObject *py_set_limit(PyObject *m, PyObject *args)
+static PyObject *py_set_cache_carve(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
-    int dev;
-    unsigned long long limit;
-    if (!PyArg_ParseTuple(args, "iK", &dev, &limit))
-        return NULL;
-    return PyLong_FromLong(bridge_set_limit(dev, limit));
-}
-
-static PyObject *py_set_cache(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev;
-    unsigned long long limit, max_block = 256ull << 20;
-    if (!PyArg_ParseTuple(args, "iK|K", &dev, &limit, &max_block))
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_set_cache(dev, limit, max_block);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
-}
-
-static PyObject *py_set_cache_fraction(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev;
-    double fraction;
-    unsigned long long floor = 64ull << 20;
-    if (!PyArg_ParseTuple(args, "id|K", &dev, &fraction, &floor))
-        return NULL;
-    return PyLong_FromLong(bridge_set_cache_fraction(dev, fraction, floor));
-}
-
-static PyObject *py_set_cache_tiers(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev;
-    unsigned long long small_max = 1ull << 20, large_cap = 64ull << 20;
-    if (!PyArg_ParseTuple(args, "i|KK", &dev, &small_max, &large_cap))
-        return NULL;
-    return PyLong_FromLong(bridge_set_cache_tiers(dev, small_max, large_cap));
-}
-
-static PyObject *py_set_cache_large_fraction(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev;
-    double fraction;
-    if (!PyArg_ParseTuple(args, "id", &dev, &fraction))
-        return NULL;
-    return PyLong_FromLong(bridge_set_cache_large_fraction(dev, fraction));
-}
-
-static PyObject *py_set_cache_thread_slots(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev, on;
-    if (!PyArg_ParseTuple(args, "ip", &dev, &on))
-        return NULL;
-    return PyLong_FromLong(bridge_set_cache_thread_slots(dev, on));
-}
-
-static PyObject *py_set_cache_segments(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev, on = 1;
-    if (!PyArg_ParseTuple(args, "i|p", &dev, &on))
-        return NULL;
-    return PyLong_FromLong(bridge_set_cache_segments(dev, on));
-}
-
-static PyObject *py_set_cache_carve(PyObject *m, PyObject *args)
-{
-    (void)m;
     int dev;
     double share = 1.0 / 8;
     unsigned long long lo = 32ull << 20, hi = 256ull << 20, keep = 0, small_keep = 0;
@@ -629,44 +486,20 @@ static PyObject *py_set_cache_carve(PyObject *m, PyObject *args)
     return PyLong_FromLong(bridge_set_cache_carve(dev, share, lo, hi, keep, small_keep));
 }
 
-static PyObject *py_register_stream(PyObject *m, PyObject *args)
-{
-    (void)m;
-    unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "K", &stream))
-        return NULL;
-    return PyLong_FromLong(bridge_register_stream((void *)(uintptr_t)stream));
-}
-
-static PyObject *py_forget_stream(PyObject *m, PyObject *args)
-{
-    (void)m;
-    unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "K", &stream))
-        return NULL;
-    return PyLong_FromLong(bridge_forget_stream((void *)(uintptr_t)stream));
-}
-
-static PyObject *py_capture(PyObject *m, PyObject *args)
+static PyObject *py_capture(PyObject *Py_UNUSED(m), PyObject *args)
 {
     /* capture(begin, device) -> status: a capture the bridge must know of */
-    (void)m;
     int begin, dev;
     if (!PyArg_ParseTuple(args, "pi", &begin, &dev))
         return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = begin ? bridge_capture_begin(dev) : bridge_capture_end(dev);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
+    BRIDGE_RETURN_STATUS_NOGIL(begin ? bridge_capture_begin(dev) : bridge_capture_end(dev));
 }
 
-static PyObject *py_capture_stream(PyObject *m, PyObject *args)
+static PyObject *py_capture_stream(PyObject *Py_UNUSED(m), PyObject *args)
 {
     /* capture_stream(begin, device, stream_or_pool) -> (status, pool): a CuPy
      * capture with a graph pool of its own (begin: the stream's handle, end:
      * the pool begin gave) */
-    (void)m;
     int begin, dev;
     unsigned long long arg;
     if (!PyArg_ParseTuple(args, "piK", &begin, &dev, &arg))
@@ -680,28 +513,10 @@ static PyObject *py_capture_stream(PyObject *m, PyObject *args)
     return Py_BuildValue("iK", rc, (unsigned long long)pool);
 }
 
-static PyObject *py_bind_graph(PyObject *m, PyObject *args)
-{
-    /* bind_graph(device, pool, stream) -> status: the graph the stream
-     * captures into owns the release of the CuPy pool (a user object) */
-    (void)m;
-    int dev;
-    unsigned long long pool, stream;
-    if (!PyArg_ParseTuple(args, "iKK", &dev, &pool, &stream))
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_capture_bind_graph(dev, pool, (void *)(uintptr_t)stream);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
-}
-
-static PyObject *py_graph_collect(PyObject *m, PyObject *a)
+static PyObject *py_graph_collect(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
 {
     /* graph_collect() -> [(device, pool)]: dead graphs' pools released now,
      * and every pool released by a collect since the last call */
-    (void)m;
-    (void)a;
     PyObject *out = PyList_New(0);
     if (!out)
         return NULL;
@@ -726,18 +541,8 @@ static PyObject *py_graph_collect(PyObject *m, PyObject *a)
     return out;
 }
 
-static PyObject *py_set_tag_holds_streams(PyObject *m, PyObject *args)
+static PyObject *py_set_tag_relieved(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
-    int tag, holds;
-    if (!PyArg_ParseTuple(args, "ip", &tag, &holds))
-        return NULL;
-    return PyLong_FromLong(bridge_set_tag_holds_streams(tag, holds));
-}
-
-static PyObject *py_set_tag_relieved(PyObject *m, PyObject *args)
-{
-    (void)m;
     int tag, relieved;
     if (!PyArg_ParseTuple(args, "ip", &tag, &relieved))
         return NULL;
@@ -750,141 +555,99 @@ static PyObject *py_set_tag_relieved(PyObject *m, PyObject *args)
     return PyLong_FromLong(BRIDGE_OK);
 }
 
-static PyObject *py_forked(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    return PyBool_FromLong(bridge_forked());
-}
-
-static PyObject *py_set_tag_limit(PyObject *m, PyObject *args)
-{
-    (void)m;
+/* alloc, alloc_cached, alloc_block: (device, size, stream, tag[, stream object]) */
+typedef struct {
     int dev, tag;
-    unsigned long long limit;
-    if (!PyArg_ParseTuple(args, "iiK", &dev, &tag, &limit))
-        return NULL;
-    return PyLong_FromLong(bridge_set_tag_limit(dev, tag, limit));
+    size_t size;
+    void *stream;
+} alloc_args;
+
+static int size_arg(Py_ssize_t n, size_t *size)
+{
+    if (n < 0) {
+        PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", n);
+        return -1;
+    }
+    *size = (size_t)n;
+    return 0;
 }
 
-static PyObject *py_set_tag_cached(PyObject *m, PyObject *args)
+/* stream_obj NULL: no fifth argument */
+static int parse_alloc(PyObject *args, alloc_args *a, PyObject **stream_obj)
 {
-    (void)m;
-    int tag, cached;
-    if (!PyArg_ParseTuple(args, "ip", &tag, &cached))
-        return NULL;
-    return PyLong_FromLong(bridge_set_tag_cached(tag, cached));
-}
-
-static PyObject *py_alloc(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev, tag;
     Py_ssize_t size;
     unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "inKi", &dev, &size, &stream, &tag))
-        return NULL;
-    if (size < 0) {
-        PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
-        return NULL;
-    }
-    void *p = NULL;
+    if (!PyArg_ParseTuple(args, stream_obj ? "inKi|O" : "inKi", &a->dev, &size, &stream, &a->tag,
+                          stream_obj))
+        return -1;
+    a->stream = (void *)(uintptr_t)stream;
+    return size_arg(size, &a->size);
+}
+
+/* bridge_alloc without the GIL: its status, or -1 with KeyboardInterrupt set
+ * when its wait gave up for Ctrl-C */
+static int alloc_nogil(const alloc_args *a, void **p)
+{
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = bridge_alloc(dev, (size_t)size, (void *)(uintptr_t)stream, tag, &p);
+    rc = bridge_alloc(a->dev, a->size, a->stream, a->tag, p);
     Py_END_ALLOW_THREADS
     if (rc != BRIDGE_OK && raise_if_interrupted() < 0)
-        return NULL;
+        return -1;
+    return rc;
+}
+
+static PyObject *status_and_ptr(int rc, void *p)
+{
     return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
 }
 
-static PyObject *py_alloc_cached(PyObject *m, PyObject *args)
+static PyObject *py_alloc(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
-    int dev, tag;
-    Py_ssize_t size;
-    unsigned long long stream;
-    if (!PyArg_ParseTuple(args, "inKi", &dev, &size, &stream, &tag))
-        return NULL;
-    if (size < 0) {
-        PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
-        return NULL;
-    }
+    alloc_args a;
     void *p = NULL;
+    if (parse_alloc(args, &a, NULL) < 0)
+        return NULL;
+    int rc = alloc_nogil(&a, &p);
+    return rc < 0 ? NULL : status_and_ptr(rc, p);
+}
+
+static PyObject *py_alloc_cached(PyObject *Py_UNUSED(m), PyObject *args)
+{
+    alloc_args a;
+    void *p = NULL;
+    if (parse_alloc(args, &a, NULL) < 0)
+        return NULL;
     /* with the GIL held: the cache only, nothing that waits */
-    int rc = bridge_alloc_cached(dev, (size_t)size, (void *)(uintptr_t)stream, tag, &p);
-    return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
+    int rc = bridge_alloc_cached(a.dev, a.size, a.stream, a.tag, &p);
+    return status_and_ptr(rc, p);
 }
 
-static PyObject *py_alloc_block(PyObject *m, PyObject *args)
+static PyObject *py_alloc_block(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
-    int dev, tag;
-    Py_ssize_t size;
-    unsigned long long stream;
-    PyObject *stream_obj = Py_None;
-    if (!PyArg_ParseTuple(args, "inKi|O", &dev, &size, &stream, &tag, &stream_obj))
-        return NULL;
-    if (size < 0) {
-        PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
-        return NULL;
-    }
+    alloc_args a;
     void *p = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_alloc(dev, (size_t)size, (void *)(uintptr_t)stream, tag, &p);
-    Py_END_ALLOW_THREADS
-    if (rc != BRIDGE_OK && raise_if_interrupted() < 0)
+    PyObject *stream_obj = Py_None;
+    if (parse_alloc(args, &a, &stream_obj) < 0)
+        return NULL;
+    int rc = alloc_nogil(&a, &p);
+    if (rc < 0)
         return NULL;
     if (rc != BRIDGE_OK)
         return Py_BuildValue("iO", rc, Py_None);
-    PyObject *b = block_new(p, (size_t)size, dev, stream_obj == Py_None ? NULL : stream_obj);
+    PyObject *b = block_new(p, a.size, a.dev, stream_obj == Py_None ? NULL : stream_obj);
     if (!b)
         return NULL;
     return Py_BuildValue("iN", rc, b);
 }
 
-static PyObject *py_free(PyObject *m, PyObject *args)
+static PyObject *py_block_gil_releases(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
 {
-    (void)m;
-    unsigned long long ptr;
-    if (!PyArg_ParseTuple(args, "K", &ptr))
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    bridge_free((void *)(uintptr_t)ptr);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_free_cached(PyObject *m, PyObject *args)
-{
-    (void)m;
-    unsigned long long ptr;
-    if (!PyArg_ParseTuple(args, "K", &ptr))
-        return NULL;
-    /* with the GIL held: into the cache only, nothing that waits */
-    return PyLong_FromLong(bridge_free_cached((void *)(uintptr_t)ptr));
-}
-
-static PyObject *py_block_gil_releases(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
     return PyLong_FromUnsignedLongLong(block_gil_releases);
 }
 
-static PyObject *py_record_stream(PyObject *m, PyObject *args)
+static PyObject *py_lookup(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
-    unsigned long long ptr, stream;
-    if (!PyArg_ParseTuple(args, "KK", &ptr, &stream))
-        return NULL;
-    return PyLong_FromLong(bridge_record_stream((void *)(uintptr_t)ptr, (void *)(uintptr_t)stream));
-}
-
-static PyObject *py_lookup(PyObject *m, PyObject *args)
-{
-    (void)m;
     unsigned long long ptr;
     if (!PyArg_ParseTuple(args, "K", &ptr))
         return NULL;
@@ -914,9 +677,8 @@ static int put_float(PyObject *d, const char *key, double v)
     return put_new(d, key, PyFloat_FromDouble(v));
 }
 
-static PyObject *py_stats(PyObject *m, PyObject *args)
+static PyObject *py_stats(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
     int dev;
     if (!PyArg_ParseTuple(args, "i", &dev))
         return NULL;
@@ -979,12 +741,11 @@ static PyObject *py_stats(PyObject *m, PyObject *args)
             goto fail;
         for (int i = 0; i < BRIDGE_NTAGS; i++) {
             bridge_tag_stats *t = &s.tag[i];
-            PyObject *td =
-                Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsK}", "current", t->current, "peak", t->peak,
-                              "allocated", t->allocated, "freed", t->freed, "num_allocs",
-                              t->num_allocs, "num_frees", t->num_frees, "num_ooms", t->num_ooms,
-                              "limit", t->limit, "count", t->count, "count_peak", t->count_peak,
-                              "reserved_peak", t->reserved_peak);
+            PyObject *td = Py_BuildValue(
+                "{sKsKsKsKsKsKsKsKsKsKsK}", "current", t->current, "peak", t->peak, "allocated",
+                t->allocated, "freed", t->freed, "num_allocs", t->num_allocs, "num_frees",
+                t->num_frees, "num_ooms", t->num_ooms, "limit", t->limit, "count", t->count,
+                "count_peak", t->count_peak, "reserved_peak", t->reserved_peak);
             if (!td) {
                 Py_DECREF(tags);
                 goto fail;
@@ -1003,204 +764,81 @@ fail:
     return NULL;
 }
 
-static PyObject *py_reset_peak(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev, tag = -1;
-    if (!PyArg_ParseTuple(args, "i|i", &dev, &tag))
-        return NULL;
-    return PyLong_FromLong(bridge_reset_peak(dev, tag));
-}
-
-static PyObject *py_reset_accumulated(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev, tag = -1;
-    if (!PyArg_ParseTuple(args, "i|i", &dev, &tag))
-        return NULL;
-    return PyLong_FromLong(bridge_reset_accumulated(dev, tag));
-}
-
-static PyObject *py_others(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev;
-    if (!PyArg_ParseTuple(args, "i", &dev))
-        return NULL;
-    uint64_t v = 0;
-    int rc = bridge_others(dev, &v);
-    return Py_BuildValue("iK", rc, (unsigned long long)v);
-}
-
-static PyObject *py_live_records(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    return PyLong_FromUnsignedLongLong(bridge_live_records());
-}
-
-static PyObject *py_parked_records(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    return PyLong_FromUnsignedLongLong(bridge_parked_records());
-}
-
-static PyObject *py_graph(PyObject *m, PyObject *args)
+static PyObject *py_graph(PyObject *Py_UNUSED(m), PyObject *args)
 {
     /* graph(op, device, id0, id1): op 0 begin, 1 end, 2 release (tests) */
-    (void)m;
     int op, dev;
     unsigned long long a, b;
     if (!PyArg_ParseTuple(args, "iiKK", &op, &dev, &a, &b))
         return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = op == 0   ? bridge_graph_begin(dev, a, b)
-         : op == 1 ? bridge_graph_end(dev, a, b)
-                   : bridge_graph_release(dev, a, b);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
+    BRIDGE_RETURN_STATUS_NOGIL(op == 0   ? bridge_graph_begin(dev, a, b)
+                               : op == 1 ? bridge_graph_end(dev, a, b)
+                                         : bridge_graph_release(dev, a, b));
 }
 
-static PyObject *py_graph_begin_on(PyObject *m, PyObject *args)
+static PyObject *py_graph_begin_on(PyObject *Py_UNUSED(m), PyObject *args)
 {
     /* graph_begin_on(device, id0, id1, stream, capture) (tests) */
-    (void)m;
     int dev, capture;
     unsigned long long a, b, stream;
     if (!PyArg_ParseTuple(args, "iKKKp", &dev, &a, &b, &stream, &capture))
         return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_graph_begin_on(dev, a, b, (void *)(uintptr_t)stream, capture);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
+    BRIDGE_RETURN_STATUS_NOGIL(
+        bridge_graph_begin_on(dev, a, b, (void *)(uintptr_t)stream, capture));
 }
 
-static PyObject *py_alloc_graph(PyObject *m, PyObject *args)
+static PyObject *py_alloc_graph(PyObject *Py_UNUSED(m), PyObject *args)
 {
-    (void)m;
     int dev, tag;
-    Py_ssize_t size;
+    Py_ssize_t n;
+    size_t size;
     unsigned long long a, b, stream = 0;
-    if (!PyArg_ParseTuple(args, "iniKK|K", &dev, &size, &tag, &a, &b, &stream))
+    if (!PyArg_ParseTuple(args, "iniKK|K", &dev, &n, &tag, &a, &b, &stream) ||
+        size_arg(n, &size) < 0)
         return NULL;
-    if (size < 0) {
-        PyErr_Format(PyExc_ValueError, "size must be >= 0, got %zd", size);
-        return NULL;
-    }
     void *p = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = bridge_alloc_graph(dev, (size_t)size, tag, a, b, (void *)(uintptr_t)stream, &p);
+    rc = bridge_alloc_graph(dev, size, tag, a, b, (void *)(uintptr_t)stream, &p);
     Py_END_ALLOW_THREADS
-    return Py_BuildValue("iK", rc, (unsigned long long)(uintptr_t)p);
+    return status_and_ptr(rc, p);
 }
 
 static PyMethodDef methods[] = {
-    {"init", py_init, METH_VARARGS, "init(path=None) -> status: load the driver."},
-    {"initialized", py_initialized, METH_NOARGS, "Whether the driver is loaded."},
-    {"device_count", py_device_count, METH_NOARGS, "-> (status, count)"},
-    {"driver_version", py_driver_version, METH_NOARGS, "-> (status, version)"},
     {"device_info", py_device_info, METH_VARARGS,
      "device_info(device) -> (status, name, cc_major, cc_minor, total_bytes)"},
-    {"current_device", py_current_device, METH_NOARGS,
-     "-> (status, device of the current context)"},
     {"last_driver_error", py_last_driver_error, METH_NOARGS, "-> (code, name)"},
-    {"loaded_library", py_loaded_library, METH_NOARGS, "The driver library in use."},
-    {"load_error", py_load_error, METH_NOARGS, "Why loading the driver failed."},
-    {"setup", py_setup, METH_VARARGS, "setup(device, release_threshold) -> status"},
-    {"ready", py_ready, METH_VARARGS, "ready(device) -> bool"},
-    {"reassert", py_reassert, METH_VARARGS, "reassert(device) -> status"},
-    {"pool_attribute", py_pool_attribute, METH_VARARGS,
-     "pool_attribute(device, attr) -> (status, value)"},
-    {"trim", py_trim, METH_VARARGS, "trim(device, keep=0) -> status"},
-    {"grant_peer_access", py_grant_peer_access, METH_VARARGS, "-> (status, peers granted)"},
-    {"set_limit", py_set_limit, METH_VARARGS, "set_limit(device, bytes) -> status"},
-    {"ipc_enable", py_ipc_enable, METH_VARARGS,
-     "ipc_enable(device) -> status: allocate from a pool with POSIX fd export from now on"},
-    {"ipc_enabled", py_ipc_enabled, METH_VARARGS, "ipc_enabled(device) -> bool"},
     {"ipc_export", py_ipc_export, METH_VARARGS,
      "ipc_export(ptr) -> (status, handle bytes or None, offset)"},
     {"ipc_import", py_ipc_import, METH_VARARGS, "ipc_import(handle, device) -> (status, ptr)"},
-    {"ipc_release", py_ipc_release, METH_VARARGS, "ipc_release(ptr): let go of an import"},
-    {"ipc_error", py_ipc_error, METH_NOARGS, "why this thread's last ipc_* call failed"},
     {"ipc_counts", py_ipc_counts, METH_NOARGS,
      "ipc_counts() -> (holds others have here, imports held, connections refused)"},
-    {"set_cache", py_set_cache, METH_VARARGS,
-     "set_cache(device, limit, max_block=256MiB) -> status: the hard cap of cached bytes "
-     "(0: no cache; emptied) and the largest cached block"},
-    {"set_cache_fraction", py_set_cache_fraction, METH_VARARGS,
-     "set_cache_fraction(device, fraction, floor=64MiB) -> status: the cache's cap follows "
-     "the bytes the frameworks hold, cached <= min(limit, max(floor, live * fraction)); "
-     "past it the least recently cached blocks go back to the pool (default 1/16, 64 MiB); "
-     "blocks up to the small tier's largest (set_cache_tiers)"},
-    {"set_cache_tiers", py_set_cache_tiers, METH_VARARGS,
-     "set_cache_tiers(device, small_max=1MiB, large_cap=64MiB) -> status: blocks above "
-     "small_max have their own least-recently-cached order under a fixed cap, "
-     "cached_large <= min(limit, large_cap); each tier evicts only its own blocks"},
-    {"set_cache_segments", py_set_cache_segments, METH_VARARGS,
-     "set_cache_segments(device, on=True) -> status: the cache's requests carved from pool "
-     "segments, every emptied one kept under the release rule (off: carving off)"},
     {"set_cache_carve", py_set_cache_carve, METH_VARARGS,
      "set_cache_carve(device, share=1/8, min=32 MiB, max=256 MiB, keep=0, small_keep=0) -> "
      "status: carve the cache's requests from pool chunks (max 0: off)"},
-    {"set_cache_thread_slots", py_set_cache_thread_slots, METH_VARARGS,
-     "set_cache_thread_slots(device, on) -> status: each thread's newest freed block waits "
-     "in a slot of its own, taken back by that thread without a lock (default on)"},
-    {"set_cache_large_fraction", py_set_cache_large_fraction, METH_VARARGS,
-     "set_cache_large_fraction(device, fraction) -> status: the large tier's cap is also at "
-     "most this share of the bytes the frameworks hold, but never less than the block being "
-     "cached: cached_large <= min(limit, large_cap, max(live * fraction, block)) (default "
-     "1/8; 0: the fixed cap alone)"},
-    {"register_stream", py_register_stream, METH_VARARGS,
-     "register_stream(handle) -> status: blocks freed on it may be cached"},
-    {"forget_stream", py_forget_stream, METH_VARARGS,
-     "forget_stream(handle) -> status: no longer cache blocks freed on it"},
     {"capture", py_capture, METH_VARARGS,
      "capture(begin, device) -> status: a stream capture starts or ends"},
     {"capture_stream", py_capture_stream, METH_VARARGS,
      "capture_stream(begin, device, stream_or_pool) -> (status, pool): a stream capture's pool"},
-    {"bind_graph", py_bind_graph, METH_VARARGS,
-     "bind_graph(device, pool, stream) -> status: the captured graph's end releases the pool"},
     {"graph_collect", py_graph_collect, METH_NOARGS,
      "graph_collect() -> [(device, pool)]: capture pools released since the last call"},
-    {"set_tag_holds_streams", py_set_tag_holds_streams, METH_VARARGS,
-     "set_tag_holds_streams(tag, holds) -> status: the tag keeps its streams alive until frees"},
     {"set_tag_relieved", py_set_tag_relieved, METH_VARARGS,
      "set_tag_relieved(tag, relieved) -> status: the tag's threads without the GIL ask the "
      "reliever to run the recovery chain"},
-    {"forked", py_forked, METH_NOARGS, "Whether this is a fork child of a process that used CUDA."},
     {"relief_loop", py_relief_loop, METH_NOARGS,
      "Serve pressure requests of non-Python threads (run in a daemon thread)."},
     {"stop_relief", py_stop_relief, METH_NOARGS, "Stop the reliever."},
     {"set_relief_timeout", py_set_relief_timeout, METH_O,
      "Seconds a relieved tag's thread waits for the reliever."},
-    {"set_tag_limit", py_set_tag_limit, METH_VARARGS,
-     "set_tag_limit(device, tag, bytes) -> status"},
-    {"set_tag_cached", py_set_tag_cached, METH_VARARGS,
-     "set_tag_cached(tag, cached) -> status: may the tag's freed blocks be cached"},
     {"alloc", py_alloc, METH_VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)"},
     {"alloc_cached", py_alloc_cached, METH_VARARGS,
      "alloc_cached(device, size, stream, tag) -> (status, ptr): from the cache only (MISS)"},
     {"alloc_block", py_alloc_block, METH_VARARGS,
      "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
-    {"free", py_free, METH_VARARGS, "free(ptr): never raises"},
-    {"free_cached", py_free_cached, METH_VARARGS,
-     "free_cached(ptr) -> status: into the cache only (MISS: call free)"},
     {"block_gil_releases", py_block_gil_releases, METH_NOARGS,
      "Frees of Blocks that released the GIL (the cache could not take the block)."},
-    {"record_stream", py_record_stream, METH_VARARGS, "record_stream(ptr, stream) -> status"},
     {"lookup", py_lookup, METH_VARARGS, "lookup(ptr) -> (status, size, device, tag)"},
     {"stats", py_stats, METH_VARARGS, "stats(device) -> (status, dict)"},
-    {"reset_peak", py_reset_peak, METH_VARARGS, "reset_peak(device, tag=-1) -> status"},
-    {"reset_accumulated", py_reset_accumulated, METH_VARARGS,
-     "reset_accumulated(device, tag=-1) -> status"},
-    {"others", py_others, METH_VARARGS, "others(device) -> (status, bytes)"},
-    {"live_records", py_live_records, METH_NOARGS, "Live allocations, every device."},
-    {"parked_records", py_parked_records, METH_NOARGS,
-     "Freed blocks parked in their thread's slot with their record kept (diagnostics)."},
     {"graph", py_graph, METH_VARARGS, "graph(op, device, id0, id1) -> status"},
     {"graph_begin_on", py_graph_begin_on, METH_VARARGS,
      "graph_begin_on(device, id0, id1, stream, capture) -> status"},
@@ -1248,13 +886,13 @@ BRIDGE_ADAPTER_MODULES(BRIDGE_DECLARE_ADAPTER_)
 
 static int add_frameworks(PyObject *m)
 {
-#define BRIDGE_ADD_TAG_(name, n)                                                                   \
-    if (PyModule_AddIntConstant(m, "TAG_" #name, n) < 0)                                           \
+#define BRIDGE_ADD_TAG_(name, n)                         \
+    if (PyModule_AddIntConstant(m, "TAG_" #name, n) < 0) \
         return -1;
     BRIDGE_FRAMEWORK_TAGS(BRIDGE_ADD_TAG_)
 #undef BRIDGE_ADD_TAG_
-#define BRIDGE_ADD_ADAPTER_(fn)                                                                    \
-    if (fn(m) < 0)                                                                                 \
+#define BRIDGE_ADD_ADAPTER_(fn) \
+    if (fn(m) < 0)              \
         return -1;
     BRIDGE_ADAPTER_MODULES(BRIDGE_ADD_ADAPTER_)
 #undef BRIDGE_ADD_ADAPTER_
@@ -1263,33 +901,45 @@ static int add_frameworks(PyObject *m)
 /* Managed memory on the budget (pymanaged.c). */
 int bridge_pymanaged_add(PyObject *m);
 
+/* The core's constants, under their names without BRIDGE_. */
+static const struct {
+    const char *name;
+    long value;
+} constants[] = {
+    {"MAX_DEVICES", BRIDGE_MAX_DEVICES},
+    {"CACHE_DEPTH", BRIDGE_CACHE_DEPTH},
+    {"TAG_OTHER", BRIDGE_TAG_OTHER},
+    {"RELIEVE_ALL", BRIDGE_RELIEVE_ALL},
+    {"RELIEVE_CACHES", BRIDGE_RELIEVE_CACHES},
+    {"RELIEVE_COLLECT", BRIDGE_RELIEVE_COLLECT},
+    {"WAIT_NONE", BRIDGE_WAIT_NONE},
+    {"WAIT_OK", BRIDGE_WAIT_OK},
+    {"WAIT_TIMEOUT", BRIDGE_WAIT_TIMEOUT},
+    {"WAIT_ALL_WAITING", BRIDGE_WAIT_ALL_WAITING},
+    {"WAIT_INTERRUPTED", BRIDGE_WAIT_INTERRUPTED},
+    {"WAIT_CAPTURE", BRIDGE_WAIT_CAPTURE},
+    {"WAIT_HOPELESS", BRIDGE_WAIT_HOPELESS},
+    {"NTAGS", BRIDGE_NTAGS},
+};
+
+static int add_core(PyObject *m)
+{
+    if (PyModule_AddFunctions(m, core_bindings) < 0 || bridge_pyblock_add(m) < 0 ||
+        add_frameworks(m) < 0)
+        return -1;
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0)
+            return -1;
+    if (bridge_pypinned_add(m) < 0 || bridge_pyviews_add(m) < 0 || bridge_pycallback_add(m) < 0 ||
+        bridge_pyshare_add(m) < 0 || bridge_pymanaged_add(m) < 0)
+        return -1;
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__core(void)
 {
     PyObject *m = PyModule_Create(&moduledef);
-    if (!m)
-        return NULL;
-    if (bridge_pyblock_add(m) < 0 || add_frameworks(m) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_DEVICES", BRIDGE_MAX_DEVICES) < 0 ||
-        PyModule_AddIntConstant(m, "CACHE_DEPTH", BRIDGE_CACHE_DEPTH) < 0 ||
-        PyModule_AddIntConstant(m, "TAG_OTHER", BRIDGE_TAG_OTHER) < 0 ||
-        PyModule_AddIntConstant(m, "RELIEVE_ALL", BRIDGE_RELIEVE_ALL) < 0 ||
-        PyModule_AddIntConstant(m, "RELIEVE_CACHES", BRIDGE_RELIEVE_CACHES) < 0 ||
-        PyModule_AddIntConstant(m, "RELIEVE_COLLECT", BRIDGE_RELIEVE_COLLECT) < 0 ||
-        PyModule_AddIntConstant(m, "WAIT_NONE", BRIDGE_WAIT_NONE) < 0 ||
-        PyModule_AddIntConstant(m, "WAIT_OK", BRIDGE_WAIT_OK) < 0 ||
-        PyModule_AddIntConstant(m, "WAIT_TIMEOUT", BRIDGE_WAIT_TIMEOUT) < 0 ||
-        PyModule_AddIntConstant(m, "WAIT_ALL_WAITING", BRIDGE_WAIT_ALL_WAITING) < 0 ||
-        PyModule_AddIntConstant(m, "WAIT_INTERRUPTED", BRIDGE_WAIT_INTERRUPTED) < 0 ||
-        PyModule_AddIntConstant(m, "WAIT_CAPTURE", BRIDGE_WAIT_CAPTURE) < 0 ||
-        PyModule_AddIntConstant(m, "WAIT_HOPELESS", BRIDGE_WAIT_HOPELESS) < 0 ||
-        PyModule_AddIntConstant(m, "NTAGS", BRIDGE_NTAGS) < 0 || bridge_pypinned_add(m) < 0 ||
-        bridge_pyviews_add(m) < 0 || bridge_pycallback_add(m) < 0 || bridge_pyshare_add(m) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    if (bridge_pymanaged_add(m) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
+    if (m && add_core(m) < 0)
+        Py_CLEAR(m);
     return m;
 }

@@ -12,6 +12,7 @@
  * dlpack.c.
  */
 #include "dlpack.h"
+#include "pybind.h"
 
 #include <structmember.h>
 
@@ -132,18 +133,6 @@ static PyTypeObject PinnedBufferType = {
 };
 
 /* ---- module functions ---- */
-static PyObject *py_pinned_setup(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int backend, chosen = -1, rc;
-    if (!PyArg_ParseTuple(args, "i", &backend))
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_pinned_setup(backend, &chosen);
-    Py_END_ALLOW_THREADS
-    return Py_BuildValue("ii", rc, chosen);
-}
-
 /* pinned_alloc(cls, size) -> (status, buffer | None).  Fast path with the
  * GIL (a free-list pop); the driver is asked without it. */
 static PyObject *py_pinned_alloc(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
@@ -191,11 +180,8 @@ static PyObject *py_pinned_record(PyObject *m, PyObject *args)
     unsigned long long addr, stream;
     if (!PyArg_ParseTuple(args, "KK", &addr, &stream))
         return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_pinned_record((const void *)(uintptr_t)addr, (void *)(uintptr_t)stream);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
+    BRIDGE_RETURN_STATUS_NOGIL(
+        bridge_pinned_record((const void *)(uintptr_t)addr, (void *)(uintptr_t)stream));
 }
 
 static PyObject *py_pinned_lookup(PyObject *m, PyObject *args)
@@ -208,37 +194,6 @@ static PyObject *py_pinned_lookup(PyObject *m, PyObject *args)
     size_t size = 0;
     int rc = bridge_pinned_lookup((const void *)(uintptr_t)addr, &base, &size);
     return Py_BuildValue("iKn", rc, (unsigned long long)(uintptr_t)base, (Py_ssize_t)size);
-}
-
-static PyObject *py_pinned_set_limit(PyObject *m, PyObject *args)
-{
-    (void)m;
-    unsigned long long limit;
-    if (!PyArg_ParseTuple(args, "K", &limit))
-        return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_pinned_set_limit(limit);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
-}
-
-static PyObject *py_pinned_trim(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_pinned_trim();
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
-}
-
-static PyObject *py_pinned_reset_peak(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    return PyLong_FromLong(bridge_pinned_reset_peak());
 }
 
 static PyObject *py_pinned_stats(PyObject *m, PyObject *a)
@@ -260,17 +215,26 @@ static PyObject *py_pinned_stats(PyObject *m, PyObject *a)
     return Py_BuildValue("iN", rc, d);
 }
 
+/* X(python name, kind, C function, format, flags, docstring, defaults...): pybind.h */
+#define PINNED_BINDINGS(X)                                                             \
+    X(pinned_setup, i_out_i, bridge_pinned_setup, "i", BIND_NOGIL,                     \
+      "pinned_setup(backend) -> (status, chosen backend)", BIND_NO_DEFAULTS)           \
+    X(pinned_set_limit, k, bridge_pinned_set_limit, "K", BIND_NOGIL,                   \
+      "pinned_set_limit(bytes) -> status", BIND_NO_DEFAULTS)                           \
+    X(pinned_trim, v, bridge_pinned_trim, NULL, BIND_NOGIL, "pinned_trim() -> status", \
+      BIND_NO_DEFAULTS)                                                                \
+    X(pinned_reset_peak, v, bridge_pinned_reset_peak, NULL, BIND_PLAIN,                \
+      "pinned_reset_peak() -> status", BIND_NO_DEFAULTS)
+
+PINNED_BINDINGS(BRIDGE_BIND_FUNCTION)
+static PyMethodDef pinned_bindings[] = {BRIDGE_BIND_METHODS(PINNED_BINDINGS)};
+
 static PyMethodDef pinned_methods[] = {
-    {"pinned_setup", py_pinned_setup, METH_VARARGS,
-     "pinned_setup(backend) -> (status, chosen backend)"},
     {"pinned_alloc", (PyCFunction)(void (*)(void))py_pinned_alloc, METH_FASTCALL,
      "pinned_alloc(cls, size) -> (status, buffer or None)"},
     {"pinned_record", py_pinned_record, METH_VARARGS, "pinned_record(addr, stream) -> status"},
     {"pinned_lookup", py_pinned_lookup, METH_VARARGS,
      "pinned_lookup(addr) -> (status, base, size)"},
-    {"pinned_set_limit", py_pinned_set_limit, METH_VARARGS, "pinned_set_limit(bytes) -> status"},
-    {"pinned_trim", py_pinned_trim, METH_NOARGS, "pinned_trim() -> status"},
-    {"pinned_reset_peak", py_pinned_reset_peak, METH_NOARGS, "pinned_reset_peak() -> status"},
     {"pinned_stats", py_pinned_stats, METH_NOARGS, "pinned_stats() -> (status, dict)"},
     {NULL, NULL, 0, NULL},
 };
@@ -285,7 +249,8 @@ int bridge_pypinned_add(PyObject *m)
         Py_DECREF(&PinnedBufferType);
         return -1;
     }
-    if (PyModule_AddFunctions(m, pinned_methods) < 0 ||
+    if (PyModule_AddFunctions(m, pinned_bindings) < 0 ||
+        PyModule_AddFunctions(m, pinned_methods) < 0 ||
         PyModule_AddIntConstant(m, "PINNED_CACHED", BRIDGE_PINNED_CACHED) < 0 ||
         PyModule_AddIntConstant(m, "PINNED_MEMPOOL", BRIDGE_PINNED_MEMPOOL) < 0 ||
         PyModule_AddIntConstant(m, "PINNED_AUTO", BRIDGE_PINNED_AUTO) < 0)

@@ -4,6 +4,7 @@
 #include <Python.h>
 
 #include "bridge.h"
+#include "pybind.h"
 
 static PyObject *py_share_join(PyObject *m, PyObject *args)
 {
@@ -13,27 +14,7 @@ static PyObject *py_share_join(PyObject *m, PyObject *args)
     unsigned long long budget;
     if (!PyArg_ParseTuple(args, "issK", &dev, &name, &dir, &budget))
         return NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_share_join(dev, name, dir, budget);
-    Py_END_ALLOW_THREADS
-    return PyLong_FromLong(rc);
-}
-
-static PyObject *py_share_set_growth(PyObject *m, PyObject *args)
-{
-    (void)m;
-    unsigned long long bytes;
-    if (!PyArg_ParseTuple(args, "K", &bytes))
-        return NULL;
-    return PyLong_FromLong(bridge_share_set_growth(bytes));
-}
-
-static PyObject *py_share_error(PyObject *m, PyObject *a)
-{
-    (void)m;
-    (void)a;
-    return PyUnicode_FromString(bridge_share_error());
+    BRIDGE_RETURN_STATUS_NOGIL(bridge_share_join(dev, name, dir, budget));
 }
 
 static PyObject *py_share_stats(PyObject *m, PyObject *args)
@@ -107,12 +88,20 @@ static PyObject *py_share_layout(PyObject *m, PyObject *a)
     return d;
 }
 
+/* X(python name, kind, C function, format, flags, docstring, defaults...): pybind.h */
+#define SHARE_BINDINGS(X)                                                                        \
+    X(share_set_growth, k, bridge_share_set_growth, "K", BIND_PLAIN,                             \
+      "share_set_growth(bytes) -> status: the growth the next joins claim (0: the default)",     \
+      BIND_NO_DEFAULTS)                                                                          \
+    X(share_error, str, bridge_share_error, NULL, BIND_PLAIN, "Why the last share_join failed.", \
+      BIND_NO_DEFAULTS)
+
+SHARE_BINDINGS(BRIDGE_BIND_FUNCTION)
+static PyMethodDef share_bindings[] = {BRIDGE_BIND_METHODS(SHARE_BINDINGS)};
+
 static PyMethodDef share_methods[] = {
     {"share_join", py_share_join, METH_VARARGS,
      "share_join(device, name, dir, budget) -> status: join the share of the device's GPU"},
-    {"share_error", py_share_error, METH_NOARGS, "Why the last share_join failed."},
-    {"share_set_growth", py_share_set_growth, METH_VARARGS,
-     "share_set_growth(bytes) -> status: the growth the next joins claim (0: the default)"},
     {"share_stats", py_share_stats, METH_VARARGS,
      "share_stats(device) -> (status, dict | None): this process's membership"},
     {"share_layout", py_share_layout, METH_NOARGS, "The share file's layout (offsets, sizes)."},
@@ -121,5 +110,7 @@ static PyMethodDef share_methods[] = {
 
 int bridge_pyshare_add(PyObject *m)
 {
-    return PyModule_AddFunctions(m, share_methods);
+    if (PyModule_AddFunctions(m, share_bindings) < 0 || PyModule_AddFunctions(m, share_methods) < 0)
+        return -1;
+    return 0;
 }
