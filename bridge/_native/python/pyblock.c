@@ -97,12 +97,5 @@ int raise_if_interrupted(void)
 
 int bridge_pyblock_add(PyObject *m)
 {
-    if (PyType_Ready(&BlockType) < 0)
-        return -1;
-    Py_INCREF(&BlockType);
-    if (PyModule_AddObject(m, "Block", (PyObject *)&BlockType) < 0) {
-        Py_DECREF(&BlockType);
-        return -1;
-    }
-    return 0;
+    return PyModule_AddType(m, &BlockType); /* readied, added as its tp_name's last part */
 }

@@ -219,12 +219,8 @@ static PyMethodDef callback_methods[] = {
 int bridge_pycallback_add(PyObject *m)
 {
     str_cuda_stream = PyUnicode_InternFromString("__cuda_stream__");
-    if (!str_cuda_stream || PyType_Ready(&StreamAllocatorType) < 0)
+    /* PyModule_AddType readies the type and adds it under its tp_name's last part */
+    if (!str_cuda_stream || PyModule_AddType(m, &StreamAllocatorType) < 0)
         return -1;
-    Py_INCREF(&StreamAllocatorType);
-    if (PyModule_AddObject(m, "StreamAllocator", (PyObject *)&StreamAllocatorType) < 0) {
-        Py_DECREF(&StreamAllocatorType);
-        return -1;
-    }
     return PyModule_AddFunctions(m, callback_methods);
 }

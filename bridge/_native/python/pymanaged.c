@@ -113,12 +113,7 @@ static PyMethodDef managed_methods[] = {
 
 int bridge_pymanaged_add(PyObject *m)
 {
-    if (PyType_Ready(&ManagedBlockType) < 0)
+    if (PyModule_AddType(m, &ManagedBlockType) < 0) /* readied, added as its tp_name's last part */
         return -1;
-    Py_INCREF(&ManagedBlockType);
-    if (PyModule_AddObject(m, "ManagedBlock", (PyObject *)&ManagedBlockType) < 0) {
-        Py_DECREF(&ManagedBlockType);
-        return -1;
-    }
     return PyModule_AddFunctions(m, managed_methods);
 }

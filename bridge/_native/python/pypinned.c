@@ -242,13 +242,8 @@ static PyMethodDef pinned_methods[] = {
 /* Called by PyInit__core (pymod.c): add the type, functions and constants. */
 int bridge_pypinned_add(PyObject *m)
 {
-    if (PyType_Ready(&PinnedBufferType) < 0)
+    if (PyModule_AddType(m, &PinnedBufferType) < 0) /* readied, added as its tp_name's last part */
         return -1;
-    Py_INCREF(&PinnedBufferType);
-    if (PyModule_AddObject(m, "PinnedBufferBase", (PyObject *)&PinnedBufferType) < 0) {
-        Py_DECREF(&PinnedBufferType);
-        return -1;
-    }
     if (PyModule_AddFunctions(m, pinned_bindings) < 0 ||
         PyModule_AddFunctions(m, pinned_methods) < 0 ||
         PyModule_AddIntConstant(m, "PINNED_CACHED", BRIDGE_PINNED_CACHED) < 0 ||
