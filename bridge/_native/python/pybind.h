@@ -17,7 +17,8 @@
  * names the C signature (the union member the function must fit, checked by
  * the compiler) and where the arguments land: slot n holds argument n, an
  * int (format i or p), an unsigned long long (K; a pointer where the C
- * function takes one), a double (d) or a string (s or z).  Anything else is written by hand.
+ * function takes one), a double (d) or a string (s or z).  A function that
+ * builds more than that, or keeps state of its own, is written by hand.
  */
 #ifndef BRIDGE_PYBIND_H
 #define BRIDGE_PYBIND_H
@@ -74,8 +75,8 @@ typedef enum {
 
 /* flags */
 #define BIND_PLAIN 0u
-#define BIND_NOGIL 1u /* the call runs with the GIL released */
-#define BIND_BOOL  2u /* the int result is returned as a bool */
+#define BIND_NOGIL 1u /* the call runs with the GIL released (not u64, str) */
+#define BIND_BOOL  2u /* the int result is returned as a bool (the status kinds) */
 
 /* One argument: its default before parsing, its value after. */
 typedef union {
