@@ -60,6 +60,16 @@ std::string gib(uint64_t bytes)
     return buf;
 }
 
+// A framework's name as users write it, from its tag's name in frameworks.h (CUPY -> cupy).
+std::string lowercase(const char *name)
+{
+    std::string out(name);
+    for (char &c : out)
+        if (c >= 'A' && c <= 'Z')
+            c = static_cast<char>(c - 'A' + 'a');
+    return out;
+}
+
 // What the refused allocation did about waiting (bridge.waiting / unify(wait=)).
 std::string wait_note(int device)
 {
@@ -137,11 +147,16 @@ std::string failure_message(int rc, size_t size, int device, bool *oom)
     else
         msg += "The device is full (" + gib(s.total) + " in all; bridge budget " +
                (s.limit ? gib(s.limit) : std::string("none")) + "). ";
-    msg += "In use: torch " + gib(s.tag[BRIDGE_TAG_TORCH].current) + ", cupy " +
-           gib(s.tag[BRIDGE_TAG_CUPY].current) + ", numba " + gib(s.tag[BRIDGE_TAG_NUMBA].current) +
-           ", rmm " + gib(s.tag[BRIDGE_TAG_RMM].current) + ", other bridge users " +
-           gib(s.tag[BRIDGE_TAG_OTHER].current) + ", jax and others outside the bridge " +
-           gib(others) + ", pool reserved " + gib(s.pool_reserved) + ". " + wait_note(device) +
+    // torch first, then every other framework with a slot, as frameworks.h lists them
+    msg += "In use: torch " + gib(s.tag[BRIDGE_TAG_TORCH].current);
+#define BRIDGE_TAG_IN_USE_(name, n) \
+    if (n != BRIDGE_TAG_TORCH)      \
+        msg += ", " + lowercase(#name) + " " + gib(s.tag[n].current);
+    BRIDGE_FRAMEWORK_TAGS(BRIDGE_TAG_IN_USE_)
+#undef BRIDGE_TAG_IN_USE_
+    msg += ", other bridge users " + gib(s.tag[BRIDGE_TAG_OTHER].current) +
+           ", jax and others outside the bridge " + gib(others) + ", pool reserved " +
+           gib(s.pool_reserved) + ". " + wait_note(device) +
            "Free tensors or arrays you no longer need, lower the batch size, or raise the "
            "budget (bridge.unify(budget=...) or BRIDGE_GPU_MEMORY_LIMIT).";
     return msg;

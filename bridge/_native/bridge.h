@@ -37,10 +37,13 @@ extern "C" {
  * Tag 0 counts what no framework's adapter allocated; 1 .. BRIDGE_NTAGS-1 are
  * the frameworks' slots.  Which framework holds which slot is the registry's
  * (bridge/frameworks.py; frameworks.h, its C half, names the slots C code
- * counts under): the core knows a tag only as a number. */
-enum bridge_tag { BRIDGE_TAG_OTHER = 0, BRIDGE_NTAGS = 5 };
-
+ * counts under): the core knows a tag only as a number, and how many there
+ * are from frameworks.h's list (one slot per line of it, and tag 0). */
 #include "frameworks.h"
+
+#define BRIDGE_TAG_COUNT_(name, n) +1
+enum bridge_tag { BRIDGE_TAG_OTHER = 0, BRIDGE_NTAGS = 1 BRIDGE_FRAMEWORK_TAGS(BRIDGE_TAG_COUNT_) };
+#undef BRIDGE_TAG_COUNT_
 
 /* ---- status codes ---- */
 typedef enum bridge_status {
