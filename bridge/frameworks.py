@@ -3,17 +3,24 @@
 
 Each row says what the rest of the library needs to know of a framework: its
 name (the key of ``bridge.stats().by_framework``, of ``unify()``'s flags, of the
-timeline's columns), the ledger's tag its bytes are counted under (``None``
-for JAX, whose memory the pool counts as "others"), the adapter module that
-knows it, its colour in the timeline's plot, what to pip install for each CUDA
-major (bridge._install's words), and the few behaviours the core
+timeline's columns, of doctor's list), the ledger's tag its bytes are counted
+under (``None`` for JAX, whose memory the pool counts as "others"), the adapter
+module that knows it, its colour in the timeline's plot, what to pip install for
+each CUDA major (bridge._install's words), and the few behaviours the core
 treats per framework, as properties (the core asks for the property, never for
 a name). The order of the rows is the order ``unify()`` sets frameworks up in
-(JAX first: its environment must precede its backend). Adding a framework is
-one adapter and one row here (docs/design.md, "Adding a framework");
-bridge/_native/frameworks.h, the C half, names the tags C code counts under.
-tests/project/test_layout.py keeps every framework's name out of the rest of
-the core.
+(JAX first: its environment must precede its backend).
+
+Everything else is derived from the rows: ``unify()``'s flags, their checks and
+the keywords it takes beyond its own (``unify(name=True)``), ``by_framework``'s
+keys (:data:`FRAMEWORKS`), the timeline's columns, doctor's list, and on the C
+side the number of tags (``BRIDGE_NTAGS``) and the frameworks torch's
+out-of-memory message names. Adding a framework is one adapter, one row here,
+its extra in pyproject.toml, and, when C code counts its bytes under a slot of
+its own, one line in bridge/_native/frameworks.h, the C half (see
+docs/adding-a-framework.md). tests/project/test_layout.py keeps every
+framework's name out of the rest of the core; tests/project/test_new_framework.py
+adds one by a row and an adapter alone.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ __all__ = [
     "ORDER",
     "COLORS",
     "OUTSIDE",
+    "OUTSIDES",
     "MAJORS",
     "row",
     "pointers",
@@ -83,6 +91,15 @@ class Framework:
     #: install). unify() leaves such a build out when it was not asked for (one warning a
     #: process) and refuses it when it was, before anything changes.
     cpu_builds: bool = False
+    #: ``unify()``'s default for it: ``False``, set up only when asked for (``name=True``);
+    #: ``None``, set up when installed and skipped when not (``bridge.unify()`` alone).
+    default: bool | None = False
+    #: Its place among :data:`FRAMEWORKS` (``by_framework``'s keys, the timeline's columns,
+    #: doctor's list): rows with the same number keep the table's order.
+    column: int = 100
+    #: What it does under ``unify(name=True)``, for unify's docstring: said for a row that
+    #: is no keyword of unify's own (the first five are, with their own words there).
+    doc: str = ""
 
     def pip(self, major: int) -> str:
         """What to ``pip install`` for this framework on CUDA ``major`` (KeyError: none)."""
@@ -99,6 +116,7 @@ REGISTRY: tuple[Framework, ...] = (
         imports_late=True,
         install=((13, "'jax[cuda13]'"), (12, "'jax[cuda12]'")),
         cpu_builds=True,
+        column=2,
     ),
     Framework(
         "torch",
@@ -112,6 +130,8 @@ REGISTRY: tuple[Framework, ...] = (
         install=((13, "torch"), (12, "torch --index-url https://download.pytorch.org/whl/cu129")),
         pinned_method="as_torch",
         cpu_builds=True,
+        default=None,
+        column=1,
     ),
     Framework(
         "cupy",
@@ -122,6 +142,8 @@ REGISTRY: tuple[Framework, ...] = (
         env=("BRIDGE_CUPY_UNOWNED",),
         variables="bridge.adapters.cupy_memory",
         install=((13, "cupy-cuda13x"), (12, "cupy-cuda12x")),
+        default=None,
+        column=0,
     ),
     Framework(
         "numba",
@@ -129,6 +151,7 @@ REGISTRY: tuple[Framework, ...] = (
         "bridge.adapters.numba",
         "#c44e52",
         install=((13, "'numba-cuda[cu13]'"), (12, "'numba-cuda[cu12]'")),
+        column=3,
     ),
     Framework(
         "rmm",
@@ -138,6 +161,7 @@ REGISTRY: tuple[Framework, ...] = (
         env=("BRIDGE_RMM_CALLBACK",),
         variables="bridge.adapters.rmm_build",
         install=((13, "rmm-cu13"), (12, "rmm-cu12")),
+        column=4,
     ),
 )
 #: The CUDA major versions the frameworks are installed for, the newest first.
@@ -145,16 +169,21 @@ MAJORS: tuple[int, ...] = (13, 12)
 #: The frameworks' names, in set-up order.
 ORDER: tuple[str, ...] = tuple(f.name for f in REGISTRY)
 NAMES = ORDER
-#: The keys of ``by_framework`` and the timeline's columns, as users read them.
-FRAMEWORKS: tuple[str, ...] = ("cupy", "torch", "jax", "numba", "rmm", "other")
+#: The keys of ``by_framework``, the timeline's columns and doctor's list, as users read
+#: them: the rows by ``column``, then "other" (what no framework's adapter allocated).
+_COLUMNS = sorted(REGISTRY, key=lambda f: f.column)
+FRAMEWORKS: tuple[str, ...] = (*(f.name for f in _COLUMNS), "other")
 #: The ledger's tags by index: what each framework's bytes are counted under.
 TAG_NAMES: dict[int, str] = {core.TAG_OTHER: "other"} | {
     f.tag: f.name for f in REGISTRY if f.tag is not None
 }
 COLORS: dict[str, str] = {f.name: f.color for f in REGISTRY} | {"other": "#8c8c8c"}
-#: The framework outside the ledger (tag None): the pool's "others" are its bytes
-#: as far as it tells (bridge.pool.register_attribution), the rest "other".
-(OUTSIDE,) = [f.name for f in REGISTRY if f.tag is None]
+#: The frameworks outside the ledger (tag None): the pool's "others" are their bytes as
+#: far as each tells (bridge.pool.register_attribution), the rest the first one's that
+#: does not tell (JAX's, before its adapter tells), else "other".
+OUTSIDES: tuple[str, ...] = tuple(f.name for f in REGISTRY if f.tag is None)
+#: The first of them, JAX (its row is the first of the table).
+OUTSIDE = OUTSIDES[0]
 _ROWS: dict[str, Framework] = {f.name: f for f in REGISTRY}
 
 

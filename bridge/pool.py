@@ -163,22 +163,12 @@ def _snapshot(device: int) -> Stats:
     tags = raw["tags"]
     rc, outside = core.others(device)
     check(rc, what="reading the pool figures", device=device)
-    with _attribution_lock:
-        theirs_fn = _attribution.get(frameworks.OUTSIDE)
-    theirs = None
-    if theirs_fn is not None:
-        try:
-            theirs = theirs_fn(device)
-        except Exception:  # noqa: BLE001 - figures never fail because of a framework
-            theirs = None
-        if theirs is None:
-            theirs = outside
-    theirs = min(int(theirs or 0), outside)
     counted = {TAG_NAMES[i]: int(t["current"]) for i, t in enumerate(tags)}
     by = {name: counted.get(name, 0) for name in FRAMEWORKS}
-    # outside the ledger: the pool's "others", the outside framework's part of them
-    by[frameworks.OUTSIDE] = theirs
-    by["other"] = counted["other"] + max(0, outside - theirs)
+    # outside the ledger: the pool's "others", each outside framework's part of them
+    theirs = _outside_parts(device, outside)
+    by.update(theirs)
+    by["other"] = counted["other"] + max(0, outside - sum(theirs.values()))
     share = _share_of(device)
     return Stats(
         device=device,
@@ -206,6 +196,36 @@ def _snapshot(device: int) -> Stats:
         tags=tuple(dict(t, name=TAG_NAMES[i]) for i, t in enumerate(tags)),
         share=share,
     )
+
+
+def _outside_parts(device: int, outside: int) -> dict[str, int]:
+    """The pool's ``outside`` bytes (its "others") by the frameworks outside the ledger.
+
+    An outside framework whose adapter registered no attribution
+    (:func:`register_attribution`) holds none of them; one whose attribution tells gets what
+    it tells, within what is left; the first one whose attribution cannot tell (None, or an
+    exception) gets the rest.
+    """
+    with _attribution_lock:
+        fns = {name: _attribution.get(name) for name in frameworks.OUTSIDES}
+    parts = dict.fromkeys(fns, 0)
+    silent = []
+    left = outside
+    for name, fn in fns.items():
+        if fn is None:
+            continue
+        try:
+            theirs = fn(device)
+        except Exception:  # noqa: BLE001 - figures never fail because of a framework
+            theirs = None
+        if theirs is None:
+            silent.append(name)
+        else:
+            parts[name] = min(int(theirs), left)
+            left -= max(parts[name], 0)
+    if silent:
+        parts[silent[0]] = left
+    return parts
 
 
 def effective_limit(own: int, share: dict | None) -> int:

@@ -22,7 +22,7 @@ import pathlib
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridge import _runtime
 from bridge._errors import BridgeError
@@ -35,8 +35,15 @@ PathLike = str | os.PathLike
 DeviceArg = int | Iterable[int] | None
 
 
+class _ByFramework:
+    @property
+    def by_framework(self) -> dict[str, int]:
+        """Live bytes per framework: ``{"cupy": ..., "torch": ..., ..., "other": ...}``."""
+        return {f: getattr(self, f) for f in FRAMEWORKS}
+
+
 @dataclasses.dataclass(frozen=True)
-class Sample:
+class _Reading(_ByFramework):
     """One reading of one device's pool.
 
     Attributes
@@ -46,9 +53,10 @@ class Sample:
     device : int
     label : str
         ``""`` for a periodic sample; the text given to :meth:`Recording.mark`.
-    cupy, torch, jax, other, numba, rmm : int
-        Live bytes per framework (:attr:`bridge.Stats.by_framework`); numba
-        and rmm come last (0 in files written before they were counted).
+    {frameworks}
+        Live bytes per framework (:attr:`bridge.Stats.by_framework`), one
+        field each, named by the registry (bridge.frameworks.FRAMEWORKS); 0
+        in files written before a framework was counted.
     used : int
         Bytes in use in the pool, every framework (:attr:`bridge.Stats.used`).
     reserved : int
@@ -66,24 +74,38 @@ class Sample:
     t: float
     device: int
     label: str
-    cupy: int
-    torch: int
-    jax: int
-    other: int
     used: int
     reserved: int
     limit: int
-    numba: int = 0
-    rmm: int = 0
     waiting: int = 0
     num_waits: int = 0
 
-    @property
-    def by_framework(self) -> dict[str, int]:
-        """``{"cupy": ..., "torch": ..., "jax": ..., "numba": ..., "rmm": ..., "other": ...}``."""
-        return {f: getattr(self, f) for f in FRAMEWORKS}
+    if TYPE_CHECKING:  # the frameworks' fields, added from the registry below
+
+        def __getattr__(self, name: str) -> int: ...
 
 
+if TYPE_CHECKING:
+    Sample = _Reading
+else:
+    # _Reading's fields with one per framework after the label (bridge.frameworks.FRAMEWORKS,
+    # the columns' order): a framework added to the registry is a field and a column
+    # without a line here
+    def _fields() -> list[tuple[str, Any, Any]]:
+        out = []
+        for fld in dataclasses.fields(_Reading):
+            out.append((fld.name, fld.type, dataclasses.field(default=fld.default)))
+            if fld.name == "label":
+                out += [(f, int, dataclasses.field()) for f in FRAMEWORKS]
+        return out
+
+    Sample = dataclasses.make_dataclass("Sample", _fields(), bases=(_ByFramework,), frozen=True)
+    Sample.__module__ = __name__
+    Sample.__doc__ = (_Reading.__doc__ or "").replace(
+        "{frameworks}", f"{', '.join(FRAMEWORKS)} : int"
+    )
+
+#: The columns of a recording's CSV (and the JSON's "fields"), in order.
 FIELDS = tuple(f.name for f in dataclasses.fields(Sample))
 
 
@@ -93,38 +115,28 @@ def _sample_of(row: Mapping[str, Any]) -> Sample:
         t=float(row["t"]),
         device=int(row["device"]),
         label=str(row["label"]),
-        cupy=int(row["cupy"]),
-        torch=int(row["torch"]),
-        jax=int(row["jax"]),
-        other=int(row["other"]),
         used=int(row["used"]),
         reserved=int(row["reserved"]),
         limit=int(row["limit"]),
-        numba=int(row.get("numba") or 0),
-        rmm=int(row.get("rmm") or 0),
         waiting=int(row.get("waiting") or 0),  # files written before waiting existed
         num_waits=int(row.get("num_waits") or 0),
+        # files written before a framework was counted have no column of it
+        **{f: int(row.get(f) or 0) for f in FRAMEWORKS},
     )
 
 
 def _read(device: int, t: float, label: str) -> Sample:
     s = stats(device)
-    by = s.by_framework
     return Sample(
         t=t,
         device=device,
         label=label,
-        cupy=by["cupy"],
-        torch=by["torch"],
-        jax=by["jax"],
-        other=by["other"],
         used=s.used,
         reserved=s.reserved,
         limit=s.limit,
-        numba=by["numba"],
-        rmm=by["rmm"],
         waiting=s.waiting,
         num_waits=s.num_waits,
+        **s.by_framework,
     )
 
 

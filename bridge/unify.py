@@ -89,6 +89,31 @@ def _default_flag(name: str, value: object) -> bool | None:
     return None if value is None else _flag(name, value)
 
 
+def _asked(given: dict[str, object]) -> dict[str, bool | None]:
+    """Every framework of the registry, in :data:`bridge.frameworks.FRAMEWORKS` order, with
+    what unify() was given for it (its row's ``default`` when not given), checked.
+
+    Raises
+    ------
+    TypeError
+        For a name that is no framework of the registry (as Python says of a keyword a
+        function does not take).
+    ValueError
+        For a value that is not True or False (or None, where the row's default is None).
+    """
+    for name in given:
+        if name not in frameworks.NAMES:
+            raise TypeError(f"unify() got an unexpected keyword argument {name!r}")
+    asked: dict[str, bool | None] = {}
+    for name in frameworks.FRAMEWORKS:
+        if name not in frameworks.NAMES:  # "other": no framework
+            continue
+        default = frameworks.row(name).default
+        value = given.get(name, default)
+        asked[name] = _default_flag(name, value) if default is None else _flag(name, value)
+    return asked
+
+
 def _installed(name: str) -> bool:
     """Whether a framework's package is installed (found, not imported)."""
     try:
@@ -149,6 +174,7 @@ def unify(
     wait: float | None = None,
     share: bool | str | None = None,
     ipc: bool | None = None,
+    **other_frameworks: bool | None,
 ) -> Bridge:
     """Make the named frameworks allocate from each device's default pool under one budget.
 
@@ -224,6 +250,10 @@ def unify(
         sent to other processes of the same user (``torch.multiprocessing``);
         JAX stays on the default pool and is counted as before. ``None``:
         ``BRIDGE_IPC`` (``1`` on), else off. Once on, on for the process.
+    **other_frameworks : bool or None
+        Any other framework of the registry (bridge.frameworks), by its name,
+        as the five above: {other_frameworks}. Another name is a TypeError, as
+        for any keyword unify does not take.
 
     Returns
     -------
@@ -260,9 +290,8 @@ def unify(
         before the call; frameworks installed before it stay installed.
     """
     global _bridge
-    asked = {"cupy": _default_flag("cupy", cupy), "torch": _default_flag("torch", torch)}
+    asked = _asked(dict(cupy=cupy, torch=torch, jax=jax, numba=numba, rmm=rmm, **other_frameworks))
     flags = {n: _installed(n) if on is None else on for n, on in asked.items()}
-    flags.update(jax=_flag("jax", jax), numba=_flag("numba", numba), rmm=_flag("rmm", rmm))
     _flag("peer_access", peer_access)
     _flag("budget_views", budget_views)
     # None: BRIDGE_IPC (off when unset); a bad value is refused before any change
@@ -390,6 +419,18 @@ def unify(
             _wait.set_wait(seconds)
         _say_what_changed(budget, before, limits, totals, earlier)
         return b
+
+
+def _other_frameworks_doc() -> str:
+    """The frameworks unify() takes by ``**other_frameworks``, for its docstring."""
+    own = set(inspect.signature(unify).parameters)
+    rows = [frameworks.row(n) for n in frameworks.FRAMEWORKS if n in frameworks.NAMES]
+    said = [f"``{f.name}``" + (f" ({f.doc})" if f.doc else "") for f in rows if f.name not in own]
+    return "; ".join(said) if said else "none besides them today"
+
+
+if unify.__doc__:  # None under python -OO
+    unify.__doc__ = unify.__doc__.replace("{other_frameworks}", _other_frameworks_doc())
 
 
 def _budgets_agree_with_shares(budget: SizeLike, limits: dict[int, int]) -> None:
@@ -532,7 +573,10 @@ def check_keywords(kwargs: dict[str, Any], where: str, *, but: str = "") -> dict
     ValueError
         Naming ``where``, the keyword and what it takes instead.
     """
-    takes = sorted(set(inspect.signature(unify).parameters) - {but})
+    named = [
+        p.name for p in inspect.signature(unify).parameters.values() if p.kind != p.VAR_KEYWORD
+    ]
+    takes = sorted((set(named) | set(frameworks.NAMES)) - {but})
     unknown = sorted(set(kwargs) - set(takes))
     if unknown:
         sets = f" but {but} ({where} chooses it)" if but else ""

@@ -32,6 +32,7 @@ import sys
 from collections.abc import Iterable
 
 from bridge import _runtime
+from bridge import frameworks as registry
 from bridge._errors import check
 from bridge._runtime import core
 
@@ -107,7 +108,7 @@ def apply(frameworks: Iterable[str], on: bool) -> None:
     """Install (or remove) each installed framework's budget view."""
     want(on)
     for name in frameworks:
-        adapter = sys.modules.get(f"bridge.adapters.{name}")
+        adapter = sys.modules.get(registry.row(name).adapter)
         if adapter is None:
             continue  # not installed in this process
         fn = getattr(adapter, "install_views" if on else "remove_views", None)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 __all__ = [
     "Finding",
-    "Framework",
+    "FrameworkCheck",
     "Report",
     "collect",
     "render",
@@ -41,7 +41,7 @@ from bridge._version import __version__
 from bridge.pinned._backend import host_memory_total
 from bridge.tools.doctor_frameworks import (
     Finding,
-    Framework,
+    FrameworkCheck,
     cuda_majors,
     distributions,
     frameworks,
@@ -84,7 +84,7 @@ class Report:
     bridge: dict
     driver: dict
     devices: list[dict]
-    frameworks: list[Framework]
+    frameworks: list[FrameworkCheck]
     environment: list[Finding]
     stack: list[Finding] = dataclasses.field(default_factory=list)  # frameworks together
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "Finding",
-    "Framework",
+    "FrameworkCheck",
     "distributions",
     "frameworks",
     "cuda_majors",
@@ -23,6 +23,7 @@ import importlib.util
 import pathlib
 import re
 
+from bridge import frameworks as registry
 from bridge._install import install_command, own_index_command
 
 _ALL = ["cupy", "torch", "jax"]
@@ -38,7 +39,7 @@ class Finding:
 
 
 @dataclasses.dataclass
-class Framework:
+class FrameworkCheck:
     """What the doctor found of one installed framework, without importing it."""
 
     name: str
@@ -81,7 +82,7 @@ def _package_file(package: str, relative: str) -> str | None:
     return None
 
 
-def _cuda_major_check(fw: Framework, major: int | None, driver: dict) -> None:
+def _cuda_major_check(fw: FrameworkCheck, major: int | None, driver: dict) -> None:
     drv = driver["version"]
     if major is not None and drv and major > drv // 1000:
         fw.add(
@@ -92,8 +93,8 @@ def _cuda_major_check(fw: Framework, major: int | None, driver: dict) -> None:
         )
 
 
-def _torch(dists: dict[str, str], driver: dict) -> Framework:
-    fw = Framework("torch", "torch" in dists, dists.get("torch"))
+def _torch(dists: dict[str, str], driver: dict) -> FrameworkCheck:
+    fw = FrameworkCheck("torch", "torch" in dists, dists.get("torch"))
     if not fw.installed:
         return fw
     version_py = _package_file("torch", "version.py") or ""
@@ -127,7 +128,7 @@ def _torch(dists: dict[str, str], driver: dict) -> Framework:
     return fw
 
 
-def _built(fw: Framework, builder: str) -> None:
+def _built(fw: FrameworkCheck, builder: str) -> None:
     """What an adapter's module built on first use says will run, and why (its describe)."""
     import importlib
 
@@ -135,9 +136,11 @@ def _built(fw: Framework, builder: str) -> None:
     fw.add(level, text)
 
 
-def _cupy(dists: dict[str, str], driver: dict) -> Framework:
+def _cupy(dists: dict[str, str], driver: dict) -> FrameworkCheck:
     names = sorted(n for n in dists if re.fullmatch(r"cupy(-cuda\d+x?|-rocm[-\d]*)?", n))
-    fw = Framework("cupy", bool(names), dists[names[0]] if names else None, detail=", ".join(names))
+    fw = FrameworkCheck(
+        "cupy", bool(names), dists[names[0]] if names else None, detail=", ".join(names)
+    )
     if not names:
         return fw
     if len(names) > 1:
@@ -168,8 +171,8 @@ def _cupy(dists: dict[str, str], driver: dict) -> Framework:
     return fw
 
 
-def _jax(dists: dict[str, str], driver: dict) -> Framework:
-    fw = Framework("jax", "jax" in dists, dists.get("jax"))
+def _jax(dists: dict[str, str], driver: dict) -> FrameworkCheck:
+    fw = FrameworkCheck("jax", "jax" in dists, dists.get("jax"))
     if not fw.installed:
         return fw
     jaxlib = dists.get("jaxlib")
@@ -200,8 +203,8 @@ def _jax(dists: dict[str, str], driver: dict) -> Framework:
     return fw
 
 
-def _numba(dists: dict[str, str], driver: dict) -> Framework:
-    fw = Framework("numba", "numba-cuda" in dists, dists.get("numba-cuda"))
+def _numba(dists: dict[str, str], driver: dict) -> FrameworkCheck:
+    fw = FrameworkCheck("numba", "numba-cuda" in dists, dists.get("numba-cuda"))
     if not fw.installed:
         if "numba" in dists:  # numba alone: its old CUDA target has no usable EMM plugin API
             fw.version = dists["numba"]
@@ -226,9 +229,11 @@ def _numba(dists: dict[str, str], driver: dict) -> Framework:
     return fw
 
 
-def _rmm(dists: dict[str, str], driver: dict) -> Framework:
+def _rmm(dists: dict[str, str], driver: dict) -> FrameworkCheck:
     names = sorted(n for n in dists if re.fullmatch(r"rmm(-cu\d+)?", n))
-    fw = Framework("rmm", bool(names), dists[names[0]] if names else None, detail=", ".join(names))
+    fw = FrameworkCheck(
+        "rmm", bool(names), dists[names[0]] if names else None, detail=", ".join(names)
+    )
     if not names:
         return fw
     if "CallbackMemoryResource" not in (
@@ -250,9 +255,11 @@ def _rmm(dists: dict[str, str], driver: dict) -> Framework:
     return fw
 
 
-def _cuda_python(dists: dict[str, str]) -> Framework:
+def _cuda_python(dists: dict[str, str]) -> FrameworkCheck:
     names = [n for n in ("cuda-python", "cuda-bindings", "cuda-core") if n in dists]
-    fw = Framework("cuda-python", bool(names), ", ".join(f"{n} {dists[n]}" for n in names) or None)
+    fw = FrameworkCheck(
+        "cuda-python", bool(names), ", ".join(f"{n} {dists[n]}" for n in names) or None
+    )
     if names:
         fw.add("info", "optional: the bridge loads the driver itself and does not need it.")
     return fw
@@ -340,13 +347,37 @@ def stack(dists: dict[str, str]) -> list[Finding]:
     ]
 
 
-def frameworks(dists: dict[str, str], driver: dict) -> list[Framework]:
-    """What was found of each framework the bridge plugs into, and of cuda-python."""
-    return [
-        _cupy(dists, driver),
-        _torch(dists, driver),
-        _jax(dists, driver),
-        _numba(dists, driver),
-        _rmm(dists, driver),
-        _cuda_python(dists),
-    ]
+#: The frameworks with checks of their own here; every other row of the registry gets
+#: :func:`_registered`'s.
+_CHECKS = {"cupy": _cupy, "torch": _torch, "jax": _jax, "numba": _numba, "rmm": _rmm}
+
+
+def _registered(name: str, dists: dict[str, str], driver: dict) -> FrameworkCheck:
+    """A framework of the registry without a check of its own here: whether it is
+    installed (found, not imported), its distributions and version, and the call."""
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    fw = FrameworkCheck(name, found)
+    if not found:
+        return fw
+    owners = metadata.packages_distributions().get(name, [])
+    names = sorted({re.sub(r"[-_.]+", "-", n).lower() for n in owners})
+    fw.version = next((dists[n] for n in names if n in dists), "(version unknown)")
+    fw.detail = ", ".join(names)
+    fw.usable = True
+    fw.add("ok", f"call bridge.unify({name}=True) to put it on the shared pool.")
+    return fw
+
+
+def frameworks(dists: dict[str, str], driver: dict) -> list[FrameworkCheck]:
+    """What was found of each framework the bridge plugs into (the registry's, in
+    bridge.frameworks.FRAMEWORKS order), and of cuda-python."""
+    found = []
+    for name in registry.FRAMEWORKS:
+        if name not in registry.NAMES:  # "other": no framework
+            continue
+        check = _CHECKS.get(name)
+        found.append(check(dists, driver) if check else _registered(name, dists, driver))
+    return found + [_cuda_python(dists)]

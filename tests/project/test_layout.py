@@ -121,11 +121,11 @@ CORE = REPO / "bridge"
 # The registry (its Python table and its C half) is where the core may name frameworks.
 REGISTRY_FILES = {"bridge/frameworks.py", "bridge/_native/frameworks.h"}
 # Public names that carry a framework's name (CONTRACT: public names are never renamed):
-# unify()'s keywords and the flags they become, the timeline's columns, the pinned pool's
-# CuPy allocator and torch tensor, the entry points torch's adapter points torch._C at.
+# unify()'s own keywords (a framework added since is one of its **other_frameworks), the
+# pinned pool's CuPy allocator and torch tensor, the entry points torch's adapter points
+# torch._C at. The timeline's columns come from the registry.
 PUBLIC: dict[str, set[str]] = {
     "bridge/unify.py": {"cupy", "torch", "jax", "numba", "rmm", "jax_memory"},
-    "bridge/timeline.py": {"cupy", "torch", "jax", "numba", "rmm"},
     "bridge/pinned/__init__.py": {"cupy_pinned_allocator"},
     "bridge/pinned/_buffer.py": {"as_torch"},
     "bridge/snapshot.py": {
