@@ -42,7 +42,7 @@ SIZES = "512,1MiB,64MiB"
 DISTRIBUTIONS = ("torch", "cupy-cuda13x", "cupy-cuda12x", "cupy", "jax", "jaxlib",
                  "jax-cuda13-plugin", "jax-cuda13-pjrt", "rmm-cu13", "librmm-cu13",
                  "rapids-logger", "numpy", "cuda-bindings", "cuda-core", "cuda-pathfinder",
-                 "matplotlib", "bridge")
+                 "matplotlib", "gpumem-bridge")  # the bridge's own distribution
 #: Every section (--only picks some), in the plan's order but alloc_same_process (after pinned).
 SECTIONS = ("alloc_turns", "alloc", "alloc_same_process", "mixed", "e2e_turns", "e2e", "pinned",
             "trace", "capacity", "wait", "share", "rmm")

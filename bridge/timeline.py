@@ -5,7 +5,7 @@
 ...     train_step()
 ...     rec.mark("after step 1")
 >>> rec.to_csv("memory.csv")
->>> rec.plot("memory.png")          # needs matplotlib: pip install 'bridge[plot]'
+>>> rec.plot("memory.png")          # needs matplotlib: pip install 'gpumem-bridge[plot]'
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge import _runtime
 from bridge._errors import BridgeError
+from bridge._version import DISTRIBUTION
 from bridge.frameworks import COLORS
 from bridge.pool import FRAMEWORKS, stats
 
@@ -344,7 +345,7 @@ class Recording:
     def plot(self, path: PathLike, *, title: str | None = None, dpi: int = 120) -> pathlib.Path:
         """Draw a PNG: per-framework bytes stacked over time, the budget, the marks.
 
-        One panel per device. Needs matplotlib (``pip install 'bridge[plot]'``).
+        One panel per device. Needs matplotlib (``pip install 'gpumem-bridge[plot]'``).
 
         Parameters
         ----------
@@ -371,7 +372,7 @@ class Recording:
         except ImportError as exc:
             raise ImportError(
                 "Recording.plot needs matplotlib, which is not installed: "
-                "pip install 'bridge[plot]' (or pip install matplotlib). "
+                f"pip install '{DISTRIBUTION}[plot]' (or pip install matplotlib). "
                 "to_csv() and to_json() work without it."
             ) from exc
         with self._lock:

@@ -36,7 +36,7 @@ from typing import Any, TextIO
 from bridge import _runtime
 from bridge import share as _share
 from bridge._errors import BridgeError, format_bytes
-from bridge._version import __version__
+from bridge._version import DISTRIBUTION, __version__
 from bridge.pool import FRAMEWORKS, Stats, stats
 from bridge.tools import demo
 from bridge.tools import doctor as _doctor
@@ -353,7 +353,7 @@ _BUILDS: dict[str, tuple[str, str, str, Callable[[Any], str]]] = {
 _INSTALL = {
     "build-torch": (
         "torch",
-        "pip install torch (PyPI's CUDA build), or pip install 'bridge[torch]'",
+        f"pip install torch (PyPI's CUDA build), or pip install '{DISTRIBUTION}[torch]'",
     ),
 }
 

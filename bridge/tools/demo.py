@@ -39,6 +39,7 @@ from typing import Any, TextIO
 
 from bridge._errors import BridgeError
 from bridge._install import install_hint
+from bridge._version import DISTRIBUTION
 from bridge.budget import GPU_LIMIT_ENV, parse_size
 
 GIB = 1 << 30
@@ -290,7 +291,7 @@ def plot(results: Sequence[RunResult], path: str | os.PathLike, *, dpi: int = 12
     except ImportError as exc:
         raise ImportError(
             "the demo's PNG needs matplotlib, which is not installed: pip install "
-            "'bridge[plot]' (or pip install matplotlib)"
+            f"'{DISTRIBUTION}[plot]' (or pip install matplotlib)"
         ) from exc
     fig = Figure(figsize=(12, 3.4 * len(results)))
     FigureCanvasAgg(fig)

@@ -259,7 +259,7 @@ def test_plot_without_matplotlib_says_what_to_install(standin, tmp_path, monkeyp
         "matplotlib.backends.backend_agg",
     ):
         monkeypatch.setitem(sys.modules, name, None)
-    with pytest.raises(ImportError, match=r"pip install 'bridge\[plot\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'gpumem-bridge\[plot\]'"):
         rec.plot(tmp_path / "mem.png")
 
 

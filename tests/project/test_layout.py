@@ -76,11 +76,15 @@ def test_the_cycle_finder_finds_one():
 
 
 def test_one_version():
-    # pyproject.toml reads it from bridge/_version.py; nothing else states it
+    # pyproject.toml reads it from bridge/_version.py; nothing else states it. The
+    # distribution that installs the package bridge is named in _version.py too
+    from bridge._version import DISTRIBUTION
+
     assert re.fullmatch(r"\d+\.\d+\.\d+(\S*)", bridge.__version__)
-    assert importlib.metadata.version("bridge") == bridge.__version__
+    assert importlib.metadata.version(DISTRIBUTION) == bridge.__version__
     pyproject = (REPO / "pyproject.toml").read_text()
-    assert 'dynamic = ["version"]' in pyproject
+    assert re.search(r'^dynamic = \["version"[],]', pyproject, re.M)
+    assert f'name = "{DISTRIBUTION}"' in pyproject
     assert not re.search(r"^version\s*=\s*['\"]", pyproject, re.M)  # no literal version
     assert 'attr = "bridge._version.__version__"' in pyproject
 

@@ -196,7 +196,7 @@ def test_the_report_puts_both_outcomes_side_by_side(standin, tmp_path, monkeypat
     assert [r["label"] for r in rows if r["mode"] == "bridge" and r["label"]][1] == "CuPy holds"
     if matplotlib == "missing":
         assert "no PNG: the demo's PNG needs matplotlib" in out and str(table) in out
-        assert "pip install 'bridge[plot]'" in out
+        assert "pip install 'gpumem-bridge[plot]'" in out
         assert not png.exists()
     else:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
