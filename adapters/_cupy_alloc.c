@@ -57,22 +57,22 @@ typedef struct {
 typedef PyObject *(*cupy_stream_fn)(int skip_dispatch, cupy_stream_opt *opt);
 
 #define CUPY_DEVICE_SIGNATURE "int (int __pyx_skip_dispatch)"
-#define CUPY_STREAM_SIGNATURE                                                                  \
-    "PyObject *(int __pyx_skip_dispatch, struct "                                              \
+#define CUPY_STREAM_SIGNATURE                     \
+    "PyObject *(int __pyx_skip_dispatch, struct " \
     "__pyx_opt_args_4cupy_4cuda_6stream_get_current_stream *__pyx_optional_args)"
 
 typedef struct {
     PyObject_HEAD
-    PyObject *get_device; /* () -> int: CuPy's current device */
-    PyObject *get_stream; /* () -> CuPy's current Stream (its .ptr is the handle) */
-    PyObject *unowned;    /* cupy.cuda.memory.UnownedMemory */
-    PyObject *pointer;    /* cupy.cuda.memory.MemoryPointer */
-    PyObject *on_failure; /* (size, device, stream, status) -> MemoryPointer or raise */
-    PyObject *capsules;   /* (device capsule, stream capsule) in use, or None */
-    cupy_device_fn device_c; /* CuPy's get_device_id, or NULL: call get_device */
-    cupy_stream_fn stream_c; /* CuPy's get_current_stream, or NULL: call get_stream */
-    PyTypeObject *memory_type;  /* BridgeMemory (a BaseMemory), or NULL: UnownedMemory */
-    PyObject *memory_problem;   /* why memory_type is NULL (str), or None */
+    PyObject *get_device;      /* () -> int: CuPy's current device */
+    PyObject *get_stream;      /* () -> CuPy's current Stream (its .ptr is the handle) */
+    PyObject *unowned;         /* cupy.cuda.memory.UnownedMemory */
+    PyObject *pointer;         /* cupy.cuda.memory.MemoryPointer */
+    PyObject *on_failure;      /* (size, device, stream, status) -> MemoryPointer or raise */
+    PyObject *capsules;        /* (device capsule, stream capsule) in use, or None */
+    cupy_device_fn device_c;   /* CuPy's get_device_id, or NULL: call get_device */
+    cupy_stream_fn stream_c;   /* CuPy's get_current_stream, or NULL: call get_stream */
+    PyTypeObject *memory_type; /* BridgeMemory (a BaseMemory), or NULL: UnownedMemory */
+    PyObject *memory_problem;  /* why memory_type is NULL (str), or None */
     int tag;
     unsigned long long num_gil_releases; /* calls that went to bridge_alloc without the GIL */
     vectorcallfunc vectorcall;
@@ -239,13 +239,12 @@ static PyObject *check_layout(PyObject *base, PyObject *pointer, PyTypeObject **
                                     bt->tp_name, bt->tp_basicsize,
                                     bt->tp_flags & Py_TPFLAGS_HAVE_GC ? " with GC" : "",
                                     (Py_ssize_t)sizeof(cupy_BaseMemory));
-    if (pt->tp_basicsize < (Py_ssize_t)sizeof(cupy_MemoryPointer) || pt->tp_itemsize ||
-        !pt->tp_new)
+    if (pt->tp_basicsize < (Py_ssize_t)sizeof(cupy_MemoryPointer) || pt->tp_itemsize || !pt->tp_new)
         return PyUnicode_FromFormat("%s is %zd bytes, not the MemoryPointer this build knows",
                                     pt->tp_name, pt->tp_basicsize);
     PyObject *bases = PyTuple_Pack(1, base);
-    PyTypeObject *tp = bases ? (PyTypeObject *)PyType_FromSpecWithBases(&BridgeMemory_spec, bases)
-                             : NULL;
+    PyTypeObject *tp =
+        bases ? (PyTypeObject *)PyType_FromSpecWithBases(&BridgeMemory_spec, bases) : NULL;
     Py_XDECREF(bases);
     if (!tp)
         return NULL;
@@ -293,8 +292,8 @@ static PyObject *check_layout(PyObject *base, PyObject *pointer, PyTypeObject **
         goto error;
     int same = mem == m;
     Py_DECREF(mem);
-    int okp = same ? attr_is(p, "ptr", fake + 64) : 0, okp2 = okp == 1 ? attr_is(p, "device_id", 5)
-                                                                      : okp;
+    int okp = same ? attr_is(p, "ptr", fake + 64) : 0,
+        okp2 = okp == 1 ? attr_is(p, "device_id", 5) : okp;
     if (okp2 < 0)
         goto error;
     if (!okp2)
@@ -407,8 +406,7 @@ static PyObject *CupyAllocator_vectorcall(PyObject *callable, PyObject *const *a
     if (self->memory_type) {
         PyObject *mem = memory_new(self->memory_type, ptr, size, (int)dev, stream_obj);
         Py_DECREF(stream_obj);
-        return mem ? pointer_to((PyTypeObject *)self->pointer, mem, (intptr_t)ptr, (int)dev)
-                   : NULL;
+        return mem ? pointer_to((PyTypeObject *)self->pointer, mem, (intptr_t)ptr, (int)dev) : NULL;
     }
     PyObject *block = block_new(ptr, size, (int)dev, stream_obj);
     Py_DECREF(stream_obj);
@@ -436,10 +434,9 @@ static void *capsule_function(PyObject *capsule, const char *signature)
 
 static PyObject *CupyAllocator_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"get_device",     "get_stream",     "unowned_memory",
-                            "memory_pointer", "on_failure",     "tag",
-                            "device_capsule", "stream_capsule", "base_memory",
-                            NULL};
+    static char *names[] = {"get_device",  "get_stream", "unowned_memory", "memory_pointer",
+                            "on_failure",  "tag",        "device_capsule", "stream_capsule",
+                            "base_memory", NULL};
     PyObject *gd, *gs, *um, *mp, *of, *dcap = NULL, *scap = NULL, *base = NULL;
     int tag = BRIDGE_TAG_CUPY;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|iOOO", names, &gd, &gs, &um, &mp, &of, &tag,

@@ -766,7 +766,7 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     std::unordered_map<int, double> fraction_; // under settings_mu_
 #ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
     std::vector<CCA::OomRejectionObserver> rejection_observers_; // under history.mu
-    std::atomic<int64_t> rejections_[BRIDGE_MAX_DEVICES] = {}; // requests rejected()
+    std::atomic<int64_t> rejections_[BRIDGE_MAX_DEVICES] = {};   // requests rejected()
 #endif
 };
 
@@ -890,8 +890,7 @@ std::vector<std::tuple<uintptr_t, int, int64_t>> trace_times()
     std::vector<std::tuple<uintptr_t, int, int64_t>> out;
     CCA::SnapshotInfo info = installed->snapshot({0, 0}, true);
     for (const TraceEntry &e : info.device_traces.at(0))
-        out.emplace_back(e.addr_, static_cast<int>(e.action_),
-                         static_cast<int64_t>(e.time_.t_));
+        out.emplace_back(e.addr_, static_cast<int>(e.action_), static_cast<int64_t>(e.time_.t_));
     return out;
 }
 
@@ -958,8 +957,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("_open_ipc_handle", &open_ipc_handle, "For tests: torch's getIpcDevPtr(handle)");
     m.def("_close_ipc_handle", &close_ipc_handle, "For tests: drop what _open_ipc_handle kept");
     m.def("_set_use_on_oom", &set_use_on_oom_for, "For tests: setUseOnOOM (a MemPool's flag)",
-          pybind11::arg("device"), pybind11::arg("id0"), pybind11::arg("id1"),
-          pybind11::arg("on"));
+          pybind11::arg("device"), pybind11::arg("id0"), pybind11::arg("id1"), pybind11::arg("on"));
     m.def("_observe_ooms", &observe_ooms,
           "For tests: attach an OOM observer that keeps its arguments");
     m.def("_last_observed", &last_observed,

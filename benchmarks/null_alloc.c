@@ -40,18 +40,18 @@ typedef struct {
 
 /* The order of null_get_stats's values (bench_trace.NULL_STATS names them). */
 enum {
-    ST_REGION,       /* bytes in the region */
-    ST_HIGH_WATER,   /* the bump pointer's offset: bytes ever handed out */
-    ST_ALLOCS,       /* allocations served */
-    ST_BUMPS,        /* ... of them by the bump pointer */
-    ST_REUSES,       /* ... of them from a size's free list */
-    ST_FREES,        /* frees of a block of the region */
-    ST_FAILED,       /* allocations refused (region exhausted) */
-    ST_DROPPED,      /* freed blocks not kept (no room for their size): never reused */
-    ST_FOREIGN,      /* frees of a pointer outside the region (ignored) */
-    ST_LIVE,         /* bytes handed out and not freed (rounded) */
-    ST_PEAK_LIVE,    /* the most of ST_LIVE at once */
-    ST_CLASSES,      /* distinct rounded sizes seen */
+    ST_REGION,     /* bytes in the region */
+    ST_HIGH_WATER, /* the bump pointer's offset: bytes ever handed out */
+    ST_ALLOCS,     /* allocations served */
+    ST_BUMPS,      /* ... of them by the bump pointer */
+    ST_REUSES,     /* ... of them from a size's free list */
+    ST_FREES,      /* frees of a block of the region */
+    ST_FAILED,     /* allocations refused (region exhausted) */
+    ST_DROPPED,    /* freed blocks not kept (no room for their size): never reused */
+    ST_FOREIGN,    /* frees of a pointer outside the region (ignored) */
+    ST_LIVE,       /* bytes handed out and not freed (rounded) */
+    ST_PEAK_LIVE,  /* the most of ST_LIVE at once */
+    ST_CLASSES,    /* distinct rounded sizes seen */
     ST_COUNT
 };
 

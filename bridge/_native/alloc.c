@@ -250,7 +250,7 @@ int bridge_set_cache_carve(int device, double share, uint64_t min, uint64_t max,
     carve_set(device, (uint64_t)(share * 65536.0 + 0.5), min, max, keep, small_keep);
     carve_set_slack(device, 0); /* the chunks past keep go back as they empty */
     if (!max) {
-        cache_release_carved(device); /* the parked carved blocks to their chunks */
+        cache_release_carved(device);        /* the parked carved blocks to their chunks */
         carve_flush(device, release_cached); /* off: no empty chunk is kept */
     }
     return BRIDGE_OK;
@@ -427,7 +427,10 @@ static void carved_leaves_slot(int device, const cache_block *b)
     if (!b->kept || records_take_parked(b->ptr, &rec, ledger_unpark) != 0)
         /* no record to take (never so: a carved block parks with it): the
          * range back all the same, never lost nor handed out twice */
-        rec = (record){.ptr = b->ptr, .size = b->size, .stream = b->stream, .device = device,
+        rec = (record){.ptr = b->ptr,
+                       .size = b->size,
+                       .stream = b->stream,
+                       .device = device,
                        .flags = REC_CARVED};
     carved_free(&bridge_devices[device], &rec);
 }
@@ -466,8 +469,7 @@ void bridge_free(void *ptr)
          * A carved block stays carved, the slot's carved block (if any) back
          * to its segment first. */
         if ((rec.flags & REC_CARVED)
-                ? cache_park_carved(rec.device, rec.stream, rec.size, rec.ptr, rec.tag, rec.park,
-                                    1)
+                ? cache_park_carved(rec.device, rec.stream, rec.size, rec.ptr, rec.tag, rec.park, 1)
                 : cache_park(rec.device, rec.stream, rec.size, rec.ptr, rec.tag,
                              cache_held(d, rec.size), rec.park)) {
             ledger_count_parked(&rec);
@@ -510,7 +512,7 @@ void bridge_free(void *ptr)
      * cached blocks beyond the cap go back to the pool (after the cache's
      * lock is dropped) */
     if (cacheable(&rec)) {
-cache_it:;
+    cache_it:;
         cache_block evicted[BRIDGE_CACHE_EVICT_MAX];
         int nevicted;
         uint64_t held = cache_held(d, rec.size);
@@ -587,8 +589,8 @@ int bridge_free_cached(void *ptr)
         device_state *d = &bridge_devices[rec.device];
         if (!rec.flags && cacheable(&rec) && !atomic_load_explicit(&d->captures_active, RELAXED) &&
             !atomic_load_explicit(&d->num_deferred, RELAXED) &&
-            cache_park(rec.device, rec.stream, rec.size, rec.ptr, rec.tag,
-                       cache_held(d, rec.size), rec.park)) {
+            cache_park(rec.device, rec.stream, rec.size, rec.ptr, rec.tag, cache_held(d, rec.size),
+                       rec.park)) {
             ledger_count_parked(&rec);
             return BRIDGE_OK;
         }
@@ -1215,7 +1217,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     device_state *d = device_of(device);
     if (!d)
         return bridge_initialized() ? BRIDGE_E_DEVICE : BRIDGE_E_NOTINIT;
-    graph_collect_dead(); /* the figures count no dead CuPy graph's pool */
+    graph_collect_dead();   /* the figures count no dead CuPy graph's pool */
     graph_reap_ended(d, 1); /* nor a failed capture's */
     out->limit = atomic_load(&d->limit);
     out->used = atomic_load(&d->reserved);
@@ -1277,8 +1279,7 @@ int bridge_get_stats(int device, bridge_stats *out)
     if ((r = pool_figure(d, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &out->pool_used)) != CUDA_SUCCESS ||
         (r = pool_figure(d, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &out->pool_reserved)) !=
             CUDA_SUCCESS ||
-        (r = pool_figure(d, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &out->pool_used_high)) !=
-            CUDA_SUCCESS) {
+        (r = pool_figure(d, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &out->pool_used_high)) != CUDA_SUCCESS) {
         capture_mode_exit(mode);
         return bridge_note_driver_error(r), BRIDGE_E_DRIVER;
     }

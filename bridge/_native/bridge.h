@@ -411,12 +411,12 @@ typedef struct bridge_stats {
     uint64_t num_wait_interrupts;  /* waits given up for Ctrl-C */
     uint64_t waiting;              /* threads waiting now */
     bridge_tag_stats tag[BRIDGE_NTAGS];
-    uint64_t cache_floor;     /* the small tier's cap is at least this (under cache_limit) */
-    double cache_fraction;    /* ... and at most this share of the live bytes */
-    uint64_t cached_small;    /* `cached` in the small tier (blocks <= cache_small_max) */
-    uint64_t cached_large;    /* ... and in the large tier */
-    uint64_t cache_small_max; /* the largest block of the small tier */
-    uint64_t cache_large_cap; /* the large tier's cap (under cache_limit) ... */
+    uint64_t cache_floor;        /* the small tier's cap is at least this (under cache_limit) */
+    double cache_fraction;       /* ... and at most this share of the live bytes */
+    uint64_t cached_small;       /* `cached` in the small tier (blocks <= cache_small_max) */
+    uint64_t cached_large;       /* ... and in the large tier */
+    uint64_t cache_small_max;    /* the largest block of the small tier */
+    uint64_t cache_large_cap;    /* the large tier's cap (under cache_limit) ... */
     double cache_large_fraction; /* ... and its share of the live bytes (0: none) */
     uint64_t carve_held;         /* bytes of the chunks blocks are carved from */
     uint64_t carve_on;           /* 1 while carving is on */

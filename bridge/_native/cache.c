@@ -103,28 +103,28 @@ typedef struct tier {
 
 typedef struct dcache {
     pthread_mutex_t lock;
-    slot *slots;                /* SLOTS entries, allocated on first put */
-    node *nodes;                /* NODES entries, allocated with slots */
-    uint32_t nused;             /* nodes[0..nused) were handed out */
-    uint32_t free_head;         /* nodes given back, linked by `older` */
-    tier tiers[TIERS];          /* blocks <= small_max, and the larger ones */
-    _Atomic uint64_t bytes;     /* cached bytes, both tiers; written under the lock */
-    _Atomic uint64_t limit;     /* hard cap of `bytes`; 0 = caching off */
-    _Atomic uint64_t max_block; /* larger blocks are never cached */
-    _Atomic uint64_t fraction;  /* the small tier's share of live bytes, x 65536 */
-    _Atomic uint64_t floor;     /* the small tier's cap is at least this */
-    _Atomic uint64_t small_max; /* the largest block of the small tier */
-    _Atomic uint64_t large_cap; /* the large tier's cap ... */
+    slot *slots;                     /* SLOTS entries, allocated on first put */
+    node *nodes;                     /* NODES entries, allocated with slots */
+    uint32_t nused;                  /* nodes[0..nused) were handed out */
+    uint32_t free_head;              /* nodes given back, linked by `older` */
+    tier tiers[TIERS];               /* blocks <= small_max, and the larger ones */
+    _Atomic uint64_t bytes;          /* cached bytes, both tiers; written under the lock */
+    _Atomic uint64_t limit;          /* hard cap of `bytes`; 0 = caching off */
+    _Atomic uint64_t max_block;      /* larger blocks are never cached */
+    _Atomic uint64_t fraction;       /* the small tier's share of live bytes, x 65536 */
+    _Atomic uint64_t floor;          /* the small tier's cap is at least this */
+    _Atomic uint64_t small_max;      /* the largest block of the small tier */
+    _Atomic uint64_t large_cap;      /* the large tier's cap ... */
     _Atomic uint64_t large_fraction; /* ... and its share of live, x 65536; 0: none */
-    uint32_t keys;              /* slots with size != 0; <= SLOTS / 2 */
-    uint32_t live_keys;         /* slots with n > 0; <= keys */
-    _Atomic int held;           /* threads waiting for memory (wait.c): while > 0
+    uint32_t keys;                   /* slots with size != 0; <= SLOTS / 2 */
+    uint32_t live_keys;              /* slots with n > 0; <= keys */
+    _Atomic int held;                /* threads waiting for memory (wait.c): while > 0
                                   nothing is cached, freed bytes go to the pool;
                                   written under the lock */
-    _Atomic uint64_t parked[TIERS]; /* bytes in the thread slots, by tier */
-    _Atomic uint64_t parked_carved; /* carved blocks' bytes in the thread slots (in no tier) */
-    _Atomic(tslot *) tslots;        /* every thread slot of the device */
-    _Atomic int slots_on;           /* 0: frees go to the lists alone */
+    _Atomic uint64_t parked[TIERS];  /* bytes in the thread slots, by tier */
+    _Atomic uint64_t parked_carved;  /* carved blocks' bytes in the thread slots (in no tier) */
+    _Atomic(tslot *) tslots;         /* every thread slot of the device */
+    _Atomic int slots_on;            /* 0: frees go to the lists alone */
 } dcache;
 
 #define DEFAULT_LIMIT (1ull << 30)
@@ -509,7 +509,6 @@ static tslot *slot_attach(dcache *c, int device)
     return s;
 }
 
-
 /* Another thread's claim of slot s: 1 with its block in *out (and out of the
  * slot and the tier's bytes) when it holds one that the claim wants, else 0
  * (the slot as it was). */
@@ -559,8 +558,8 @@ static int slot_claim(dcache *c, tslot *s, int want, CUstream stream, uint64_t s
 
 /* Claim blocks of every thread's slot on the device that `want` accepts, at
  * most `max`, into out; the number claimed. */
-static int claim_slots(dcache *c, int want, CUstream stream, uint64_t size, int t,
-                       cache_block *out, int max)
+static int claim_slots(dcache *c, int want, CUstream stream, uint64_t size, int t, cache_block *out,
+                       int max)
 {
     int n = 0;
     if (!atomic_load_explicit(&c->parked[TIER_SMALL], RELAXED) &&
@@ -576,8 +575,7 @@ static int claim_slots(dcache *c, int want, CUstream stream, uint64_t size, int 
 /* The owner's take of its own block: 1 when the slot held `ptr`. */
 static inline int slot_take_back(dcache *c, tslot *s, uintptr_t ptr)
 {
-    if (!atomic_compare_exchange_strong_explicit(&s->ptr, &ptr, 0, memory_order_acquire,
-                                                 RELAXED))
+    if (!atomic_compare_exchange_strong_explicit(&s->ptr, &ptr, 0, memory_order_acquire, RELAXED))
         return 0;
     atomic_fetch_sub_explicit(atomic_load_explicit(&s->carved, RELAXED)
                                   ? &c->parked_carved
@@ -669,8 +667,7 @@ int cache_park(int device, CUstream stream, uint64_t size, uintptr_t ptr, int ta
     if (!mine || &mine->park != pw || !atomic_load_explicit(&c->slots_on, RELAXED) ||
         !atomic_load_explicit(&c->limit, RELAXED) ||
         size > atomic_load_explicit(&c->max_block, RELAXED) ||
-        atomic_load_explicit(&c->held, RELAXED) ||
-        atomic_load_explicit(&mine->ptr, RELAXED) ||
+        atomic_load_explicit(&c->held, RELAXED) || atomic_load_explicit(&mine->ptr, RELAXED) ||
         atomic_load_explicit(&mine->park.kept, RELAXED))
         return 0;
     int t = tier_of(c, size);

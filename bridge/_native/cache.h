@@ -40,13 +40,13 @@
 #include "park.h"
 
 /* Larger blocks are never cached (default of cache_set_limits' max_block). */
-#define BRIDGE_CACHE_MAX_BLOCK    (256ull << 20)
+#define BRIDGE_CACHE_MAX_BLOCK          (256ull << 20)
 /* Defaults of the cap's floor and fraction of the live bytes (cache_set_share). */
-#define BRIDGE_CACHE_FLOOR        (64ull << 20)
-#define BRIDGE_CACHE_FRACTION_Q16 (65536u / 16) /* 1/16, in units of 1/65536 */
+#define BRIDGE_CACHE_FLOOR              (64ull << 20)
+#define BRIDGE_CACHE_FRACTION_Q16       (65536u / 16) /* 1/16, in units of 1/65536 */
 /* Defaults of the tiers' boundary and of the large tier's cap (cache_set_tiers). */
-#define BRIDGE_CACHE_SMALL_MAX    (1ull << 20)
-#define BRIDGE_CACHE_LARGE_CAP    (64ull << 20)
+#define BRIDGE_CACHE_SMALL_MAX          (1ull << 20)
+#define BRIDGE_CACHE_LARGE_CAP          (64ull << 20)
 /* Default of the large tier's share of the live bytes (cache_set_large_fraction):
  * 1/8.  On the committed traces (benchmarks/model_cache.py) it keeps the hits
  * and lowers peak reserved / peak live most where little is live beside large
@@ -54,13 +54,13 @@
  * cap is always cacheable, so a loop of one large size still hits. */
 #define BRIDGE_CACHE_LARGE_FRACTION_Q16 (65536u / 8)
 /* Most blocks one cache_put or cache_trim hands back for eviction. */
-#define BRIDGE_CACHE_EVICT_MAX    16
+#define BRIDGE_CACHE_EVICT_MAX          16
 /* Blocks kept per (stream, size) key.  64, not 16: a training step frees
  * dozens of blocks of one size (GPT-2: 48% of allocations hit with 16, 58%
  * with 64, at the same reserved / live in benchmarks/model_cache.py).  The
  * node array is sized for it but malloc'd lazily: untouched nodes cost no
  * memory. */
-#define BRIDGE_CACHE_DEPTH        64
+#define BRIDGE_CACHE_DEPTH              64
 
 /* Streams are keys here (streams.c: the per-thread default stream has one
  * key per thread).  A cached block on its way back to the driver. */

@@ -363,8 +363,8 @@ uintptr_t carve_add(int device, CUstream key, uintptr_t base, uint64_t bytes, ui
     uintptr_t p = 0;
     pthread_mutex_lock(&c->lock);
     if (ch && !grow((void **)&c->chunks, c->nchunks, &c->capchunks, sizeof(chunk *))) {
-        *ch = (chunk){.base = base, .bytes = bytes, .key = key, .cls = class_of(size),
-                      .no = c->next_no++};
+        *ch = (chunk){
+            .base = base, .bytes = bytes, .key = key, .cls = class_of(size), .no = c->next_no++};
         uint32_t i = chunk_index(c, base);
         memmove(&c->chunks[i + 1], &c->chunks[i], (c->nchunks - i) * sizeof(chunk *));
         c->chunks[i] = ch;
@@ -430,7 +430,7 @@ void carve_give(int device, uintptr_t ptr, uint64_t size, int keep_none, cache_r
                 drop_chunk(c, ch, &out[k++]);
             } else {
                 int on = atomic_load_explicit(&c->max, RELAXED) != 0;
-                uint64_t keep = keep_none || !on ? 0
+                uint64_t keep = keep_none || !on   ? 0
                                 : ch->cls == SMALL ? atomic_load_explicit(&c->small_keep, RELAXED)
                                                    : atomic_load_explicit(&c->keep, RELAXED);
                 k += trim_class(c, ch->cls, keep, out + k, BRIDGE_CACHE_EVICT_MAX - k);

@@ -43,8 +43,8 @@ typedef struct thread_counts {
 
 /* The calling thread's copies, by device (NULL until its first count
  * there): a table on the heap (tls.h), made at its first count, NULL before. */
-extern __attribute__((visibility("hidden"))) _Thread_local thread_counts **counts_mine
-    BRIDGE_TLS_ONE_LOAD;
+extern __attribute__((
+    visibility("hidden"))) _Thread_local thread_counts **counts_mine BRIDGE_TLS_ONE_LOAD;
 
 /* The calling thread's copy for `device`, made or taken over on first use;
  * NULL only when the host has no memory for one (the count is then lost,

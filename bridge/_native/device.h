@@ -24,16 +24,16 @@
 
 /* ---- per-framework figures ---- */
 typedef struct tag_state {
-    _Atomic uint64_t current;   /* live bytes; what the framework sees */
-    _Atomic uint64_t peak;      /* max of current since reset */
+    _Atomic uint64_t current; /* live bytes; what the framework sees */
+    _Atomic uint64_t peak;    /* max of current since reset */
     /* the cumulative figures (bytes allocated and freed, allocations, frees)
      * are counted per thread (counts.h); these are their sums at the last
      * reset, which the figures read leave out */
     _Atomic uint64_t base[COUNT_TAG_FIGURES];
     _Atomic uint64_t num_ooms;
-    _Atomic uint64_t limit;     /* the framework's own cap; 0 = none */
-    _Atomic int64_t count;      /* live blocks (allocations not yet freed); never reset */
-    _Atomic int64_t count_peak; /* max of count since the last peak reset */
+    _Atomic uint64_t limit;         /* the framework's own cap; 0 = none */
+    _Atomic int64_t count;          /* live blocks (allocations not yet freed); never reset */
+    _Atomic int64_t count_peak;     /* max of count since the last peak reset */
     _Atomic uint64_t reserved_peak; /* max of current + graph_bytes + cached where
                                        seen (alloc.c's raise_reserved_peaks) */
 } tag_state;
@@ -74,8 +74,8 @@ typedef struct device_state {
      * POSIX file-descriptor export (bridge_ipc_enable; ipc.c shares its
      * blocks with other processes); NULL: the default pool.  Set once. */
     _Atomic(CUmemoryPool) ipc_pool;
-    CUstream side;     /* non-blocking stream: graph blocks, deferred frees */
-    uint64_t total;    /* device memory, bytes */
+    CUstream side;  /* non-blocking stream: graph blocks, deferred frees */
+    uint64_t total; /* device memory, bytes */
     _Atomic uint64_t release_threshold;
 
     /* ---- captures (under capture_lock) ----

@@ -701,8 +701,8 @@ int graph_reap_ended(device_state *d, int force)
     int device = (int)(d - bridge_devices);
     if (!force) {
         uint64_t now = now_ns(), next = atomic_load_explicit(&next_reap_ns[device], RELAXED);
-        if (now < next || !atomic_compare_exchange_strong_explicit(
-                              &next_reap_ns[device], &next, now + 1000000, RELAXED, RELAXED))
+        if (now < next || !atomic_compare_exchange_strong_explicit(&next_reap_ns[device], &next,
+                                                                   now + 1000000, RELAXED, RELAXED))
             return 0;
     }
     unsigned long me = thread_self();

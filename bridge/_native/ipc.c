@@ -46,9 +46,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HANDLE_MAGIC "BRIDGEIP"
+#define HANDLE_MAGIC   "BRIDGEIP"
 #define HANDLE_VERSION 1u
-#define MAX_CONNS 256
+#define MAX_CONNS      256
 
 typedef struct ipc_handle {
     char magic[8];
@@ -394,8 +394,8 @@ static void *serve(void *arg)
                 continue;
             struct ucred cred;
             socklen_t len = sizeof cred;
-            if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-                cred.uid != geteuid() || nconn == MAX_CONNS) {
+            if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid() ||
+                nconn == MAX_CONNS) {
                 atomic_fetch_add(&num_refused, 1);
                 send_status(c, ST_REFUSED, -1);
                 close(c);
@@ -423,7 +423,8 @@ static int ensure_server(void)
         snprintf(sock_name, sizeof sock_name, "bridge-ipc-%d-%08lx", (int)getpid(),
                  (unsigned long)(ts.tv_nsec ^ (ts.tv_sec << 20)) & 0xffffffffu);
         memcpy(a.sun_path + 1, sock_name, strlen(sock_name)); /* abstract: no file */
-        socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(sock_name));
+        socklen_t alen =
+            (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(sock_name));
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         pthread_t t;
         pthread_attr_t at;
@@ -722,7 +723,7 @@ void bridge_ipc_release(void *ptr)
         pthread_mutex_unlock(&client_lock);
         return;
     }
-    import im = imports[i];
+import im = imports[i];
     imports[i] = imports[--nimports];
     pthread_mutex_unlock(&client_lock);
     device_state *d = device_of(im.device);

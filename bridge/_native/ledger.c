@@ -307,8 +307,8 @@ static void raise_count_peak(device_state *d, int tag, int64_t raw)
  * out, when raw alone passes it; any bytes pass BRIDGE_TAG_LIMIT_ZERO. */
 static inline int over_tag_limit(device_state *d, int tag, uint64_t tlimit, uint64_t raw)
 {
-    return tlimit && (raw > tlimit ? less_kept(d, tag, raw, NULL) > tlimit
-                                   : tlimit == BRIDGE_TAG_LIMIT_ZERO);
+    return tlimit &&
+           (raw > tlimit ? less_kept(d, tag, raw, NULL) > tlimit : tlimit == BRIDGE_TAG_LIMIT_ZERO);
 }
 
 uint64_t ledger_room(device_state *d)

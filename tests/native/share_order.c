@@ -38,15 +38,14 @@ static void between_reads(struct share_slot *slot)
     atomic_store(&slot->fields_gen, new_gen);
 }
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "share_order: %s:%d: CHECK failed: %s: ", __FILE__, __LINE__, \
-                    #cond);                                                                \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-            abort();                                                                       \
-        }                                                                                  \
+#define CHECK(cond, ...)                                                                          \
+    do {                                                                                          \
+        if (!(cond)) {                                                                            \
+            fprintf(stderr, "share_order: %s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                                         \
+            fputc('\n', stderr);                                                                  \
+            abort();                                                                              \
+        }                                                                                         \
     } while (0)
 
 int main(int argc, char **argv)

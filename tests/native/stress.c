@@ -724,8 +724,7 @@ static void phase_segments(void)
         taken_back += w[i].hits;
     s = stats_of(0);
     /* every worker ended with a block parked: their exits gave them back */
-    CHECK(s.carve_parked == 0, "%" PRIu64 " bytes parked after the threads ended",
-          s.carve_parked);
+    CHECK(s.carve_parked == 0, "%" PRIu64 " bytes parked after the threads ended", s.carve_parked);
     CHECK(bridge_parked_records() == 0, "parked records after the threads ended");
     CHECK(taken_back > 0, "no block was taken back from a slot");
     printf("  segments' slots: %" PRIu64 " blocks taken back, parked bytes seen %" PRIu64
@@ -736,8 +735,7 @@ static void phase_segments(void)
     CHECK(bridge_set_cache_segments(0, 0) == BRIDGE_OK, "segments off");
     CHECK(bridge_set_cache(0, cache, 256 * MIB) == BRIDGE_OK, "set_cache");
     check_idle("segments");
-    CHECK(stats_of(0).carve_held == 0, "segments: %" PRIu64 " bytes left",
-          stats_of(0).carve_held);
+    CHECK(stats_of(0).carve_held == 0, "segments: %" PRIu64 " bytes left", stats_of(0).carve_held);
 }
 
 /* ---- phase: limits (budget, tag caps, hook changed under the allocators) ---- */

@@ -155,12 +155,12 @@ static int unsafe_call(int device_wide)
     return 1;
 }
 
-#define UNSAFE(device_wide)              \
-    do {                                 \
-        if (unsafe_call(device_wide)) {  \
-            pthread_mutex_unlock(&mu);   \
-            return 900;                  \
-        }                                \
+#define UNSAFE(device_wide)             \
+    do {                                \
+        if (unsafe_call(device_wide)) { \
+            pthread_mutex_unlock(&mu);  \
+            return 900;                 \
+        }                               \
     } while (0)
 
 #define FAULT(name)                    \
@@ -1664,8 +1664,11 @@ CUresult cuMemPoolExportPointer(void *data, CUdeviceptr p)
         if (lives[j].ptr == p) {
             if (lives[j].xp >= 0 && xpools[lives[j].xp].shared) {
                 xpool *x = &xpools[lives[j].xp];
-                xexport e = {XPOOL_MAGIC, x->ino, (uint64_t)((char *)(uintptr_t)p - x->base),
-                             lives[j].size, {0}};
+                xexport e = {XPOOL_MAGIC,
+                             x->ino,
+                             (uint64_t)((char *)(uintptr_t)p - x->base),
+                             lives[j].size,
+                             {0}};
                 memcpy(data, &e, sizeof e);
                 r = OK;
             }
@@ -1685,8 +1688,7 @@ CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, void *data)
     FAULT("cuMemPoolImportPointer");
     xpool *x = xpool_of(pool);
     CUresult r = OK;
-    if (!x || !x->imported || e.magic != XPOOL_MAGIC || e.ino != x->ino ||
-        e.off + e.size > x->cap)
+    if (!x || !x->imported || e.magic != XPOOL_MAGIC || e.ino != x->ino || e.off + e.size > x->cap)
         r = E_INVALID_VALUE;
     else if (nximports == MAXXIMPORTS)
         r = E_OUT_OF_MEMORY;
@@ -1776,9 +1778,9 @@ CUresult cuStreamGetCaptureInfo_v2(CUstream s, int *status, uint64_t *id, void *
         pthread_mutex_unlock(&mu);
         return E_INVALID_HANDLE;
     }
-    sgraph *g = s == capturing_stream               ? capture_graph
+    sgraph *g = s == capturing_stream                          ? capture_graph
                 : global_capture && s == global_capture_stream ? global_graph
-                                                              : NULL;
+                                                               : NULL;
     *status = !g ? 0 : (g == capture_graph && capture_invalid) ? 2 : 1;
     if (id)
         *id = g ? g->id : 0;

@@ -60,11 +60,12 @@ static PyMemberDef SwappedMemory_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-#define POINTER_MEMBERS(T)                                                                     \
-    {"ptr", T_PYSSIZET, offsetof(T, ptr), READONLY, NULL},                                     \
-        {"device_id", T_INT, offsetof(T, device_id), READONLY, NULL},                          \
-        {"mem", T_OBJECT, offsetof(T, mem), READONLY, NULL}, {                                 \
-        NULL, 0, 0, 0, NULL                                                                    \
+#define POINTER_MEMBERS(T)                                            \
+    {"ptr", T_PYSSIZET, offsetof(T, ptr), READONLY, NULL},            \
+        {"device_id", T_INT, offsetof(T, device_id), READONLY, NULL}, \
+        {"mem", T_OBJECT, offsetof(T, mem), READONLY, NULL},          \
+    {                                                                 \
+        NULL, 0, 0, 0, NULL                                           \
     }
 
 static PyMemberDef MemoryPointer_members[] = {POINTER_MEMBERS(MemoryPointer)};
@@ -107,25 +108,25 @@ static void MemoryPointer_dealloc(PyObject *self)
     Py_TYPE(self)->tp_free(self);
 }
 
-#define MEMORY_TYPE(NAME, T)                                                                   \
-    static PyTypeObject NAME##Type = {                                                         \
-        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "standin_cupy_memory." #NAME,                 \
-        .tp_basicsize = sizeof(T),                                                             \
-        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,                                  \
-        .tp_members = NAME##_members,                                                          \
-        .tp_new = PyType_GenericNew,                                                           \
+#define MEMORY_TYPE(NAME, T)                                                   \
+    static PyTypeObject NAME##Type = {                                         \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "standin_cupy_memory." #NAME, \
+        .tp_basicsize = sizeof(T),                                             \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,                  \
+        .tp_members = NAME##_members,                                          \
+        .tp_new = PyType_GenericNew,                                           \
     }
 
-#define POINTER_TYPE(NAME, T)                                                                  \
-    static PyTypeObject NAME##Type = {                                                         \
-        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "standin_cupy_memory." #NAME,                 \
-        .tp_basicsize = sizeof(T),                                                             \
-        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,                                   \
-        .tp_members = NAME##_members,                                                          \
-        .tp_new = MemoryPointer_new,                                                           \
-        .tp_dealloc = MemoryPointer_dealloc,                                                   \
-        .tp_traverse = MemoryPointer_traverse,                                                 \
-        .tp_clear = MemoryPointer_clear,                                                       \
+#define POINTER_TYPE(NAME, T)                                                  \
+    static PyTypeObject NAME##Type = {                                         \
+        PyVarObject_HEAD_INIT(NULL, 0).tp_name = "standin_cupy_memory." #NAME, \
+        .tp_basicsize = sizeof(T),                                             \
+        .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,                   \
+        .tp_members = NAME##_members,                                          \
+        .tp_new = MemoryPointer_new,                                           \
+        .tp_dealloc = MemoryPointer_dealloc,                                   \
+        .tp_traverse = MemoryPointer_traverse,                                 \
+        .tp_clear = MemoryPointer_clear,                                       \
     }
 
 MEMORY_TYPE(BaseMemory, BaseMemory);
@@ -134,10 +135,16 @@ POINTER_TYPE(MemoryPointer, MemoryPointer);
 POINTER_TYPE(SwappedPointer, SwappedPointer);
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "standin_cupy_memory",
+    PyModuleDef_HEAD_INIT,
+    "standin_cupy_memory",
     "CuPy's BaseMemory and MemoryPointer laid out as Cython lays them out, and two "
     "misplaced variants.",
-    -1, NULL, NULL, NULL, NULL, NULL,
+    -1,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit_standin_cupy_memory(void);
