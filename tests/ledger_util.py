@@ -43,6 +43,13 @@ def stats(dev: int = DEV) -> dict:
     return s
 
 
+def alloc(size: int, stream: int = 0, tag: int = TAG_TORCH, dev: int = DEV) -> int:
+    """A block of `size` on `stream` for `tag`, which must be served."""
+    rc, p = core.alloc(dev, size, stream, tag)
+    assert rc == Status.OK and p
+    return p
+
+
 def others(dev: int = DEV) -> int:
     rc, n = core.others(dev)
     assert rc == Status.OK

@@ -11,6 +11,25 @@ import textwrap
 
 import pytest
 
+#: The start of a stand-in scenario of the C++ allocator: the device set up, the allocator
+#: built against the installed torch (or the scenario skips) and installed; ``out`` the dict
+#: the scenario fills and prints as ``RESULT <json>``.
+SCENARIO_START = r"""
+import ctypes, json, os, threading, time, torch
+import bridge
+from bridge import _runtime
+from bridge._runtime import core
+from bridge.adapters import torch_build
+out = {}
+_runtime.ensure_device(0)
+missing = torch_build.missing_tools()
+if missing:
+    print("RESULT " + json.dumps({"skip": missing})); raise SystemExit
+mod = torch_build.load()
+assert mod is not None, torch_build.reason
+mod.install(core.__file__)
+"""
+
 
 def run_scenario(scenario: str, cache_dir: str, **env: str) -> dict:
     """Run ``scenario`` (Python text printing ``RESULT <json>`` lines) in a fresh process on

@@ -16,26 +16,15 @@ CUDA here); the GPU halves are in tests/gpu/test_gpu_torch_native.py.
 from __future__ import annotations
 
 import pytest
-from torch_util import cuda_torch, run_scenario
+from torch_util import SCENARIO_START, cuda_torch, run_scenario
 
 torch = cuda_torch()
 
 MIB = 1 << 20
 
-SCENARIO = r"""
-import json, os, threading, time, torch
-import bridge
-from bridge import _runtime
-from bridge._runtime import core
-from bridge.adapters import torch_build
-out = {}
-_runtime.ensure_device(0)
-missing = torch_build.missing_tools()
-if missing:
-    print("RESULT " + json.dumps({"skip": missing})); raise SystemExit
-mod = torch_build.load()
-assert mod is not None, torch_build.reason
-mod.install(core.__file__)
+SCENARIO = (
+    SCENARIO_START
+    + r"""
 from bridge.adapters import torch as torch_adapter
 T = core.TAG_TORCH
 MIB = 1 << 20
@@ -190,6 +179,7 @@ mod._record_history(False)
 mod._free(x); mod._free(y)
 print("RESULT " + json.dumps(out))
 """
+)
 
 
 @pytest.fixture(scope="module", params=["segments", "tiers"])

@@ -19,26 +19,15 @@ native torch beside them, are in tests/gpu/test_gpu_graphs.py.
 from __future__ import annotations
 
 import pytest
-from torch_util import cuda_torch, run_scenario
+from torch_util import SCENARIO_START, cuda_torch, run_scenario
 
 torch = cuda_torch()
 
 MIB = 1 << 20
 
-SCENARIO = r"""
-import ctypes, json, os, torch
-import bridge
-from bridge import _runtime
-from bridge._runtime import core
-from bridge.adapters import torch_build
-out = {}
-_runtime.ensure_device(0)
-missing = torch_build.missing_tools()
-if missing:
-    print("RESULT " + json.dumps({"skip": missing})); raise SystemExit
-mod = torch_build.load()
-assert mod is not None, torch_build.reason
-mod.install(core.__file__)
+SCENARIO = (
+    SCENARIO_START
+    + r"""
 sd = ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"])
 sd.standin_new_stream_flags.argtypes = [ctypes.c_int, ctypes.c_uint]
 sd.standin_new_stream_flags.restype = ctypes.c_void_p
@@ -120,6 +109,7 @@ out["routing_released"] = figures()
 core.set_cache(0, 0)
 print("RESULT " + json.dumps(out))
 """
+)
 
 
 @pytest.fixture(scope="module", params=["segments", "tiers"])

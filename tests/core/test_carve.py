@@ -9,6 +9,7 @@ the driver calls made, stream order, captures, the budget, and bad frees."""
 from __future__ import annotations
 
 import pytest
+from ledger_util import alloc, stats
 
 from bridge._errors import Status
 from bridge._runtime import core
@@ -34,18 +35,6 @@ def carve(standin):
     core.set_cache(DEV, 0)
     core.forget_stream(SIDE)
     assert stats()["carve_held"] == 0
-
-
-def stats() -> dict:
-    rc, s = core.stats(DEV)
-    assert rc == Status.OK
-    return s
-
-
-def alloc(size: int, stream: int = 0, tag: int = TORCH) -> int:
-    rc, p = core.alloc(DEV, size, stream, tag)
-    assert rc == Status.OK and p
-    return p
 
 
 def test_small_blocks_are_carved_from_one_2_mib_chunk_in_512_byte_steps(carve):

@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from ledger_util import alloc, stats
 
 from bridge._errors import Status
 from bridge._runtime import core
@@ -35,18 +36,6 @@ def segs(standin):
     core.set_cache(DEV, 0)
     core.forget_stream(SIDE)
     assert stats()["carve_held"] == 0
-
-
-def stats() -> dict:
-    rc, s = core.stats(DEV)
-    assert rc == Status.OK
-    return s
-
-
-def alloc(size: int, stream: int = 0, tag: int = TORCH) -> int:
-    rc, p = core.alloc(DEV, size, stream, tag)
-    assert rc == Status.OK and p
-    return p
 
 
 def test_segments_on_and_off_show_in_the_figures(segs):

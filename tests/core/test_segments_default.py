@@ -15,6 +15,8 @@ import ctypes
 import os
 
 import pytest
+from ledger_util import alloc
+from ledger_util import stats as raw
 
 import bridge
 from bridge import _runtime, timeline
@@ -49,18 +51,6 @@ def dflt(standin, monkeypatch):
     assert raw()["carve_held"] == 0
     core.set_cache_segments(DEV, False)
     core.set_cache(DEV, 0)
-
-
-def raw() -> dict:
-    rc, s = core.stats(DEV)
-    assert rc == Status.OK
-    return s
-
-
-def alloc(size: int, stream: int = 0, tag: int = TORCH) -> int:
-    rc, p = core.alloc(DEV, size, stream, tag)
-    assert rc == Status.OK and p
-    return p
 
 
 def new_stream(sd) -> int:
