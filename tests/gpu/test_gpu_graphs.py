@@ -502,7 +502,11 @@ def test_a_capture_that_fails_before_allocating_leaves_no_capture_behind(mode):
     pytest.importorskip("torch")
     r = run_mode(FAILED_BEFORE_ALLOCATING, mode)
     assert r["failed"], r  # the capture did fail
-    assert r["after"]["allocated"] == r["before"]["allocated"] - (16 << 20), r
+    # the 16 MiB block freed during the capture is no longer allocated (the failing
+    # .item() leaves a few bytes of its own allocated: 1,536 B natively, 20 B on the
+    # bridge on the H200 with torch 2.11)
+    left = r["after"]["allocated"] - (r["before"]["allocated"] - (16 << 20))
+    assert 0 <= left < 64 << 10, r
     assert r["reused"], r  # a freed block is handed out again at once
     if mode == "bridge":
         assert r["after"]["captures_active"] == 0 and r["after"]["num_deferred"] == 0, r
