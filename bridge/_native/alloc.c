@@ -374,8 +374,12 @@ static void retry_held_back(void)
 /* A carved block back to its chunk, in stream order: 0 when given back, 1
  * when it must wait (a capture of its stream, or of a stream recorded against
  * it; a recorded stream that could not be ordered). */
-void alloc_retry_held_back(void)
+/* ledger_parts' captures_ended: the carved frees held back while a capture
+ * ran (their blocks in no tag, not cached) return to their segments now
+ * where no capture runs on their device. */
+static void captures_ended(device_state *d)
 {
+    (void)d;
     if (atomic_load_explicit(&pending_count, RELAXED))
         retry_held_back();
 }
@@ -1204,7 +1208,9 @@ static void forget_after_fork(void)
  * loaded, before any allocation (share.c fills its entries at its join). */
 __attribute__((constructor)) static void tell_the_ledger(void)
 {
-    const ledger_parts parts = {.freed = wait_freed, .forget_after_fork = forget_after_fork};
+    const ledger_parts parts = {.freed = wait_freed,
+                                .forget_after_fork = forget_after_fork,
+                                .captures_ended = captures_ended};
     ledger_listen(&parts);
     cache_set_detach(detach_parked);
     cache_set_carved_return(carved_leaves_slot);

@@ -96,9 +96,10 @@
  *                         synchronization for REC_UNORDERED; else HELD_BACK.
  *   LIVE -> HELD_BACK     carved_free when carved_return must wait (above):
  *                         hold_back (pending_lock).
- *   HELD_BACK -> CARVED_FREE  retry_held_back / alloc_retry_held_back, once
- *                         no capture runs on the device: the next carved
- *                         free or allocation, a capture's end (graph.c).
+ *   HELD_BACK -> CARVED_FREE  retry_held_back, once no capture runs on the
+ *                         device: the next carved free or allocation, a
+ *                         capture's end (graph.c: ledger_captures_ended, which
+ *                         tells alloc.c's captures_ended).
  *   LIVE -> PARKED        bridge_free / bridge_free_cached of the block in
  *                         MEMO: memo_claim, cache_park (no lock: the slot's
  *                         `kept` set, then its `ptr` released),

@@ -203,10 +203,8 @@ int bridge_capture_end(int device)
         return BRIDGE_E_INVALID;
     /* The capture has ended (torch and CuPy end it before telling): the
      * frees it held back can go now, not only under pressure. */
-    if (cur == 1) {
-        ledger_flush_deferred(d);
-        alloc_retry_held_back();
-    }
+    if (cur == 1)
+        ledger_captures_ended(d);
     return BRIDGE_OK;
 }
 
@@ -750,10 +748,8 @@ int graph_reap_ended(device_state *d, int force)
     for (int i = 0; i < ngone; i++)
         release_pool(d, device, gone[i].id0, gone[i].id1, 0, 0);
     free(gone);
-    if (ended && !atomic_load(&d->captures_active)) {
-        ledger_flush_deferred(d);
-        alloc_retry_held_back();
-    }
+    if (ended && !atomic_load(&d->captures_active))
+        ledger_captures_ended(d);
     return ended;
 }
 

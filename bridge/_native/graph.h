@@ -32,10 +32,6 @@ void graph_watch(device_state *d, uint64_t id0, uint64_t id1, CUstream key);
  * `force` at most one look a millisecond per device.  Called with no lock
  * of the core held. */
 int graph_reap_ended(device_state *d, int force);
-/* alloc.c: the carved frees held back while a capture ran (their blocks in
- * no tag, not cached), returned to their segments now where no capture runs
- * on their device; graph.c calls it as a capture ends.  No lock held. */
-void alloc_retry_held_back(void);
 /* A fork child: the parent's dead graphs and released ids are forgotten. */
 void graph_forget_after_fork(void);
 

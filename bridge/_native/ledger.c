@@ -56,6 +56,15 @@ void ledger_listen(const ledger_parts *parts)
         told.room = parts->room;
     if (parts->forget_after_fork)
         told.forget_after_fork = parts->forget_after_fork;
+    if (parts->captures_ended)
+        told.captures_ended = parts->captures_ended;
+}
+
+void ledger_captures_ended(device_state *d)
+{
+    ledger_flush_deferred(d);
+    if (told.captures_ended)
+        told.captures_ended(d);
 }
 
 /* ---- devices ---- */

@@ -134,7 +134,13 @@ typedef struct ledger_parts {
     uint64_t (*room)(device_state *d, share_member *m);
     /* A fork child: the parts above forget the parent's state (no lock). */
     void (*forget_after_fork)(void);
+    /* The device's last capture ended: what the parts above held back for it
+     * can go (no lock of the core held). */
+    void (*captures_ended)(device_state *d);
 } ledger_parts;
+/* graph.c, as a device's last capture ends: the frees deferred for it issued
+ * (ledger_flush_deferred), then the parts above told. */
+void ledger_captures_ended(device_state *d);
 /* Copy the entries of `parts` that are not NULL into the ledger's table. */
 void ledger_listen(const ledger_parts *parts);
 
