@@ -333,6 +333,36 @@ def test_the_recorded_pool_calls_replay_to_the_same_pool(policy):
     assert r == mc.replay(events, policy, warmup=True)  # recording changes nothing
 
 
+def replay_on_core(core, events: list, passes: int, figure) -> list:
+    """The trace's events on the core's device 0 (torch's tag, the legacy stream), ``passes``
+    times, what is live freed after each pass: ``figure(stats)`` after every event and
+    every pass's end, as the model's ``record`` holds them; no two live blocks overlap."""
+    got = []
+    for _ in range(passes):
+        live: dict = {}
+        spans: dict = {}
+        for e in events:
+            if e[0] == 0:
+                rc, p = core.alloc(0, e[2], 0, 2)
+                assert rc == 0
+                live[e[1]] = p
+                if p:
+                    spans[p] = p + e[2]
+            elif live[e[1]]:
+                p = live.pop(e[1])
+                del spans[p]
+                core.free(p)
+            got.append(figure(core.stats(0)[1]))
+        starts = sorted(spans)
+        ends = [spans[a] for a in starts]
+        assert all(e <= b for e, b in zip(ends, starts[1:], strict=False))  # no overlap
+        for p in live.values():
+            if p:
+                core.free(p)
+        got.append(figure(core.stats(0)[1]))
+    return got
+
+
 CARVINGS = {  # core.set_cache_carve's arguments, and the model's policy with them
     "as built": ((1 / 8, 32 * MIB, 256 * MIB, 0, 0), "carve-live"),
     "64 MiB chunks, 64 MiB kept, small ones all kept": (
@@ -362,29 +392,7 @@ def test_the_model_carves_as_carve_c_does(standin, carving):
         core.set_cache(0, 1 << 30)  # carving is part of the cache: off with it
         assert core.set_cache_carve(0, *args) == 0
         before = core.stats(0)[1]
-        got = []
-        for _ in range(passes):
-            live: dict = {}
-            spans: dict = {}
-            for e in events:
-                if e[0] == 0:
-                    rc, p = core.alloc(0, e[2], 0, 2)
-                    assert rc == 0
-                    live[e[1]] = p
-                    if p:
-                        spans[p] = p + e[2]
-                elif live[e[1]]:
-                    p = live.pop(e[1])
-                    del spans[p]
-                    core.free(p)
-                got.append(core.stats(0)[1]["cached"])
-            starts = sorted(spans)
-            ends = [spans[a] for a in starts]
-            assert all(e <= b for e, b in zip(ends, starts[1:], strict=False)), name  # no overlap
-            for p in live.values():
-                if p:
-                    core.free(p)
-            got.append(core.stats(0)[1]["cached"])
+        got = replay_on_core(core, events, passes, lambda st: st["cached"])
         after = core.stats(0)[1]
         want: list = []
         r = mc.replay(events, policy, passes=passes, record=want)
@@ -647,31 +655,7 @@ def test_the_model_serves_segments_as_the_core_does(standin, monkeypatch, name):
         before = core.stats(0)[1]
         assert before["carve_on"] == 1 and before["carve_slack"] == 1050
         assert before["cache_limit"] > 0
-        got = []
-        for _ in range(passes):
-            live: dict = {}
-            spans: dict = {}
-            for e in events:
-                if e[0] == 0:
-                    rc, p = core.alloc(0, e[2], 0, 2)
-                    assert rc == 0
-                    live[e[1]] = p
-                    if p:
-                        spans[p] = p + e[2]
-                elif live[e[1]]:
-                    p = live.pop(e[1])
-                    del spans[p]
-                    core.free(p)
-                s = core.stats(0)[1]
-                got.append((s["cached"], s["carve_parked"]))
-            starts = sorted(spans)
-            ends = [spans[a] for a in starts]
-            assert all(e <= b for e, b in zip(ends, starts[1:], strict=False))  # no overlap
-            for p in live.values():
-                if p:
-                    core.free(p)
-            s = core.stats(0)[1]
-            got.append((s["cached"], s["carve_parked"]))
+        got = replay_on_core(core, events, passes, lambda st: (st["cached"], st["carve_parked"]))
         after = core.stats(0)[1]
         want: list = []
         r = mc.replay(events, "default", passes=passes, record=want)
