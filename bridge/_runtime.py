@@ -27,7 +27,7 @@ from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, size_from_env, warn_if_a
 
 DRIVER_LIBRARY_ENV = "BRIDGE_CUDA_LIBRARY"  # another libcuda (the tests' stand-in)
 MAX_THRESHOLD = 2**64 - 1  # the pool keeps what it has until trimmed
-CACHE_LIMIT_ENV = "BRIDGE_CACHE_LIMIT"  # bytes of freed blocks kept per device (0: none)
+CACHE_LIMIT_ENV = "BRIDGE_CACHE_LIMIT"  # bytes of freed blocks / empty segments kept (0: none)
 # the cache's cap follows the bytes the frameworks hold (live):
 # cached <= min(limit, max(floor, live * fraction)), the oldest blocks evicted past it
 CACHE_FRACTION_ENV = "BRIDGE_CACHE_FRACTION"  # a fraction (0.0625) or a percentage (6.25%)
@@ -274,6 +274,12 @@ def ensure_device(device: int) -> None:
             pass  # unify(ipc=True): a carved block cannot be exported, no carving
         elif cache_segments_from_env():
             check(core.set_cache_segments(device), what="turning segments on", device=device)
+            if os.environ.get(CACHE_LIMIT_ENV):  # the user's bound on the empty segments
+                check(
+                    core.set_cache_segments_keep(device, cache),
+                    what="bounding the empty segments",
+                    device=device,
+                )
         elif cache_carve_from_env():
             check(core.set_cache_carve(device), what="turning carving on", device=device)
         check(

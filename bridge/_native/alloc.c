@@ -273,6 +273,14 @@ int bridge_set_cache_segments(int device, int on)
     return BRIDGE_OK;
 }
 
+int bridge_set_cache_segments_keep(int device, uint64_t keep)
+{
+    if (!device_of(device))
+        return BRIDGE_E_DEVICE;
+    carve_set_keep(device, keep, keep, release_cached);
+    return BRIDGE_OK;
+}
+
 int bridge_set_cache_large_fraction(int device, double fraction)
 {
     if (!device_of(device))

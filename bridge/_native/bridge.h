@@ -208,6 +208,11 @@ int bridge_set_cache_carve(int device, double share, uint64_t min, uint64_t max,
  * room they leave, and every idle byte goes back before a chunk that does
  * not fit it.  Off: carving off, the empty chunks go back. */
 int bridge_set_cache_segments(int device, int on);
+/* The bytes of empty segments kept in each class (requests up to 1 MiB, and
+ * larger ones); the emptied segments past it go back to the pool at once,
+ * the one that emptied first first (UINT64_MAX, as set_cache_segments sets
+ * it: every one kept, under the release rule alone).  BRIDGE_CACHE_LIMIT. */
+int bridge_set_cache_segments_keep(int device, uint64_t keep);
 /* Blocks freed on `stream` may be cached: it lives as long as the process
  * (torch's pooled streams).  Default streams need no registration; other
  * streams' blocks are never cached, since a user stream may be destroyed

@@ -514,6 +514,27 @@ uint64_t carve_flush(int device, cache_release_fn release)
     }
 }
 
+void carve_set_keep(int device, uint64_t keep, uint64_t small_keep, cache_release_fn release)
+{
+    dcarve *c = &carves[device];
+    for (int first = 1;; first = 0) {
+        cache_block out[BRIDGE_CACHE_EVICT_MAX];
+        int k = 0;
+        pthread_mutex_lock(&c->lock);
+        if (first) {
+            atomic_store(&c->keep, keep);
+            atomic_store(&c->small_keep, small_keep);
+        }
+        k += trim_class(c, LARGE, keep, out + k, BRIDGE_CACHE_EVICT_MAX - k);
+        k += trim_class(c, SMALL, small_keep, out + k, BRIDGE_CACHE_EVICT_MAX - k);
+        pthread_mutex_unlock(&c->lock);
+        for (int j = 0; j < k; j++)
+            release(device, out[j].ptr, out[j].size, out[j].stream);
+        if (k < BRIDGE_CACHE_EVICT_MAX)
+            return;
+    }
+}
+
 void carve_forget_stream(int device, CUstream key, cache_release_fn release)
 {
     dcarve *c = &carves[device];

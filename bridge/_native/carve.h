@@ -73,6 +73,10 @@ int carve_on(int device);
  * still return to their chunks, and an empty chunk goes back at once. */
 void carve_set(int device, uint64_t share_q16, uint64_t min, uint64_t max, uint64_t keep,
                uint64_t small_keep);
+/* The empty chunks kept in the large and the small class, leaving the other
+ * settings as they are (segments: unbounded unless the user bounds them);
+ * the empty chunks past them go to `release` now, oldest first. */
+void carve_set_keep(int device, uint64_t keep, uint64_t small_keep, cache_release_fn release);
 /* A block of `size` carved for stream `key` from its chunks' free ranges:
  * its address, or 0 when no free range holds it (a chunk is needed). */
 uintptr_t carve_take(int device, CUstream key, uint64_t size);

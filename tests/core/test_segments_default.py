@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 import pytest
 from ledger_util import alloc
@@ -220,3 +221,53 @@ def test_cache_carve_1_without_segments_set_carves_with_no_empty_chunk_kept(stan
         core.set_cache_carve(DEV, 0, 0, 0)
         core.trim(DEV, 0)
         core.set_cache(DEV, 0)
+
+
+def three_segments_emptied() -> list[tuple[int, int]]:
+    """Three 64 MiB blocks, a segment each (their sizes follow the live bytes), freed in
+    order by another thread (a free parks only in the slot of the thread that allocated
+    the block): [(block, its segment's bytes)]."""
+    out = []
+    for _ in range(3):
+        held = raw()["carve_held"]
+        p = alloc(64 * MIB)
+        out.append((p, raw()["carve_held"] - held))
+    t = threading.Thread(target=lambda: [core.free(p) for p, _ in out])
+    t.start()
+    t.join()
+    return out
+
+
+def test_cache_limit_bounds_the_empty_segments_kept(standin, monkeypatch):
+    """BRIDGE_CACHE_LIMIT as big as the last segment: of three emptied segments only the one
+    that emptied last is kept, the others go back to the pool as they empty; unset, all
+    three stay (the release rule alone)."""
+    bound = None
+    for env in ({}, "bound"):
+        set_up(monkeypatch, **({} if env == {} else {"BRIDGE_CACHE_LIMIT": str(bound)}))
+        try:
+            segs = three_segments_emptied()
+            assert all(b >= 64 * MIB for _, b in segs)
+            s = raw()
+            if env == {}:
+                assert s["carve_held"] == s["cached"] == sum(b for _, b in segs)
+                bound = segs[-1][1]
+            else:
+                assert s["carve_held"] == s["cached"] == bound
+                p = alloc(64 * MIB)
+                assert p == segs[-1][0]  # the kept one serves again
+                core.free(p)
+        finally:
+            core.set_limit(DEV, 0)
+            core.trim(DEV, 0)
+            core.set_cache_segments(DEV, False)
+            core.set_cache(DEV, 0)
+
+
+def test_bounding_the_empty_segments_gives_back_those_past_the_bound_at_once(dflt):
+    segs = three_segments_emptied()
+    assert raw()["carve_held"] == sum(b for _, b in segs)
+    assert core.set_cache_segments_keep(DEV, segs[-1][1]) == Status.OK
+    assert raw()["carve_held"] == segs[-1][1]  # the two that emptied first went back
+    assert core.set_cache_segments_keep(DEV, 2**64 - 1) == Status.OK
+    assert core.set_cache_segments_keep(99, 0) == Status.DEVICE

@@ -366,6 +366,10 @@ static PyObject *py_wait_holders(PyObject *Py_UNUSED(m), PyObject *args)
       "set_cache_segments(device, on=True) -> status: the cache's requests carved from pool "      \
       "segments, every emptied one kept under the release rule (off: carving off)",                \
       [1].i = 1)                                                                                   \
+    X(set_cache_segments_keep, ik, bridge_set_cache_segments_keep, "iK", BIND_PLAIN,               \
+      "set_cache_segments_keep(device, keep) -> status: the bytes of empty segments kept in "      \
+      "each class (the rest go back to the pool, the first emptied first)",                        \
+      BIND_NO_DEFAULTS)                                                                            \
     X(set_cache_thread_slots, ii, bridge_set_cache_thread_slots, "ip", BIND_PLAIN,                 \
       "set_cache_thread_slots(device, on) -> status: each thread's newest freed block waits "      \
       "in a slot of its own, taken back by that thread without a lock (default on)",               \
