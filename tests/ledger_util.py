@@ -4,6 +4,7 @@ Ledger that frees at teardown what a test left (the `led` fixture, conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
@@ -48,6 +49,17 @@ def alloc(size: int, stream: int = 0, tag: int = TAG_TORCH, dev: int = DEV) -> i
     rc, p = core.alloc(dev, size, stream, tag)
     assert rc == Status.OK and p
     return p
+
+
+@contextlib.contextmanager
+def at_budget(limit: int, dev: int = DEV):
+    """The device's budget at `limit` for the block; after it none, and the pool trimmed."""
+    core.set_limit(dev, limit)
+    try:
+        yield
+    finally:
+        core.set_limit(dev, 0)
+        core.trim(dev, 0)
 
 
 def others(dev: int = DEV) -> int:

@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from ledger_util import alloc, stats
+from ledger_util import alloc, at_budget, stats
 
 from bridge._errors import Status
 from bridge._runtime import core
@@ -134,8 +134,7 @@ def test_two_frameworks_at_a_tight_budget_idle_segments_go_back_before_a_refusal
     for p in blocks:
         core.free(p)
     assert stats()["carve_held"] == stats()["cached"] == 256 * MIB
-    core.set_limit(DEV, 100 * MIB)
-    try:
+    with at_budget(100 * MIB):
         retries, ooms = stats()["num_retries"], stats()["num_ooms"]
         # torch's 80 MiB: the rule gives back two of them; a segment of 80 MiB does not
         # fit the room the budget leaves beside the other two, so every empty one goes
@@ -152,9 +151,6 @@ def test_two_frameworks_at_a_tight_budget_idle_segments_go_back_before_a_refusal
         rc, r = core.alloc(DEV, 20 * MIB, 0, TORCH)
         assert rc == Status.BUDGET and not r
         core.free(q)
-    finally:
-        core.set_limit(DEV, 0)
-        core.trim(DEV, 0)
 
 
 def test_under_a_budget_a_segment_is_larger_than_its_request_only_within_half_the_room(segs):
@@ -163,8 +159,7 @@ def test_under_a_budget_a_segment_is_larger_than_its_request_only_within_half_th
     # room), and 60 MiB on another stream, the rest of the budget, is served
     segs.standin_adopt_stream(SIDE, DEV)
     core.register_stream(SIDE)
-    core.set_limit(DEV, 100 * MIB)
-    try:
+    with at_budget(100 * MIB):
         p = alloc(40 * MIB)
         assert stats()["carve_held"] == 40 * MIB
         q = alloc(60 * MIB, SIDE)
@@ -174,21 +169,14 @@ def test_under_a_budget_a_segment_is_larger_than_its_request_only_within_half_th
         assert rc == Status.BUDGET and not r
         core.free(q)
         core.free(p)
-    finally:
-        core.set_limit(DEV, 0)
-        core.trim(DEV, 0)
     # with room to spare: the segment of 64 MiB, whose rest serves the next request
-    core.set_limit(DEV, 1 << 30)
-    try:
+    with at_budget(1 << 30):
         calls = segs.standin_counter(C_ALLOC)
         p, q = alloc(40 * MIB), alloc(20 * MIB)
         assert segs.standin_counter(C_ALLOC) == calls + 1
         assert stats()["carve_held"] == 64 * MIB
         core.free(q)
         core.free(p)
-    finally:
-        core.set_limit(DEV, 0)
-        core.trim(DEV, 0)
 
 
 def test_a_waiter_is_served_when_a_segment_empties(segs):
@@ -197,8 +185,7 @@ def test_a_waiter_is_served_when_a_segment_empties(segs):
     # thread waits), and the waiter is served
     segs.standin_adopt_stream(SIDE, DEV)
     core.register_stream(SIDE)
-    core.set_limit(DEV, 100 * MIB)
-    try:
+    with at_budget(100 * MIB):
         p, q = alloc(40 * MIB), alloc(50 * MIB, SIDE)
         out: dict = {}
 
@@ -225,9 +212,6 @@ def test_a_waiter_is_served_when_a_segment_empties(segs):
         assert s["used"] == 100 * MIB and s["carve_held"] == 50 * MIB and s["cached"] == 0
         core.free(r)
         core.free(q)
-    finally:
-        core.set_limit(DEV, 0)
-        core.trim(DEV, 0)
 
 
 def test_a_request_past_its_frameworks_cap_takes_no_segment(segs):
@@ -343,8 +327,7 @@ def test_at_a_tight_budget_a_parked_block_goes_back_before_a_refusal(segs):
     of 64 MiB is served all the same: the parked block goes back to its segment, the
     segment (empty) to the pool, and the request gets a segment of its own, with no
     refusal."""
-    core.set_limit(DEV, 64 * MIB)
-    try:
+    with at_budget(64 * MIB):
         p = alloc(48 * MIB)
         assert stats()["carve_held"] == 48 * MIB
         core.free(p)
@@ -355,9 +338,6 @@ def test_at_a_tight_budget_a_parked_block_goes_back_before_a_refusal(segs):
         assert s["carve_parked"] == 0 and s["num_ooms"] == ooms
         assert s["used"] <= 64 * MIB and s["tags"][CUPY]["current"] == 40 * MIB
         core.free(q)
-    finally:
-        core.set_limit(DEV, 0)
-        core.trim(DEV, 0)
 
 
 def test_a_thread_that_ends_leaves_nothing_parked(segs):

@@ -540,6 +540,39 @@ static void phase_cross(void)
     check_idle("cross");
 }
 
+/* Eight threads at the budget's edge on streams 0-7 (registered): edge_thread,
+ * the odd ones up to 3 MiB, the even ones up to 64 KiB, the first four's even
+ * ones on the legacy and per-thread streams, every third trying the cache
+ * first. */
+static void edge_on_streams(worker *w, uint64_t limit, uint64_t seed)
+{
+    for (int i = 0; i < 8; i++)
+        w[i] = (worker){.id = i,
+                        .dev = 0,
+                        .iters = 3000 * scale,
+                        .limit = limit,
+                        .max_size = i % 2 ? 3 * MIB : 64 * KIB,
+                        .seed = seed * (uint64_t)(i + 3),
+                        .tags = BRIDGE_NTAGS,
+                        .default_streams = i < 4 && i % 2 == 0,
+                        .cached_first = i % 3 == 0};
+    run_threads(8, edge_thread, w, sizeof w[0]);
+}
+
+/* Blocks allocated by threads 0-3 on registered streams and freed by 4-7
+ * (cross_thread), up to max_size. */
+static void cross_on_streams(worker *w, uint64_t max_size, uint64_t seed)
+{
+    ring.producers_left = 4;
+    for (int i = 0; i < 8; i++)
+        w[i] = (worker){.id = i, /* 0-3 produce on registered streams, 4-7 free */
+                        .dev = 0,
+                        .iters = 2000 * scale,
+                        .max_size = max_size,
+                        .seed = seed * (uint64_t)(i + 11)};
+    run_threads(8, cross_thread, w, sizeof w[0]);
+}
+
 /* ---- phase: carve (blocks carved from pool chunks: BRIDGE_CACHE_CARVE=1) ---- */
 static void phase_carve(void)
 {
@@ -554,17 +587,7 @@ static void phase_carve(void)
         CHECK(bridge_register_stream(stream_of(i)) == BRIDGE_OK, "register_stream");
     uint64_t driver_allocs = standin.counter(0), allocs = stats_of(0).num_allocs;
     worker w[8];
-    for (int i = 0; i < 8; i++)
-        w[i] = (worker){.id = i,
-                        .dev = 0,
-                        .iters = 3000 * scale,
-                        .limit = limit,
-                        .max_size = i % 2 ? 3 * MIB : 64 * KIB,
-                        .seed = 0xCA47Eull * (uint64_t)(i + 3),
-                        .tags = BRIDGE_NTAGS,
-                        .default_streams = i < 4 && i % 2 == 0,
-                        .cached_first = i % 3 == 0};
-    run_threads(8, edge_thread, w, sizeof w[0]);
+    edge_on_streams(w, limit, 0xCA47Eull);
     bridge_stats s = stats_of(0);
     CHECK(s.peak_used <= limit, "peak %" PRIu64 " passed the budget", s.peak_used);
     CHECK(s.carve_on == 1, "carving is off");
@@ -572,14 +595,7 @@ static void phase_carve(void)
           "carving served no allocation");
     /* carved here, freed on another thread */
     CHECK(bridge_set_limit(0, 0) == BRIDGE_OK, "set_limit");
-    ring.producers_left = 4;
-    for (int i = 0; i < 8; i++)
-        w[i] = (worker){.id = i, /* 0-3 produce on registered streams, 4-7 free */
-                        .dev = 0,
-                        .iters = 2000 * scale,
-                        .max_size = 256 * KIB,
-                        .seed = 0xC0FFEEull * (uint64_t)(i + 11)};
-    run_threads(8, cross_thread, w, sizeof w[0]);
+    cross_on_streams(w, 256 * KIB, 0xC0FFEEull);
     printf("  carve: %" PRIu64 " allocations, %" PRIu64 " from the driver, %" PRIu64
            " bytes in chunks at the end\n",
            stats_of(0).num_allocs - allocs, standin.counter(0) - driver_allocs,
@@ -672,17 +688,7 @@ static void phase_segments(void)
         CHECK(bridge_register_stream(stream_of(i)) == BRIDGE_OK, "register_stream");
     uint64_t driver_allocs = standin.counter(0), allocs = stats_of(0).num_allocs;
     worker w[8];
-    for (int i = 0; i < 8; i++)
-        w[i] = (worker){.id = i,
-                        .dev = 0,
-                        .iters = 3000 * scale,
-                        .limit = limit,
-                        .max_size = i % 2 ? 3 * MIB : 64 * KIB,
-                        .seed = 0x5E65ull * (uint64_t)(i + 3),
-                        .tags = BRIDGE_NTAGS,
-                        .default_streams = i < 4 && i % 2 == 0,
-                        .cached_first = i % 3 == 0};
-    run_threads(8, edge_thread, w, sizeof w[0]);
+    edge_on_streams(w, limit, 0x5E65ull);
     bridge_stats s = stats_of(0);
     CHECK(s.peak_used <= limit, "peak %" PRIu64 " passed the budget", s.peak_used);
     CHECK(s.carve_on == 1 && s.carve_slack == 1050, "segments are off");
@@ -691,14 +697,7 @@ static void phase_segments(void)
     CHECK(s.tag[1].peak <= 24 * MIB, "tag 1's peak %" PRIu64 " passed its cap", s.tag[1].peak);
     CHECK(bridge_set_tag_limit(0, 1, 0) == BRIDGE_OK, "set_tag_limit");
     CHECK(bridge_set_limit(0, 0) == BRIDGE_OK, "set_limit");
-    ring.producers_left = 4;
-    for (int i = 0; i < 8; i++)
-        w[i] = (worker){.id = i, /* 0-3 produce on registered streams, 4-7 free */
-                        .dev = 0,
-                        .iters = 2000 * scale,
-                        .max_size = 4 * MIB,
-                        .seed = 0x5E65ull * (uint64_t)(i + 11)};
-    run_threads(8, cross_thread, w, sizeof w[0]);
+    cross_on_streams(w, 4 * MIB, 0x5E65ull);
     printf("  segments: %" PRIu64 " allocations, %" PRIu64 " from the driver, %" PRIu64
            " bytes in segments at the end (high-water mark %" PRIu64 ")\n",
            stats_of(0).num_allocs - allocs, standin.counter(0) - driver_allocs,
