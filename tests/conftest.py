@@ -123,6 +123,28 @@ def _gpu_present() -> str | None:
     return None
 
 
+class _CheckoutAsFolder:
+    """Collect the checkout's top folder as a plain folder, not as a package.
+
+    The top folder holds an ``__init__.py`` (so that a checkout named ``bridge`` never imports
+    as an empty namespace package), and pytest imports a package's ``__init__.py`` on the way
+    to its tests, putting the folder *above* the checkout first on ``sys.path``: every sibling
+    of the checkout there (another project's ``numpy`` or ``packaging`` source, say) would then
+    shadow the installed module of that name, in the tests and in the processes they start.
+    """
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collect_directory(self, path, parent):
+        if path == HERE.parent:
+            return pytest.Dir.from_parent(parent, path=path)
+        return None
+
+
+def pytest_configure(config):
+    if hasattr(pytest, "Dir"):  # pytest 8 and later collect folders through this hook
+        config.pluginmanager.register(_CheckoutAsFolder(), "bridge-checkout-as-folder")
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_skip = _gpu_present()
     for item in items:

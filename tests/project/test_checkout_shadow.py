@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -48,3 +50,21 @@ def test_without_the_package_the_import_says_what_happened(tmp_path):
     assert last.startswith("ImportError: 'import bridge' found ")
     assert str(folder) in last and "the top folder of a checkout of bridge" in last
     assert "pip install -e" in last
+
+
+@pytest.mark.skipif(not hasattr(pytest, "Dir"), reason="pytest 7 collects no folder as a plain one")
+def test_the_tests_do_not_put_the_folder_above_the_checkout_on_sys_path():
+    """pytest collects the checkout's top folder as a plain folder (tests/conftest.py): were it
+    collected as the package its __init__.py makes it, pytest would import that file and put
+    the folder above the checkout first on sys.path, where the checkout's siblings shadow
+    installed modules in every test and in the processes the tests start."""
+    top_init = REPO / "__init__.py"
+    imported = [
+        name
+        for name, module in list(sys.modules.items())
+        if getattr(module, "__file__", None) and pathlib.Path(module.__file__) == top_init
+    ]
+    assert imported == []
+    above = REPO.parent
+    if pathlib.Path.cwd().resolve() != above:  # run from there, the folder is on it anyway
+        assert [p for p in sys.path if pathlib.Path(p or ".").resolve() == above] == []
