@@ -811,11 +811,15 @@ static int take_cached_plain(device_state *d, int device, size_t size, void *str
 
 /* May the request be carved (carve.c): carving on, the cache on (jax=True
  * turns it off), the tag cached, a stream that outlives its blocks, and no
- * capture on the device (a capture's allocations take graph.c's path). */
+ * capture on the device (a capture's allocations take graph.c's path).  Not
+ * a request larger than the device: the pool path refuses it (ledger_reserve),
+ * where carve.c's rounding up to 512 B and 2 MiB would wrap near SIZE_MAX
+ * to a few bytes. */
 static inline int carvable(const request *q)
 {
     int dev = q->want.device;
-    return carve_on(dev) && !(q->want.flags & REC_GRAPH) && cache_limit(dev) &&
+    return carve_on(dev) && !(q->want.flags & REC_GRAPH) && q->want.size <= q->d->total &&
+           cache_limit(dev) &&
            !(atomic_load_explicit(&uncached_tags, RELAXED) & (1u << q->want.tag)) &&
            !atomic_load_explicit(&q->d->captures_active, RELAXED) &&
            !atomic_load_explicit(&q->d->stream_captures, RELAXED) &&

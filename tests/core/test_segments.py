@@ -383,3 +383,33 @@ def test_cupys_free_parks_a_carved_block_and_its_next_allocation_takes_it_back(s
     assert core.free_cached(b) == Status.OK and stats()["carve_parked"] == 4096
     assert core.trim(DEV, 0) == Status.OK
     assert stats()["carve_parked"] == 0 and stats()["carve_held"] == 0
+
+
+# ---- a review of the segments' paths (2026-12-05): each test failed on 9a0afa4 ----
+
+
+def test_a_request_larger_than_the_device_is_refused_not_carved(segs):
+    """A C caller's request of SIZE_MAX (or near it) is refused as the pool path refuses it
+    (ledger_reserve: larger than the device), never rounded around to a few bytes of a
+    segment: rounded up to 512 B, 2**64 - 1 wrapped to 512 B and was carved from the free
+    range beside `keep`; 2**64 - 2 MiB + 1, rounded up to 2 MiB, wrapped to a segment of
+    64 MiB. Both came back OK with the request's size in torch's live bytes."""
+    import ctypes
+
+    from ledger_util import bridge_alloc_fn
+
+    keep = alloc(4096)  # a segment with a free range beside it
+    fn = bridge_alloc_fn(False)
+    lib = ctypes.CDLL(core.__file__)
+    cached = lib.bridge_alloc_cached
+    cached.argtypes = fn.argtypes
+    cached.restype = ctypes.c_int
+    held = stats()["carve_held"]
+    for size in (2**64 - 1, 2**64 - 512, 2**64 - 2 * MIB + 1, 2**63):
+        for call, refused in ((fn, Status.OOM), (cached, Status.MISS)):
+            out = ctypes.c_void_p()
+            assert call(DEV, size, None, TORCH, ctypes.byref(out)) == refused
+            assert not out.value
+    s = stats()
+    assert s["tags"][TORCH]["current"] == 4096 and s["carve_held"] == held
+    core.free(keep)
