@@ -379,9 +379,6 @@ static void retry_held_back(void)
     free(mine);
 }
 
-/* A carved block back to its chunk, in stream order: 0 when given back, 1
- * when it must wait (a capture of its stream, or of a stream recorded against
- * it; a recorded stream that could not be ordered). */
 /* ledger_parts' captures_ended: the carved frees held back while a capture
  * ran (their blocks in no tag, not cached) return to their segments now
  * where no capture runs on their device. */
@@ -392,6 +389,11 @@ static void captures_ended(device_state *d)
         retry_held_back();
 }
 
+/* A carved block back to its chunk, in stream order: 0 when given back, 1
+ * when it must wait (a capture of its stream, or of a stream recorded against
+ * it; a recorded stream that could not be ordered).  The chunk, emptied, is
+ * kept unless threads wait for memory or the cache is off (jax=True: what the
+ * frameworks free goes back to the pool at once). */
 static int carved_return(device_state *d, const record *rec)
 {
     if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(d, rec->stream))
@@ -414,7 +416,8 @@ static int carved_return(device_state *d, const record *rec)
             return 1;
     }
     free(rec->recs);
-    carve_give(rec->device, rec->ptr, rec->size, atomic_load(&wait_count[rec->device]) > 0,
+    carve_give(rec->device, rec->ptr, rec->size,
+               atomic_load(&wait_count[rec->device]) > 0 || !cache_limit(rec->device),
                release_cached);
     return 0;
 }

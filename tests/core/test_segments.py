@@ -413,3 +413,20 @@ def test_a_request_larger_than_the_device_is_refused_not_carved(segs):
     s = stats()
     assert s["tags"][TORCH]["current"] == 4096 and s["carve_held"] == held
     core.free(keep)
+
+
+def test_with_the_cache_turned_off_an_emptied_segment_goes_back_at_once(segs):
+    """unify(jax=True) turns the cache off (XLA allocates from the pool itself and cannot
+    ask the bridge to flush): what torch and CuPy free must go back to the pool at once.
+    Blocks carved before that keep their segments while they live; as each segment
+    empties it goes back (it was kept, idle, until a trim)."""
+    p, q = alloc(4096), alloc(3 * MIB)
+    core.set_cache(DEV, 0)  # adapters/jax.py's _configure
+    assert stats()["carve_held"] == 2 * MIB + 64 * MIB  # both live: their segments stay
+    frees = segs.standin_counter(C_FREE)
+    core.free(q)  # the thread's last allocation: no slot to park it in with the cache off
+    core.free(p)
+    s = stats()
+    assert s["carve_held"] == 0 and s["cached"] == 0 and s["carve_parked"] == 0
+    assert segs.standin_counter(C_FREE) == frees + 2
+    core.set_cache(DEV, 1 << 30)
