@@ -683,6 +683,8 @@ static void give_back_held(device_state *d, int device)
 }
 
 /* ---- the refusal path: relief and waiting (wait.c) ---- */
+static int alloc_again(request *q, void **out);
+
 typedef struct retry_args {
     request *q;
     int rc; /* the last refusal */
@@ -717,7 +719,7 @@ static int retry_alloc(void *ctx, int flags, void **out)
     ctx_enter(d, &g); /* after the hook: it may have run Python that switched the context */
     if (flags & (WAIT_RETRY_FREED | WAIT_RETRY_RELIEVE))
         sync_stream(d, q->stream, q->want.stream); /* its frees reach the pool */
-    int rc = ledger_alloc(d, &q->want, q->stream, q->side, out);
+    int rc = alloc_again(q, out);
     ctx_exit(&g);
     if (rc == BRIDGE_OK && (flags & WAIT_RETRY_RELIEVE))
         atomic_fetch_add_explicit(&d->num_retries, 1, RELAXED);
@@ -856,6 +858,17 @@ static int take_carved(request *q, void **out)
     return BRIDGE_OK;
 }
 
+/* A refused request once more, after what the core held went back: a range of
+ * its stream's segments first (the flush returned the parked carved blocks to
+ * them, and a segment still in use keeps the ranges freed in it, which no
+ * pool call reaches), then the pool. */
+static int alloc_again(request *q, void **out)
+{
+    if (!q->side && carvable(q) && take_carved(q, out) == BRIDGE_OK)
+        return BRIDGE_OK;
+    return ledger_alloc(q->d, &q->want, q->stream, q->side, out);
+}
+
 /* A new chunk for the request, sized by the bytes live now, and the block
  * carved from it (a driver call: the device's context is current).  A
  * request past its tag's cap takes no chunk.  With segments (the release
@@ -975,7 +988,7 @@ static int obtain_uncached(request *q, void **out)
          *    blocks are not the capture's; returning them blocks nothing). */
         give_back_held(d, q->want.device);
         sync_stream(d, q->stream, q->want.stream);
-        rc = ledger_alloc(d, &q->want, q->stream, q->side, out);
+        rc = alloc_again(q, out);
         if (rc == BRIDGE_OK)
             atomic_fetch_add_explicit(&d->num_retries, 1, RELAXED);
         /* 2. The frameworks' relief, then 3. waiting for others to free, if

@@ -430,3 +430,73 @@ def test_with_the_cache_turned_off_an_emptied_segment_goes_back_at_once(segs):
     assert s["carve_held"] == 0 and s["cached"] == 0 and s["carve_parked"] == 0
     assert segs.standin_counter(C_FREE) == frees + 2
     core.set_cache(DEV, 1 << 30)
+
+
+def test_at_a_tight_budget_a_range_of_the_streams_own_segment_serves_before_a_refusal(segs):
+    """Another thread's carved block waits, parked, in its slot; the flush before a
+    segment that does not fit the budget returns it to its segment (which stays in use):
+    the request on that segment's stream is served from that range, not refused while
+    those bytes are idle (it went to the pool alone, which the budget refused)."""
+    segs.standin_adopt_stream(SIDE, DEV)
+    core.register_stream(SIDE)
+    parked, done = threading.Event(), threading.Event()
+    out: dict = {}
+
+    def other():
+        out["a"] = alloc(30 * MIB)  # the start of a 64 MiB segment of the default stream
+        core.free(out["a"])  # parked in this thread's slot, still carved
+        parked.set()
+        done.wait(30)
+
+    t = threading.Thread(target=other)
+    with at_budget(128 * MIB):
+        t.start()
+        assert parked.wait(30)
+        b = alloc(30 * MIB)  # beside a, in the same segment
+        c = alloc(60 * MIB, SIDE)  # a segment of its own size: 124 MiB reserved
+        assert stats()["carve_held"] == 124 * MIB and stats()["carve_parked"] == 30 * MIB
+        ooms = stats()["num_ooms"]
+        rc, p = core.alloc(DEV, 30 * MIB, 0, TORCH)
+        s = stats()
+        assert rc == Status.OK and p == out["a"], Status(rc).name
+        assert s["num_ooms"] == ooms and s["carve_held"] == 124 * MIB and s["used"] <= 128 * MIB
+        assert s["tags"][TORCH]["current"] == 120 * MIB and s["carve_parked"] == 0
+        for x in (p, b, c):
+            core.free(x)
+        done.set()
+        t.join(30)
+
+
+def test_a_waiter_is_served_from_a_range_freed_in_its_streams_segment(segs):
+    """A thread waits for 30 MiB on the default stream at a budget the segments fill; the
+    block freed beside a live one leaves a range of its segment free, which the waiter's
+    next try takes (it retried the pool alone, refused until its wait ran out)."""
+    segs.standin_adopt_stream(SIDE, DEV)
+    core.register_stream(SIDE)
+    with at_budget(128 * MIB):
+        a, b = alloc(30 * MIB), alloc(30 * MIB)  # one 64 MiB segment
+        c = alloc(60 * MIB, SIDE)
+        out: dict = {}
+
+        def wait():
+            core.set_thread_wait(True, 5.0, 0)
+            try:
+                out["r"] = core.alloc(DEV, 30 * MIB, 0, TORCH)
+            finally:
+                core.set_thread_wait(False, 0.0, 0)
+
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        end = time.monotonic() + 10
+        while not stats()["waiting"]:
+            assert time.monotonic() < end, "the allocation did not wait"
+            time.sleep(0.002)
+        core.free(a)  # not this thread's last allocation: back to its segment at once
+        t.join(30)
+        assert not t.is_alive()
+        rc, r = out["r"]
+        assert rc == Status.OK and r == a, Status(rc).name
+        assert stats()["carve_held"] == 124 * MIB
+        core.free(r)
+        core.free(b)
+        core.free(c)
