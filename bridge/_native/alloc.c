@@ -42,6 +42,26 @@ static void release_cached(int device, uintptr_t ptr, uint64_t size, CUstream ke
     ledger_release(&bridge_devices[device], &rec);
 }
 
+/* The carved free in progress on this thread of a block whose framework keeps
+ * the block's stream alive until its free returns (stream_tag_holds: CuPy's,
+ * RMM's): its stream key and tag (carved_return's `held`); key NULL: none. */
+static _Thread_local struct {
+    CUstream key;
+    int tag;
+} held_free;
+
+/* release_cached for the segments that free empties: one of the freed block's
+ * stream (a forgotten stream's, say) goes back on that stream, after its
+ * work, as the block itself would (free_key, with the block's tag), not on
+ * the legacy stream, which a non-blocking stream's work does not precede. */
+static void release_cached_held(int device, uintptr_t ptr, uint64_t size, CUstream key)
+{
+    record rec = {.ptr = ptr, .size = size, .stream = key, .device = device};
+    if (key == held_free.key)
+        rec.tag = (uint8_t)held_free.tag;
+    ledger_release(&bridge_devices[device], &rec);
+}
+
 /* The device's committed bytes less a block being freed (still committed):
  * cache_put's `held`, of which the cache's cap takes live = held - cached. */
 static inline uint64_t cache_held(device_state *d, uint64_t freeing)
@@ -361,7 +381,7 @@ static void hold_back(const record *rec)
     pthread_mutex_unlock(&pending_lock);
 }
 
-static int carved_return(device_state *d, const record *rec);
+static int carved_return(device_state *d, const record *rec, int held);
 
 /* The held-back frees of devices with no capture now, once more. */
 static void retry_held_back(void)
@@ -374,7 +394,7 @@ static void retry_held_back(void)
     atomic_store(&pending_count, 0);
     pthread_mutex_unlock(&pending_lock);
     for (size_t i = 0; i < n; i++)
-        if (carved_return(&bridge_devices[mine[i].device], &mine[i]))
+        if (carved_return(&bridge_devices[mine[i].device], &mine[i], 0))
             hold_back(&mine[i]);
     free(mine);
 }
@@ -391,10 +411,11 @@ static void captures_ended(device_state *d)
 
 /* A carved block back to its chunk, in stream order: 0 when given back, 1
  * when it must wait (a capture of its stream, or of a stream recorded against
- * it; a recorded stream that could not be ordered).  The chunk, emptied, is
- * kept unless threads wait for memory or the cache is off (jax=True: what the
- * frameworks free goes back to the pool at once). */
-static int carved_return(device_state *d, const record *rec)
+ * it; a recorded stream that could not be ordered).  `held`: the caller's
+ * framework keeps the block's stream alive until this returns (its free).
+ * The chunk, emptied, is kept unless threads wait for memory or the cache is
+ * off (jax=True: what the frameworks free goes back to the pool at once). */
+static int carved_return(device_state *d, const record *rec, int held)
 {
     if (atomic_load_explicit(&d->captures_active, RELAXED) && stream_capturing(d, rec->stream))
         return 1;
@@ -416,16 +437,23 @@ static int carved_return(device_state *d, const record *rec)
             return 1;
     }
     free(rec->recs);
+    if (held) {
+        held_free.key = rec->stream;
+        held_free.tag = rec->tag;
+    }
     carve_give(rec->device, rec->ptr, rec->size,
                atomic_load(&wait_count[rec->device]) > 0 || !cache_limit(rec->device),
-               release_cached);
+               held ? release_cached_held : release_cached);
+    if (held)
+        held_free.key = NULL;
     return 0;
 }
 
-/* bridge_free's end for a carved block (the tag's figures already counted). */
-static void carved_free(device_state *d, const record *rec)
+/* bridge_free's end for a carved block (the tag's figures already counted);
+ * `held` as carved_return's. */
+static void carved_free(device_state *d, const record *rec, int held)
 {
-    if (carved_return(d, rec))
+    if (carved_return(d, rec, held))
         hold_back(rec);
     else if (atomic_load_explicit(&pending_count, RELAXED) &&
              !atomic_load_explicit(&d->captures_active, RELAXED))
@@ -447,7 +475,7 @@ static void carved_leaves_slot(int device, const cache_block *b)
                        .stream = b->stream,
                        .device = device,
                        .flags = REC_CARVED};
-    carved_free(&bridge_devices[device], &rec);
+    carved_free(&bridge_devices[device], &rec, 0);
 }
 
 void bridge_free(void *ptr)
@@ -498,7 +526,7 @@ void bridge_free(void *ptr)
         }
         ledger_count_free(d, &rec);
         if (rec.flags & REC_CARVED) {
-            carved_free(d, &rec);
+            carved_free(d, &rec, stream_tag_holds(rec.tag));
             return;
         }
         goto cache_it;
@@ -509,7 +537,7 @@ void bridge_free(void *ptr)
     }
     ledger_count_free(d, &rec);
     if (rec.flags & REC_CARVED) {
-        carved_free(d, &rec);
+        carved_free(d, &rec, stream_tag_holds(rec.tag));
         return;
     }
     /* During a capture, a block of a captured stream (one the captured work

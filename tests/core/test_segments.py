@@ -22,7 +22,7 @@ MIB = 1 << 20
 DEV = 0
 OTHER, CUPY, TORCH = 0, 1, 2
 SIDE = 0x5000  # a stream handle the stand-in accepts
-C_ALLOC, C_FREE, C_WAIT, C_RECORD = 0, 1, 3, 4
+C_ALLOC, C_FREE, C_WAIT, C_RECORD, C_UNORDERED = 0, 1, 3, 4, 15
 
 
 @pytest.fixture
@@ -500,3 +500,30 @@ def test_a_waiter_is_served_from_a_range_freed_in_its_streams_segment(segs):
         core.free(r)
         core.free(b)
         core.free(c)
+
+
+def test_a_forgotten_streams_segment_goes_back_after_that_streams_work(segs):
+    """CuPy's capture stream, non-blocking, is forgotten when its graph dies while an array
+    allocated on it (after the capture) lives: its segment carves nothing more and goes
+    back as it empties. That array's free (CuPy holds the stream until its free returns)
+    empties it: the segment goes back on that stream, after the kernel still reading the
+    array, not on the legacy stream, which a non-blocking stream's work does not precede."""
+    import ctypes
+
+    sd = segs
+    sd.standin_new_stream_flags.restype = ctypes.c_void_p
+    sd.standin_new_stream_flags.argtypes = [ctypes.c_int, ctypes.c_uint]
+    s = sd.standin_new_stream_flags(DEV, 1)  # CU_STREAM_NON_BLOCKING
+    core.register_stream(s)
+    assert core.set_tag_holds_streams(CUPY, True) == Status.OK
+    try:
+        p = alloc(4096, s, CUPY)  # the segment's start
+        sd.standin_launch(s, p, DEV)  # a kernel on s reads it, still queued
+        core.forget_stream(s)
+        unordered = sd.standin_counter(C_UNORDERED)
+        core.free(p)
+        assert stats()["carve_held"] == 0  # the orphaned segment went back as it emptied
+        assert sd.standin_counter(C_UNORDERED) == unordered
+    finally:
+        core.set_tag_holds_streams(CUPY, False)
+        sd.standin_sync_all(DEV)
