@@ -208,7 +208,10 @@ int bridge_forget_stream(void *stream)
 {
     /* its cached blocks first, freed on it while it is still registered (it
      * lives until this returns), then it is forgotten; a block cached on it
-     * meanwhile is freed on the legacy stream later, never on its handle */
+     * meanwhile is freed on the legacy stream later, never on its handle.
+     * Likewise its segments: a segment another thread carved on it between
+     * the two passes is orphaned by the second, so that a new stream given
+     * the same handle never carves from it. */
     for (int i = 0; i < BRIDGE_MAX_DEVICES; i++)
         if (device_of(i)) {
             cache_flush_stream(i, (CUstream)stream, release_cached);
@@ -216,8 +219,10 @@ int bridge_forget_stream(void *stream)
         }
     int rc = stream_forget((CUstream)stream);
     for (int i = 0; i < BRIDGE_MAX_DEVICES; i++)
-        if (device_of(i))
+        if (device_of(i)) {
             cache_flush_stream(i, (CUstream)stream, release_cached);
+            carve_forget_stream(i, (CUstream)stream, release_cached);
+        }
     return rc;
 }
 
