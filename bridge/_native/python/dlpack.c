@@ -64,49 +64,53 @@ typedef struct {
 } versioned_export;
 
 /* The deleters: release the block's reference, free the export. */
+static void release_export(void *block, void *export)
+{
+    bridge_pinned_release((bridge_pinned_block *)block);
+    free(export);
+}
+
 static void legacy_deleter(DLManagedTensor *m)
 {
-    if (!m)
-        return;
-    bridge_pinned_release((bridge_pinned_block *)m->manager_ctx);
-    free(m);
+    if (m)
+        release_export(m->manager_ctx, m);
 }
 
 static void versioned_deleter(DLManagedTensorVersioned *m)
 {
-    if (!m)
-        return;
-    bridge_pinned_release((bridge_pinned_block *)m->manager_ctx);
-    free(m);
+    if (m)
+        release_export(m->manager_ctx, m);
 }
 
-/* Capsule destructors: only an unconsumed capsule still owns its tensor. */
-static void legacy_capsule_dtor(PyObject *cap)
+/* Capsule destructors: only an unconsumed capsule (its name not yet
+ * "used_*") still owns its tensor, which its own deleter frees; never
+ * raises, keeps a pending error. */
+static void capsule_dtor(PyObject *cap, int versioned)
 {
-    if (PyCapsule_IsValid(cap, "used_dltensor"))
+    if (PyCapsule_IsValid(cap, versioned ? "used_dltensor_versioned" : "used_dltensor"))
         return;
     PyObject *t, *v, *tb;
     PyErr_Fetch(&t, &v, &tb);
-    DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
-    if (m && m->deleter)
-        m->deleter(m);
+    void *m = PyCapsule_GetPointer(cap, versioned ? "dltensor_versioned" : "dltensor");
+    DLManagedTensorVersioned *mv = versioned ? m : NULL;
+    DLManagedTensor *ml = versioned ? NULL : m;
+    if (mv && mv->deleter)
+        mv->deleter(mv);
+    else if (ml && ml->deleter)
+        ml->deleter(ml);
     else
         PyErr_WriteUnraisable(cap);
     PyErr_Restore(t, v, tb);
+}
+
+static void legacy_capsule_dtor(PyObject *cap)
+{
+    capsule_dtor(cap, 0);
 }
 
 static void versioned_capsule_dtor(PyObject *cap)
 {
-    if (PyCapsule_IsValid(cap, "used_dltensor_versioned"))
-        return;
-    PyObject *t, *v, *tb;
-    PyErr_Fetch(&t, &v, &tb);
-    DLManagedTensorVersioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
-    if (m && m->deleter)
-        m->deleter(m);
-    else
-        PyErr_WriteUnraisable(cap);
-    PyErr_Restore(t, v, tb);
+    capsule_dtor(cap, 1);
 }
 
 /* Parse a (type, id) pair; -1 with an exception when it is not one. */
@@ -181,56 +185,56 @@ int bridge_dlpack_parse(PyObject *args, PyObject *kw, bridge_dlpack_request *req
     return 0;
 }
 
-PyObject *bridge_dlpack_capsule(bridge_pinned_block *b, void *data, Py_ssize_t size,
-                                const bridge_dlpack_request *req)
+/* An export's tensor: `size` uint8 bytes at `data`, its shape and strides
+ * those of the export. */
+static void fill_tensor(DLTensor *t, int64_t *shape, int64_t *strides, void *data, Py_ssize_t size,
+                        int device_type)
 {
-    DLTensor *t;
-    PyObject *cap;
-    if (req->versioned) {
-        versioned_export *e = calloc(1, sizeof *e);
-        if (!e) {
-            bridge_pinned_release(b);
-            return PyErr_NoMemory();
-        }
-        e->m.version.major = 1;
-        e->m.version.minor = 0;
-        e->m.manager_ctx = b;
-        e->m.deleter = versioned_deleter;
-        e->m.flags = req->copy ? DLPACK_FLAG_BITMASK_IS_COPIED : 0;
-        e->shape[0] = size;
-        e->strides[0] = 1;
-        t = &e->m.dl_tensor;
-        t->shape = e->shape;
-        t->strides = e->strides;
-        cap = PyCapsule_New(&e->m, "dltensor_versioned", versioned_capsule_dtor);
-        if (!cap)
-            versioned_deleter(&e->m);
-    } else {
-        legacy_export *e = calloc(1, sizeof *e);
-        if (!e) {
-            bridge_pinned_release(b);
-            return PyErr_NoMemory();
-        }
-        e->m.manager_ctx = b;
-        e->m.deleter = legacy_deleter;
-        e->shape[0] = size;
-        e->strides[0] = 1;
-        t = &e->m.dl_tensor;
-        t->shape = e->shape;
-        t->strides = e->strides;
-        cap = PyCapsule_New(&e->m, "dltensor", legacy_capsule_dtor);
-        if (!cap)
-            legacy_deleter(&e->m);
-    }
-    if (!cap)
-        return NULL;
+    shape[0] = size;
+    strides[0] = 1;
     t->data = data;
-    t->device.device_type = req->device_type;
+    t->device.device_type = device_type;
     t->device.device_id = 0;
     t->ndim = 1;
     t->dtype.code = kDLUInt;
     t->dtype.bits = 8;
     t->dtype.lanes = 1;
+    t->shape = shape;
+    t->strides = strides;
     t->byte_offset = 0;
+}
+
+/* The capsule of managed tensor `m`; when it cannot be made, the tensor's
+ * export is released (release_export) and NULL. */
+static PyObject *capsule_of(void *m, void *block, const char *name, PyCapsule_Destructor dtor)
+{
+    PyObject *cap = PyCapsule_New(m, name, dtor);
+    if (!cap)
+        release_export(block, m);
     return cap;
+}
+
+PyObject *bridge_dlpack_capsule(bridge_pinned_block *b, void *data, Py_ssize_t size,
+                                const bridge_dlpack_request *req)
+{
+    void *e = calloc(1, req->versioned ? sizeof(versioned_export) : sizeof(legacy_export));
+    if (!e) {
+        bridge_pinned_release(b);
+        return PyErr_NoMemory();
+    }
+    if (req->versioned) {
+        versioned_export *v = e;
+        v->m.version.major = 1;
+        v->m.version.minor = 0;
+        v->m.manager_ctx = b;
+        v->m.deleter = versioned_deleter;
+        v->m.flags = req->copy ? DLPACK_FLAG_BITMASK_IS_COPIED : 0;
+        fill_tensor(&v->m.dl_tensor, v->shape, v->strides, data, size, req->device_type);
+        return capsule_of(&v->m, b, "dltensor_versioned", versioned_capsule_dtor);
+    }
+    legacy_export *l = e;
+    l->m.manager_ctx = b;
+    l->m.deleter = legacy_deleter;
+    fill_tensor(&l->m.dl_tensor, l->shape, l->strides, data, size, req->device_type);
+    return capsule_of(&l->m, b, "dltensor", legacy_capsule_dtor);
 }
