@@ -4,8 +4,6 @@
  * its dealloc frees the block, with no Python __del__ involved. */
 #include "pyblock.h"
 
-#include <structmember.h>
-
 #include "bridge.h"
 
 typedef bridge_Block Block;
@@ -36,45 +34,26 @@ static void Block_dealloc(Block *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *Block_get_ptr(Block *self, void *c)
-{
-    (void)c;
-    return PyLong_FromVoidPtr(self->ptr);
-}
-
 static PyObject *Block_repr(Block *self)
 {
     return PyUnicode_FromFormat("<bridge block 0x%zx, %zu bytes, device %d>", (size_t)self->ptr,
                                 self->size, self->device);
 }
 
-static PyMemberDef Block_members[] = {
-    {"size", T_PYSSIZET, offsetof(Block, size), READONLY, "bytes"},
-    {"device", T_INT, offsetof(Block, device), READONLY, "device ordinal"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyGetSetDef Block_getset[] = {
-    {"ptr", (getter)Block_get_ptr, NULL, "device address", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
+BRIDGE_OWNER_ATTRIBUTES(Block, "device address",
+                        BRIDGE_OWNER_SIZE(Block, "size") BRIDGE_OWNER_DEVICE(Block));
 
 PyTypeObject BlockType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.Block",
-    .tp_basicsize = sizeof(Block),
-    .tp_dealloc = (destructor)Block_dealloc,
-    .tp_repr = (reprfunc)Block_repr,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One allocation from the shared pool, freed when this object dies.",
-    .tp_members = Block_members,
-    .tp_getset = Block_getset,
+    BRIDGE_OWNER_TYPE(Block, "Block", Py_TPFLAGS_DEFAULT,
+                      "One allocation from the shared pool, freed when this object dies."),
 };
 
-PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
+PyObject *block_new_of(PyTypeObject *type, void (*release)(void *), void *ptr, size_t size,
+                       int device, PyObject *stream)
 {
-    Block *b = PyObject_New(Block, &BlockType);
+    Block *b = PyObject_New(Block, type);
     if (!b) {
-        block_free(ptr);
+        release(ptr);
         return NULL;
     }
     b->ptr = ptr;
@@ -83,6 +62,11 @@ PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
     Py_XINCREF(stream);
     b->stream = stream;
     return (PyObject *)b;
+}
+
+PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream)
+{
+    return block_new_of(&BlockType, block_free, ptr, size, device, stream);
 }
 
 /* After a refused allocation: when its wait gave up for Ctrl-C, run the

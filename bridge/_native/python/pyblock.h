@@ -3,14 +3,12 @@
 #ifndef BRIDGE_PYBLOCK_H
 #define BRIDGE_PYBLOCK_H
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "pyowner.h"
 
 /* The C-level owner of one allocation (bridge._core.Block): its dealloc
  * frees the block, with no Python __del__ involved. */
 typedef struct {
-    PyObject_HEAD
-    void *ptr;
+    BRIDGE_OWNER_HEAD;
     size_t size;
     int device;
     PyObject *stream; /* the framework's stream object, kept alive until the
@@ -26,6 +24,10 @@ extern unsigned long long block_gil_releases;
 void block_free(void *ptr);
 /* A new Block owning `ptr` (freed at once if the object cannot be made). */
 PyObject *block_new(void *ptr, size_t size, int device, PyObject *stream);
+/* A new object of `type`, Block or another type of its struct (ManagedBlock),
+ * owning `ptr`: release(ptr) at once if the object cannot be made. */
+PyObject *block_new_of(PyTypeObject *type, void (*release)(void *), void *ptr, size_t size,
+                       int device, PyObject *stream);
 /* After a refused allocation: when its wait gave up for Ctrl-C, run the
  * signal handlers now (KeyboardInterrupt).  -1 with the exception set. */
 int raise_if_interrupted(void);

@@ -2,19 +2,17 @@
 /* pymanaged.c: the Python face of managed.c (bridge._core.ManagedBlock and
  * functions): a managed block is owned by a C object whose dealloc frees it
  * (cuMemFree may wait for the device: the GIL is released around it). */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-
 #include "bridge.h"
 #include "managed.h"
+#include "pyblock.h"
 
-typedef struct {
-    PyObject_HEAD
-    void *ptr;
-    Py_ssize_t size;
-    int device;
-} ManagedBlock;
+/* A Block's struct (its stream NULL), freed by managed.c */
+typedef bridge_Block ManagedBlock;
+
+static void free_managed(void *p)
+{
+    bridge_free_managed(p); /* never fails: counts what went wrong */
+}
 
 static void ManagedBlock_dealloc(ManagedBlock *self)
 {
@@ -22,44 +20,24 @@ static void ManagedBlock_dealloc(ManagedBlock *self)
     self->ptr = NULL;
     if (p) {
         Py_BEGIN_ALLOW_THREADS
-        bridge_free_managed(p); /* never fails: counts what went wrong */
+        free_managed(p);
         Py_END_ALLOW_THREADS
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *ManagedBlock_get_ptr(ManagedBlock *self, void *c)
-{
-    (void)c;
-    return PyLong_FromVoidPtr(self->ptr);
-}
-
 static PyObject *ManagedBlock_repr(ManagedBlock *self)
 {
-    return PyUnicode_FromFormat("<bridge managed block %p, %zd bytes, device %d>", self->ptr,
+    return PyUnicode_FromFormat("<bridge managed block %p, %zu bytes, device %d>", self->ptr,
                                 self->size, self->device);
 }
 
-static PyMemberDef ManagedBlock_members[] = {
-    {"size", T_PYSSIZET, offsetof(ManagedBlock, size), READONLY, "bytes"},
-    {"device", T_INT, offsetof(ManagedBlock, device), READONLY, "device ordinal"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyGetSetDef ManagedBlock_getset[] = {
-    {"ptr", (getter)ManagedBlock_get_ptr, NULL, "address (device and host)", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
+BRIDGE_OWNER_ATTRIBUTES(ManagedBlock, "address (device and host)",
+                        BRIDGE_OWNER_SIZE(ManagedBlock, "size") BRIDGE_OWNER_DEVICE(ManagedBlock));
 
 static PyTypeObject ManagedBlockType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.ManagedBlock",
-    .tp_basicsize = sizeof(ManagedBlock),
-    .tp_dealloc = (destructor)ManagedBlock_dealloc,
-    .tp_repr = (reprfunc)ManagedBlock_repr,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One managed allocation on the budget, freed when this object dies.",
-    .tp_members = ManagedBlock_members,
-    .tp_getset = ManagedBlock_getset,
+    BRIDGE_OWNER_TYPE(ManagedBlock, "ManagedBlock", Py_TPFLAGS_DEFAULT,
+                      "One managed allocation on the budget, freed when this object dies."),
 };
 
 static PyObject *py_alloc_managed(PyObject *m, PyObject *args)
@@ -78,17 +56,10 @@ static PyObject *py_alloc_managed(PyObject *m, PyObject *args)
     Py_END_ALLOW_THREADS
     if (rc != BRIDGE_OK || !p) /* refused, or 0 bytes: no block */
         return Py_BuildValue("iO", rc, Py_None);
-    ManagedBlock *b = PyObject_New(ManagedBlock, &ManagedBlockType);
-    if (!b) {
-        bridge_free_managed(p);
+    PyObject *b = block_new_of(&ManagedBlockType, free_managed, p, (size_t)size, dev, NULL);
+    if (!b)
         return NULL;
-    }
-    b->ptr = p;
-    b->size = size;
-    b->device = dev;
-    PyObject *out = Py_BuildValue("iO", rc, (PyObject *)b);
-    Py_DECREF(b);
-    return out;
+    return Py_BuildValue("iN", rc, b);
 }
 
 static PyObject *py_managed_stats(PyObject *m, PyObject *args)

@@ -13,18 +13,16 @@
  */
 #include "dlpack.h"
 #include "pybind.h"
-
-#include <structmember.h>
+#include "pyowner.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- PinnedBufferBase ---- */
 typedef struct {
-    PyObject_HEAD
-    bridge_pinned_block *block; /* one reference; NULL for 0 bytes */
-    void *ptr;                  /* the block's address; NULL for 0 bytes */
+    BRIDGE_OWNER_HEAD;          /* ptr: the block's address; NULL for 0 bytes */
     Py_ssize_t size;            /* bytes asked for */
+    bridge_pinned_block *block; /* one reference; NULL for 0 bytes */
     PyObject *weakrefs;
 } PinnedBuffer;
 
@@ -38,12 +36,6 @@ static void PinnedBuffer_dealloc(PinnedBuffer *self)
     self->block = NULL;
     bridge_pinned_release(b); /* never fails; a lock and a list push at most */
     Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *PinnedBuffer_get_ptr(PinnedBuffer *self, void *c)
-{
-    (void)c;
-    return PyLong_FromVoidPtr(self->ptr);
 }
 
 static int PinnedBuffer_getbuffer(PinnedBuffer *self, Py_buffer *view, int flags)
@@ -98,16 +90,9 @@ static PyObject *PinnedBuffer_repr(PinnedBuffer *self)
                                 (size_t)self->ptr, self->size);
 }
 
-static PyMemberDef PinnedBuffer_members[] = {
-    {"size", T_PYSSIZET, offsetof(PinnedBuffer, size), READONLY, "bytes"},
-    {"nbytes", T_PYSSIZET, offsetof(PinnedBuffer, size), READONLY, "bytes"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyGetSetDef PinnedBuffer_getset[] = {
-    {"ptr", (getter)PinnedBuffer_get_ptr, NULL, "host address (0 for 0 bytes)", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
+BRIDGE_OWNER_ATTRIBUTES(PinnedBuffer, "host address (0 for 0 bytes)",
+                        BRIDGE_OWNER_SIZE(PinnedBuffer, "size")
+                            BRIDGE_OWNER_SIZE(PinnedBuffer, "nbytes"));
 
 static PyMethodDef PinnedBuffer_methods[] = {
     {"__dlpack__", (PyCFunction)(void (*)(void))PinnedBuffer_dlpack, METH_VARARGS | METH_KEYWORDS,
@@ -118,17 +103,11 @@ static PyMethodDef PinnedBuffer_methods[] = {
 };
 
 static PyTypeObject PinnedBufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "bridge._core.PinnedBufferBase",
-    .tp_basicsize = sizeof(PinnedBuffer),
-    .tp_dealloc = (destructor)PinnedBuffer_dealloc,
-    .tp_repr = (reprfunc)PinnedBuffer_repr,
+    BRIDGE_OWNER_TYPE(PinnedBuffer, "PinnedBufferBase", Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+                      "One block of the pinned pool; it returns to the pool when this object and "
+                      "every view and DLPack export of it are gone."),
     .tp_as_buffer = &PinnedBuffer_as_buffer,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "One block of the pinned pool; it returns to the pool when this object and "
-              "every view and DLPack export of it are gone.",
     .tp_weaklistoffset = offsetof(PinnedBuffer, weakrefs),
-    .tp_members = PinnedBuffer_members,
-    .tp_getset = PinnedBuffer_getset,
     .tp_methods = PinnedBuffer_methods,
 };
 
