@@ -2,6 +2,8 @@
 /* pybind.c: the one body of the table-made module functions (pybind.h). */
 #include "pybind.h"
 
+#include <string.h>
+
 /* `call` without the GIL when the row asks for it */
 #define CALL(call)                   \
     do {                             \
@@ -14,94 +16,63 @@
         }                            \
     } while (0)
 
-#define PARSE(...)                                       \
-    if (!PyArg_ParseTuple(args, b->format, __VA_ARGS__)) \
-    return NULL
-
 #define PTR(slot) ((void *)(uintptr_t)(slot).k)
+
+/* What Python gets of each kind's call (pybind.h) */
+#define GIVE_STATUS(call) \
+    CALL(rc = (call));    \
+    return b->flags & BIND_BOOL ? PyBool_FromLong(rc) : PyLong_FromLong(rc)
+#define GIVE_STATUS_OUT_I(call) \
+    CALL(rc = (call));          \
+    return Py_BuildValue("ii", rc, out.i)
+#define GIVE_STATUS_OUT_K(call) \
+    CALL(rc = (call));          \
+    return Py_BuildValue("iK", rc, (unsigned long long)out.k)
+#define GIVE_U64(call)   return PyLong_FromUnsignedLongLong(call)
+#define GIVE_FLOAT(call) return PyFloat_FromDouble(call)
+#define GIVE_STR(call)   return PyUnicode_FromString(call)
+#define GIVE_NONE(call) \
+    CALL(call);         \
+    Py_RETURN_NONE
+
+#define CASE_(kind, result, params, arguments, give) \
+    case BIND_##kind:                                \
+        GIVE_##give(b->fn.kind arguments);
 
 PyObject *bridge_bind_call(const bridge_binding *b, PyObject *args)
 {
     bridge_bind_slot a[BRIDGE_BIND_SLOTS];
     for (int n = 0; n < BRIDGE_BIND_SLOTS; n++)
         a[n] = b->defaults[n];
-    int rc = 0, out = 0;
-    uint64_t out_k = 0;
+    /* One parse for every kind: format unit n writes slot n, and a pointer to
+     * a union points to each of its members (the int, unsigned long long,
+     * double or string the unit writes); units past the format take none. */
+    if (*b->format && !PyArg_ParseTuple(args, b->format, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5]))
+        return NULL;
+    int rc = 0;
+    union {
+        int i;
+        uint64_t k;
+        _Alignas(16) unsigned char got[BRIDGE_BIND_OUT_MAX]; /* what a getter fills */
+    } out;
+    out.k = 0;
     switch (b->kind) {
-    case BIND_v:
-        CALL(rc = b->fn.v());
-        break;
-    case BIND_u64:
-        return PyLong_FromUnsignedLongLong(b->fn.u64());
-    case BIND_str:
-        return PyUnicode_FromString(b->fn.str());
-    case BIND_out_i:
-        CALL(rc = b->fn.out_i(&out));
-        return Py_BuildValue("ii", rc, out);
-    case BIND_s:
-        PARSE(&a[0].s);
-        CALL(rc = b->fn.s(a[0].s));
-        break;
-    case BIND_k:
-        PARSE(&a[0].k);
-        CALL(rc = b->fn.k(a[0].k));
-        break;
-    case BIND_i:
-        PARSE(&a[0].i);
-        CALL(rc = b->fn.i(a[0].i));
-        break;
-    case BIND_ii:
-        PARSE(&a[0].i, &a[1].i);
-        CALL(rc = b->fn.ii(a[0].i, a[1].i));
-        break;
-    case BIND_ik:
-        PARSE(&a[0].i, &a[1].k);
-        CALL(rc = b->fn.ik(a[0].i, a[1].k));
-        break;
-    case BIND_ikk:
-        PARSE(&a[0].i, &a[1].k, &a[2].k);
-        CALL(rc = b->fn.ikk(a[0].i, a[1].k, a[2].k));
-        break;
-    case BIND_iik:
-        PARSE(&a[0].i, &a[1].i, &a[2].k);
-        CALL(rc = b->fn.iik(a[0].i, a[1].i, a[2].k));
-        break;
-    case BIND_id:
-        PARSE(&a[0].i, &a[1].d);
-        CALL(rc = b->fn.id(a[0].i, a[1].d));
-        break;
-    case BIND_idk:
-        PARSE(&a[0].i, &a[1].d, &a[2].k);
-        CALL(rc = b->fn.idk(a[0].i, a[1].d, a[2].k));
-        break;
-    case BIND_ikp:
-        PARSE(&a[0].i, &a[1].k, &a[2].k);
-        CALL(rc = b->fn.ikp(a[0].i, a[1].k, PTR(a[2])));
-        break;
-    case BIND_i_out_i:
-        PARSE(&a[0].i);
-        CALL(rc = b->fn.i_out_i(a[0].i, &out));
-        return Py_BuildValue("ii", rc, out);
-    case BIND_i_out_k:
-        PARSE(&a[0].i);
-        CALL(rc = b->fn.i_out_k(a[0].i, &out_k));
-        return Py_BuildValue("iK", rc, (unsigned long long)out_k);
-    case BIND_ii_out_k:
-        PARSE(&a[0].i, &a[1].i);
-        CALL(rc = b->fn.ii_out_k(a[0].i, a[1].i, &out_k));
-        return Py_BuildValue("iK", rc, (unsigned long long)out_k);
-    case BIND_p:
-        PARSE(&a[0].k);
-        CALL(rc = b->fn.p(PTR(a[0])));
-        break;
-    case BIND_pp:
-        PARSE(&a[0].k, &a[1].k);
-        CALL(rc = b->fn.pp(PTR(a[0]), PTR(a[1])));
-        break;
-    case BIND_void_p:
-        PARSE(&a[0].k);
-        CALL(b->fn.void_p(PTR(a[0])));
-        Py_RETURN_NONE;
+        BRIDGE_BIND_KINDS(CASE_)
+    case BIND_get:
+        memset(out.got, 0, sizeof out.got); /* what the function leaves is 0 */
+        CALL(rc = b->fn.get->call(a[0].i, out.got));
+        return b->fn.get->convert(rc, out.got);
     }
-    return b->flags & BIND_BOOL ? PyBool_FromLong(rc) : PyLong_FromLong(rc);
+    PyErr_SetString(PyExc_SystemError, "bridge._core: a binding of no known kind");
+    return NULL;
+}
+
+int bridge_bind_add(PyObject *m, PyMethodDef *functions, const bridge_bind_constant *c)
+{
+    if (functions && PyModule_AddFunctions(m, functions) < 0)
+        return -1;
+    for (; c->name; c++)
+        if (PyModule_AddIntConstant(m, c->name, c->value) < 0)
+            return -1;
+    return 0;
 }

@@ -22,6 +22,7 @@
 #include <Python.h>
 
 #include "bridge.h"
+#include "pybind.h"
 
 static PyObject *str_cuda_stream; /* interned "__cuda_stream__" */
 
@@ -210,11 +211,13 @@ static PyObject *py_stream_free(PyObject *m, PyObject *const *args, Py_ssize_t n
     Py_RETURN_NONE;
 }
 
-static PyMethodDef callback_methods[] = {
-    {"stream_free", (PyCFunction)(void (*)(void))py_stream_free, METH_FASTCALL,
-     "stream_free(address, nbytes=0, stream=None): free after the stream's queued work"},
-    {NULL, NULL, 0, NULL},
-};
+/* The functions of this file, one row each (pybind.h): X rows of the table, H rows written
+ * by hand above, py_<name>. */
+#define CALLBACK_FUNCTIONS(X, H) \
+    H(stream_free, FASTCALL,     \
+      "stream_free(address, nbytes=0, stream=None): free after the stream's queued work")
+
+BRIDGE_METHOD_TABLE(callback_methods, CALLBACK_FUNCTIONS);
 
 int bridge_pycallback_add(PyObject *m)
 {

@@ -4,6 +4,7 @@
  * (cuMemFree may wait for the device: the GIL is released around it). */
 #include "bridge.h"
 #include "managed.h"
+#include "pybind.h"
 #include "pyblock.h"
 
 /* A Block's struct (its stream NULL), freed by managed.c */
@@ -73,14 +74,16 @@ static PyObject *py_managed_stats(PyObject *m, PyObject *args)
     return Py_BuildValue("iKK", rc, (unsigned long long)bytes, (unsigned long long)blocks);
 }
 
-static PyMethodDef managed_methods[] = {
-    {"alloc_managed", py_alloc_managed, METH_VARARGS,
-     "alloc_managed(device, size, tag) -> (status, ManagedBlock | None): managed memory "
-     "(cuMemAllocManaged) on the budget, counted under the tag"},
-    {"managed_stats", py_managed_stats, METH_VARARGS,
-     "managed_stats(device) -> (status, bytes, blocks): the managed memory live now"},
-    {NULL, NULL, 0, NULL},
-};
+/* The functions of this file, one row each (pybind.h): X rows of the table, H rows written
+ * by hand above, py_<name>. */
+#define MANAGED_FUNCTIONS(X, H)                                                            \
+    H(alloc_managed, VARARGS,                                                              \
+      "alloc_managed(device, size, tag) -> (status, ManagedBlock | None): managed memory " \
+      "(cuMemAllocManaged) on the budget, counted under the tag")                          \
+    H(managed_stats, VARARGS,                                                              \
+      "managed_stats(device) -> (status, bytes, blocks): the managed memory live now")
+
+BRIDGE_METHOD_TABLE(managed_methods, MANAGED_FUNCTIONS);
 
 int bridge_pymanaged_add(PyObject *m)
 {

@@ -2,16 +2,15 @@
 /* pymod.c: the Python face of the core, module bridge._core.
  *
  * Functions that return status codes (bridge/_errors.py turns them into
- * exceptions).  Those that only parse, call and return are rows of
- * CORE_BINDINGS (one C body serves them all: pybind.h); the rest, written
- * by hand, build results or hold state of their own.  Block, the
- * C-level owner of one allocation, is pyblock.c;
+ * exceptions), each a row of CORE_FUNCTIONS at the end: those that only
+ * parse, call and return are rows of the table kind (one C body serves them
+ * all: pybind.h); the rest, written by hand, build results or hold state of
+ * their own.  Block, the C-level owner of one allocation, is pyblock.c;
  * the pinned pool's objects pypinned.c; what adapters add to the module
  * (their C beside them in adapters/) is listed by frameworks.h.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -19,6 +18,7 @@
 
 #include "bridge.h"
 #include "cache.h"
+#include "carve.h"
 #include "pybind.h"
 #include "pyblock.h"
 
@@ -254,20 +254,6 @@ static PyObject *py_set_wait(PyObject *Py_UNUSED(m), PyObject *arg)
     return float_arg(arg, &t) < 0 ? NULL : PyLong_FromLong(bridge_set_wait(t));
 }
 
-static PyObject *py_get_wait(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
-{
-    return PyFloat_FromDouble(bridge_get_wait());
-}
-
-static PyObject *py_set_thread_wait(PyObject *Py_UNUSED(m), PyObject *args)
-{
-    int set, priority;
-    double seconds;
-    if (!PyArg_ParseTuple(args, "pdi", &set, &seconds, &priority))
-        return NULL;
-    return PyLong_FromLong(bridge_set_thread_wait(set, seconds, priority));
-}
-
 static PyObject *py_thread_wait(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
 {
     int set, priority;
@@ -308,114 +294,6 @@ static PyObject *py_wait_holders(PyObject *Py_UNUSED(m), PyObject *args)
     }
     return Py_BuildValue("iN", rc, list);
 }
-
-/* ---- the functions a row of a table makes (pybind.h) ---- */
-/* X(python name, kind, C function, format, flags, docstring, defaults) */
-#define CORE_BINDINGS(X)                                                                           \
-    X(init, s, bridge_init, "|z", BIND_NOGIL,                                                      \
-      "init(path=None) -> status: load the driver.", [0].s = NULL)                                 \
-    X(initialized, v, bridge_initialized, NULL, BIND_BOOL, "Whether the driver is loaded.",        \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(device_count, out_i, bridge_device_count, NULL, BIND_PLAIN, "-> (status, count)",            \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(driver_version, out_i, bridge_driver_version, NULL, BIND_PLAIN, "-> (status, version)",      \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(current_device, out_i, bridge_current_device, NULL, BIND_PLAIN,                              \
-      "-> (status, device of the current context)", BIND_NO_DEFAULTS)                              \
-    X(loaded_library, str, bridge_loaded_library, NULL, BIND_PLAIN, "The driver library in use.",  \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(load_error, str, bridge_load_error, NULL, BIND_PLAIN, "Why loading the driver failed.",      \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(setup, ik, bridge_device_setup, "iK", BIND_NOGIL,                                            \
-      "setup(device, release_threshold) -> status", BIND_NO_DEFAULTS)                              \
-    X(ready, i, bridge_device_ready, "i", BIND_BOOL, "ready(device) -> bool", BIND_NO_DEFAULTS)    \
-    X(reassert, i, bridge_reassert, "i", BIND_NOGIL, "reassert(device) -> status",                 \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(pool_attribute, ii_out_k, bridge_pool_attribute, "ii", BIND_PLAIN,                           \
-      "pool_attribute(device, attr) -> (status, value)", BIND_NO_DEFAULTS)                         \
-    X(trim, ik, bridge_trim, "i|K", BIND_NOGIL, "trim(device, keep=0) -> status", [1].k = 0)       \
-    X(grant_peer_access, i_out_i, bridge_grant_peer_access, "i", BIND_PLAIN,                       \
-      "-> (status, peers granted)", BIND_NO_DEFAULTS)                                              \
-    X(set_limit, ik, bridge_set_limit, "iK", BIND_PLAIN, "set_limit(device, bytes) -> status",     \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(ipc_enable, i, bridge_ipc_enable, "i", BIND_NOGIL,                                           \
-      "ipc_enable(device) -> status: allocate from a pool with POSIX fd export from now on",       \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(ipc_enabled, i, bridge_ipc_enabled, "i", BIND_BOOL, "ipc_enabled(device) -> bool",           \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(ipc_release, void_p, bridge_ipc_release, "K", BIND_NOGIL,                                    \
-      "ipc_release(ptr): let go of an import", BIND_NO_DEFAULTS)                                   \
-    X(ipc_error, str, bridge_ipc_error, NULL, BIND_PLAIN,                                          \
-      "why this thread's last ipc_* call failed", BIND_NO_DEFAULTS)                                \
-    X(set_cache, ikk, bridge_set_cache, "iK|K", BIND_NOGIL,                                        \
-      "set_cache(device, limit, max_block=256MiB) -> status: the hard cap of cached bytes "        \
-      "(0: no cache; emptied) and the largest cached block",                                       \
-      [2].k = 256ull << 20)                                                                        \
-    X(set_cache_fraction, idk, bridge_set_cache_fraction, "id|K", BIND_PLAIN,                      \
-      "set_cache_fraction(device, fraction, floor=64MiB) -> status: the cache's cap follows "      \
-      "the bytes the frameworks hold, cached <= min(limit, max(floor, live * fraction)); "         \
-      "past it the least recently cached blocks go back to the pool (default 1/16, 64 MiB); "      \
-      "blocks up to the small tier's largest (set_cache_tiers)",                                   \
-      [2].k = 64ull << 20)                                                                         \
-    X(set_cache_tiers, ikk, bridge_set_cache_tiers, "i|KK", BIND_PLAIN,                            \
-      "set_cache_tiers(device, small_max=1MiB, large_cap=64MiB) -> status: blocks above "          \
-      "small_max have their own least-recently-cached order under a fixed cap, "                   \
-      "cached_large <= min(limit, large_cap); each tier evicts only its own blocks",               \
-      [1].k = 1ull << 20, [2].k = 64ull << 20)                                                     \
-    X(set_cache_segments, ii, bridge_set_cache_segments, "i|p", BIND_PLAIN,                        \
-      "set_cache_segments(device, on=True) -> status: the cache's requests carved from pool "      \
-      "segments, every emptied one kept under the release rule (off: carving off)",                \
-      [1].i = 1)                                                                                   \
-    X(set_cache_segments_keep, ik, bridge_set_cache_segments_keep, "iK", BIND_PLAIN,               \
-      "set_cache_segments_keep(device, keep) -> status: the bytes of empty segments kept in "      \
-      "each class (the rest go back to the pool, the first emptied first)",                        \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(set_cache_thread_slots, ii, bridge_set_cache_thread_slots, "ip", BIND_PLAIN,                 \
-      "set_cache_thread_slots(device, on) -> status: each thread's newest freed block waits "      \
-      "in a slot of its own, taken back by that thread without a lock (default on)",               \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(set_cache_large_fraction, id, bridge_set_cache_large_fraction, "id", BIND_PLAIN,             \
-      "set_cache_large_fraction(device, fraction) -> status: the large tier's cap is also at "     \
-      "most this share of the bytes the frameworks hold, but never less than the block being "     \
-      "cached: cached_large <= min(limit, large_cap, max(live * fraction, block)) (default "       \
-      "1/8; 0: the fixed cap alone)",                                                              \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(register_stream, p, bridge_register_stream, "K", BIND_PLAIN,                                 \
-      "register_stream(handle) -> status: blocks freed on it may be cached", BIND_NO_DEFAULTS)     \
-    X(forget_stream, p, bridge_forget_stream, "K", BIND_PLAIN,                                     \
-      "forget_stream(handle) -> status: no longer cache blocks freed on it", BIND_NO_DEFAULTS)     \
-    X(bind_graph, ikp, bridge_capture_bind_graph, "iKK", BIND_NOGIL,                               \
-      "bind_graph(device, pool, stream) -> status: the captured graph's end releases the pool",    \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(set_tag_holds_streams, ii, bridge_set_tag_holds_streams, "ip", BIND_PLAIN,                   \
-      "set_tag_holds_streams(tag, holds) -> status: the tag keeps its streams alive until frees",  \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(forked, v, bridge_forked, NULL, BIND_BOOL,                                                   \
-      "Whether this is a fork child of a process that used CUDA.", BIND_NO_DEFAULTS)               \
-    X(set_tag_limit, iik, bridge_set_tag_limit, "iiK", BIND_PLAIN,                                 \
-      "set_tag_limit(device, tag, bytes) -> status", BIND_NO_DEFAULTS)                             \
-    X(set_tag_cached, ii, bridge_set_tag_cached, "ip", BIND_PLAIN,                                 \
-      "set_tag_cached(tag, cached) -> status: may the tag's freed blocks be cached",               \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(free, void_p, bridge_free, "K", BIND_NOGIL, "free(ptr): never raises", BIND_NO_DEFAULTS)     \
-    X(free_cached, p, bridge_free_cached, "K", BIND_PLAIN,                                         \
-      "free_cached(ptr) -> status: into the cache only (MISS: call free)", BIND_NO_DEFAULTS)       \
-    X(record_stream, pp, bridge_record_stream, "KK", BIND_PLAIN,                                   \
-      "record_stream(ptr, stream) -> status", BIND_NO_DEFAULTS)                                    \
-    X(reset_peak, ii, bridge_reset_peak, "i|i", BIND_PLAIN,                                        \
-      "reset_peak(device, tag=-1) -> status", [1].i = -1)                                          \
-    X(reset_accumulated, ii, bridge_reset_accumulated, "i|i", BIND_PLAIN,                          \
-      "reset_accumulated(device, tag=-1) -> status", [1].i = -1)                                   \
-    X(others, i_out_k, bridge_others, "i", BIND_PLAIN, "others(device) -> (status, bytes)",        \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(live_records, u64, bridge_live_records, NULL, BIND_PLAIN, "Live allocations, every device.", \
-      BIND_NO_DEFAULTS)                                                                            \
-    X(parked_records, u64, bridge_parked_records, NULL, BIND_PLAIN,                                \
-      "Freed blocks parked in their thread's slot with their record kept (diagnostics).",          \
-      BIND_NO_DEFAULTS)
-
-CORE_BINDINGS(BRIDGE_BIND_FUNCTION)
-static PyMethodDef core_bindings[] = {BRIDGE_BIND_METHODS(CORE_BINDINGS)};
 
 /* ---- module functions ---- */
 static PyObject *py_device_info(PyObject *Py_UNUSED(m), PyObject *args)
@@ -478,16 +356,6 @@ static PyObject *py_ipc_counts(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(noarg
     return Py_BuildValue("KKK", (unsigned long long)bridge_ipc_holds(),
                          (unsigned long long)bridge_ipc_imported(),
                          (unsigned long long)bridge_ipc_refused());
-}
-
-static PyObject *py_set_cache_carve(PyObject *Py_UNUSED(m), PyObject *args)
-{
-    int dev;
-    double share = 1.0 / 8;
-    unsigned long long lo = 32ull << 20, hi = 256ull << 20, keep = 0, small_keep = 0;
-    if (!PyArg_ParseTuple(args, "i|dKKKK", &dev, &share, &lo, &hi, &keep, &small_keep))
-        return NULL;
-    return PyLong_FromLong(bridge_set_cache_carve(dev, share, lo, hi, keep, small_keep));
 }
 
 static PyObject *py_capture(PyObject *Py_UNUSED(m), PyObject *args)
@@ -681,21 +549,14 @@ static int put_float(PyObject *d, const char *key, double v)
     return put_new(d, key, PyFloat_FromDouble(v));
 }
 
-static PyObject *py_stats(PyObject *Py_UNUSED(m), PyObject *args)
+/* stats(device) -> (status, dict) */
+static PyObject *stats_dict(int rc, const bridge_stats *s)
 {
-    int dev;
-    if (!PyArg_ParseTuple(args, "i", &dev))
-        return NULL;
-    bridge_stats s;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_get_stats(dev, &s);
-    Py_END_ALLOW_THREADS
     PyObject *d = PyDict_New();
     if (!d)
         return NULL;
-#define PUT(k)               \
-    if (put(d, #k, s.k) < 0) \
+#define PUT(k)                \
+    if (put(d, #k, s->k) < 0) \
         goto fail;
     PUT(limit)
     PUT(used)
@@ -736,15 +597,15 @@ static PyObject *py_stats(PyObject *Py_UNUSED(m), PyObject *args)
     PUT(carve_slack)
     PUT(carve_parked)
 #undef PUT
-    if (put_float(d, "cache_fraction", s.cache_fraction) < 0 ||
-        put_float(d, "cache_large_fraction", s.cache_large_fraction) < 0)
+    if (put_float(d, "cache_fraction", s->cache_fraction) < 0 ||
+        put_float(d, "cache_large_fraction", s->cache_large_fraction) < 0)
         goto fail;
     {
         PyObject *tags = PyList_New(BRIDGE_NTAGS);
         if (!tags)
             goto fail;
         for (int i = 0; i < BRIDGE_NTAGS; i++) {
-            bridge_tag_stats *t = &s.tag[i];
+            const bridge_tag_stats *t = &s->tag[i];
             PyObject *td = Py_BuildValue(
                 "{sKsKsKsKsKsKsKsKsKsKsK}", "current", t->current, "peak", t->peak, "allocated",
                 t->allocated, "freed", t->freed, "num_allocs", t->num_allocs, "num_frees",
@@ -767,6 +628,7 @@ fail:
     Py_DECREF(d);
     return NULL;
 }
+BRIDGE_BIND_GETTER(stats_getter, bridge_stats, bridge_get_stats, stats_dict);
 
 static PyObject *py_graph(PyObject *Py_UNUSED(m), PyObject *args)
 {
@@ -778,17 +640,6 @@ static PyObject *py_graph(PyObject *Py_UNUSED(m), PyObject *args)
     BRIDGE_RETURN_STATUS_NOGIL(op == 0   ? bridge_graph_begin(dev, a, b)
                                : op == 1 ? bridge_graph_end(dev, a, b)
                                          : bridge_graph_release(dev, a, b));
-}
-
-static PyObject *py_graph_begin_on(PyObject *Py_UNUSED(m), PyObject *args)
-{
-    /* graph_begin_on(device, id0, id1, stream, capture) (tests) */
-    int dev, capture;
-    unsigned long long a, b, stream;
-    if (!PyArg_ParseTuple(args, "iKKKp", &dev, &a, &b, &stream, &capture))
-        return NULL;
-    BRIDGE_RETURN_STATUS_NOGIL(
-        bridge_graph_begin_on(dev, a, b, (void *)(uintptr_t)stream, capture));
 }
 
 static PyObject *py_alloc_graph(PyObject *Py_UNUSED(m), PyObject *args)
@@ -808,61 +659,173 @@ static PyObject *py_alloc_graph(PyObject *Py_UNUSED(m), PyObject *args)
     return status_and_ptr(rc, p);
 }
 
-static PyMethodDef methods[] = {
-    {"device_info", py_device_info, METH_VARARGS,
-     "device_info(device) -> (status, name, cc_major, cc_minor, total_bytes)"},
-    {"last_driver_error", py_last_driver_error, METH_NOARGS, "-> (code, name)"},
-    {"ipc_export", py_ipc_export, METH_VARARGS,
-     "ipc_export(ptr) -> (status, handle bytes or None, offset)"},
-    {"ipc_import", py_ipc_import, METH_VARARGS, "ipc_import(handle, device) -> (status, ptr)"},
-    {"ipc_counts", py_ipc_counts, METH_NOARGS,
-     "ipc_counts() -> (holds others have here, imports held, connections refused)"},
-    {"set_cache_carve", py_set_cache_carve, METH_VARARGS,
-     "set_cache_carve(device, share=1/8, min=32 MiB, max=256 MiB, keep=0, small_keep=0) -> "
-     "status: carve the cache's requests from pool chunks (max 0: off)"},
-    {"capture", py_capture, METH_VARARGS,
-     "capture(begin, device) -> status: a stream capture starts or ends"},
-    {"capture_stream", py_capture_stream, METH_VARARGS,
-     "capture_stream(begin, device, stream_or_pool) -> (status, pool): a stream capture's pool"},
-    {"graph_collect", py_graph_collect, METH_NOARGS,
-     "graph_collect() -> [(device, pool)]: capture pools released since the last call"},
-    {"set_tag_relieved", py_set_tag_relieved, METH_VARARGS,
-     "set_tag_relieved(tag, relieved) -> status: the tag's threads without the GIL ask the "
-     "reliever to run the recovery chain"},
-    {"relief_loop", py_relief_loop, METH_NOARGS,
-     "Serve pressure requests of non-Python threads (run in a daemon thread)."},
-    {"stop_relief", py_stop_relief, METH_NOARGS, "Stop the reliever."},
-    {"set_relief_timeout", py_set_relief_timeout, METH_O,
-     "Seconds a relieved tag's thread waits for the reliever."},
-    {"alloc", py_alloc, METH_VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)"},
-    {"alloc_cached", py_alloc_cached, METH_VARARGS,
-     "alloc_cached(device, size, stream, tag) -> (status, ptr): from the cache only (MISS)"},
-    {"alloc_block", py_alloc_block, METH_VARARGS,
-     "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)"},
-    {"block_gil_releases", py_block_gil_releases, METH_NOARGS,
-     "Frees of Blocks that released the GIL (the cache could not take the block)."},
-    {"lookup", py_lookup, METH_VARARGS, "lookup(ptr) -> (status, size, device, tag)"},
-    {"stats", py_stats, METH_VARARGS, "stats(device) -> (status, dict)"},
-    {"graph", py_graph, METH_VARARGS, "graph(op, device, id0, id1) -> status"},
-    {"graph_begin_on", py_graph_begin_on, METH_VARARGS,
-     "graph_begin_on(device, id0, id1, stream, capture) -> status"},
-    {"alloc_graph", py_alloc_graph, METH_VARARGS,
-     "alloc_graph(device, size, tag, id0, id1, stream=0) -> (status, ptr)"},
-    {"set_pressure_callback", py_set_pressure_callback, METH_O, "Set the recovery hook (or None)."},
-    {"set_main_thread", py_set_main_thread, METH_O,
-     "set_main_thread(ident): the thread that receives Ctrl-C; installs the wait hooks."},
-    {"set_wait", py_set_wait, METH_O,
-     "set_wait(seconds) -> status: the process's wait for memory (0: none)."},
-    {"get_wait", py_get_wait, METH_NOARGS, "The process's wait for memory, seconds."},
-    {"set_thread_wait", py_set_thread_wait, METH_VARARGS,
-     "set_thread_wait(set, seconds, priority) -> status: this thread's own."},
-    {"thread_wait", py_thread_wait, METH_NOARGS, "-> (set, seconds, priority) of this thread."},
-    {"last_wait", py_last_wait, METH_NOARGS,
-     "-> (seconds, outcome) of this thread's last refused allocation."},
-    {"wait_holders", py_wait_holders, METH_VARARGS,
-     "wait_holders(device) -> (status, [(thread, bytes, waiting)])"},
-    {NULL, NULL, 0, NULL},
-};
+/* ---- the module's functions ---- */
+/* Every function of the module, one row each (pybind.h): X(python name, kind, C function,
+ * format, flags, docstring, defaults) for the rows of the table, H(python name, calling
+ * convention, docstring) for those written by hand above, py_<name>. */
+#define CORE_FUNCTIONS(X, H)                                                                       \
+    /* the driver and the devices */                                                               \
+    X(init, s, bridge_init, "|z", BIND_NOGIL,                                                      \
+      "init(path=None) -> status: load the driver.", [0].s = NULL)                                 \
+    X(initialized, v, bridge_initialized, BIND_NO_ARGS, BIND_BOOL,                                 \
+      "Whether the driver is loaded.", BIND_NO_DEFAULTS)                                           \
+    X(device_count, out_i, bridge_device_count, BIND_NO_ARGS, BIND_PLAIN, "-> (status, count)",    \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(driver_version, out_i, bridge_driver_version, BIND_NO_ARGS, BIND_PLAIN,                      \
+      "-> (status, version)", BIND_NO_DEFAULTS)                                                    \
+    X(current_device, out_i, bridge_current_device, BIND_NO_ARGS, BIND_PLAIN,                      \
+      "-> (status, device of the current context)", BIND_NO_DEFAULTS)                              \
+    X(loaded_library, str, bridge_loaded_library, BIND_NO_ARGS, BIND_PLAIN,                        \
+      "The driver library in use.", BIND_NO_DEFAULTS)                                              \
+    X(load_error, str, bridge_load_error, BIND_NO_ARGS, BIND_PLAIN,                                \
+      "Why loading the driver failed.", BIND_NO_DEFAULTS)                                          \
+    H(device_info, VARARGS,                                                                        \
+      "device_info(device) -> (status, name, cc_major, cc_minor, total_bytes)")                    \
+    H(last_driver_error, NOARGS, "-> (code, name)")                                                \
+    X(setup, ik, bridge_device_setup, "iK", BIND_NOGIL,                                            \
+      "setup(device, release_threshold) -> status", BIND_NO_DEFAULTS)                              \
+    X(ready, i, bridge_device_ready, "i", BIND_BOOL, "ready(device) -> bool", BIND_NO_DEFAULTS)    \
+    X(reassert, i, bridge_reassert, "i", BIND_NOGIL, "reassert(device) -> status",                 \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(pool_attribute, ii_out_k, bridge_pool_attribute, "ii", BIND_PLAIN,                           \
+      "pool_attribute(device, attr) -> (status, value)", BIND_NO_DEFAULTS)                         \
+    X(trim, ik, bridge_trim, "i|K", BIND_NOGIL, "trim(device, keep=0) -> status", [1].k = 0)       \
+    X(grant_peer_access, i_out_i, bridge_grant_peer_access, "i", BIND_PLAIN,                       \
+      "-> (status, peers granted)", BIND_NO_DEFAULTS)                                              \
+    X(set_limit, ik, bridge_set_limit, "iK", BIND_PLAIN, "set_limit(device, bytes) -> status",     \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(forked, v, bridge_forked, BIND_NO_ARGS, BIND_BOOL,                                           \
+      "Whether this is a fork child of a process that used CUDA.", BIND_NO_DEFAULTS)               \
+    /* blocks shared with other processes */                                                       \
+    X(ipc_enable, i, bridge_ipc_enable, "i", BIND_NOGIL,                                           \
+      "ipc_enable(device) -> status: allocate from a pool with POSIX fd export from now on",       \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(ipc_enabled, i, bridge_ipc_enabled, "i", BIND_BOOL, "ipc_enabled(device) -> bool",           \
+      BIND_NO_DEFAULTS)                                                                            \
+    H(ipc_export, VARARGS, "ipc_export(ptr) -> (status, handle bytes or None, offset)")            \
+    H(ipc_import, VARARGS, "ipc_import(handle, device) -> (status, ptr)")                          \
+    X(ipc_release, void_p, bridge_ipc_release, "K", BIND_NOGIL,                                    \
+      "ipc_release(ptr): let go of an import", BIND_NO_DEFAULTS)                                   \
+    X(ipc_error, str, bridge_ipc_error, BIND_NO_ARGS, BIND_PLAIN,                                  \
+      "why this thread's last ipc_* call failed", BIND_NO_DEFAULTS)                                \
+    H(ipc_counts, NOARGS,                                                                          \
+      "ipc_counts() -> (holds others have here, imports held, connections refused)")               \
+    /* the cache */                                                                                \
+    X(set_cache, ikk, bridge_set_cache, "iK|K", BIND_NOGIL,                                        \
+      "set_cache(device, limit, max_block=256MiB) -> status: the hard cap of cached bytes "        \
+      "(0: no cache; emptied) and the largest cached block",                                       \
+      [2].k = BRIDGE_CACHE_MAX_BLOCK)                                                              \
+    X(set_cache_tiers, ikk, bridge_set_cache_tiers, "i|KK", BIND_PLAIN,                            \
+      "set_cache_tiers(device, small_max=1MiB, large_cap=64MiB) -> status: blocks above "          \
+      "small_max have their own least-recently-cached order under a fixed cap, "                   \
+      "cached_large <= min(limit, large_cap); each tier evicts only its own blocks",               \
+      [1].k = BRIDGE_CACHE_SMALL_MAX, [2].k = BRIDGE_CACHE_LARGE_CAP)                              \
+    X(set_cache_large_fraction, id, bridge_set_cache_large_fraction, "id", BIND_PLAIN,             \
+      "set_cache_large_fraction(device, fraction) -> status: the large tier's cap is also at "     \
+      "most this share of the bytes the frameworks hold, but never less than the block being "     \
+      "cached: cached_large <= min(limit, large_cap, max(live * fraction, block)) (default "       \
+      "1/8; 0: the fixed cap alone)",                                                              \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(set_cache_fraction, idk, bridge_set_cache_fraction, "id|K", BIND_PLAIN,                      \
+      "set_cache_fraction(device, fraction, floor=64MiB) -> status: the cache's cap follows "      \
+      "the bytes the frameworks hold, cached <= min(limit, max(floor, live * fraction)); "         \
+      "past it the least recently cached blocks go back to the pool (default 1/16, 64 MiB); "      \
+      "blocks up to the small tier's largest (set_cache_tiers)",                                   \
+      [2].k = BRIDGE_CACHE_FLOOR)                                                                  \
+    X(set_cache_segments, ii, bridge_set_cache_segments, "i|p", BIND_PLAIN,                        \
+      "set_cache_segments(device, on=True) -> status: the cache's requests carved from pool "      \
+      "segments, every emptied one kept under the release rule (off: carving off)",                \
+      [1].i = 1)                                                                                   \
+    X(set_cache_segments_keep, ik, bridge_set_cache_segments_keep, "iK", BIND_PLAIN,               \
+      "set_cache_segments_keep(device, keep) -> status: the bytes of empty segments kept in "      \
+      "each class (the rest go back to the pool, the first emptied first)",                        \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(set_cache_thread_slots, ii, bridge_set_cache_thread_slots, "ip", BIND_PLAIN,                 \
+      "set_cache_thread_slots(device, on) -> status: each thread's newest freed block waits "      \
+      "in a slot of its own, taken back by that thread without a lock (default on)",               \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(set_cache_carve, idkkkk, bridge_set_cache_carve, "i|dKKKK", BIND_PLAIN,                      \
+      "set_cache_carve(device, share=1/8, min=32 MiB, max=256 MiB, keep=0, small_keep=0) -> "      \
+      "status: carve the cache's requests from pool chunks (max 0: off)",                          \
+      [1].d = BRIDGE_CARVE_SHARE_Q16 / 65536.0, [2].k = BRIDGE_CARVE_MIN,                          \
+      [3].k = BRIDGE_CARVE_MAX, [4].k = 0, [5].k = 0)                                              \
+    /* streams */                                                                                  \
+    X(register_stream, p, bridge_register_stream, "K", BIND_PLAIN,                                 \
+      "register_stream(handle) -> status: blocks freed on it may be cached", BIND_NO_DEFAULTS)     \
+    X(forget_stream, p, bridge_forget_stream, "K", BIND_PLAIN,                                     \
+      "forget_stream(handle) -> status: no longer cache blocks freed on it", BIND_NO_DEFAULTS)     \
+    X(record_stream, pp, bridge_record_stream, "KK", BIND_PLAIN,                                   \
+      "record_stream(ptr, stream) -> status", BIND_NO_DEFAULTS)                                    \
+    X(set_tag_holds_streams, ii, bridge_set_tag_holds_streams, "ip", BIND_PLAIN,                   \
+      "set_tag_holds_streams(tag, holds) -> status: the tag keeps its streams alive until frees",  \
+      BIND_NO_DEFAULTS)                                                                            \
+    /* captures and graphs */                                                                      \
+    H(capture, VARARGS, "capture(begin, device) -> status: a stream capture starts or ends")       \
+    H(capture_stream, VARARGS,                                                                     \
+      "capture_stream(begin, device, stream_or_pool) -> (status, pool): a stream capture's pool")  \
+    X(bind_graph, ikp, bridge_capture_bind_graph, "iKK", BIND_NOGIL,                               \
+      "bind_graph(device, pool, stream) -> status: the captured graph's end releases the pool",    \
+      BIND_NO_DEFAULTS)                                                                            \
+    H(graph_collect, NOARGS,                                                                       \
+      "graph_collect() -> [(device, pool)]: capture pools released since the last call")           \
+    H(graph, VARARGS, "graph(op, device, id0, id1) -> status")                                     \
+    X(graph_begin_on, ikkpi, bridge_graph_begin_on, "iKKKp", BIND_NOGIL,                           \
+      "graph_begin_on(device, id0, id1, stream, capture) -> status", BIND_NO_DEFAULTS)             \
+    H(alloc_graph, VARARGS, "alloc_graph(device, size, tag, id0, id1, stream=0) -> (status, ptr)") \
+    /* tags */                                                                                     \
+    X(set_tag_limit, iik, bridge_set_tag_limit, "iiK", BIND_PLAIN,                                 \
+      "set_tag_limit(device, tag, bytes) -> status", BIND_NO_DEFAULTS)                             \
+    X(set_tag_cached, ii, bridge_set_tag_cached, "ip", BIND_PLAIN,                                 \
+      "set_tag_cached(tag, cached) -> status: may the tag's freed blocks be cached",               \
+      BIND_NO_DEFAULTS)                                                                            \
+    H(set_tag_relieved, VARARGS,                                                                   \
+      "set_tag_relieved(tag, relieved) -> status: the tag's threads without the GIL ask the "      \
+      "reliever to run the recovery chain")                                                        \
+    /* allocation */                                                                               \
+    H(alloc, VARARGS, "alloc(device, size, stream, tag) -> (status, ptr)")                         \
+    H(alloc_cached, VARARGS,                                                                       \
+      "alloc_cached(device, size, stream, tag) -> (status, ptr): from the cache only (MISS)")      \
+    H(alloc_block, VARARGS,                                                                        \
+      "alloc_block(device, size, stream, tag, stream_object=None) -> (status, Block|None)")        \
+    H(block_gil_releases, NOARGS,                                                                  \
+      "Frees of Blocks that released the GIL (the cache could not take the block).")               \
+    X(free, void_p, bridge_free, "K", BIND_NOGIL, "free(ptr): never raises", BIND_NO_DEFAULTS)     \
+    X(free_cached, p, bridge_free_cached, "K", BIND_PLAIN,                                         \
+      "free_cached(ptr) -> status: into the cache only (MISS: call free)", BIND_NO_DEFAULTS)       \
+    H(lookup, VARARGS, "lookup(ptr) -> (status, size, device, tag)")                               \
+    /* figures */                                                                                  \
+    X(stats, get, &stats_getter, "i", BIND_NOGIL, "stats(device) -> (status, dict)",               \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(others, i_out_k, bridge_others, "i", BIND_PLAIN, "others(device) -> (status, bytes)",        \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(reset_peak, ii, bridge_reset_peak, "i|i", BIND_PLAIN,                                        \
+      "reset_peak(device, tag=-1) -> status", [1].i = -1)                                          \
+    X(reset_accumulated, ii, bridge_reset_accumulated, "i|i", BIND_PLAIN,                          \
+      "reset_accumulated(device, tag=-1) -> status", [1].i = -1)                                   \
+    X(live_records, u64, bridge_live_records, BIND_NO_ARGS, BIND_PLAIN,                            \
+      "Live allocations, every device.", BIND_NO_DEFAULTS)                                         \
+    X(parked_records, u64, bridge_parked_records, BIND_NO_ARGS, BIND_PLAIN,                        \
+      "Freed blocks parked in their thread's slot with their record kept (diagnostics).",          \
+      BIND_NO_DEFAULTS)                                                                            \
+    /* the pressure hook and its reliever */                                                       \
+    H(set_pressure_callback, O, "Set the recovery hook (or None).")                                \
+    H(relief_loop, NOARGS,                                                                         \
+      "Serve pressure requests of non-Python threads (run in a daemon thread).")                   \
+    H(stop_relief, NOARGS, "Stop the reliever.")                                                   \
+    H(set_relief_timeout, O, "Seconds a relieved tag's thread waits for the reliever.")            \
+    /* waiting for memory */                                                                       \
+    H(set_main_thread, O,                                                                          \
+      "set_main_thread(ident): the thread that receives Ctrl-C; installs the wait hooks.")         \
+    H(set_wait, O, "set_wait(seconds) -> status: the process's wait for memory (0: none).")        \
+    X(get_wait, dbl, bridge_get_wait, BIND_NO_ARGS, BIND_PLAIN,                                    \
+      "The process's wait for memory, seconds.", BIND_NO_DEFAULTS)                                 \
+    X(set_thread_wait, idi, bridge_set_thread_wait, "pdi", BIND_PLAIN,                             \
+      "set_thread_wait(set, seconds, priority) -> status: this thread's own.", BIND_NO_DEFAULTS)   \
+    H(thread_wait, NOARGS, "-> (set, seconds, priority) of this thread.")                          \
+    H(last_wait, NOARGS, "-> (seconds, outcome) of this thread's last refused allocation.")        \
+    H(wait_holders, VARARGS, "wait_holders(device) -> (status, [(thread, bytes, waiting)])")
+
+BRIDGE_METHOD_TABLE(methods, CORE_FUNCTIONS);
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
@@ -905,35 +868,21 @@ static int add_frameworks(PyObject *m)
 /* Managed memory on the budget (pymanaged.c). */
 int bridge_pymanaged_add(PyObject *m);
 
-/* The core's constants, under their names without BRIDGE_. */
-static const struct {
-    const char *name;
-    long value;
-} constants[] = {
-    {"MAX_DEVICES", BRIDGE_MAX_DEVICES},
-    {"CACHE_DEPTH", BRIDGE_CACHE_DEPTH},
-    {"TAG_OTHER", BRIDGE_TAG_OTHER},
-    {"RELIEVE_ALL", BRIDGE_RELIEVE_ALL},
-    {"RELIEVE_CACHES", BRIDGE_RELIEVE_CACHES},
-    {"RELIEVE_COLLECT", BRIDGE_RELIEVE_COLLECT},
-    {"WAIT_NONE", BRIDGE_WAIT_NONE},
-    {"WAIT_OK", BRIDGE_WAIT_OK},
-    {"WAIT_TIMEOUT", BRIDGE_WAIT_TIMEOUT},
-    {"WAIT_ALL_WAITING", BRIDGE_WAIT_ALL_WAITING},
-    {"WAIT_INTERRUPTED", BRIDGE_WAIT_INTERRUPTED},
-    {"WAIT_CAPTURE", BRIDGE_WAIT_CAPTURE},
-    {"WAIT_HOPELESS", BRIDGE_WAIT_HOPELESS},
-    {"NTAGS", BRIDGE_NTAGS},
-};
+/* The core's constants, under their names without BRIDGE_ (pybind.h: BRIDGE_BIND_CONSTANT). */
+#define CORE_CONSTANTS(C)                                                                      \
+    C(MAX_DEVICES), C(CACHE_DEPTH), C(TAG_OTHER), C(NTAGS), C(RELIEVE_ALL), C(RELIEVE_CACHES), \
+        C(RELIEVE_COLLECT), C(WAIT_NONE), C(WAIT_OK), C(WAIT_TIMEOUT), C(WAIT_ALL_WAITING),    \
+        C(WAIT_INTERRUPTED), C(WAIT_CAPTURE), C(WAIT_HOPELESS)
 
 static int add_core(PyObject *m)
 {
-    if (PyModule_AddFunctions(m, core_bindings) < 0 || bridge_pyblock_add(m) < 0 ||
-        add_frameworks(m) < 0)
+    static const bridge_bind_constant constants[] = {
+        CORE_CONSTANTS(BRIDGE_BIND_CONSTANT),
+        {NULL, 0},
+    };
+    if (bridge_pyblock_add(m) < 0 || add_frameworks(m) < 0 ||
+        bridge_bind_add(m, NULL, constants) < 0)
         return -1;
-    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
-        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0)
-            return -1;
     if (bridge_pypinned_add(m) < 0 || bridge_pyviews_add(m) < 0 || bridge_pycallback_add(m) < 0 ||
         bridge_pyshare_add(m) < 0 || bridge_pymanaged_add(m) < 0)
         return -1;

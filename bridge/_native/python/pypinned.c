@@ -153,16 +153,6 @@ static PyObject *py_pinned_alloc(PyObject *m, PyObject *const *args, Py_ssize_t 
     return Py_BuildValue("iN", rc, (PyObject *)self);
 }
 
-static PyObject *py_pinned_record(PyObject *m, PyObject *args)
-{
-    (void)m;
-    unsigned long long addr, stream;
-    if (!PyArg_ParseTuple(args, "KK", &addr, &stream))
-        return NULL;
-    BRIDGE_RETURN_STATUS_NOGIL(
-        bridge_pinned_record((const void *)(uintptr_t)addr, (void *)(uintptr_t)stream));
-}
-
 static PyObject *py_pinned_lookup(PyObject *m, PyObject *args)
 {
     (void)m;
@@ -194,40 +184,39 @@ static PyObject *py_pinned_stats(PyObject *m, PyObject *a)
     return Py_BuildValue("iN", rc, d);
 }
 
-/* X(python name, kind, C function, format, flags, docstring, defaults...): pybind.h */
-#define PINNED_BINDINGS(X)                                                             \
-    X(pinned_setup, i_out_i, bridge_pinned_setup, "i", BIND_NOGIL,                     \
-      "pinned_setup(backend) -> (status, chosen backend)", BIND_NO_DEFAULTS)           \
-    X(pinned_set_limit, k, bridge_pinned_set_limit, "K", BIND_NOGIL,                   \
-      "pinned_set_limit(bytes) -> status", BIND_NO_DEFAULTS)                           \
-    X(pinned_trim, v, bridge_pinned_trim, NULL, BIND_NOGIL, "pinned_trim() -> status", \
-      BIND_NO_DEFAULTS)                                                                \
-    X(pinned_reset_peak, v, bridge_pinned_reset_peak, NULL, BIND_PLAIN,                \
+/* The functions of this file, one row each (pybind.h): X rows of the table, H rows written
+ * by hand above, py_<name>. */
+#define PINNED_FUNCTIONS(X, H)                                                                 \
+    /* the pool */                                                                             \
+    X(pinned_setup, i_out_i, bridge_pinned_setup, "i", BIND_NOGIL,                             \
+      "pinned_setup(backend) -> (status, chosen backend)", BIND_NO_DEFAULTS)                   \
+    X(pinned_set_limit, k, bridge_pinned_set_limit, "K", BIND_NOGIL,                           \
+      "pinned_set_limit(bytes) -> status", BIND_NO_DEFAULTS)                                   \
+    X(pinned_trim, v, bridge_pinned_trim, BIND_NO_ARGS, BIND_NOGIL, "pinned_trim() -> status", \
+      BIND_NO_DEFAULTS)                                                                        \
+    /* its blocks */                                                                           \
+    H(pinned_alloc, FASTCALL, "pinned_alloc(cls, size) -> (status, buffer or None)")           \
+    X(pinned_record, cpp, bridge_pinned_record, "KK", BIND_NOGIL,                              \
+      "pinned_record(addr, stream) -> status", BIND_NO_DEFAULTS)                               \
+    H(pinned_lookup, VARARGS, "pinned_lookup(addr) -> (status, base, size)")                   \
+    /* its figures */                                                                          \
+    H(pinned_stats, NOARGS, "pinned_stats() -> (status, dict)")                                \
+    X(pinned_reset_peak, v, bridge_pinned_reset_peak, BIND_NO_ARGS, BIND_PLAIN,                \
       "pinned_reset_peak() -> status", BIND_NO_DEFAULTS)
 
-PINNED_BINDINGS(BRIDGE_BIND_FUNCTION)
-static PyMethodDef pinned_bindings[] = {BRIDGE_BIND_METHODS(PINNED_BINDINGS)};
+BRIDGE_METHOD_TABLE(pinned_methods, PINNED_FUNCTIONS);
 
-static PyMethodDef pinned_methods[] = {
-    {"pinned_alloc", (PyCFunction)(void (*)(void))py_pinned_alloc, METH_FASTCALL,
-     "pinned_alloc(cls, size) -> (status, buffer or None)"},
-    {"pinned_record", py_pinned_record, METH_VARARGS, "pinned_record(addr, stream) -> status"},
-    {"pinned_lookup", py_pinned_lookup, METH_VARARGS,
-     "pinned_lookup(addr) -> (status, base, size)"},
-    {"pinned_stats", py_pinned_stats, METH_NOARGS, "pinned_stats() -> (status, dict)"},
-    {NULL, NULL, 0, NULL},
-};
+/* the backends of pinned_setup (pybind.h: BRIDGE_BIND_CONSTANT) */
+#define PINNED_CONSTANTS(C) C(PINNED_CACHED), C(PINNED_MEMPOOL), C(PINNED_AUTO)
 
 /* Called by PyInit__core (pymod.c): add the type, functions and constants. */
 int bridge_pypinned_add(PyObject *m)
 {
     if (PyModule_AddType(m, &PinnedBufferType) < 0) /* readied, added as its tp_name's last part */
         return -1;
-    if (PyModule_AddFunctions(m, pinned_bindings) < 0 ||
-        PyModule_AddFunctions(m, pinned_methods) < 0 ||
-        PyModule_AddIntConstant(m, "PINNED_CACHED", BRIDGE_PINNED_CACHED) < 0 ||
-        PyModule_AddIntConstant(m, "PINNED_MEMPOOL", BRIDGE_PINNED_MEMPOOL) < 0 ||
-        PyModule_AddIntConstant(m, "PINNED_AUTO", BRIDGE_PINNED_AUTO) < 0)
-        return -1;
-    return 0;
+    static const bridge_bind_constant constants[] = {
+        PINNED_CONSTANTS(BRIDGE_BIND_CONSTANT),
+        {NULL, 0},
+    };
+    return bridge_bind_add(m, pinned_methods, constants);
 }

@@ -6,38 +6,23 @@
 #include "bridge.h"
 #include "pybind.h"
 
-static PyObject *py_share_join(PyObject *m, PyObject *args)
+/* share_stats(device) -> (status, dict | None) */
+static PyObject *share_dict(int rc, const bridge_share_stats *s)
 {
-    (void)m;
-    int dev;
-    const char *name, *dir;
-    unsigned long long budget;
-    if (!PyArg_ParseTuple(args, "issK", &dev, &name, &dir, &budget))
-        return NULL;
-    BRIDGE_RETURN_STATUS_NOGIL(bridge_share_join(dev, name, dir, budget));
-}
-
-static PyObject *py_share_stats(PyObject *m, PyObject *args)
-{
-    (void)m;
-    int dev;
-    if (!PyArg_ParseTuple(args, "i", &dev))
-        return NULL;
-    bridge_share_stats s;
-    int rc = bridge_share_get(dev, &s);
-    if (rc != BRIDGE_OK || !s.joined)
+    if (rc != BRIDGE_OK || !s->joined)
         return Py_BuildValue("iO", rc, Py_None);
     return Py_BuildValue(
-        "i{sssssKsKsKsKsIsKsKsKsKsKsKsKsK}", rc, "name", s.name, "path", s.path, "budget",
-        (unsigned long long)s.budget, "claim", (unsigned long long)s.claim, "group",
-        (unsigned long long)s.group, "members", (unsigned long long)s.members, "slot", s.slot,
-        "inflight", (unsigned long long)s.inflight, "num_refused",
-        (unsigned long long)s.num_refused, "num_asks", (unsigned long long)s.num_asks,
-        "num_trims_served", (unsigned long long)s.num_trims_served, "num_reclaimed",
-        (unsigned long long)s.num_reclaimed, "num_overshoots", (unsigned long long)s.num_overshoots,
-        "max_overshoot", (unsigned long long)s.max_overshoot, "num_lost",
-        (unsigned long long)s.num_lost);
+        "i{sssssKsKsKsKsIsKsKsKsKsKsKsKsK}", rc, "name", s->name, "path", s->path, "budget",
+        (unsigned long long)s->budget, "claim", (unsigned long long)s->claim, "group",
+        (unsigned long long)s->group, "members", (unsigned long long)s->members, "slot", s->slot,
+        "inflight", (unsigned long long)s->inflight, "num_refused",
+        (unsigned long long)s->num_refused, "num_asks", (unsigned long long)s->num_asks,
+        "num_trims_served", (unsigned long long)s->num_trims_served, "num_reclaimed",
+        (unsigned long long)s->num_reclaimed, "num_overshoots",
+        (unsigned long long)s->num_overshoots, "max_overshoot",
+        (unsigned long long)s->max_overshoot, "num_lost", (unsigned long long)s->num_lost);
 }
+BRIDGE_BIND_GETTER(share_getter, bridge_share_stats, bridge_share_get, share_dict);
 
 static PyObject *py_share_layout(PyObject *m, PyObject *a)
 {
@@ -88,29 +73,24 @@ static PyObject *py_share_layout(PyObject *m, PyObject *a)
     return d;
 }
 
-/* X(python name, kind, C function, format, flags, docstring, defaults...): pybind.h */
-#define SHARE_BINDINGS(X)                                                                        \
-    X(share_set_growth, k, bridge_share_set_growth, "K", BIND_PLAIN,                             \
-      "share_set_growth(bytes) -> status: the growth the next joins claim (0: the default)",     \
-      BIND_NO_DEFAULTS)                                                                          \
-    X(share_error, str, bridge_share_error, NULL, BIND_PLAIN, "Why the last share_join failed.", \
-      BIND_NO_DEFAULTS)
+/* The functions of this file, one row each (pybind.h): X rows of the table, H rows written
+ * by hand above, py_<name>. */
+#define SHARE_FUNCTIONS(X, H)                                                                      \
+    X(share_join, issk, bridge_share_join, "issK", BIND_NOGIL,                                     \
+      "share_join(device, name, dir, budget) -> status: join the share of the device's GPU",       \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(share_stats, get, &share_getter, "i", BIND_PLAIN,                                            \
+      "share_stats(device) -> (status, dict | None): this process's membership", BIND_NO_DEFAULTS) \
+    X(share_set_growth, k, bridge_share_set_growth, "K", BIND_PLAIN,                               \
+      "share_set_growth(bytes) -> status: the growth the next joins claim (0: the default)",       \
+      BIND_NO_DEFAULTS)                                                                            \
+    X(share_error, str, bridge_share_error, BIND_NO_ARGS, BIND_PLAIN,                              \
+      "Why the last share_join failed.", BIND_NO_DEFAULTS)                                         \
+    H(share_layout, NOARGS, "The share file's layout (offsets, sizes).")
 
-SHARE_BINDINGS(BRIDGE_BIND_FUNCTION)
-static PyMethodDef share_bindings[] = {BRIDGE_BIND_METHODS(SHARE_BINDINGS)};
-
-static PyMethodDef share_methods[] = {
-    {"share_join", py_share_join, METH_VARARGS,
-     "share_join(device, name, dir, budget) -> status: join the share of the device's GPU"},
-    {"share_stats", py_share_stats, METH_VARARGS,
-     "share_stats(device) -> (status, dict | None): this process's membership"},
-    {"share_layout", py_share_layout, METH_NOARGS, "The share file's layout (offsets, sizes)."},
-    {NULL, NULL, 0, NULL},
-};
+BRIDGE_METHOD_TABLE(share_methods, SHARE_FUNCTIONS);
 
 int bridge_pyshare_add(PyObject *m)
 {
-    if (PyModule_AddFunctions(m, share_bindings) < 0 || PyModule_AddFunctions(m, share_methods) < 0)
-        return -1;
-    return 0;
+    return PyModule_AddFunctions(m, share_methods);
 }

@@ -23,105 +23,96 @@
 
 #include "bridge.h"
 #include "cache.h"
+#include "pybind.h"
 
-static PyObject *py_mem_info(PyObject *m, PyObject *args)
+/* mem_info(device) -> (status, dict) */
+static PyObject *mem_info_dict(int rc, const bridge_mem_info *mi)
 {
-    (void)m;
-    int dev;
-    if (!PyArg_ParseTuple(args, "i", &dev))
-        return NULL;
-    bridge_mem_info mi;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bridge_get_mem_info(dev, &mi);
-    Py_END_ALLOW_THREADS
     return Py_BuildValue(
-        "i{sKsKsKsKsKsKsKsK}", rc, "free", (unsigned long long)mi.free, "total",
-        (unsigned long long)mi.total, "driver_free", (unsigned long long)mi.driver_free,
-        "driver_total", (unsigned long long)mi.driver_total, "pool_idle",
-        (unsigned long long)mi.pool_idle, "cached", (unsigned long long)mi.cached, "held",
-        (unsigned long long)mi.held, "limit", (unsigned long long)mi.limit);
+        "i{sKsKsKsKsKsKsKsK}", rc, "free", (unsigned long long)mi->free, "total",
+        (unsigned long long)mi->total, "driver_free", (unsigned long long)mi->driver_free,
+        "driver_total", (unsigned long long)mi->driver_total, "pool_idle",
+        (unsigned long long)mi->pool_idle, "cached", (unsigned long long)mi->cached, "held",
+        (unsigned long long)mi->held, "limit", (unsigned long long)mi->limit);
 }
+BRIDGE_BIND_GETTER(mem_info_getter, bridge_mem_info, bridge_get_mem_info, mem_info_dict);
 
-static PyObject *py_live_blocks(PyObject *m, PyObject *a)
+/* ---- tables copied out whole ---- */
+/* A table that may grow while it is copied: copy(buf, n, &count) copies the
+ * first n of its count entries, item(entry) makes an entry's tuple. */
+typedef struct {
+    size_t size; /* of an entry */
+    int (*copy)(void *buf, size_t n, size_t *count);
+    PyObject *(*item)(const void *entry);
+} table;
+
+/* Every entry of `t`, in its order: the buffer grows until all fit, with
+ * room for the entries that appear meanwhile. */
+static PyObject *list_of_all(const table *t)
 {
-    (void)m;
-    (void)a;
-    size_t n = 256, count = 0;
-    bridge_block_info *buf = NULL;
-    for (;;) {
-        bridge_block_info *nb = realloc(buf, n * sizeof *nb);
+    size_t n, count = 0;
+    t->copy(NULL, 0, &count);
+    char *buf = NULL;
+    do {
+        n = count + count / 4 + 64;
+        char *nb = realloc(buf, n * t->size);
         if (!nb) {
             free(buf);
             return PyErr_NoMemory();
         }
         buf = nb;
-        bridge_live_blocks(buf, n, &count);
-        if (count <= n)
-            break;
-        n = count + count / 4 + 16; /* blocks appear meanwhile: some room */
-    }
+        t->copy(buf, n, &count);
+    } while (count > n);
     PyObject *list = PyList_New((Py_ssize_t)count);
     for (size_t i = 0; list && i < count; i++) {
-        bridge_block_info *b = &buf[i];
-        PyObject *t =
-            Py_BuildValue("(KKKiiIKK)", (unsigned long long)b->ptr, (unsigned long long)b->size,
-                          (unsigned long long)b->stream, b->device, b->tag, b->flags,
-                          (unsigned long long)b->graph0, (unsigned long long)b->graph1);
-        if (!t) {
+        PyObject *e = t->item(buf + i * t->size);
+        if (!e) {
             Py_CLEAR(list);
             break;
         }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
+        PyList_SET_ITEM(list, (Py_ssize_t)i, e);
     }
     free(buf);
     return list;
 }
 
-static PyObject *py_history(PyObject *m, PyObject *args)
+static int copy_blocks(void *buf, size_t n, size_t *count)
 {
-    (void)m;
-    int on, stacks, clear;
-    unsigned long long max_entries;
-    if (!PyArg_ParseTuple(args, "ppKp", &on, &stacks, &max_entries, &clear))
-        return NULL;
-    return PyLong_FromLong(bridge_history_set(on, stacks, max_entries, clear));
+    return bridge_live_blocks(buf, n, count);
 }
 
-static PyObject *py_history_events(PyObject *m, PyObject *a)
+static PyObject *block_tuple(const void *entry)
 {
-    (void)m;
-    (void)a;
-    size_t n = 0, count = 0;
-    bridge_history_copy(NULL, 0, &count);
-    bridge_event *buf = NULL;
-    for (;;) {
-        n = count + 64;
-        bridge_event *nb = realloc(buf, n * sizeof *nb);
-        if (!nb) {
-            free(buf);
-            return PyErr_NoMemory();
-        }
-        buf = nb;
-        bridge_history_copy(buf, n, &count);
-        if (count <= n)
-            break;
-    }
-    PyObject *list = PyList_New((Py_ssize_t)count);
-    for (size_t i = 0; list && i < count; i++) {
-        bridge_event *e = &buf[i];
-        PyObject *t = Py_BuildValue(
-            "(KiiKKKKiK)", (unsigned long long)e->time_us, e->action, e->device,
-            (unsigned long long)e->ptr, (unsigned long long)e->size, (unsigned long long)e->stream,
-            (unsigned long long)e->stack, e->tag, (unsigned long long)e->extra);
-        if (!t) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
-    }
-    free(buf);
-    return list;
+    const bridge_block_info *b = entry;
+    return Py_BuildValue("(KKKiiIKK)", (unsigned long long)b->ptr, (unsigned long long)b->size,
+                         (unsigned long long)b->stream, b->device, b->tag, b->flags,
+                         (unsigned long long)b->graph0, (unsigned long long)b->graph1);
+}
+
+static PyObject *py_live_blocks(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
+{
+    static const table blocks = {sizeof(bridge_block_info), copy_blocks, block_tuple};
+    return list_of_all(&blocks);
+}
+
+static int copy_events(void *buf, size_t n, size_t *count)
+{
+    return bridge_history_copy(buf, n, count);
+}
+
+static PyObject *event_tuple(const void *entry)
+{
+    const bridge_event *e = entry;
+    return Py_BuildValue("(KiiKKKKiK)", (unsigned long long)e->time_us, e->action, e->device,
+                         (unsigned long long)e->ptr, (unsigned long long)e->size,
+                         (unsigned long long)e->stream, (unsigned long long)e->stack, e->tag,
+                         (unsigned long long)e->extra);
+}
+
+static PyObject *py_history_events(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(a))
+{
+    static const table events = {sizeof(bridge_event), copy_events, event_tuple};
+    return list_of_all(&events);
 }
 
 /* ---- the stack hook ---- */
@@ -204,29 +195,34 @@ static PyObject *py_cached_blocks(PyObject *m, PyObject *args)
     return Py_BuildValue("iK", BRIDGE_OK, (unsigned long long)cache_blocks(dev));
 }
 
-static PyMethodDef views_methods[] = {
-    {"mem_info", py_mem_info, METH_VARARGS,
-     "mem_info(device) -> (status, dict): free and total memory under the budget"},
-    {"live_blocks", py_live_blocks, METH_NOARGS,
-     "Every live allocation: (ptr, size, stream, device, tag, flags, graph0, graph1)."},
-    {"history", py_history, METH_VARARGS,
-     "history(on, stacks, max_entries, clear) -> status: record allocation events"},
-    {"history_events", py_history_events, METH_NOARGS,
-     "The events kept, oldest first: (time_us, action, device, ptr, size, stream, stack, tag, "
-     "extra)."},
-    {"cached_blocks", py_cached_blocks, METH_VARARGS,
-     "cached_blocks(device) -> (status, n): the freed blocks the cache keeps for reuse"},
-    {"set_stack_callback", py_set_stack_callback, METH_O,
-     "The callable naming the caller's stack for each event (or None)."},
-    {NULL, NULL, 0, NULL},
-};
+/* The functions of this file, one row each (pybind.h): X rows of the table, H rows written
+ * by hand above, py_<name>. */
+#define VIEWS_FUNCTIONS(X, H)                                                                    \
+    X(mem_info, get, &mem_info_getter, "i", BIND_NOGIL,                                          \
+      "mem_info(device) -> (status, dict): free and total memory under the budget",              \
+      BIND_NO_DEFAULTS)                                                                          \
+    H(live_blocks, NOARGS,                                                                       \
+      "Every live allocation: (ptr, size, stream, device, tag, flags, graph0, graph1).")         \
+    X(history, iiki, bridge_history_set, "ppKp", BIND_PLAIN,                                     \
+      "history(on, stacks, max_entries, clear) -> status: record allocation events",             \
+      BIND_NO_DEFAULTS)                                                                          \
+    H(history_events, NOARGS,                                                                    \
+      "The events kept, oldest first: (time_us, action, device, ptr, size, stream, stack, tag, " \
+      "extra).")                                                                                 \
+    H(cached_blocks, VARARGS,                                                                    \
+      "cached_blocks(device) -> (status, n): the freed blocks the cache keeps for reuse")        \
+    H(set_stack_callback, O, "The callable naming the caller's stack for each event (or None).")
+
+BRIDGE_METHOD_TABLE(views_methods, VIEWS_FUNCTIONS);
+
+/* the actions of history_events (pybind.h: BRIDGE_BIND_CONSTANT) */
+#define VIEWS_CONSTANTS(C) C(EV_ALLOC), C(EV_FREE), C(EV_OOM)
 
 int bridge_pyviews_add(PyObject *m)
 {
-    if (PyModule_AddFunctions(m, views_methods) < 0 ||
-        PyModule_AddIntConstant(m, "EV_ALLOC", BRIDGE_EV_ALLOC) < 0 ||
-        PyModule_AddIntConstant(m, "EV_FREE", BRIDGE_EV_FREE) < 0 ||
-        PyModule_AddIntConstant(m, "EV_OOM", BRIDGE_EV_OOM) < 0)
-        return -1;
-    return 0;
+    static const bridge_bind_constant constants[] = {
+        VIEWS_CONSTANTS(BRIDGE_BIND_CONSTANT),
+        {NULL, 0},
+    };
+    return bridge_bind_add(m, views_methods, constants);
 }
