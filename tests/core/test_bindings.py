@@ -96,6 +96,40 @@ def test_pointers_go_through_as_addresses(standin: object) -> None:
     assert core.ipc_release(0) is None
 
 
+def test_struct_getters_give_status_and_their_converters_result(standin: object) -> None:
+    # the `get` kind: parse the device, fill the core's struct, convert it
+    rc, raw = core.stats(0)
+    assert rc == Status.OK and isinstance(raw, dict)
+    assert len(raw["tags"]) == core.NTAGS and raw["cache_small_max"] == MIB
+    rc, info = core.mem_info(0)
+    assert rc == Status.OK and info["total"] > 0 and set(info) >= {"free", "held", "limit"}
+    assert core.share_stats(0) == (Status.OK, None)  # not joined
+    # a refused call still converts what the core left: zeros
+    rc, raw = core.stats(99)
+    assert rc == Status.DEVICE and raw["cache_small_max"] == 0 and raw["tags"][0]["peak"] == 0
+    assert core.mem_info(99)[0] == Status.DEVICE
+    assert core.share_stats(99) == (Status.DEVICE, None)
+
+
+def test_rows_of_more_arguments(standin: object) -> None:
+    assert isinstance(core.get_wait(), float)
+    assert core.set_thread_wait(False, 0.0, 0) == Status.OK
+    assert core.set_cache_carve(0) == Status.OK  # every optional argument at its default
+    assert core.set_cache_carve(0, 0.0) == Status.OK  # max 0: off
+    assert core.history(True, False, 16, True) == Status.OK
+    rc, p = core.alloc(0, MIB, 0, core.TAG_OTHER)
+    assert rc == Status.OK
+    core.free(p)
+    events = core.history_events()
+    assert [e[0:1] + e[2:5] for e in events][-2:] == [
+        (events[-2][0], 0, p, MIB),
+        (events[-1][0], 0, p, MIB),
+    ]
+    assert [e[1] for e in events[-2:]] == [core.EV_ALLOC, core.EV_FREE]
+    assert core.history(False, False, 16, True) == Status.OK
+    assert core.pinned_record(0x1234, 0) != Status.OK  # not a pinned block
+
+
 def test_strings(standin: object) -> None:
     assert isinstance(core.loaded_library(), str) and core.loaded_library()
     assert isinstance(core.load_error(), str)
@@ -115,6 +149,11 @@ def test_strings(standin: object) -> None:
         (lambda: core.set_cache_large_fraction(0, "x"), "must be real number, not str"),
         (lambda: core.initialized(0), "initialized() takes no arguments (1 given)"),
         (lambda: core.init(0), "str or None"),
+        (lambda: core.set_cache_carve(0, 1.0, 1, 2, 3, 4, 5), "at most 6 arguments (7 given)"),
+        (lambda: core.set_thread_wait(True), "exactly 3 arguments (1 given)"),
+        (lambda: core.share_join(0, "n"), "exactly 4 arguments (2 given)"),
+        (lambda: core.stats(), "exactly 1 argument (0 given)"),
+        (lambda: core.get_wait(1), "get_wait() takes no arguments (1 given)"),
     ],
 )
 def test_bad_arguments_raise_type_error(call: object, message: str) -> None:
