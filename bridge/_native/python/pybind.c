@@ -35,8 +35,15 @@
     CALL(call);         \
     Py_RETURN_NONE
 
-#define CASE_(kind, result, params, arguments, give) \
-    case BIND_##kind:                                \
+/* the row's arguments into their slots; a row without arguments ("")
+ * parses nothing */
+#define PARSE(...)                                                     \
+    if (*b->format && !PyArg_ParseTuple(args, b->format, __VA_ARGS__)) \
+    return NULL
+
+#define CASE_(kind, result, params, parsed, arguments, give) \
+    case BIND_##kind:                                        \
+        PARSE parsed;                                        \
         GIVE_##give(b->fn.kind arguments);
 
 PyObject *bridge_bind_call(const bridge_binding *b, PyObject *args)
@@ -44,11 +51,6 @@ PyObject *bridge_bind_call(const bridge_binding *b, PyObject *args)
     bridge_bind_slot a[BRIDGE_BIND_SLOTS];
     for (int n = 0; n < BRIDGE_BIND_SLOTS; n++)
         a[n] = b->defaults[n];
-    /* One parse for every kind: format unit n writes slot n, and a pointer to
-     * a union points to each of its members (the int, unsigned long long,
-     * double or string the unit writes); units past the format take none. */
-    if (*b->format && !PyArg_ParseTuple(args, b->format, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5]))
-        return NULL;
     int rc = 0;
     union {
         int i;
@@ -59,6 +61,7 @@ PyObject *bridge_bind_call(const bridge_binding *b, PyObject *args)
     switch (b->kind) {
         BRIDGE_BIND_KINDS(CASE_)
     case BIND_get:
+        PARSE(&a[0].i);
         memset(out.got, 0, sizeof out.got); /* what the function leaves is 0 */
         CALL(rc = b->fn.get->call(a[0].i, out.got));
         return b->fn.get->convert(rc, out.got);

@@ -33,45 +33,56 @@
 #include <Python.h>
 #include <stdint.h>
 
-/* The kinds: X(kind, C result, C parameters, the call's arguments, what Python
- * gets).  The arguments are the parsed slots a[n], PTR(a[n]) for a slot's
- * value as a pointer, and &out.i / &out.k for what the function writes;
- * what Python gets is one of pybind.c's GIVE_ macros:
+/* The kinds: X(kind, C result, C parameters, where PyArg_ParseTuple writes
+ * the arguments, the call's arguments, what Python gets).  Format unit n
+ * writes slot a[n]'s member of its own type: .i (i, p), .k (K), .d (d) or .s
+ * (s, z); a kind without arguments parses nothing (NULL).  The call's
+ * arguments are the slots, PTR(a[n]) for a slot's value as a pointer, and
+ * &out.i / &out.k for what the function writes; what Python gets is one of
+ * pybind.c's GIVE_ macros:
  *   STATUS        the int result (a bool with BIND_BOOL)
  *   STATUS_OUT_I  (status, out.i)        STATUS_OUT_K  (status, out.k)
  *   U64, FLOAT, STR  the result itself (these take no BIND_NOGIL)
  *   NONE          None */
-#define BRIDGE_BIND_KINDS(X)                                                                    \
-    X(v, int, (void), (), STATUS)                                                               \
-    X(u64, uint64_t, (void), (), U64)                                                           \
-    X(dbl, double, (void), (), FLOAT)                                                           \
-    X(str, const char *, (void), (), STR)                                                       \
-    X(out_i, int, (int *), (&out.i), STATUS_OUT_I)                                              \
-    X(s, int, (const char *), (a[0].s), STATUS)                                                 \
-    X(k, int, (uint64_t), (a[0].k), STATUS)                                                     \
-    X(i, int, (int), (a[0].i), STATUS)                                                          \
-    X(ii, int, (int, int), (a[0].i, a[1].i), STATUS)                                            \
-    X(ik, int, (int, uint64_t), (a[0].i, a[1].k), STATUS)                                       \
-    X(ikk, int, (int, uint64_t, uint64_t), (a[0].i, a[1].k, a[2].k), STATUS)                    \
-    X(iik, int, (int, int, uint64_t), (a[0].i, a[1].i, a[2].k), STATUS)                         \
-    X(iiki, int, (int, int, uint64_t, int), (a[0].i, a[1].i, a[2].k, a[3].i), STATUS)           \
-    X(id, int, (int, double), (a[0].i, a[1].d), STATUS)                                         \
-    X(idi, int, (int, double, int), (a[0].i, a[1].d, a[2].i), STATUS)                           \
-    X(idk, int, (int, double, uint64_t), (a[0].i, a[1].d, a[2].k), STATUS)                      \
-    X(idkkkk, int, (int, double, uint64_t, uint64_t, uint64_t, uint64_t),                       \
-      (a[0].i, a[1].d, a[2].k, a[3].k, a[4].k, a[5].k), STATUS)                                 \
-    X(issk, int, (int, const char *, const char *, uint64_t), (a[0].i, a[1].s, a[2].s, a[3].k), \
-      STATUS)                                                                                   \
-    X(ikp, int, (int, uint64_t, void *), (a[0].i, a[1].k, PTR(a[2])), STATUS)                   \
-    X(ikkpi, int, (int, uint64_t, uint64_t, void *, int),                                       \
-      (a[0].i, a[1].k, a[2].k, PTR(a[3]), a[4].i), STATUS)                                      \
-    X(i_out_i, int, (int, int *), (a[0].i, &out.i), STATUS_OUT_I)                               \
-    X(i_out_k, int, (int, uint64_t *), (a[0].i, &out.k), STATUS_OUT_K)                          \
-    X(ii_out_k, int, (int, int, uint64_t *), (a[0].i, a[1].i, &out.k), STATUS_OUT_K)            \
-    X(p, int, (void *), (PTR(a[0])), STATUS)                                                    \
-    X(pp, int, (void *, void *), (PTR(a[0]), PTR(a[1])), STATUS)                                \
-    X(cpp, int, (const void *, void *), (PTR(a[0]), PTR(a[1])), STATUS)                         \
-    X(void_p, void, (void *), (PTR(a[0])), NONE)
+#define BRIDGE_BIND_KINDS(X)                                                                       \
+    X(v, int, (void), (NULL), (), STATUS)                                                          \
+    X(u64, uint64_t, (void), (NULL), (), U64)                                                      \
+    X(dbl, double, (void), (NULL), (), FLOAT)                                                      \
+    X(str, const char *, (void), (NULL), (), STR)                                                  \
+    X(out_i, int, (int *), (NULL), (&out.i), STATUS_OUT_I)                                         \
+    X(s, int, (const char *), (&a[0].s), (a[0].s), STATUS)                                         \
+    X(k, int, (uint64_t), (&a[0].k), (a[0].k), STATUS)                                             \
+    X(i, int, (int), (&a[0].i), (a[0].i), STATUS)                                                  \
+    X(ii, int, (int, int), (&a[0].i, &a[1].i), (a[0].i, a[1].i), STATUS)                           \
+    X(ik, int, (int, uint64_t), (&a[0].i, &a[1].k), (a[0].i, a[1].k), STATUS)                      \
+    X(ikk, int, (int, uint64_t, uint64_t), (&a[0].i, &a[1].k, &a[2].k), (a[0].i, a[1].k, a[2].k),  \
+      STATUS)                                                                                      \
+    X(iik, int, (int, int, uint64_t), (&a[0].i, &a[1].i, &a[2].k), (a[0].i, a[1].i, a[2].k),       \
+      STATUS)                                                                                      \
+    X(iiki, int, (int, int, uint64_t, int), (&a[0].i, &a[1].i, &a[2].k, &a[3].i),                  \
+      (a[0].i, a[1].i, a[2].k, a[3].i), STATUS)                                                    \
+    X(id, int, (int, double), (&a[0].i, &a[1].d), (a[0].i, a[1].d), STATUS)                        \
+    X(idi, int, (int, double, int), (&a[0].i, &a[1].d, &a[2].i), (a[0].i, a[1].d, a[2].i), STATUS) \
+    X(idk, int, (int, double, uint64_t), (&a[0].i, &a[1].d, &a[2].k), (a[0].i, a[1].d, a[2].k),    \
+      STATUS)                                                                                      \
+    X(idkkkk, int, (int, double, uint64_t, uint64_t, uint64_t, uint64_t),                          \
+      (&a[0].i, &a[1].d, &a[2].k, &a[3].k, &a[4].k, &a[5].k),                                      \
+      (a[0].i, a[1].d, a[2].k, a[3].k, a[4].k, a[5].k), STATUS)                                    \
+    X(issk, int, (int, const char *, const char *, uint64_t),                                      \
+      (&a[0].i, &a[1].s, &a[2].s, &a[3].k), (a[0].i, a[1].s, a[2].s, a[3].k), STATUS)              \
+    X(ikp, int, (int, uint64_t, void *), (&a[0].i, &a[1].k, &a[2].k), (a[0].i, a[1].k, PTR(a[2])), \
+      STATUS)                                                                                      \
+    X(ikkpi, int, (int, uint64_t, uint64_t, void *, int),                                          \
+      (&a[0].i, &a[1].k, &a[2].k, &a[3].k, &a[4].i), (a[0].i, a[1].k, a[2].k, PTR(a[3]), a[4].i),  \
+      STATUS)                                                                                      \
+    X(i_out_i, int, (int, int *), (&a[0].i), (a[0].i, &out.i), STATUS_OUT_I)                       \
+    X(i_out_k, int, (int, uint64_t *), (&a[0].i), (a[0].i, &out.k), STATUS_OUT_K)                  \
+    X(ii_out_k, int, (int, int, uint64_t *), (&a[0].i, &a[1].i), (a[0].i, a[1].i, &out.k),         \
+      STATUS_OUT_K)                                                                                \
+    X(p, int, (void *), (&a[0].k), (PTR(a[0])), STATUS)                                            \
+    X(pp, int, (void *, void *), (&a[0].k, &a[1].k), (PTR(a[0]), PTR(a[1])), STATUS)               \
+    X(cpp, int, (const void *, void *), (&a[0].k, &a[1].k), (PTR(a[0]), PTR(a[1])), STATUS)        \
+    X(void_p, void, (void *), (&a[0].k), (PTR(a[0])), NONE)
 
 /* One kind more, `get`: int f(int, T *out), and what Python gets of the
  * struct, convert(status, &out); the row's C function is the getter
