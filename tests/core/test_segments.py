@@ -179,6 +179,30 @@ def test_under_a_budget_a_segment_is_larger_than_its_request_only_within_half_th
         core.free(p)
 
 
+def served_after_waiting(size: int, seconds: float, free) -> tuple[int, int]:
+    """(status, ptr) of a thread's allocation of `size` on the default stream that waits up
+    to `seconds`, once it waits and `free` has run."""
+    out: dict = {}
+
+    def wait():
+        core.set_thread_wait(True, seconds, 0)
+        try:
+            out["r"] = core.alloc(DEV, size, 0, TORCH)
+        finally:
+            core.set_thread_wait(False, 0.0, 0)
+
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    end = time.monotonic() + 10
+    while not stats()["waiting"]:
+        assert time.monotonic() < end, "the allocation did not wait"
+        time.sleep(0.002)
+    free()
+    t.join(30)
+    assert not t.is_alive()
+    return out["r"]
+
+
 def test_a_waiter_is_served_when_a_segment_empties(segs):
     # 40 + 50 MiB live at a budget of 100 MiB: another 50 MiB waits; the free of the
     # 40 MiB empties its segment, which goes back at once (no segment is kept while a
@@ -187,25 +211,7 @@ def test_a_waiter_is_served_when_a_segment_empties(segs):
     core.register_stream(SIDE)
     with at_budget(100 * MIB):
         p, q = alloc(40 * MIB), alloc(50 * MIB, SIDE)
-        out: dict = {}
-
-        def wait():
-            core.set_thread_wait(True, 20.0, 0)
-            try:
-                out["r"] = core.alloc(DEV, 50 * MIB, 0, TORCH)
-            finally:
-                core.set_thread_wait(False, 0.0, 0)
-
-        t = threading.Thread(target=wait, daemon=True)
-        t.start()
-        end = time.monotonic() + 10
-        while not stats()["waiting"]:
-            assert time.monotonic() < end, "the allocation did not wait"
-            time.sleep(0.002)
-        core.free(p)
-        t.join(30)
-        assert not t.is_alive()
-        rc, r = out["r"]
+        rc, r = served_after_waiting(50 * MIB, 20.0, lambda: core.free(p))
         assert rc == Status.OK and r
         s = stats()
         # p's segment went back; the waiter's block is the pool's (a wait retries there)
@@ -476,25 +482,8 @@ def test_a_waiter_is_served_from_a_range_freed_in_its_streams_segment(segs):
     with at_budget(128 * MIB):
         a, b = alloc(30 * MIB), alloc(30 * MIB)  # one 64 MiB segment
         c = alloc(60 * MIB, SIDE)
-        out: dict = {}
-
-        def wait():
-            core.set_thread_wait(True, 5.0, 0)
-            try:
-                out["r"] = core.alloc(DEV, 30 * MIB, 0, TORCH)
-            finally:
-                core.set_thread_wait(False, 0.0, 0)
-
-        t = threading.Thread(target=wait, daemon=True)
-        t.start()
-        end = time.monotonic() + 10
-        while not stats()["waiting"]:
-            assert time.monotonic() < end, "the allocation did not wait"
-            time.sleep(0.002)
-        core.free(a)  # not this thread's last allocation: back to its segment at once
-        t.join(30)
-        assert not t.is_alive()
-        rc, r = out["r"]
+        # a: not this thread's last allocation, back to its segment at once
+        rc, r = served_after_waiting(30 * MIB, 5.0, lambda: core.free(a))
         assert rc == Status.OK and r == a, Status(rc).name
         assert stats()["carve_held"] == 124 * MIB
         core.free(r)
