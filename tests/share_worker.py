@@ -3,7 +3,7 @@
 
 It reads one JSON command per line on stdin and answers one JSON line on
 stdout: ``{"op": "join", "name": ..., "budget": ...}``, ``alloc``, ``free``,
-``trim``, ``stats``, ``hammer`` (allocate and free at the budget's edge for a
+``trim``, ``stats``, ``mem_info``, ``hammer`` (allocate and free at the budget's edge for a
 while, checking an oracle counter), ``spin`` (allocate and free until killed).
 WORKER_DEVICE picks the device (default 0).
 """
@@ -151,6 +151,15 @@ def op_alloc_wait(size: int, seconds: float) -> dict:
     return {"rc": rc, "elapsed": time.monotonic() - t0}
 
 
+def op_mem_info() -> dict:
+    """bridge.mem_get_info's figures: what torch.cuda.mem_get_info and CuPy's memGetInfo
+    answer under the budget views."""
+    from bridge import views
+
+    free, total = views.mem_get_info(DEV)
+    return {"free": free, "total": total, "view": views.budget_view(DEV)}
+
+
 OPS = {
     "join": op_join,
     "alloc": op_alloc,
@@ -162,6 +171,7 @@ OPS = {
     "spin": op_spin,
     "exec": op_exec,
     "alloc_wait": op_alloc_wait,
+    "mem_info": op_mem_info,
 }
 
 

@@ -449,14 +449,17 @@ uint64_t bridge_parked_records(void);
  * bridge could have.  held = what counts against the budget now (the ledger
  * and every other user of the pool, less the cache).  With a budget:
  * free = min(device_free, limit - held), total = min(limit, driver_total);
- * without one: the driver's own free and total. */
+ * without one: the driver's own free and total.  In a share (share.c) the
+ * limit is the smaller of this process's budget and the share's, and free is
+ * at most the share's budget less the other members' claims less what this
+ * process's pool holds in use. */
 typedef struct bridge_mem_info {
     uint64_t free, total;               /* the answer */
     uint64_t driver_free, driver_total; /* cuMemGetInfo */
     uint64_t pool_idle;                 /* pool reserved - pool used */
     uint64_t cached;                    /* the bridge's cache of freed blocks */
     uint64_t held;                      /* bytes counted against the budget */
-    uint64_t limit;                     /* the budget; 0 = none */
+    uint64_t limit;                     /* the budget that refuses first; 0 = none */
 } bridge_mem_info;
 int bridge_get_mem_info(int device, bridge_mem_info *out);
 

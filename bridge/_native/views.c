@@ -62,6 +62,21 @@ int bridge_get_mem_info(int device, bridge_mem_info *out)
     out->cached = cache_bytes(device);
     out->held = reserved + others > out->cached ? reserved + others - out->cached : 0;
     out->limit = atomic_load_explicit(&d->limit, RELAXED);
+    /* A share's budget (share.c) refuses too, with the other members'
+     * claims counted: what this process may still have of it is the budget
+     * less their claims less what its own pool holds in use (the pool's idle
+     * memory and the cache are its own to reuse). */
+    uint64_t share_free = UINT64_MAX;
+    bridge_share_stats sh;
+    if (atomic_load_explicit(&d->share, memory_order_acquire) &&
+        bridge_share_get(device, &sh) == BRIDGE_OK && sh.joined) {
+        uint64_t theirs = sh.group > sh.claim ? sh.group - sh.claim : 0;
+        uint64_t mine = used > out->cached ? used - out->cached : 0;
+        share_free =
+            sh.budget > theirs && sh.budget - theirs > mine ? sh.budget - theirs - mine : 0;
+        if (!out->limit || sh.budget < out->limit)
+            out->limit = sh.budget;
+    }
     if (!out->limit) {
         out->free = dfree;
         out->total = dtotal;
@@ -72,6 +87,8 @@ int bridge_get_mem_info(int device, bridge_mem_info *out)
     uint64_t device_free = dfree + out->pool_idle + out->cached;
     uint64_t budget_free = out->limit > out->held ? out->limit - out->held : 0;
     out->free = device_free < budget_free ? device_free : budget_free;
+    if (share_free < out->free)
+        out->free = share_free;
     out->total = out->limit < dtotal ? out->limit : dtotal;
     return BRIDGE_OK;
 }

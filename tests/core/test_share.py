@@ -833,3 +833,26 @@ def test_a_label_names_its_living_process_only_and_an_ended_ones_goes(share_dir)
     assert os.getppid() not in share.worker_labels()
     # no share file is a label: list_shares reads none of them
     assert share.list_shares(str(share_dir)) == []
+
+
+def test_free_memory_queries_answer_within_the_shares_budget(workers, share_dir):
+    """torch.cuda.mem_get_info and CuPy's memGetInfo (bridge.mem_get_info) answer within the
+    share's budget, less what the other members claim: a tool sizing itself by them (90% of
+    what is free) must not be told of memory the share refuses.  A member that adopted the
+    share's budget (no budget of its own) and one that gave it alike."""
+    a, b = workers(), workers()
+    name = _name()
+    a.call("join", name=name, budget=64 * MIB)
+    b.call("join", name=name)  # adopts the share's budget; its own limit stays 0
+    assert a.call("alloc", size=40 * MIB)["rc"] == Status.OK
+    info = b.call("mem_info")
+    assert (info["free"], info["total"]) == (24 * MIB, 64 * MIB), info
+    assert info["view"] == [24 * MIB, 64 * MIB], info  # what the frameworks' queries answer
+    assert b.call("alloc", size=info["free"] + 1)["rc"] == Status.BUDGET
+    assert b.call("alloc", size=info["free"])["rc"] == Status.OK
+    info = a.call("mem_info")
+    assert (info["free"], info["total"]) == (0, 64 * MIB), info
+    b.call("free")
+    b.call("trim")  # b's pool gives the memory back: its claim goes with it
+    info = a.call("mem_info")
+    assert (info["free"], info["total"]) == (24 * MIB, 64 * MIB), info
