@@ -146,9 +146,10 @@ def op_alloc_wait(size: int, seconds: float) -> dict:
         rc, p = core.alloc(DEV, size, STREAM, core.TAG_CUPY)
     finally:
         core.set_thread_wait(False, 0.0, 0)
+    elapsed = time.monotonic() - t0
     if rc == Status.OK:
         live[p] = size
-    return {"rc": rc, "elapsed": time.monotonic() - t0}
+    return {"rc": rc, "elapsed": elapsed, "outcome": core.last_wait()[1]}
 
 
 def op_mem_info() -> dict:

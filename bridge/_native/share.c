@@ -661,6 +661,11 @@ uint64_t share_room(struct device_state *d, share_member *m)
     return (m->budget_units - others - need) * SHARE_UNIT;
 }
 
+uint64_t share_budget(const share_member *m)
+{
+    return m->budget_units * SHARE_UNIT;
+}
+
 /* The pool against the claim: a pool above it grew by more than the
  * allocations rounded to a unit (counted, and claimed at once: the memory is
  * taken); a claim above the pool and what is in flight by more than

@@ -29,6 +29,9 @@ void share_settle(struct device_state *d, share_member *m, uint64_t size, int gr
  * ask: a figure for sizing, which share_reserve decides again); 0 when the
  * pool's figure cannot be read. */
 uint64_t share_room(struct device_state *d, share_member *m);
+/* The share's budget in bytes (rounded down to the claim unit, as the
+ * claims are counted): no request larger than it can ever be admitted. */
+uint64_t share_budget(const share_member *m);
 /* The pool was trimmed: lower the claim to what it holds now. */
 void share_trimmed(struct device_state *d, share_member *m);
 

@@ -45,6 +45,7 @@
 #include <time.h>
 
 #include "cache.h"
+#include "share.h"
 
 #define MS            1000000ull
 #define POLL_MIN      (1 * MS)   /* first re-read after a refusal */
@@ -349,8 +350,9 @@ static uint64_t wait_time_for(device_state *d, size_t size, int *why)
         return 0;
     }
     uint64_t limit = atomic_load(&d->limit);
-    if (size > d->total || (limit && size > limit)) {
-        *why = BRIDGE_WAIT_HOPELESS; /* no free can make room */
+    share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
+    if (size > d->total || (limit && size > limit) || (sm && size > share_budget(sm))) {
+        *why = BRIDGE_WAIT_HOPELESS; /* no free can make room (the share's budget too) */
         return 0;
     }
     return budget_ns;

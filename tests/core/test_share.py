@@ -856,3 +856,16 @@ def test_free_memory_queries_answer_within_the_shares_budget(workers, share_dir)
     b.call("trim")  # b's pool gives the memory back: its claim goes with it
     info = a.call("mem_info")
     assert (info["free"], info["total"]) == (24 * MIB, 64 * MIB), info
+
+
+def test_a_request_larger_than_the_shares_budget_does_not_wait(workers, share_dir):
+    """No free can make room for a request larger than the share's budget: it is refused
+    at once, as one larger than the process's own budget is (WAIT_HOPELESS, which the
+    out-of-memory message words), not after the whole wait."""
+    a = workers()
+    a.call("join", name=_name(), budget=16 * MIB)  # the share's budget; no budget of its own
+    out = a.call("alloc_wait", size=16 * MIB + 1, seconds=5.0)
+    assert out["rc"] == Status.BUDGET and out["outcome"] == core.WAIT_HOPELESS, out
+    assert out["elapsed"] < 2.0, out
+    out = a.call("alloc_wait", size=16 * MIB, seconds=5.0)  # at the budget: served
+    assert out["rc"] == Status.OK, out
