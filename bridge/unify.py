@@ -212,8 +212,8 @@ def unify(
     jax_memory : int, float, str or None
         A hard partition for JAX: its own capped arena of this size (or share
         of the device) instead of the shared pool, and the budget reduced by
-        it. Default: JAX shares the pool (see bridge.adapters.jax for the
-        trade-off).
+        it (so below the budget, when there is one). Default: JAX shares the
+        pool (see bridge.adapters.jax for the trade-off).
     budget_views : bool
         Under a budget, the frameworks' free-memory queries answer within it
         (``torch.cuda.mem_get_info``, ``cupy.cuda.runtime.memGetInfo``,
@@ -363,6 +363,7 @@ def unify(
         partition = None
         if jax_memory is not None:
             partition = _partition(jax_memory, totals)
+            _partition_below_budgets(jax_memory, partition, limits, devices)
         adapters = _adapters([n for n in ORDER if flags[n] and n not in b.frameworks])
         share_budgets = {}
         if share_name is not None:
@@ -483,6 +484,23 @@ def _partition(jax_memory: SizeLike, totals: dict[int, int]) -> int:
             "size or a share such as '25%', or leave jax_memory out to let JAX share the pool."
         )
     return partition
+
+
+def _partition_below_budgets(
+    jax_memory: SizeLike, partition: int, limits: dict[int, int], devices: list[int]
+) -> None:
+    """JAX's partition is taken out of the budget (adapters/jax.py): a partition as large as
+    a device's budget would leave CuPy and torch nothing (a budget of 1 byte refusing every
+    allocation), so it is refused before anything changes."""
+    for d in devices:
+        budget = limits[d] if d in limits else _limit(d)
+        if budget and partition >= budget:
+            raise ValueError(
+                f"jax_memory={jax_memory!r} is {format_bytes(partition)}, not below device {d}'s "
+                f"budget of {format_bytes(budget)}: JAX's partition is taken out of the budget, "
+                "which would leave nothing to the other frameworks. Pass a larger budget or a "
+                "smaller jax_memory."
+            )
 
 
 def _say_what_changed(

@@ -304,6 +304,37 @@ def test_a_jax_that_fails_to_start_on_the_gpu_is_put_back(cpu_jax):
     assert out["frameworks"] == []
 
 
+def test_a_jax_partition_as_large_as_the_budget_is_refused_before_anything_changes(cpu_jax):
+    """JAX's partition is taken out of the budget: jax_memory at or above the budget (given,
+    or from BRIDGE_GPU_MEMORY_LIMIT) left CuPy and torch a budget of 1 byte, refusing every
+    allocation.  It is a ValueError naming both, before any variable, budget or backend."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        before = state()
+        given = attempt(jax=True, budget="4GiB", jax_memory="4GiB")
+        mid = state()
+        os.environ["BRIDGE_GPU_MEMORY_LIMIT"] = "2GiB"
+        bridge.pool(0).set_limit("2GiB")  # the budget the environment gave
+        from_env = attempt(jax=True, jax_memory="3GiB")
+        print(json.dumps({"given": given, "from_env": from_env, "before": before, "mid": mid,
+                          "after": state()}))
+        """,
+        path,
+    )
+    for key, budget, part in (
+        ("given", "4.00 GiB", "4.00 GiB"),
+        ("from_env", "2.00 GiB", "3.00 GiB"),
+    ):
+        kind, text = out[key]
+        assert kind == "builtins.ValueError", out[key]
+        assert f"is {part}, not below device 0's budget of {budget}" in text, text
+    assert out["mid"] == out["before"]  # nothing changed: not even JAX imported
+    assert out["after"] == out["before"] | {"limit": 2 * GIB}
+    assert out["after"]["jax_imported"] is False
+
+
 # ---- how a JAX with CUDA is told from one without, from the installed files alone ----
 @pytest.mark.parametrize(
     "files, cuda",
