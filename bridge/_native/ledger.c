@@ -358,7 +358,8 @@ int ledger_reserve(device_state *d, int tag, uint64_t size)
         atomic_fetch_sub_explicit(&t->current, size, RELAXED);
         return rc;
     }
-    raise_peak(d, tag, tcur);
+    /* the tag's peak is raised once the block is granted (ledger_count_granted):
+     * one the driver refuses was never live (torch's max_memory_allocated) */
     return BRIDGE_OK;
 }
 
@@ -384,6 +385,12 @@ void ledger_count_alloc(device_state *d, int tag, uint64_t size)
     raise_count_peak(d, tag, atomic_fetch_add_explicit(&t->count, 1, RELAXED) + 1);
 }
 
+void ledger_count_granted(device_state *d, int tag, uint64_t size)
+{
+    raise_peak(d, tag, atomic_load_explicit(&d->tag[tag].current, RELAXED));
+    ledger_count_alloc(d, tag, size);
+}
+
 void ledger_count_reuse(device_state *d, int tag, uint64_t size)
 {
     tag_state *t = &d->tag[tag];
@@ -401,7 +408,7 @@ static int ledger_record(device_state *d, const record *rec, void **out)
         ledger_release(d, rec);
         return BRIDGE_E_OOM;
     }
-    ledger_count_alloc(d, rec->tag, rec->size);
+    ledger_count_granted(d, rec->tag, rec->size);
     *out = (void *)(uintptr_t)rec->ptr;
     return BRIDGE_OK;
 }

@@ -72,6 +72,10 @@ void ledger_count_reuse(device_state *d, int tag, uint64_t size);
 void ledger_count_free(device_state *d, const record *rec);
 /* Count an allocation on the framework's figures (after the record exists). */
 void ledger_count_alloc(device_state *d, int tag, uint64_t size);
+/* The same for a block ledger_reserve reserved and the driver granted: the
+ * tag's byte peak raised too (ledger_reserve leaves it: a refused block was
+ * never live). */
+void ledger_count_granted(device_state *d, int tag, uint64_t size);
 /* Give the block back to the pool now if its streams allow it, else defer it
  * until they do; the ledger is settled when the driver free is issued. */
 void ledger_release(device_state *d, const record *rec);

@@ -148,7 +148,7 @@ int bridge_alloc_managed(int device, size_t size, int tag, void **out)
         bridge_note_driver_error(r);
         return r == CUDA_ERROR_OUT_OF_MEMORY ? BRIDGE_E_OOM : BRIDGE_E_DRIVER;
     }
-    ledger_count_alloc(d, tag, size);
+    ledger_count_granted(d, tag, size);
     atomic_fetch_add(&bytes_of[device], size);
     atomic_fetch_add(&blocks_of[device], 1);
     *out = (void *)p;

@@ -299,6 +299,27 @@ def test_oom_when_the_memory_is_really_gone(led):
     led.free(p)
 
 
+def test_an_allocation_the_driver_refuses_leaves_the_frameworks_peaks_alone(led):
+    """torch.cuda.max_memory_allocated (and memory_stats' peaks) read the tag's peak: an
+    allocation the device refused was never live, so it must not raise it, as natively (a
+    batch-size search catches the OOM and reads the peak of what did fit)."""
+    led.sd.standin_set_capacity(DEV, 64 * MIB)
+    p = led.ok(48 * MIB, tag=TAG_TORCH)
+    core.reset_peak(DEV, -1)
+    for size in (32 * MIB, 17 * MIB):  # refused by the driver: no budget, the device is full
+        assert led.alloc(size, tag=TAG_TORCH) == (Status.OOM, 0)
+    led.sd.standin_fail(b"cuMemAllocFromPoolAsync", 2, 5)  # refused however small
+    assert led.alloc(MIB, tag=TAG_TORCH) == (Status.OOM, 0)
+    led.sd.standin_clear_faults()
+    t = stats()["tags"][TAG_TORCH]
+    assert (t["current"], t["peak"]) == (48 * MIB, 48 * MIB), t
+    assert (t["count"], t["count_peak"]) == (1, 1), t
+    q = led.ok(8 * MIB, tag=TAG_TORCH)  # one that is served raises it
+    assert stats()["tags"][TAG_TORCH]["peak"] == 56 * MIB
+    led.free(q)
+    led.free(p)
+
+
 def test_alloc_driver_oom_once_is_retried(led):
     s0 = stats()
     led.sd.standin_fail(b"cuMemAllocFromPoolAsync", 2, 1)

@@ -326,15 +326,16 @@ class LedgerMachine(RuleBasedStateMachine):
         r = self.used(d) + size
         if m.limit and (r > m.limit or self.others(d) > m.limit - r):
             return Status.BUDGET
-        # the check passed: the peaks see the reservation even if the driver refuses
+        # the check passed: the device's peak sees the reservation even if the driver
+        # refuses; the tag's (torch's max_memory_allocated) only a block it granted
         assert not m.limit or r <= m.limit
         m.peak = max(m.peak, r)
-        m.tag_peak[tag] = max(m.tag_peak[tag], tcur)
         if self.alloc_fault:
             code, self.alloc_fault = self.alloc_fault, 0
             return Status.OOM if code == DRIVER_OOM else Status.DRIVER
         if self.pool_used(d) + size > m.capacity:
             return Status.OOM
+        m.tag_peak[tag] = max(m.tag_peak[tag], tcur)
         return Status.OK
 
     # ---- rules ----
