@@ -42,7 +42,7 @@ from typing import Any
 from numba import cuda
 from numba.cuda.cudadrv import driver as _drv
 
-from bridge import _runtime, recovery
+from bridge import _runtime, recovery, views
 from bridge._errors import OOM_STATUSES, BridgeError, Status, check, oom_message
 from bridge._runtime import core
 from bridge.pool import stats
@@ -199,13 +199,19 @@ class BridgeNumbaManager(_drv.GetIpcHandleMixin, _drv.HostOnlyCUDAMemoryManager)
         )
 
     def get_memory_info(self) -> Any:
-        """``(free, total)`` within the budget: the bytes an allocation could still get."""
-        free, total = _drv.driver.cuMemGetInfo()
+        """``(free, total)`` within the budget: the bytes an allocation could still get.
+
+        Under a budget (a share's included) the answer of :func:`bridge.mem_get_info`, which
+        torch's and CuPy's queries give too: it counts what the budget counts (managed
+        memory, a share's other members); without one the device's free memory plus the
+        pool's idle memory.
+        """
         s = stats(self._device)
-        free = int(free) + max(0, s.reserved - s.used)  # idle pool memory is free to us
         if s.limit:
-            free = min(free, max(0, s.limit - s.used))
-            total = min(int(total), s.limit)
+            free, total = views.mem_get_info(self._device)
+            return _drv.MemoryInfo(free=free, total=total)
+        free, total = _drv.driver.cuMemGetInfo()
+        free = int(free) + max(0, s.reserved - s.used)  # idle pool memory is free to us
         return _drv.MemoryInfo(free=free, total=int(total))
 
     def reset(self) -> None:

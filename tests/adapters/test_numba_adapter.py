@@ -291,6 +291,27 @@ def test_memory_info_is_what_the_budget_leaves(numba_adapter):
     del p
 
 
+def test_memory_info_under_a_budget_is_what_torch_and_cupy_are_told(numba_adapter, monkeypatch):
+    """Numba's get_memory_info (its deallocation threshold, users sizing work) answers as
+    bridge.mem_get_info, torch's and CuPy's queries do: within the budget less what the
+    budget counts, managed memory and a share's other members included, not less the pool's
+    used bytes alone."""
+    adapter, _ = numba_adapter
+    monkeypatch.setattr(adapter._drv.driver, "cuMemGetInfo", lambda: (16 << 30, 16 << 30))
+    core.set_limit(0, 64 * MIB)
+    rc, managed = core.alloc_managed(0, 32 * MIB, core.TAG_OTHER)  # on the budget, not the pool
+    assert rc == 0 and managed is not None
+    try:
+        m = manager(adapter)
+        info = m.get_memory_info()
+        assert (info.free, info.total) == bridge.mem_get_info(0) == (32 * MIB, 64 * MIB)
+        p = m.memalloc(info.free)  # what it said is free is served
+        del p
+    finally:
+        del managed
+        core.set_limit(0, 0)
+
+
 def test_pinned_memory_comes_from_the_pinned_pool(numba_adapter):
     adapter, _ = numba_adapter
     m = manager(adapter)
