@@ -35,6 +35,7 @@
  */
 #include "pyblock.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <structmember.h>
 
@@ -156,8 +157,11 @@ static void BridgeMemory_dealloc(PyObject *o)
 static PyObject *BridgeMemory_repr(PyObject *o)
 {
     BridgeMemory *m = (BridgeMemory *)o;
-    return PyUnicode_FromFormat("<bridge memory 0x%zx, %zu bytes, device %d>", (size_t)m->base.ptr,
-                                m->base.size, m->base.device_id);
+    /* the hex made here: PyUnicode_FromFormat knows no %zx before Python 3.12 */
+    char hex[2 + 2 * sizeof(size_t) + 1];
+    snprintf(hex, sizeof hex, "0x%zx", (size_t)m->base.ptr);
+    return PyUnicode_FromFormat("<bridge memory %s, %zu bytes, device %d>", hex, m->base.size,
+                                m->base.device_id);
 }
 
 static PyType_Slot BridgeMemory_slots[] = {

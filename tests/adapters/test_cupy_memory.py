@@ -102,6 +102,17 @@ def test_a_block_is_bridge_memory_in_cupys_memory_pointer(cache):
     del again
 
 
+def test_bridge_memory_says_its_address_size_and_device(cache):
+    """Its repr names the address in hex on every Python the package supports: 3.10 and
+    3.11's PyUnicode_FromFormat know no %zx and printed the format itself."""
+    alloc = allocator()
+    p = alloc(MIB)
+    assert repr(p.mem) == f"<bridge memory 0x{p.ptr:x}, {MIB} bytes, device {DEV}>"
+    zero = alloc(0)
+    assert repr(zero.mem) == f"<bridge memory 0x0, 0 bytes, device {DEV}>"
+    del p, zero
+
+
 def test_bridge_memory_holds_the_stream_until_its_free(cache):
     streams = []
     alloc = allocator(streams=streams)
