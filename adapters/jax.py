@@ -23,6 +23,7 @@ from __future__ import annotations
 __all__ = [
     "install",
     "installed",
+    "partition",
     "backend_started",
     "without_cuda",
     "jax_bytes",
@@ -56,6 +57,12 @@ _partition: int | None = None
 def installed() -> bool:
     """Whether JAX was configured by the bridge."""
     return _installed
+
+
+def partition() -> int | None:
+    """The bytes of JAX's hard partition (taken out of the budget) when the bridge installed
+    JAX with one; None otherwise (JAX shares the pool, or is not installed)."""
+    return _partition if _installed else None
 
 
 def backend_started() -> bool:

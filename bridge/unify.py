@@ -8,6 +8,7 @@ __all__ = ["Bridge", "check_keywords", "unify", "current"]
 import importlib
 import importlib.util
 import inspect
+import sys
 import threading
 import warnings
 from collections.abc import Iterable
@@ -363,7 +364,16 @@ def unify(
         partition = None
         if jax_memory is not None:
             partition = _partition(jax_memory, totals)
-            _partition_below_budgets(jax_memory, partition, limits, devices)
+        # JAX's arena from an earlier call (its install() returns at once now): a budget
+        # given again is taken down by it, as that call took its budget down
+        arena = _partition_arena()
+        if arena:
+            _partition_below_budgets("JAX's arena (from an earlier call)", arena, limits, [])
+        elif partition is not None:
+            _partition_below_budgets(f"jax_memory={jax_memory!r}", partition, limits, devices)
+        applied = {
+            d: max(1, limit - arena) if limit and arena else limit for d, limit in limits.items()
+        }
         adapters = _adapters([n for n in ORDER if flags[n] and n not in b.frameworks])
         share_budgets = {}
         if share_name is not None:
@@ -376,7 +386,7 @@ def unify(
         old_threshold = _runtime.release_threshold()
         if threshold is not None:
             _runtime.set_release_threshold(threshold)
-        for d, limit in limits.items():
+        for d, limit in applied.items():
             check(core.set_limit(d, limit), what="setting the budget", device=d)
         if peer_access and len(devices) > 1:
             for d in devices:
@@ -418,7 +428,7 @@ def unify(
         b._args = args
         if seconds is not None:
             _wait.set_wait(seconds)
-        _say_what_changed(budget, before, limits, totals, earlier)
+        _say_what_changed(budget, before, limits, totals, earlier, applied)
         return b
 
 
@@ -486,19 +496,32 @@ def _partition(jax_memory: SizeLike, totals: dict[int, int]) -> int:
     return partition
 
 
+def _partition_arena() -> int:
+    """The bytes of the hard partition an earlier call gave a framework (the registry's row
+    that takes ``partition``, its adapter installed with one: its ``partition()``); 0 when
+    none."""
+    for fw in frameworks.REGISTRY:
+        adapter = sys.modules.get(fw.adapter) if fw.partition else None
+        given = getattr(adapter, "partition", None)
+        if callable(given):
+            return int(given() or 0)
+    return 0
+
+
 def _partition_below_budgets(
-    jax_memory: SizeLike, partition: int, limits: dict[int, int], devices: list[int]
+    what: str, partition: int, limits: dict[int, int], devices: list[int]
 ) -> None:
     """JAX's partition is taken out of the budget (adapters/jax.py): a partition as large as
     a device's budget would leave CuPy and torch nothing (a budget of 1 byte refusing every
-    allocation), so it is refused before anything changes."""
-    for d in devices:
+    allocation), so it is refused before anything changes.  The budgets given (``limits``),
+    and those the ``devices`` have now where none is given."""
+    for d in sorted(set(limits) | set(devices)):
         budget = limits[d] if d in limits else _limit(d)
         if budget and partition >= budget:
             raise ValueError(
-                f"jax_memory={jax_memory!r} is {format_bytes(partition)}, not below device {d}'s "
-                f"budget of {format_bytes(budget)}: JAX's partition is taken out of the budget, "
-                "which would leave nothing to the other frameworks. Pass a larger budget or a "
+                f"{what} is {format_bytes(partition)}, not below device {d}'s budget of "
+                f"{format_bytes(budget)}: JAX's partition is taken out of the budget, which "
+                "would leave nothing to the other frameworks. Pass a larger budget or a "
                 "smaller jax_memory."
             )
 
@@ -509,12 +532,14 @@ def _say_what_changed(
     limits: dict[int, int],
     totals: dict[int, int],
     earlier: tuple[int, ...] | None,
+    applied: dict[int, int] | None = None,
 ) -> None:
     """Warn when this call changed the budget of a device an earlier call set up, and
-    about budgets larger than a device."""
+    about budgets larger than a device (``applied``: the budgets set, when JAX's arena took
+    them below ``limits``)."""
     changed = [
         (d, before[d], new)
-        for d, new in limits.items()
+        for d, new in (applied if applied is not None else limits).items()
         if earlier is not None and d in earlier and before[d] != new
     ]
     if changed:

@@ -335,6 +335,40 @@ def test_a_jax_partition_as_large_as_the_budget_is_refused_before_anything_chang
     assert out["after"]["jax_imported"] is False
 
 
+def test_a_budget_given_again_keeps_jax_arena_out_of_it(cpu_jax):
+    """JAX's partition from an earlier call stays JAX's (its install() returns at once): a
+    later unify() that gives the budget again took the budget back up to it whole, so that
+    CuPy and torch could hold the whole budget beside JAX's arena.  It is taken down by the
+    arena, as the first call took it down; a budget the arena fills is a ValueError."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        from bridge.adapters import jax as jax_adapter
+        jax_adapter._start = lambda devices: None  # JAX "starts": no GPU here
+        first = attempt(cupy=False, torch=False, jax=True, budget="8GiB", jax_memory="2GiB")
+        after_first = state()["limit"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            again = attempt(cupy=False, torch=False, jax=True, budget="8GiB", wait=1)
+        after_again = state()["limit"]
+        bigger = attempt(cupy=False, torch=False, jax=True, budget="10GiB")
+        after_bigger = state()["limit"]
+        full = attempt(cupy=False, torch=False, jax=True, budget="2GiB")
+        print(json.dumps({"first": first, "again": again, "bigger": bigger, "full": full,
+                          "limits": [after_first, after_again, after_bigger, state()["limit"]],
+                          "warned": [str(w.message) for w in caught]}))
+        """,
+        path,
+    )
+    assert out["first"] is None and out["again"] is None and out["bigger"] is None, out
+    assert out["limits"] == [6 * GIB, 6 * GIB, 8 * GIB, 8 * GIB], out
+    assert not [w for w in out["warned"] if "changed the budget" in w], out  # 8 GiB again
+    kind, text = out["full"]
+    assert kind == "builtins.ValueError", out
+    assert "JAX's arena (from an earlier call) is 2.00 GiB, not below device 0's budget" in text
+
+
 # ---- how a JAX with CUDA is told from one without, from the installed files alone ----
 @pytest.mark.parametrize(
     "files, cuda",
