@@ -164,3 +164,11 @@ def test_bad_arguments_raise_type_error(call: object, message: str) -> None:
 def test_an_int_past_the_c_int_raises_overflow_error() -> None:
     with pytest.raises(OverflowError):
         core.set_limit(1 << 40, 0)
+
+
+def test_a_block_says_its_address_size_and_device(standin: object) -> None:
+    # on Python 3.10 and 3.11 PyUnicode_FromFormat knows no %zx: the repr is made without it
+    rc, block = core.alloc_block(0, MIB, 0, core.TAG_OTHER)
+    assert rc == Status.OK and block is not None
+    assert repr(block) == f"<bridge block {hex(block.ptr)}, {MIB} bytes, device 0>"
+    del block

@@ -858,3 +858,12 @@ def test_like_pinned_refuses_subok_as_cupyx_does(pp, fn):
         getattr(bridge, fn)(np.zeros(3), subok=False)
     with pytest.raises(ValueError, match="order"):
         getattr(bridge, fn)(np.zeros(3), order="X")
+
+
+def test_the_c_buffer_says_its_address_and_size(pp):
+    # the C type's own repr (PinnedBuffer's __repr__ is Python's): on Python 3.10 and 3.11
+    # PyUnicode_FromFormat knows no %zx, and such a repr printed its format string
+    buf = bridge.pinned_buffer(4096)
+    text = core.PinnedBufferBase.__repr__(buf)
+    assert text == f"<PinnedBuffer {hex(buf.ptr)}, 4096 bytes, pinned>"
+    del buf

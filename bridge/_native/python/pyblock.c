@@ -4,6 +4,8 @@
  * its dealloc frees the block, with no Python __del__ involved. */
 #include "pyblock.h"
 
+#include <stdio.h>
+
 #include "bridge.h"
 
 typedef bridge_Block Block;
@@ -36,8 +38,10 @@ static void Block_dealloc(Block *self)
 
 static PyObject *Block_repr(Block *self)
 {
-    return PyUnicode_FromFormat("<bridge block 0x%zx, %zu bytes, device %d>", (size_t)self->ptr,
-                                self->size, self->device);
+    char hex[2 + 2 * sizeof(size_t) + 1]; /* PyUnicode_FromFormat knows no %zx before 3.12 */
+    snprintf(hex, sizeof hex, "0x%zx", (size_t)self->ptr);
+    return PyUnicode_FromFormat("<bridge block %s, %zu bytes, device %d>", hex, self->size,
+                                self->device);
 }
 
 BRIDGE_OWNER_ATTRIBUTES(Block, "device address",

@@ -15,6 +15,7 @@
 #include "pybind.h"
 #include "pyowner.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,8 +87,10 @@ static PyObject *PinnedBuffer_dlpack_device(PinnedBuffer *self, PyObject *a)
 
 static PyObject *PinnedBuffer_repr(PinnedBuffer *self)
 {
-    return PyUnicode_FromFormat("<%s 0x%zx, %zd bytes, pinned>", Py_TYPE(self)->tp_name,
-                                (size_t)self->ptr, self->size);
+    char hex[2 + 2 * sizeof(size_t) + 1]; /* PyUnicode_FromFormat knows no %zx before 3.12 */
+    snprintf(hex, sizeof hex, "0x%zx", (size_t)self->ptr);
+    return PyUnicode_FromFormat("<%s %s, %zd bytes, pinned>", Py_TYPE(self)->tp_name, hex,
+                                self->size);
 }
 
 BRIDGE_OWNER_ATTRIBUTES(PinnedBuffer, "host address (0 for 0 bytes)",
