@@ -486,7 +486,8 @@ class BridgeAllocator final : public CCA::CUDAAllocator
         int64_t reserved = i64(t.current + s.graph_bytes + s.cached);
         fill(out.reserved_bytes, reserved, std::max(reserved, i64(t.reserved_peak)),
              i64(t.allocated), i64(t.freed));
-        out.num_alloc_retries = i64(s.num_retries);
+        // since the last reset_accumulated_memory_stats, as torch's own count
+        out.num_alloc_retries = i64(s.num_retries - std::min(s.num_retries, retries_base(device)));
         out.num_ooms = i64(t.num_ooms);
         out.num_device_alloc = i64(t.num_allocs);
         out.num_device_free = i64(t.num_frees);
@@ -501,6 +502,12 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     void resetAccumulatedStats(c10::DeviceIndex device) override
     {
         core::bridge_reset_accumulated(device, BRIDGE_TAG_TORCH);
+        // the core's count of retried allocations is the device's, never reset
+        // (bridge.stats()): torch's count is taken from here on
+        bridge_stats s{};
+        if (device >= 0 && device < BRIDGE_MAX_DEVICES &&
+            core::bridge_get_stats(device, &s) == BRIDGE_OK)
+            retries_base_[device].store(s.num_retries, std::memory_order_relaxed);
 #ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
         if (device >= 0 && device < BRIDGE_MAX_DEVICES)
             rejections_[device].store(0, std::memory_order_relaxed);
@@ -749,6 +756,12 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     }
 
   private:
+    uint64_t retries_base(int device) const
+    {
+        return device >= 0 && device < BRIDGE_MAX_DEVICES
+                   ? retries_base_[device].load(std::memory_order_relaxed)
+                   : 0;
+    }
     void drop_route(uint64_t serial)
     {
         std::lock_guard<std::mutex> lock(route_mu);
@@ -764,6 +777,8 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     std::atomic<bool> enabled_{true};
     std::mutex settings_mu_;
     std::unordered_map<int, double> fraction_; // under settings_mu_
+    // the core's num_retries at torch's last resetAccumulatedStats, per device
+    std::atomic<uint64_t> retries_base_[BRIDGE_MAX_DEVICES] = {};
 #ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
     std::vector<CCA::OomRejectionObserver> rejection_observers_; // under history.mu
     std::atomic<int64_t> rejections_[BRIDGE_MAX_DEVICES] = {};   // requests rejected()

@@ -133,6 +133,8 @@ def memory_stats(device: Any = None) -> dict:
     # its peak never falls without a reset (empty_cache lowers `held` only)
     reserved = stat(held, max(held, t["reserved_peak"]), t["allocated"], t["freed"])
     zero = stat(0, 0, 0, 0)
+    # since the last reset_accumulated_memory_stats (the core's count is never reset)
+    retries = raw["num_retries"] - min(raw["num_retries"], _retries_base.get(dev, 0))
     return {
         "allocated_bytes": nbytes,
         "active_bytes": nbytes,
@@ -143,7 +145,7 @@ def memory_stats(device: Any = None) -> dict:
         "active": count,
         "segment": count,
         "inactive_split": zero,
-        "num_alloc_retries": raw["num_retries"],
+        "num_alloc_retries": retries,
         "num_ooms": t["num_ooms"],
         "num_sync_all_streams": 0,
         "num_device_alloc": t["num_allocs"],
@@ -159,11 +161,18 @@ def _reset_peak(device: Any) -> None:
     check(core.reset_peak(dev, core.TAG_TORCH), what="resetting torch's peak", device=dev)
 
 
+#: The core's num_retries per device at torch's last reset_accumulated_memory_stats.
+_retries_base: dict[int, int] = {}
+
+
 def _reset_accumulated(device: Any) -> None:
     dev = _device_index(device)
     check(
         core.reset_accumulated(dev, core.TAG_TORCH), what="resetting torch's counters", device=dev
     )
+    rc, raw = core.stats(dev)
+    if rc == 0:
+        _retries_base[dev] = raw["num_retries"]
 
 
 def _release_caches(device: int, tag: int) -> None:

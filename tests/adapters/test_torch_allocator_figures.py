@@ -270,3 +270,43 @@ def test_snapshot_trace_times_are_microseconds_since_the_epoch(result):
     tx, ty = times[x], times[y]
     assert 150_000 <= ty - tx <= 1_000_000  # the 0.2 s sleep, in microseconds
     assert before * 1e6 - 2e6 <= tx <= after * 1e6 + 2e6
+
+
+# ---- num_alloc_retries after a reset ----
+RESETS_AND_POOLS = (
+    SCENARIO_START
+    + r"""
+from bridge.adapters import torch as torch_adapter
+MIB = 1 << 20
+core.set_cache(0, 1 << 30, 1 << 30)
+a = mod._alloc_on(8 * MIB, 0, 0)
+mod._free(a)                              # 8 MiB cached (the exact-size tiers)
+core.set_limit(0, core.stats(0)[1]["used"] + MIB)
+b = mod._alloc_on(4 * MIB, 0, 0)          # refused, the cache flushed, retried: served
+core.set_limit(0, 0)
+def retries():
+    return [torch._C._cuda_memoryStats(0)["num_alloc_retries"],
+            torch_adapter.memory_stats(0)["num_alloc_retries"]]
+out["retries"] = retries()
+torch._C._cuda_resetAccumulatedMemoryStats(0)   # the C++ allocator's reset
+torch_adapter._reset_accumulated(0)             # the pluggable path's
+out["retries_after_reset"] = retries()
+out["core_retries"] = core.stats(0)[1]["num_retries"]
+mod._free(b)
+
+print("RESULT " + json.dumps(out))
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def resets(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("torch-cache"))
+    return run_scenario(RESETS_AND_POOLS, cache, BRIDGE_CACHE_SEGMENTS="0")
+
+
+def test_reset_accumulated_memory_stats_resets_num_alloc_retries(resets):
+    # torch's resetAccumulatedStats zeroes num_alloc_retries with the other counts
+    assert resets["retries"] == [1, 1], resets
+    assert resets["retries_after_reset"] == [0, 0], resets
+    assert resets["core_retries"] == 1  # bridge.stats()'s own count is the device's

@@ -360,6 +360,38 @@ def test_mempool_with_an_allocator_of_its_own_gets_its_blocks_from_it(mode):
     assert r["after"] == 0, r
 
 
+# ---- num_alloc_retries and reset_accumulated_memory_stats ----
+# native: a cap of 96 MiB (the fraction), 48 MiB cached, a 64 MiB request: torch's
+# allocator frees its cache and retries.  The bridge: a budget of 96 MiB, the exact-size
+# cache (BRIDGE_CACHE_SEGMENTS=0), the same requests: the core flushes its cache and retries.
+RETRIES_RESET = """
+MIB = 1 << 20
+if MODE == "native":
+    torch.cuda.set_per_process_memory_fraction(
+        96 * MIB / torch.cuda.get_device_properties(0).total_memory)
+else:
+    from bridge._runtime import core
+    core.set_cache(0, 1 << 30, 1 << 30)   # the freed 48 MiB block is kept
+a = torch.empty(48 * MIB, dtype=torch.uint8, device="cuda")
+del a                                     # cached
+b = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+before = torch.cuda.memory_stats()["num_alloc_retries"]
+torch.cuda.reset_accumulated_memory_stats()
+after = torch.cuda.memory_stats()["num_alloc_retries"]
+del b
+report(path=path(), before=before, after=after)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reset_accumulated_memory_stats_zeroes_num_alloc_retries(mode):
+    r = run(RETRIES_RESET, mode, budget="96 << 20", env={"BRIDGE_CACHE_SEGMENTS": "0"})
+    check_path(r, mode)
+    assert r["before"] >= 1, r  # the 64 MiB request was served on a retry
+    assert r["after"] == 0, r
+
+
 # ---- torch.compile(mode="reduce-overhead") with CUDA graph trees ----
 COMPILE = (
     TORCH_GRAPH_SNIPPET
