@@ -214,7 +214,7 @@ class BridgeAllocator final : public CCA::CUDAAllocator
         bool routed = core::bridge_captures_active(device) && route_of(device, stream, &id);
         if (routed) {
             if (auto other = foreign_pool(device, id))
-                return foreign_alloc(other, size, stream);
+                return foreign_alloc(other, size, device, id, stream);
             rc = core::bridge_alloc_graph(device, size, BRIDGE_TAG_TORCH, id.first, id.second,
                                           stream, &p);
         } else
@@ -230,16 +230,22 @@ class BridgeAllocator final : public CCA::CUDAAllocator
         return p;
     }
 
-    // A block of a pool with an allocator of its own (that allocator's errors are its own).
-    void *foreign_alloc(const std::shared_ptr<CCA::CUDAAllocator> &other, size_t size,
-                        cudaStream_t stream)
+    // A block of a pool with an allocator of its own (that allocator's errors
+    // are its own).  One that returns no memory is out of memory, as torch's
+    // own allocator takes it: torch.cuda.OutOfMemoryError, never a null
+    // pointer under a tensor of nonzero size.
+    void *foreign_alloc(const std::shared_ptr<CCA::CUDAAllocator> &other, size_t size, int device,
+                        MempoolId id, cudaStream_t stream)
     {
         void *p = other->raw_alloc_with_stream(size, stream);
-        if (p) {
-            std::lock_guard<std::mutex> lock(foreign.mu);
-            foreign.blocks[p] = other;
-            foreign.n_blocks.fetch_add(1, std::memory_order_relaxed);
-        }
+        TORCH_CHECK_WITH(OutOfMemoryError, p, "CUDA out of memory. Tried to allocate ", size,
+                         " bytes on device ", device, " from torch.cuda.MemPool (", id.first, ", ",
+                         id.second, "), whose allocator (", other->name(),
+                         ") returned no memory. Free that pool's tensors, or allocate "
+                         "outside torch.cuda.use_mem_pool.");
+        std::lock_guard<std::mutex> lock(foreign.mu);
+        foreign.blocks[p] = other;
+        foreign.n_blocks.fetch_add(1, std::memory_order_relaxed);
         return p;
     }
 
@@ -867,6 +873,28 @@ void set_use_on_oom_for(int device, uint64_t id0, uint64_t id1, bool on)
     installed->setUseOnOOM(static_cast<c10::DeviceIndex>(device), MempoolId{id0, id1}, on);
 }
 
+// torch.cuda.MemPool(allocator=...) whose allocator returns no memory (a
+// CUDAPluggableAllocator whose alloc function returns NULL; torch's own
+// raw_alloc_with_stream asks the CUDA runtime for the device first).
+struct NullAllocator final : torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
+    NullAllocator()
+        : CUDAPluggableAllocator([](size_t, int, cudaStream_t) -> void * { return nullptr; },
+                                 [](void *, size_t, int, cudaStream_t) {})
+    {
+    }
+    void *raw_alloc_with_stream(size_t, cudaStream_t) override
+    {
+        return nullptr;
+    }
+};
+
+void pool_with_null_allocator(int device, uint64_t id0, uint64_t id1)
+{
+    TORCH_CHECK(installed, "bridge: install() first");
+    installed->createOrIncrefPool(static_cast<c10::DeviceIndex>(device), MempoolId{id0, id1},
+                                  std::make_shared<NullAllocator>());
+}
+
 // The arguments torch's out-of-memory observers got last, and how many calls
 // there were (the stand-in tests cannot attach a Python one: torch starts
 // CUDA for that).
@@ -973,6 +1001,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
     m.def("_close_ipc_handle", &close_ipc_handle, "For tests: drop what _open_ipc_handle kept");
     m.def("_set_use_on_oom", &set_use_on_oom_for, "For tests: setUseOnOOM (a MemPool's flag)",
           pybind11::arg("device"), pybind11::arg("id0"), pybind11::arg("id1"), pybind11::arg("on"));
+    m.def("_pool_with_null_allocator", &pool_with_null_allocator,
+          "For tests: createOrIncrefPool with an allocator of its own that returns no memory",
+          pybind11::arg("device"), pybind11::arg("id0"), pybind11::arg("id1"));
     m.def("_observe_ooms", &observe_ooms,
           "For tests: attach an OOM observer that keeps its arguments");
     m.def("_last_observed", &last_observed,

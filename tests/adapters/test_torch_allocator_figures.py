@@ -272,7 +272,7 @@ def test_snapshot_trace_times_are_microseconds_since_the_epoch(result):
     assert before * 1e6 - 2e6 <= tx <= after * 1e6 + 2e6
 
 
-# ---- num_alloc_retries after a reset ----
+# ---- num_alloc_retries after a reset, and a MemPool whose allocator returns no memory ----
 RESETS_AND_POOLS = (
     SCENARIO_START
     + r"""
@@ -294,6 +294,23 @@ out["retries_after_reset"] = retries()
 out["core_retries"] = core.stats(0)[1]["num_retries"]
 mod._free(b)
 
+# torch.cuda.MemPool(allocator=...) whose allocator returns NULL, under use_mem_pool
+pool = (0, 13)
+mod._pool_with_null_allocator(0, *pool)
+torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
+try:
+    p = mod._alloc_on(MIB, 0, 0)
+    out["null_pool"] = ["no error", p]
+except torch.cuda.OutOfMemoryError as e:
+    out["null_pool"] = ["OutOfMemoryError", str(e).splitlines()[0]]
+except RuntimeError as e:
+    out["null_pool"] = ["RuntimeError", str(e).splitlines()[0]]
+torch._C._cuda_endAllocateToPool(0, pool)
+torch._C._cuda_releasePool(0, pool)       # use_mem_pool's exit
+torch._C._cuda_releasePool(0, pool)       # the MemPool's end
+q = mod._alloc_on(MIB, 0, 0)              # torch keeps working
+out["after"] = q != 0
+mod._free(q)
 print("RESULT " + json.dumps(out))
 """
 )
@@ -310,3 +327,11 @@ def test_reset_accumulated_memory_stats_resets_num_alloc_retries(resets):
     assert resets["retries"] == [1, 1], resets
     assert resets["retries_after_reset"] == [0, 0], resets
     assert resets["core_retries"] == 1  # bridge.stats()'s own count is the device's
+
+
+def test_mempool_allocator_returning_no_memory_is_torchs_oom(resets):
+    # torch's own allocator takes a NULL from a pool's allocator as cudaErrorMemoryAllocation
+    kind, first = resets["null_pool"]
+    assert kind == "OutOfMemoryError", resets["null_pool"]
+    assert first.startswith("CUDA out of memory. Tried to allocate 1048576 bytes on device 0")
+    assert resets["after"] is True

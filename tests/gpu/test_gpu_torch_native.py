@@ -360,6 +360,44 @@ def test_mempool_with_an_allocator_of_its_own_gets_its_blocks_from_it(mode):
     assert r["after"] == 0, r
 
 
+# ---- a MemPool whose allocator returns no memory ----
+MEMPOOL_NULL_ALLOCATOR = """
+import subprocess, tempfile
+# an allocator of its own whose alloc function returns NULL (torch's pluggable class)
+d = tempfile.mkdtemp()
+with open(os.path.join(d, "null_alloc.c"), "w") as f:
+    f.write("#include <stddef.h>\\n"
+            "void *null_alloc(size_t n, int dev, void *s) { return NULL; }\\n"
+            "void null_free(void *p, size_t n, int dev, void *s) {}\\n")
+so = os.path.join(d, "null_alloc.so")
+subprocess.run(["cc", "-shared", "-fPIC", "-o", so, os.path.join(d, "null_alloc.c")], check=True)
+other = torch.cuda.memory.CUDAPluggableAllocator(so, "null_alloc", "null_free")
+torch.ones(1, device="cuda")
+pool = torch.cuda.MemPool(other.allocator())
+with torch.cuda.use_mem_pool(pool):
+    try:
+        t = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        caught = ["no error", t.data_ptr()]
+    except torch.cuda.OutOfMemoryError as e:
+        caught = ["OutOfMemoryError", str(e).splitlines()[0]]
+    except RuntimeError as e:
+        caught = ["RuntimeError", str(e).splitlines()[0]]
+del pool
+gc.collect()
+ok = int(torch.ones(4096, dtype=torch.uint8, device="cuda").sum().item()) == 4096
+report(path=path(), caught=caught, ok=ok)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mempool_allocator_returning_no_memory_raises_torchs_oom(mode):
+    r = run(MEMPOOL_NULL_ALLOCATOR, mode)
+    check_path(r, mode)
+    assert r["caught"][0] == "OutOfMemoryError", r  # never a tensor on a NULL pointer
+    assert r["caught"][1].startswith("CUDA out of memory. Tried to allocate"), r
+    assert r["ok"] is True, r
+
+
 # ---- num_alloc_retries and reset_accumulated_memory_stats ----
 # native: a cap of 96 MiB (the fraction), 48 MiB cached, a 64 MiB request: torch's
 # allocator frees its cache and retries.  The bridge: a budget of 96 MiB, the exact-size
