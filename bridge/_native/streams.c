@@ -59,12 +59,16 @@ CUstream stream_handle(CUstream key)
 }
 
 /* ---- streams that live as long as the process ---- */
-/* An open-addressing set; lookups take no lock.  A forgotten handle leaves a
- * tombstone (the legacy handle, never a member). */
+/* An open-addressing set (linear probing); lookups take no lock.  A
+ * forgotten handle leaves a tombstone (the legacy handle, never a member),
+ * which a later registration probing past it takes; a tombstone that ends
+ * its probe run (the next slot empty) is emptied, since no lookup goes
+ * through it to a member beyond.  So CuPy's register and forget of a
+ * capture's stream for each graph never fills the set. */
 #define LONG_LIVED_SLOTS 4096 /* power of two; at most half used, tombstones included */
 #define TOMBSTONE        ((uintptr_t)1)
 static _Atomic uintptr_t long_lived[LONG_LIVED_SLOTS];
-static unsigned long_lived_count; /* under long_lived_lock */
+static unsigned long_lived_count; /* slots not empty (tombstones too), under long_lived_lock */
 static pthread_mutex_t long_lived_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static inline size_t slot_of(uintptr_t s)
@@ -80,13 +84,20 @@ int bridge_register_stream(void *stream)
         return BRIDGE_OK; /* default streams are long-lived already */
     int rc = BRIDGE_OK;
     pthread_mutex_lock(&long_lived_lock);
-    size_t i = slot_of(s);
+    size_t i = slot_of(s), tomb = LONG_LIVED_SLOTS;
     for (;; i = (i + 1) & (LONG_LIVED_SLOTS - 1)) {
         uintptr_t cur = atomic_load_explicit(&long_lived[i], RELAXED);
         if (cur == s)
             break;
+        if (cur == TOMBSTONE && tomb == LONG_LIVED_SLOTS)
+            tomb = i; /* the first on the way: taken if `s` is not a member */
         if (!cur) {
-            /* a fresh slot (tombstones stay: a lookup may be probing past them) */
+            /* not a member: the first tombstone on its probe run (a lookup
+             * finds it there, before the end of the run), else this slot */
+            if (tomb != LONG_LIVED_SLOTS) {
+                atomic_store_explicit(&long_lived[tomb], s, memory_order_release);
+                break;
+            }
             if (long_lived_count >= LONG_LIVED_SLOTS / 2) {
                 rc = BRIDGE_E_OOM;
                 break;
@@ -118,6 +129,16 @@ int stream_forget(CUstream key)
             break;
         if (cur == s) {
             atomic_store_explicit(&long_lived[i], TOMBSTONE, memory_order_release);
+            /* Tombstones that end their run back to empty, last first: a
+             * lookup stops at an empty slot, and none passed through these
+             * to a member (the next slot is empty), so every answer stays. */
+            size_t j = i;
+            while (atomic_load_explicit(&long_lived[j], RELAXED) == TOMBSTONE &&
+                   !atomic_load_explicit(&long_lived[(j + 1) & (LONG_LIVED_SLOTS - 1)], RELAXED)) {
+                atomic_store_explicit(&long_lived[j], 0, memory_order_release);
+                long_lived_count--;
+                j = (j - 1) & (LONG_LIVED_SLOTS - 1);
+            }
             break;
         }
     }

@@ -122,6 +122,28 @@ def test_forgetting_a_stream_returns_its_cached_blocks_on_it(sd):
     assert stats()["cached"] == 0
 
 
+def test_a_stream_registered_and_forgotten_again_and_again_leaves_room_for_others(sd):
+    """Issue: a forgotten stream left a tombstone in the table of registered
+    streams for good, and every registration took a fresh slot: CuPy registers
+    a capture's stream while a graph holds it and forgets it when the graph
+    dies, so after 2048 graphs (on one stream or on many) no stream could be
+    registered any more: torch's pooled streams of a device used later then
+    lost their cache and their frees' stream order."""
+    for i in range(3000):
+        for h in (0xD2000, 0xD2000 + 0x100 * (i + 1)):  # the same stream, and new ones
+            assert core.register_stream(h) == Status.OK
+            assert core.forget_stream(h) == Status.OK
+    other = 0xD1100
+    sd.standin_adopt_stream(other, DEV)
+    assert core.register_stream(other) == Status.OK
+    try:
+        rc, p = core.alloc(DEV, MIB, other, TORCH)
+        core.free(p)
+        assert stats()["cached"] == MIB  # registered: its blocks are cached on it
+    finally:
+        core.forget_stream(other)
+
+
 # ---- ordering a free after recorded streams ----
 def test_a_failing_event_record_falls_back_to_the_legacy_stream_and_counts_it(sd):
     """Issue: event record or wait failures before a free were ignored: the free
