@@ -6,7 +6,9 @@ observer's arguments (device, request, allowed, free), a memory fraction of 0.0
 (every allocation refused) and one set for a device not set up yet, the
 snapshot's trace times (microseconds since the epoch), max_memory_reserved
 across empty_cache, cacheInfo (cuDNN's benchmark workspaces), a MemPool made
-with use_on_oom=True, and a second beginAllocateToPool on a pool already routed.
+with use_on_oom=True, a second beginAllocateToPool on a pool already routed,
+num_alloc_retries after reset_accumulated_memory_stats, and a MemPool whose own
+allocator returns no memory.
 
 As tests/adapters/test_torch_allocator.py: a subprocess on the stand-in,
 calling torch._C's entry points against the C++ allocator (torch cannot start
