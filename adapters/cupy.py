@@ -114,14 +114,14 @@ def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
     if rc in (Status.DEVICE, Status.NOTINIT):
         _runtime.ensure_device(device)
         rc, block = core.alloc_block(
-            device, size, stream, core.TAG_CUPY, cupy.cuda.get_current_stream()
+            device, size, stream, core.TAG_CUPY, cupy.cuda.get_current_stream(device)
         )
         if rc == Status.OK:
             return _allocator.wrap(block)
     if rc in OOM_STATUSES and _collect():
         # a CuPy graph died since the core's own collect: its pool is free now
         rc, block = core.alloc_block(
-            device, size, stream, core.TAG_CUPY, cupy.cuda.get_current_stream()
+            device, size, stream, core.TAG_CUPY, cupy.cuda.get_current_stream(device)
         )
         if rc == Status.OK:
             return _allocator.wrap(block)
@@ -136,8 +136,9 @@ def _on_failure(size: int, device: int, stream: int, rc: int) -> Any:
 
 def malloc(device: int, size: int) -> Any:
     """``bridge.pool(device).malloc(size)``: a CuPy ``MemoryPointer`` on CuPy's current
-    stream, from the shared pool and counted as ``cupy``, freed when it is gone."""
-    stream = cupy.cuda.get_current_stream()
+    stream of ``device`` (whichever device is current), from the shared pool and counted
+    as ``cupy``, freed when it is gone."""
+    stream = cupy.cuda.get_current_stream(device)
     rc, block = core.alloc_block(device, size, stream.ptr, core.TAG_CUPY, stream)
     if rc != Status.OK or block is None:
         return _on_failure(size, device, stream.ptr, rc)

@@ -658,3 +658,41 @@ def test_a_registered_non_blocking_stream_frees_on_itself_with_no_host_wait(sd):
     finally:
         core.forget_stream(s)
         sd.standin_sync_all(DEV)
+
+
+def test_a_cupy_block_of_another_device_is_ordered_on_that_devices_stream(standin):
+    """``bridge.pool(1).malloc(n)`` while device 0 is current: the block is allocated on, and
+    freed after, device 1's current stream (CuPy's ``get_current_stream(1)``), never on
+    device 0's, which the driver cannot order an allocation of device 1 on."""
+    r = _child(
+        """
+        import ctypes, os, sys, types
+        from bridge._runtime import core
+        assert core.init(os.environ["BRIDGE_CUDA_LIBRARY"]) == 0
+        for d in (0, 1):
+            assert core.setup(d, 2**64 - 1) == 0
+        lib = ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"])
+        lib.standin_new_stream.restype = ctypes.c_void_p
+        lib.standin_new_stream.argtypes = [ctypes.c_int]
+"""
+        + STANDIN_CUPY
+        + """
+        class Stream:
+            def __init__(self, ptr):
+                self.ptr = ptr
+        current = {0: Stream(lib.standin_new_stream(0)), 1: Stream(lib.standin_new_stream(1))}
+        memory.UnownedMemory = lambda ptr, size, owner, device: (ptr, size, owner, device)
+        memory.MemoryPointer = lambda mem, offset: mem
+"""
+        + STANDIN_CUPY_ADAPTER
+        + """
+        cuda.get_current_stream = lambda device_id=-1: current[0 if device_id < 0 else device_id]
+        ptr, size, owner, device = adapter.malloc(1, 1 << 20)
+        assert (size, device) == (1 << 20, 1), (size, device)
+        (block,) = [b for b in core.live_blocks() if b[0] == ptr]
+        assert block[3] == 1 and block[2] == current[1].ptr, (block, current[1].ptr)
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"

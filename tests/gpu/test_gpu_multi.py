@@ -90,3 +90,43 @@ def test_torchrun_two_ranks_allreduce_on_bridge_tensors(fw, tmp_path):
         assert res["torch_bytes"] >= 4 * MIB
         assert res["bridge_devices"] == [rank]
         assert res["other_devices_active"] == [0], f"rank {rank} touched the other GPU"
+
+
+def test_a_pools_malloc_orders_its_block_on_its_devices_stream(fw):
+    """``bridge.pool(1).malloc`` while device 0 is current: the block is allocated on
+    device 1's current stream (CuPy's ``get_current_stream(1)``), where a kernel writes it
+    and the bytes read back are what it wrote. The same on a block of CuPy's own pool made
+    with device 1 current (what ``pool(1).malloc`` stands for) is the power check."""
+    import numpy as np
+
+    import bridge
+    from bridge._runtime import core
+
+    cupy, _ = fw
+    n = 64 * MIB
+    src = np.arange(n // 4, dtype=np.uint32)
+    with cupy.cuda.Device(1):
+        side = cupy.cuda.Stream(non_blocking=True)
+        before = cupy.cuda.get_current_stream()
+        side.use()  # device 1's current stream
+    try:
+        for make in ("native", "bridge"):
+            cupy.cuda.Device(0).use()
+            if make == "native":
+                with cupy.cuda.Device(1):
+                    mem = cupy.cuda.MemoryPool().malloc(n)
+            else:
+                mem = bridge.pool(1).malloc(n)  # device 0 current
+                assert core.lookup(mem.ptr)[2] == 1
+                assert [b[2] for b in core.live_blocks() if b[0] == mem.ptr] == [side.ptr]
+            with cupy.cuda.Device(1):
+                arr = cupy.ndarray((n // 4,), dtype=cupy.uint32, memptr=mem)
+                arr.set(src, stream=side)
+                arr *= 3  # on device 1's current stream, `side`
+                out = arr.get(stream=side)
+                side.synchronize()
+            assert np.array_equal(out, src * 3), make
+            del arr, mem
+    finally:
+        with cupy.cuda.Device(1):
+            before.use()
