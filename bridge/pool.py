@@ -73,7 +73,8 @@ class Stats:
         none, what the pool holds beyond the ledger), ``other`` the rest.
     ledger : int
         Bytes the bridge counts against the budget itself (its allocations,
-        graph blocks kept for replay, frees waiting for a capture to end).
+        graph blocks kept for replay, frees waiting for a capture to end, and
+        ``cached``).
     ledger_peak : int
         Highest ``ledger`` since the last reset; never above the budget.
     total : int
