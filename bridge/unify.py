@@ -247,8 +247,10 @@ def unify(
     ipc : bool or None
         ``True``: each device of ``device`` allocates from a pool the bridge
         creates with POSIX file-descriptor export instead of the default
-        pool, under the same budget and cache, so that CUDA tensors can be
-        sent to other processes of the same user (``torch.multiprocessing``);
+        pool, under the same budget, with the exact-size tiers as its cache
+        (a block carved from a segment could not be sent), so that CUDA
+        tensors can be sent to other processes of the same user
+        (``torch.multiprocessing``);
         JAX stays on the default pool and is counted as before. ``None``:
         ``BRIDGE_IPC`` (``1`` on), else off. Once on, on for the process.
     **other_frameworks : bool or None

@@ -163,3 +163,16 @@ def test_every_link_to_a_heading_finds_it(path):
         if m.group(2) not in heads:
             bad.append(f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}")
     assert not bad, bad
+
+
+@pytest.mark.parametrize("path", DOCS, ids=IDS)
+def test_every_extra_the_docs_install_exists(path):
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    text = path.read_text()
+    named = re.findall(r"""(?:["']\.|gpumem-bridge)\[([a-z0-9_,-]+)\]""", text)
+    bad = sorted({e for group in named for e in group.split(",") if e not in extras})
+    assert not bad, f"{path.name} installs extras pyproject.toml has not: {bad}"
