@@ -14,6 +14,7 @@ finds that heading.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import importlib.util
 import pathlib
@@ -176,3 +177,27 @@ def test_every_extra_the_docs_install_exists(path):
     named = re.findall(r"""(?:["']\.|gpumem-bridge)\[([a-z0-9_,-]+)\]""", text)
     bad = sorted({e for group in named for e in group.split(",") if e not in extras})
     assert not bad, f"{path.name} installs extras pyproject.toml has not: {bad}"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=IDS)
+def test_every_figure_and_pool_method_the_docs_name_exists(path):
+    import bridge
+    from bridge.pinned._pool import PinnedPool
+    from bridge.pool import Pool
+
+    stats = {f.name for f in dataclasses.fields(bridge.Stats)} | set(dir(bridge.Stats))
+    kinds = {
+        "stats": stats,
+        "Stats": stats,
+        "pool": set(dir(Pool)),
+        "pinned_pool": set(dir(PinnedPool)),
+    }
+    text = path.read_text()
+    bad = []
+    for m in re.finditer(r"\b(stats|Stats|pool|pinned_pool)(?:\([^()]*\))?\.([a-z_]+)\b", text):
+        kind, name = m.group(1), m.group(2)
+        if kind in ("stats", "pool", "pinned_pool") and "(" not in m.group(0):
+            continue  # bridge.stats itself, a module, not a call's result
+        if name not in kinds[kind]:
+            bad.append(f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}")
+    assert not bad, bad
