@@ -294,10 +294,13 @@ class Pool:
         return max(0, int(raw["pool_reserved"]) - int(raw["pool_used"]) + int(raw["cached"]))
 
     def n_free_blocks(self) -> int:
-        """Freed blocks the bridge keeps for reuse (its cache in front of the driver pool).
+        """Freed blocks the exact-size tiers keep for reuse (the cache in front of the pool).
 
-        The driver pool's own idle memory (``free_bytes``) is not kept as blocks
-        and is not counted here.
+        With segments (the default cache) a freed block carved from a segment
+        goes back to the segment's free ranges and is not counted here;
+        ``bridge.stats(d).cached`` gives the idle bytes of both.
+        The driver pool's own idle memory (``free_bytes``) is not kept as
+        blocks and is not counted here.
         """
         rc, n = core.cached_blocks(self._device)
         check(rc, what="counting the cached blocks", device=self._device)

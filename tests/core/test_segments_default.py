@@ -271,3 +271,25 @@ def test_bounding_the_empty_segments_gives_back_those_past_the_bound_at_once(dfl
     assert raw()["carve_held"] == segs[-1][1]  # the two that emptied first went back
     assert core.set_cache_segments_keep(DEV, 2**64 - 1) == Status.OK
     assert core.set_cache_segments_keep(99, 0) == Status.DEVICE
+
+
+def test_the_figures_of_a_freed_carved_block_as_the_docs_give_them(dflt, monkeypatch):
+    # the user guide's Stats table and Pool.n_free_blocks' docstring: the idle bytes of a
+    # segment are `cached`, inside `ledger` and `reserved`, outside `used`; no block is
+    # counted by n_free_blocks (a carved block goes back to its segment's free ranges)
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # pool(d).malloc hands out the block
+    p = bridge.pool(DEV)
+    block = p.malloc(3 * MIB)
+    s = bridge.stats(DEV)
+    assert s.by_framework["other"] == 3 * MIB and raw()["carve_held"] > 3 * MIB
+    del block
+    s = bridge.stats(DEV)
+    assert s.cached == raw()["carve_held"] > 0
+    assert s.ledger >= s.cached and s.reserved >= s.cached
+    assert s.used == 0 and p.used_bytes() == 0
+    assert p.n_free_blocks() == 0
+    p.free_all_blocks()
+    s = bridge.stats(DEV)
+    assert s.cached == 0 and s.ledger == 0
