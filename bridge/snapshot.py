@@ -17,11 +17,14 @@ With ``bridge.unify(torch=True)`` torch's own calls work again too:
 What a snapshot holds (the keys of torch's ``_snapshot()``):
 
 - ``segments``: one segment per live allocation of every framework that
-  allocates through the bridge (CuPy, torch), each with one block: every
-  bridge allocation is one allocation from the pool, so a segment is never
-  split. A graph block that the user freed but its graph keeps is an
-  ``inactive`` block. Each segment and block also carries ``framework``
-  (``"cupy"``, ``"torch"``, ``"other"``), a key torch's tools ignore.
+  allocates through the bridge (CuPy, torch, Numba, RMM), each with one
+  block. With segments (the default cache) several allocations may lie in
+  one segment of the bridge's: each is still shown as a segment of its own,
+  and the free ranges of the bridge's segments are not listed (their bytes
+  are in the ``bridge`` key's ``cached``). A graph block that the user freed
+  but its graph keeps is an ``inactive`` block. Each segment and block also
+  carries ``framework`` (``"cupy"``, ``"torch"``, ``"numba"``, ``"rmm"``,
+  ``"other"``), a key torch's tools ignore.
 - ``device_traces``: per device, the events recorded since
   :func:`record_memory_history` (``alloc``, ``free_requested`` and
   ``free_completed`` together, ``oom`` with ``device_free``).
