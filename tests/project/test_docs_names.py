@@ -201,3 +201,20 @@ def test_every_figure_and_pool_method_the_docs_name_exists(path):
         if name not in kinds[kind]:
             bad.append(f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}")
     assert not bad, bad
+
+
+def test_the_user_guides_defaults_of_the_switches_are_the_readers(monkeypatch):
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    cell = re.compile(r"^\| `(BRIDGE_[A-Z0-9_]+)` \| ([^|]*)\|", re.M)
+    default = re.compile(r"`([01])` \((?:on|off)?,? ?the default\)")
+    checked = 0
+    for name, values in cell.findall(guide):
+        m = default.search(values)
+        if not m:
+            continue
+        monkeypatch.delenv(name, raising=False)
+        if name == "BRIDGE_CACHE_SEGMENTS":  # its default follows BRIDGE_CACHE_CARVE's
+            monkeypatch.delenv("BRIDGE_CACHE_CARVE", raising=False)
+        assert _env.variable(name).read(_env.Totals()) is (m.group(1) == "1"), name
+        checked += 1
+    assert checked >= 7
