@@ -218,3 +218,17 @@ def test_the_user_guides_defaults_of_the_switches_are_the_readers(monkeypatch):
         assert _env.variable(name).read(_env.Totals()) is (m.group(1) == "1"), name
         checked += 1
     assert checked >= 7
+
+
+@pytest.mark.parametrize("path", DOCS, ids=IDS)
+def test_every_file_of_the_repository_the_docs_name_exists(path):
+    text = path.read_text()
+    folders = "bridge|tests|scripts|benchmarks|examples|adapters|docs|\\.ci"
+    bad = []
+    for m in re.finditer(rf"(?:^|[ (`])((?:{folders})/[\w./-]*\w)", text, re.M):
+        name = m.group(1)
+        if EXAMPLE.search(name) or text[m.end(1) : m.end(1) + 1] == "<":
+            continue  # the walk-through's framework; adapters/_<name>_*.c
+        if not ((REPO / name).exists() or (path.parent / name).exists()):
+            bad.append(f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}: {name}")
+    assert not bad, bad
