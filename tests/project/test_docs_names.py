@@ -232,3 +232,24 @@ def test_every_file_of_the_repository_the_docs_name_exists(path):
         if not ((REPO / name).exists() or (path.parent / name).exists()):
             bad.append(f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}: {name}")
     assert not bad, bad
+
+
+def test_every_value_the_user_guides_table_shows_is_one_the_reader_takes(monkeypatch, tmp_path):
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    cell = re.compile(r"^\| `(BRIDGE_[A-Z0-9_]+)` \| ([^|]*)\|", re.M)
+    totals = _env.Totals(device=16 << 30, host=64 << 30, devices=(16 << 30,))
+    tried = 0
+    for name, values in cell.findall(guide):
+        for value in re.findall(r"`([^`]+)`", values):
+            if any(c in value for c in "($= ") or value.startswith("BRIDGE_"):
+                continue  # a call or another variable named in the cell, not a value
+            monkeypatch.setenv(name, value)
+            if name == "BRIDGE_CUDA_LIBRARY":
+                continue  # any path; read only when the driver loads
+            try:
+                _env.variable(name).read(totals)
+            except ValueError as e:
+                pytest.fail(f"the user guide shows {name}={value}, which is refused: {e}")
+            tried += 1
+        monkeypatch.delenv(name, raising=False)
+    assert tried >= 30
