@@ -56,7 +56,8 @@ _HEADERS = ("bridge.h", "frameworks.h")  # the core's C API and the tags it incl
 
 
 def cache_dir() -> Path:
-    """The folder of built modules: ``$BRIDGE_CACHE_DIR``, else ``~/.cache/bridge``."""
+    """The folder of built modules: ``$BRIDGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/bridge``, else
+    ``~/.cache/bridge``."""
     root = os.environ.get(CACHE_DIR_ENV, "").strip()
     if root:
         return Path(root).expanduser()
