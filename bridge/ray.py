@@ -171,7 +171,10 @@ def unify_worker(**unify_kwargs: Any) -> Bridge:
         whole = 1.0  # the whole GPU: the first member of a share must give its budget
     devices = list(range(max(1, len(ray.get_gpu_ids())))) if fraction >= 1 else [0]
     b = unify(device=devices, budget=whole, share=share, **kwargs)
-    if fraction < 1:
+    # a process that held a fraction before (Ray reuses workers) and now whole GPUs: unify's
+    # same arguments again change nothing, so the whole budget is set back here
+    was_fraction = last_setup.get("fraction", 1) < 1
+    if fraction < 1 or was_fraction:
         for d in devices:
             total = stats(d).total
             full = (
@@ -181,7 +184,7 @@ def unify_worker(**unify_kwargs: Any) -> Bridge:
             ) or total
             # rounded down to the share's granule, so that fractions summing to 1 fit it
             own = int(full * fraction) // _share.SHARE_UNIT * _share.SHARE_UNIT
-            pool(d).set_limit(size=own)
+            pool(d).set_limit(size=own if fraction < 1 else full)
     _share.label_if_member(devices, _label(fraction))
     last_setup.update(fraction=fraction, visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
     return b

@@ -130,3 +130,27 @@ def test_worker_setup_refuses_what_unify_would_refuse_before_ray_starts_a_worker
         bridge.ray.worker_setup(device=1)
     with pytest.raises(ValueError, match="budget"):
         bridge.ray.worker_setup(budget="most")
+
+
+def test_a_reused_worker_that_held_a_fraction_gets_the_whole_budget_for_a_whole_gpu(
+    standin, monkeypatch
+):
+    """Ray reuses a worker process for tasks of other shapes: after a task at 0.5 GPU,
+    a task at num_gpus=1 in the same process gets the whole budget, not the half that
+    the earlier task left (unify's same arguments again change nothing)."""
+    import importlib
+
+    from bridge import ray as bridge_ray
+
+    monkeypatch.setattr(importlib.import_module("bridge.unify"), "_bridge", None)
+    monkeypatch.setattr(bridge_ray, "_settings", None)
+    monkeypatch.setattr(bridge_ray, "last_setup", {})
+    monkeypatch.setattr(bridge_ray, "_label", lambda fraction: f"test ({fraction:g} GPU)")
+    monkeypatch.setattr(bridge_ray.ray, "get_gpu_ids", lambda: [0])
+    kw = {"budget": "64MiB", "share": False, "cupy": False, "torch": False, "jax": False}
+    for fraction, limit in ((0.5, 32 * MIB), (1.0, 64 * MIB), (0.25, 16 * MIB), (1.0, 64 * MIB)):
+        monkeypatch.setattr(bridge_ray, "gpu_fraction", lambda f=fraction: f)
+        b = bridge_ray.unify_worker(**kw)
+        assert list(b.devices) == [0]
+        assert bridge.stats(0).limit == limit, fraction
+        assert bridge_ray.last_setup["fraction"] == fraction
