@@ -5,7 +5,9 @@ On the stand-in: it reads one JSON command per line on stdin and answers one
 JSON line on stdout.  ``unify`` (ipc, budget), ``alloc`` (size) -> ptr,
 ``write`` (ptr, hex), ``read`` (ptr, n) -> hex, ``export`` (ptr) -> handle hex,
 ``import`` (handle) -> ptr or the error, ``release`` (ptr), ``free`` (ptr),
-``stats``, ``counts``, ``foreign`` (bytes other users of the default pool hold).
+``stats``, ``counts``, ``foreign`` (bytes other users of the default pool hold),
+``fds`` -> the descriptors open here, in a forked child and in a program that
+``os.system`` runs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import ctypes
 import json
 import os
 import sys
+import tempfile
 
 import bridge
 from bridge._errors import BridgeError, Status
@@ -66,7 +69,32 @@ def run(cmd: dict) -> dict:
     if op == "foreign":
         standin.standin_add_foreign(DEV, cmd["bytes"])
         return {}
+    if op == "fds":
+        return {"here": _fds(), "forked": _forked_fds(), "program": _program_fds()}
     raise ValueError(op)
+
+
+def _fds() -> list[int]:
+    return sorted(int(f) for f in os.listdir("/proc/self/fd"))
+
+
+def _forked_fds() -> list[int]:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its descriptors, less the pipe's read end it inherited
+        os.write(w, json.dumps([f for f in _fds() if f != r]).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        got = json.loads(f.read())
+    os.waitpid(pid, 0)
+    return [f for f in got if f != w]
+
+
+def _program_fds() -> list[int]:
+    with tempfile.NamedTemporaryFile("r") as out:
+        os.system(f"ls /proc/self/fd > {out.name}")  # what a program started from here holds
+        return sorted(int(f) for f in out.read().split())
 
 
 def main() -> None:

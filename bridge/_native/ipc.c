@@ -35,6 +35,7 @@
 #include "ledger.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -283,6 +284,10 @@ static int export_pool_fd(int device)
         bridge_note_driver_error(r);
         return -1;
     }
+    /* kept for this process's life: closed in a program it runs (the driver's
+     * descriptor may come without close-on-exec) and in a fork child
+     * (forget_after_fork) */
+    fcntl(got, F_SETFD, fcntl(got, F_GETFD) | FD_CLOEXEC);
     pthread_mutex_lock(&serve_lock);
     if (pool_fd[device]) { /* another thread's won */
         close(got);
@@ -760,8 +765,9 @@ uint64_t bridge_ipc_imported(void)
 }
 
 /* ---- fork ---- */
-/* The child serves nothing and imports nothing: the parent's socket and
- * connections are closed there (the parent's stay open), no lock taken. */
+/* The child serves nothing and imports nothing: the parent's socket, its
+ * pools' exported descriptors and its connections are closed there (the
+ * parent's stay open), no lock taken. */
 static void forget_after_fork(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
@@ -776,6 +782,9 @@ static void forget_after_fork(void)
     npeers = 0;
     nimports = nholds = nfreed = 0;
     atomic_store(&bridge_ipc_holding, 0);
+    for (int i = 0; i < BRIDGE_MAX_DEVICES; i++)
+        if (pool_fd[i])
+            close(pool_fd[i] - 1);
     memset(pool_fd, 0, sizeof pool_fd);
 }
 

@@ -124,6 +124,22 @@ def test_a_spawned_process_reads_and_writes_the_block_through_its_handle(workers
     assert p("counts")["holds"] == 0
 
 
+def test_the_exporters_descriptors_stay_out_of_its_children(workers):
+    """The first export opens the server's socket and the pool's descriptor; neither
+    stays open in a child the exporter forks (a DataLoader worker, a fork-started
+    process: it serves nothing) nor in a program it runs (os.system, subprocess)."""
+    p = workers()
+    assert p("unify", ipc=True)["ipc"] is True
+    ptr = p("alloc", size=4096)["ptr"]
+    before = p("fds")
+    assert p("export", ptr=ptr)["rc"] == Status.OK
+    after = p("fds")
+    opened = set(after["here"]) - set(before["here"])
+    assert len(opened) == 2, (before, after)  # the socket and the pool's descriptor
+    assert not opened & set(after["forked"]), after
+    assert not opened & set(after["program"]), after
+
+
 def test_every_block_is_exportable_under_ipc_whatever_the_cache_does(workers):
     """The cache carves segments by default; a block carved from a segment is not an
     allocation of the pool of its own and cannot be exported, so unify(ipc=True) turns

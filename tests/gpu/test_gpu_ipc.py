@@ -176,6 +176,41 @@ def test_a_killed_consumer_leaves_the_producer_working(mode):
         assert r["holds_before"] == 1 and r["holds_after"] == 0, r
 
 
+DESCRIPTORS = """
+def fds():
+    return {int(f) for f in os.listdir("/proc/self/fd")}
+def program_fds():
+    out = os.path.join(folder, "fds.txt")
+    os.system(f"ls /proc/self/fd > {out}")  # a program started from here: what it inherits
+    with open(out) as f:
+        return {int(x) for x in f.read().split()}
+q, done = ctx.Queue(), ctx.Queue()
+proc = ctx.Process(target=ipc_child.modify, args=(MODE, q, done))
+proc.start()
+t = torch.arange(1000, device="cuda", dtype=torch.float32)
+torch.cuda.synchronize()
+program_fds()
+before = fds()
+q.put(t)
+read = done.get(timeout=120)
+dropped = done.get(timeout=120)
+proc.join(60)
+opened = fds() - before
+report(read=read, exit=proc.exitcode, opened=sorted(opened),
+       inherited=sorted(opened & program_fds()))
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_program_started_after_a_send_inherits_none_of_its_descriptors(mode):
+    """The send opens descriptors in the producer (on the bridge: its socket and the
+    exported pool's); a program the producer runs later (os.system, subprocess
+    without close_fds) holds none of them."""
+    r = run(DESCRIPTORS, mode)
+    assert r["read"] == 499500.0 and r["exit"] == 0, r
+    assert r["inherited"] == [], r
+
+
 PAIR = """
 import time
 from bridge._runtime import core
