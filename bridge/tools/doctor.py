@@ -312,7 +312,8 @@ def collect() -> Report:
     dists = distributions()
     return Report(
         python={"version": platform.python_version(), "executable": sys.executable},
-        bridge={"version": __version__, "path": str(pathlib.Path(__file__).resolve().parent)},
+        # the package, which holds this module in its tools/ folder
+        bridge={"version": __version__, "path": str(pathlib.Path(__file__).resolve().parents[1])},
         driver=driver,
         devices=devices,
         frameworks=frameworks(dists, driver),

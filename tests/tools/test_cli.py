@@ -151,6 +151,8 @@ def test_doctor_json_matches_the_core(standin, clean_env):
         assert d["pools"] is True and d["total"] == bridge.stats(d["index"]).total == 16 * GIB
     assert doc["problems"] == []
     assert doc["bridge"]["version"] == bridge.__version__
+    # the package imported: where `import bridge` found it, not the folder of its tools
+    assert doc["bridge"]["path"] == str(pathlib.Path(bridge.__file__).resolve().parent)
 
 
 def test_doctor_without_a_driver_exits_1_and_says_so():
