@@ -390,9 +390,6 @@ def unify(
             _runtime.set_release_threshold(threshold)
         for d, limit in applied.items():
             check(core.set_limit(d, limit), what="setting the budget", device=d)
-        if peer_access and len(devices) > 1:
-            for d in devices:
-                check(core.grant_peer_access(d)[0], what="granting peer access", device=d)
         if ipc_on:
             for d in devices:
                 if not core.ipc_enabled(d):
@@ -402,6 +399,10 @@ def unify(
                     check(core.set_cache_segments(d, False), what="turning segments off", device=d)
                     # blocks cached from the default pool are not exportable: back to it
                     check(core.trim(d, 0), what="emptying the cache", device=d)
+        # after the exportable pools exist: a grant sets both pools of a device
+        if peer_access and len(devices) > 1:
+            for d in devices:
+                check(core.grant_peer_access(d)[0], what="granting peer access", device=d)
         recovery.install()
         views.want(budget_views)  # JAX reads it as it starts
         installed = []

@@ -2,12 +2,13 @@
 """A process for the tests of blocks shared between processes (tests/core/test_ipc.py).
 
 On the stand-in: it reads one JSON command per line on stdin and answers one
-JSON line on stdout.  ``unify`` (ipc, budget), ``alloc`` (size) -> ptr,
+JSON line on stdout.  ``unify`` (ipc, budget, devices), ``alloc`` (size) -> ptr,
 ``write`` (ptr, hex), ``read`` (ptr, n) -> hex, ``export`` (ptr) -> handle hex,
 ``import`` (handle) -> ptr or the error, ``release`` (ptr), ``free`` (ptr),
 ``stats``, ``counts``, ``foreign`` (bytes other users of the default pool hold),
-``fds`` -> the descriptors open here, in a forked child and in a program that
-``os.system`` runs.
+``grants`` (device) -> the peers' access to its pools, ``fds`` -> the
+descriptors open here, in a forked child and in a program that ``os.system``
+runs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ DEV = 0
 standin = ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"])
 standin.standin_add_foreign.argtypes = [ctypes.c_int, ctypes.c_int64]
 standin.standin_imported_count.restype = ctypes.c_uint64
+standin.standin_access_grants.restype = ctypes.c_uint64
+standin.standin_xpool_access_grants.restype = ctypes.c_uint64
 
 
 def run(cmd: dict) -> dict:
@@ -34,7 +37,7 @@ def run(cmd: dict) -> dict:
         kw = {"budget": cmd.get("budget")} if cmd.get("budget") else {}
         if "ipc" in cmd:
             kw["ipc"] = cmd["ipc"]
-        bridge.unify(cupy=False, torch=False, device=DEV, **kw)
+        bridge.unify(cupy=False, torch=False, device=cmd.get("devices", DEV), **kw)
         return {"ipc": core.ipc_enabled(DEV)}
     if op == "alloc":
         rc, ptr = core.alloc(DEV, cmd["size"], 0, cmd.get("tag", 0))
@@ -69,6 +72,12 @@ def run(cmd: dict) -> dict:
     if op == "foreign":
         standin.standin_add_foreign(DEV, cmd["bytes"])
         return {}
+    if op == "grants":  # peers' access granted to device d's default and exportable pools
+        d = cmd["device"]
+        return {
+            "default": standin.standin_access_grants(d),
+            "exportable": standin.standin_xpool_access_grants(d),
+        }
     if op == "fds":
         return {"here": _fds(), "forked": _forked_fds(), "program": _program_fds()}
     raise ValueError(op)

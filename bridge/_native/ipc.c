@@ -144,8 +144,9 @@ int bridge_ipc_enable(int device)
                       "device %d (%s): leave ipc off, or update the driver",
                       device, bridge_driver_error_name(r));
         } else {
-            /* the default pool's release threshold, and access for the
-             * peers that were granted the default pool */
+            /* the default pool's release threshold; the peers' access is
+             * granted to both pools by bridge_grant_peer_access, which
+             * unify() calls after this */
             uint64_t t = atomic_load(&d->release_threshold);
             bridge_drv.cuMemPoolSetAttribute(p, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t);
             atomic_store_explicit(&d->ipc_pool, p, memory_order_release);

@@ -165,6 +165,17 @@ def test_a_block_of_the_default_pool_is_refused_with_what_to_do(workers):
     assert "unify(ipc=True)" in e["error"] and "BRIDGE_IPC=1" in e["error"]
 
 
+def test_the_exportable_pools_grant_the_other_devices_access_as_the_default_pools(workers):
+    """unify(device=[0, 1], ipc=True) (peer_access=True by default): each device's
+    tensors are read by the other's kernels, whichever pool they come from."""
+    p = workers()
+    assert p("unify", ipc=True, devices=[0, 1])["ipc"] is True
+    for d in (0, 1):
+        g = p("grants", device=d)
+        assert g["default"] == 1, g
+        assert g["exportable"] == g["default"], (d, g)
+
+
 def test_the_environment_turns_it_on(workers, monkeypatch):
     monkeypatch.setenv("BRIDGE_IPC", "1")
     assert workers()("unify")["ipc"] is True

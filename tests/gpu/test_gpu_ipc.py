@@ -236,3 +236,54 @@ def test_the_allocation_pair_on_the_exportable_pool_against_the_default_pool():
     assert default["ipc"] is False and ipc["ipc"] is True
     print(f"pair, default pool: {default['ns']:.0f} ns; exportable pool: {ipc['ns']:.0f} ns")
     assert ipc["ns"] < 20 * default["ns"], (default, ipc)
+
+
+PEER = """
+import cupy
+if cupy.cuda.runtime.getDeviceCount() < 2:
+    report(skip=True)
+    sys.exit(0)
+exportable = None
+if MODE == "bridge":
+    import bridge
+    from bridge._runtime import core
+    bridge.unify(cupy=True, torch=False, device=[0, 1], ipc=True)  # peer_access=True
+with cupy.cuda.Device(1):
+    try:
+        cupy.cuda.runtime.deviceEnablePeerAccess(0)  # what a peer read needs natively
+    except cupy.cuda.runtime.CUDARuntimeError:
+        pass  # already enabled
+with cupy.cuda.Device(0):
+    src = cupy.arange(1 << 20, dtype=cupy.float32)
+    if MODE == "bridge":
+        exportable = core.ipc_export(src.data.ptr)[0] == 0  # from the exportable pool
+kernel = cupy.RawKernel(
+    r'''
+extern "C" __global__ void twice(const unsigned long long src, float* dst, int n) {
+    const float* s = (const float*)src;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = 2.0f * s[i];
+}''',
+    "twice",
+)
+with cupy.cuda.Device(1):
+    dst = cupy.empty(1 << 20, dtype=cupy.float32)
+    # device 1's kernel reads device 0's memory through its address
+    kernel(((1 << 20) // 256,), (256,), (cupy.uint64(src.data.ptr), dst, cupy.int32(1 << 20)))
+    cupy.cuda.Device(1).synchronize()
+    ok = bool((dst == 2 * cupy.asarray(src.get())).all())
+report(skip=False, ok=ok, exportable=exportable)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_kernel_of_one_device_reads_anothers_block_of_the_exportable_pool(mode):
+    """unify(device=[0, 1], ipc=True) grants each device access to the other's
+    exportable pool, as to its default pool: a peer's kernel reads the block."""
+    pytest.importorskip("cupy")
+    r = run_mode(PEER, mode)
+    if r["skip"]:
+        pytest.skip("needs two GPUs")
+    assert r["ok"] is True, r
+    if mode == "bridge":
+        assert r["exportable"] is True, r

@@ -304,7 +304,8 @@ typedef struct xpool {
     char *base;
     uint64_t cap, ino;
     uint64_t used, reserved, used_high, reserved_high, threshold;
-    xrange *r; /* allocated ranges, sorted by offset (an exporter's) */
+    uint64_t access_grants; /* cuMemPoolSetAccess's descriptors */
+    xrange *r;              /* allocated ranges, sorted by offset (an exporter's) */
     size_t nr, capr;
 } xpool;
 typedef struct xexport { /* CUmemPoolPtrExportData: 64 bytes */
@@ -1105,6 +1106,8 @@ CUresult cuMemPoolSetAccess(CUmemoryPool pool, const access_desc *map, size_t co
     xpool *x = xpool_of(pool);
     if (dev >= 0)
         devs[dev].access_grants += count;
+    if (x)
+        x->access_grants += count;
     pthread_mutex_unlock(&mu);
     (void)map;
     return dev >= 0 || x ? OK : E_INVALID_VALUE;
@@ -2031,6 +2034,18 @@ uint64_t standin_counter(int which)
 uint64_t standin_access_grants(int dev)
 {
     return devs[dev].access_grants;
+}
+
+/* The grants of device dev's exportable pools (this process's own, not imported). */
+uint64_t standin_xpool_access_grants(int dev)
+{
+    uint64_t n = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < MAXXPOOLS; i++)
+        if (xpools[i].in_use && !xpools[i].imported && xpools[i].dev == dev)
+            n += xpools[i].access_grants;
+    pthread_mutex_unlock(&mu);
+    return n;
 }
 
 /* Make `s` report an active capture (NULL: none). Driver calls on it fail. */
