@@ -6,11 +6,10 @@ settings that conflict with the bridge. ``stats`` prints every device's pool
 figures. Pools belong to a process: run from a shell, ``stats`` shows this
 new process's pools (device memory and budget, nothing allocated yet); call
 ``bridge.cli.main(["stats"])`` or :func:`bridge.stats` inside a program to see
-that program's figures. ``demo`` runs the mixed case with the native
-allocators and on the bridge (:mod:`bridge.tools.demo`).
 that program's figures. Below them it lists every share of this user
 (``unify(share=...)``): each member process with its device, claim and bytes
-per framework, read from the share files.
+per framework, read from the share files. ``demo`` runs the mixed case with the
+native allocators and on the bridge (:mod:`bridge.tools.demo`).
 
 Exit status: 0 when all is well; 1 when ``doctor`` reported an error (an
 ``[error]`` line: no driver, no GPU, a bad variable, an unusable framework),
