@@ -63,7 +63,7 @@ typedef struct ipc_handle {
 _Static_assert(sizeof(ipc_handle) == BRIDGE_IPC_HANDLE_SIZE, "handle size");
 
 enum { OP_POOL = 1, OP_HOLD = 2, OP_DROP = 3 };
-enum { ST_OK = 0, ST_REFUSED = 1, ST_NODEVICE = 2, ST_NOBLOCK = 3, ST_DRIVER = 4 };
+enum { ST_OK = 0, ST_REFUSED = 1, ST_NODEVICE = 2, ST_NOBLOCK = 3, ST_DRIVER = 4, ST_FULL = 5 };
 
 typedef struct request {
     uint32_t op;
@@ -400,10 +400,11 @@ static void *serve(void *arg)
                 continue;
             struct ucred cred;
             socklen_t len = sizeof cred;
+            int full = nconn == MAX_CONNS;
             if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != geteuid() ||
-                nconn == MAX_CONNS) {
+                full) {
                 atomic_fetch_add(&num_refused, 1);
-                send_status(c, ST_REFUSED, -1);
+                send_status(c, full ? ST_FULL : ST_REFUSED, -1);
                 close(c);
                 continue;
             }
@@ -616,6 +617,14 @@ static int peer_pool(const ipc_handle *h, int *pi, CUmemoryPool *out)
         peers[i].sock[sizeof peers[i].sock - 1] = '\0';
         peers[i].fd = fd;
         npeers++;
+    } else if (peers[i].fd < 0) { /* refused or gone before: connect again */
+        int fd = connect_peer(h->sock);
+        if (fd < 0)
+            return fail(BRIDGE_E_IPC,
+                        "the process that shared this block (socket %s) is gone or serves no "
+                        "blocks: keep it running while others use what it shared",
+                        h->sock);
+        peers[i].fd = fd;
     }
     *pi = (int)i;
     if (peers[i].pools[h->device]) {
@@ -627,6 +636,18 @@ static int peer_pool(const ipc_handle *h, int *pi, CUmemoryPool *out)
     if (st != ST_OK) {
         if (pfd >= 0)
             close(pfd);
+        if (st == ST_REFUSED || st == ST_FULL || st < 0) {
+            /* the exporter closed the connection: a later import connects
+             * again */
+            close(peers[i].fd);
+            peers[i].fd = -1;
+        }
+        if (st == ST_FULL)
+            return fail(BRIDGE_E_IPC,
+                        "the process that shared this block serves %d processes at once "
+                        "already: try again once one of them has released what it imported or "
+                        "ended, or share through fewer processes",
+                        MAX_CONNS);
         if (st == ST_REFUSED || st < 0)
             return fail(BRIDGE_E_IPC,
                         "the process that shared this block refused this one: it serves only "
@@ -779,7 +800,8 @@ static void forget_after_fork(void)
         close(listen_fd);
     listen_fd = -1;
     for (size_t i = 0; i < npeers; i++)
-        close(peers[i].fd);
+        if (peers[i].fd >= 0)
+            close(peers[i].fd);
     npeers = 0;
     nimports = nholds = nfreed = 0;
     atomic_store(&bridge_ipc_holding, 0);

@@ -232,6 +232,34 @@ def test_a_process_of_another_user_gets_no_descriptor(workers):
     assert p("counts")["refused"] == 1
 
 
+def test_an_exporter_serving_its_most_processes_says_so_and_serves_again_once_one_leaves(
+    workers,
+):
+    """An exporter serves 256 connections (one per importing process) at once: the next
+    importer is told that, not that it is another user's, and imports once one closes."""
+    p, c = workers(), workers()
+    _, handle = shared(p, 4096, b"\x33")
+    name = bytes.fromhex(handle)[SOCK_AT : SOCK_AT + 56].split(b"\0")[0]
+    held = []
+    try:
+        for _ in range(256):  # the server's every connection, each asked once (accepted)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(b"\0" + name)
+            s.sendall(struct.pack("<IiQ", 1, 0, 0))
+            msg, anc, _, _ = s.recvmsg(4, socket.CMSG_SPACE(4))
+            assert struct.unpack("<i", msg)[0] == 0 and len(anc) == 1
+            os.close(struct.unpack("i", anc[0][2][:4])[0])
+            held.append(s)
+        c("unify")
+        got = c("import", handle=handle)
+        assert got["rc"] == Status.IPC
+        assert "256" in got["error"] and "user" not in got["error"], got
+    finally:
+        for s in held:
+            s.close()
+    wait_for(lambda: c("import", handle=handle)["rc"] == Status.OK)
+
+
 def test_a_held_block_is_not_reused_until_the_consumer_lets_go(workers):
     p, c = workers(), workers()
     ptr, handle = shared(p, 64 * 1024, b"\x11" * 64)
