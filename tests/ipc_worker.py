@@ -83,27 +83,36 @@ def run(cmd: dict) -> dict:
     raise ValueError(op)
 
 
-def _fds() -> list[int]:
-    return sorted(int(f) for f in os.listdir("/proc/self/fd"))
+def _fds() -> list[str]:
+    """This process's open descriptors as "number target" (the target tells a
+    descriptor from another that took its number, such as the listing's own)."""
+    out = []
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            out.append(f"{f} {os.readlink(f'/proc/self/fd/{f}')}")
+        except OSError:  # the listing's own, closed by now
+            pass
+    return sorted(out)
 
 
-def _forked_fds() -> list[int]:
+def _forked_fds() -> list[str]:
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: its descriptors, less the pipe's read end it inherited
-        os.write(w, json.dumps([f for f in _fds() if f != r]).encode())
+    if pid == 0:  # the child
+        os.write(w, json.dumps(_fds()).encode())
         os._exit(0)
     os.close(w)
     with os.fdopen(r) as f:
         got = json.loads(f.read())
     os.waitpid(pid, 0)
-    return [f for f in got if f != w]
+    return got
 
 
-def _program_fds() -> list[int]:
+def _program_fds() -> list[str]:
     with tempfile.NamedTemporaryFile("r") as out:
-        os.system(f"ls /proc/self/fd > {out.name}")  # what a program started from here holds
-        return sorted(int(f) for f in out.read().split())
+        # what a program started from here holds: "number target" per line
+        os.system(f"find /proc/self/fd -mindepth 1 -printf '%f %l\\n' > {out.name}")
+        return sorted(line for line in out.read().splitlines() if line)
 
 
 def main() -> None:

@@ -134,7 +134,7 @@ def test_the_exporters_descriptors_stay_out_of_its_children(workers):
     before = p("fds")
     assert p("export", ptr=ptr)["rc"] == Status.OK
     after = p("fds")
-    opened = set(after["here"]) - set(before["here"])
+    opened = set(after["here"]) - set(before["here"])  # "number target"
     assert len(opened) == 2, (before, after)  # the socket and the pool's descriptor
     assert not opened & set(after["forked"]), after
     assert not opened & set(after["program"]), after
