@@ -546,7 +546,10 @@ static int ask(int fd, uint32_t op, int device, uint64_t ptr, int *passed)
     do
         n = send(fd, &q, sizeof q, MSG_NOSIGNAL);
     while (n < 0 && errno == EINTR);
-    if (n != (ssize_t)sizeof q)
+    /* An exporter that refuses a connection (another user's, or serving its
+     * most) says why and closes it at once, maybe before the request is sent:
+     * the answer is read even then. */
+    if (n != (ssize_t)sizeof q && !(n < 0 && (errno == EPIPE || errno == ECONNRESET)))
         return -1;
     int32_t st = -1;
     struct iovec io = {&st, sizeof st};
@@ -599,25 +602,18 @@ static int peer_pool(const ipc_handle *h, int *pi, CUmemoryPool *out)
     for (; i < npeers; i++)
         if (strncmp(peers[i].sock, h->sock, sizeof h->sock) == 0)
             break;
-    if (i == npeers) {
-        int fd = connect_peer(h->sock);
-        if (fd < 0)
-            return fail(BRIDGE_E_IPC,
-                        "the process that shared this block (socket %s) is gone or serves no "
-                        "blocks: keep it running while others use what it shared",
-                        h->sock);
+    if (i == npeers) { /* an exporter met first: its slot, connected below */
         peer *n = realloc(peers, (npeers + 1) * sizeof *n);
-        if (!n) {
-            close(fd);
+        if (!n)
             return fail(BRIDGE_E_IPC, "out of host memory");
-        }
         peers = n;
         memset(&peers[i], 0, sizeof peers[i]);
         memcpy(peers[i].sock, h->sock, sizeof h->sock);
         peers[i].sock[sizeof peers[i].sock - 1] = '\0';
-        peers[i].fd = fd;
+        peers[i].fd = -1;
         npeers++;
-    } else if (peers[i].fd < 0) { /* refused or gone before: connect again */
+    }
+    if (peers[i].fd < 0) { /* met first, or refused or gone before: connect (again) */
         int fd = connect_peer(h->sock);
         if (fd < 0)
             return fail(BRIDGE_E_IPC,
@@ -648,11 +644,16 @@ static int peer_pool(const ipc_handle *h, int *pi, CUmemoryPool *out)
                         "already: try again once one of them has released what it imported or "
                         "ended, or share through fewer processes",
                         MAX_CONNS);
-        if (st == ST_REFUSED || st < 0)
+        if (st == ST_REFUSED)
             return fail(BRIDGE_E_IPC,
                         "the process that shared this block refused this one: it serves only "
                         "processes of its own user (uid %d here)",
                         (int)geteuid());
+        if (st < 0)
+            return fail(BRIDGE_E_IPC,
+                        "the process that shared this block closed the connection (it ended, "
+                        "or refused this process): keep it running while others use what it "
+                        "shared");
         return fail(BRIDGE_E_IPC, "the process that shared this block cannot export its pool");
     }
     if (pfd < 0)

@@ -108,6 +108,18 @@ def wait_for(fn, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+def served_connection(name: bytes) -> socket.socket:
+    """A connection to the exporter's socket `name` that asked for device 0's pool and was
+    given its descriptor (closed here); the connection stays open."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(b"\0" + name)
+    s.sendall(struct.pack("<IiQ", 1, 0, 0))
+    msg, anc, _, _ = s.recvmsg(4, socket.CMSG_SPACE(4))
+    assert struct.unpack("<i", msg)[0] == 0 and len(anc) == 1
+    os.close(struct.unpack("i", anc[0][2][:4])[0])
+    return s
+
+
 def test_a_spawned_process_reads_and_writes_the_block_through_its_handle(workers):
     p, c = workers(), workers()
     data = bytes(range(256)) * 16
@@ -222,13 +234,7 @@ def test_a_process_of_another_user_gets_no_descriptor(workers):
         assert f.read().split() == ["1", "0"]  # refused, no descriptor passed
     assert p("counts")["refused"] == 1
     # the same request from this user gets the descriptor
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(b"\0" + name)
-    s.sendall(struct.pack("<IiQ", 1, 0, 0))
-    msg, anc, _, _ = s.recvmsg(4, socket.CMSG_SPACE(4))
-    assert struct.unpack("<i", msg)[0] == 0 and len(anc) == 1
-    os.close(struct.unpack("i", anc[0][2][:4])[0])
-    s.close()
+    served_connection(name).close()
     assert p("counts")["refused"] == 1
 
 
@@ -243,13 +249,7 @@ def test_an_exporter_serving_its_most_processes_says_so_and_serves_again_once_on
     held = []
     try:
         for _ in range(256):  # the server's every connection, each asked once (accepted)
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(b"\0" + name)
-            s.sendall(struct.pack("<IiQ", 1, 0, 0))
-            msg, anc, _, _ = s.recvmsg(4, socket.CMSG_SPACE(4))
-            assert struct.unpack("<i", msg)[0] == 0 and len(anc) == 1
-            os.close(struct.unpack("i", anc[0][2][:4])[0])
-            held.append(s)
+            held.append(served_connection(name))
         c("unify")
         got = c("import", handle=handle)
         assert got["rc"] == Status.IPC
