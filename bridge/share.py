@@ -453,8 +453,9 @@ def set_worker_label(text: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(doc, f)
     os.replace(tmp, os.path.join(folder, str(pid)))
-    living = _read_labels(folder)
-    for gone in set(_read_labels(folder, keep_dead=True)) - set(living):
+    # one reading decides each file's process alive or ended: a label another process
+    # writes meanwhile is either not seen or seen alive, never taken for an ended one's
+    for gone in _scan_labels(folder)[1]:
         try:
             os.unlink(os.path.join(folder, str(gone)))
         except OSError:
@@ -486,14 +487,14 @@ def label_if_member(devices: Iterable[int], text: str) -> bool:
     return True
 
 
-def _read_labels(folder: str, keep_dead: bool = False) -> dict[int, str]:
-    """pid -> label of the label files (the living processes' only, unless keep_dead)."""
+def _scan_labels(folder: str) -> tuple[dict[int, str], list[int]]:
+    """The label files: pid -> label of the living processes, and the pids of ended ones."""
     try:
         names = [n for n in os.listdir(folder) if n.isdigit()]
     except OSError:
-        return {}
+        return {}, []
     uid = os.geteuid()
-    out = {}
+    living, ended = {}, []
     for name in names:
         try:
             fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -511,10 +512,11 @@ def _read_labels(folder: str, keep_dead: bool = False) -> dict[int, str]:
             continue
         pid = int(name)
         now = _start_time(pid) if 0 < pid < (1 << int(_LAYOUT["pid_bits"])) else None
-        alive = now is not None and now[1] not in ("Z", "X") and (not start or now[0] == start)
-        if alive or keep_dead:
-            out[pid] = label
-    return out
+        if now is not None and now[1] not in ("Z", "X") and (not start or now[0] == start):
+            living[pid] = label
+        else:
+            ended.append(pid)
+    return living, ended
 
 
 def worker_labels(directory: str | None = None) -> dict[int, str]:
@@ -525,4 +527,4 @@ def worker_labels(directory: str | None = None) -> dict[int, str]:
     dict of int to str
         pid -> label; processes that have ended are left out.
     """
-    return _read_labels(_label_dir(directory))
+    return _scan_labels(_label_dir(directory))[0]

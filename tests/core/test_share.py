@@ -835,6 +835,48 @@ def test_a_label_names_its_living_process_only_and_an_ended_ones_goes(share_dir)
     assert share.list_shares(str(share_dir)) == []
 
 
+_LABEL_WRITER = """
+import sys
+from bridge import share
+for line in sys.stdin:
+    share.set_worker_label("worker " + line.strip())
+    print("written", flush=True)
+"""
+
+
+def test_labels_written_at_once_by_several_workers_all_stay(share_dir):
+    """Workers of a cluster start together and write their first labels at once; the
+    cleanup of ended processes' labels that each write does must never take another
+    living worker's label for an ended one (one written between the cleanup's two
+    readings of the folder was deleted, and `bridge stats` showed that worker unnamed)."""
+    n, rounds = 6, 100
+    folder = share_dir / f"bridge-{os.geteuid()}.workers"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _LABEL_WRITER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+    try:
+        for r in range(rounds):
+            for i, p in enumerate(procs):  # every worker writes its label at once
+                p.stdin.write(f"{i} round {r}\n")
+                p.stdin.flush()
+            for p in procs:
+                assert p.stdout.readline() == "written\n"
+            labels = share.worker_labels()
+            assert labels == {p.pid: f"worker {i} round {r}" for i, p in enumerate(procs)}, r
+            for label in folder.iterdir():  # the next round writes first labels again,
+                label.unlink()  # as the workers of a cluster that starts do
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=60)
+
+
 def test_free_memory_queries_answer_within_the_shares_budget(workers, share_dir):
     """torch.cuda.mem_get_info and CuPy's memGetInfo (bridge.mem_get_info) answer within the
     share's budget, less what the other members claim: a tool sizing itself by them (90% of
