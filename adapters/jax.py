@@ -171,7 +171,8 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
     """Configure XLA for the shared pool (or a hard partition), start JAX, re-assert the pool.
 
     A JAX without CUDA is refused before anything changes; a start that fails puts back
-    the variables this call set and clears the backends it started (BridgeError).
+    the variables this call set, the cache and the budget (a partition shrank it), and
+    clears the backends it started (BridgeError).
     """
     global _installed, _partition
     if _installed:
@@ -204,14 +205,16 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
     for d in devices:
         _runtime.ensure_device(d)
     found = {var: os.environ.get(var) for var in _WRITES}
-    caches = {d: core.stats(d)[1]["cache_limit"] for d in devices}  # _configure turns it off
+    # _configure turns the cache off (shared pool) or takes the partition out of the budget
+    raw = {d: core.stats(d)[1] for d in devices}
     try:
         _configure(devices, partition)
         _start(devices)
     except BaseException as exc:
         _put_back(found)
-        for d, limit in caches.items():
-            core.set_cache(d, limit)
+        for d, was in raw.items():
+            core.set_cache(d, was["cache_limit"])
+            core.set_limit(d, was["limit"])
         if isinstance(exc, RuntimeError) and not isinstance(exc, BridgeError):
             raise BridgeError(
                 f"bridge.unify(jax=True): JAX did not start on the GPU ({exc}). The bridge put "

@@ -304,6 +304,28 @@ def test_a_jax_that_fails_to_start_on_the_gpu_is_put_back(cpu_jax):
     assert out["frameworks"] == []
 
 
+def test_a_jax_partition_that_fails_to_start_puts_the_budget_back(cpu_jax):
+    """jax_memory takes JAX's partition out of the budget before JAX starts: a start that
+    fails put back the variables and the cache but left a budget from before the call (the
+    environment's, an earlier call's) short by the partition for CuPy and torch."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        before = state()
+        first = attempt(jax=True, jax_memory="2GiB")
+        print(json.dumps({"first": first, "before": before, "after": state()}))
+        """,
+        path,
+        BRIDGE_GPU_MEMORY_LIMIT="8GiB",
+    )
+    kind, text = out["first"]
+    assert kind == "bridge._errors.BridgeError", out
+    assert text.startswith("bridge.unify(jax=True): JAX did not start on the GPU ("), text
+    assert out["before"]["limit"] == 8 * GIB
+    assert out["after"] == out["before"] | {"jax_imported": True}
+
+
 def test_a_jax_partition_as_large_as_the_budget_is_refused_before_anything_changes(cpu_jax):
     """JAX's partition is taken out of the budget: jax_memory at or above the budget (given,
     or from BRIDGE_GPU_MEMORY_LIMIT) left CuPy and torch a budget of 1 byte, refusing every
