@@ -46,8 +46,11 @@ from bridge._runtime import core
 from bridge.pool import register_attribution
 
 SHARED_ENV = {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+#: JAX's memory fraction: the name JAX documents now, and the older one it still reads
+#: when the first is unset (JAX refuses to start with both set).
+_FRACTION_ENV = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 #: Every variable install() may write: a failing install puts each back as it found it.
-_WRITES = (*SHARED_ENV, "XLA_PYTHON_CLIENT_MEM_FRACTION")
+_WRITES = (*SHARED_ENV, *_FRACTION_ENV)
 #: The CUDA plugins' modules (jax-cuda13-plugin, jax-cuda12-plugin), as jaxlib looks for them.
 _CUDA_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin")
 _installed = False
@@ -195,9 +198,10 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
             "started (a jax array, jax.devices() or a jitted call ran). Move bridge.unify() "
             "to the top of your program."
         )
-    if "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ and partition is None:
+    fractions = [var for var in _FRACTION_ENV if var in os.environ]
+    if fractions and partition is None:
         warnings.warn(
-            "XLA_PYTHON_CLIENT_MEM_FRACTION has no effect with the shared pool "
+            f"{fractions[0]} has no effect with the shared pool "
             "(XLA's cuda_async allocator enforces no limit); the bridge budget "
             "applies instead.",
             stacklevel=3,
@@ -250,7 +254,12 @@ def _configure(devices: list[int], partition: int | None) -> None:
                 f"jax partition of {partition} bytes is not below the device's {raw['total']} bytes"
             )
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "true"
-        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{partition / raw['total']:.6f}"
+        fraction = f"{partition / raw['total']:.6f}"
+        if os.environ.get("XLA_CLIENT_MEM_FRACTION"):  # the name JAX reads first
+            os.environ["XLA_CLIENT_MEM_FRACTION"] = fraction
+            os.environ.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)  # both: JAX refuses
+        else:  # read by every JAX
+            os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction
         if raw["limit"]:
             check(
                 core.set_limit(d, max(1, raw["limit"] - partition)),

@@ -326,6 +326,65 @@ def test_a_jax_partition_that_fails_to_start_puts_the_budget_back(cpu_jax):
     assert out["after"] == out["before"] | {"jax_imported": True}
 
 
+def _fraction_jax_reads(env: dict) -> float | None:
+    """JAX's memory fraction from its environment, as jaxlib reads it when its CUDA backend
+    starts (jaxlib/xla_client.py, generate_pjrt_gpu_plugin_options, jax 0.11): the name
+    XLA_CLIENT_MEM_FRACTION first, else the older one; both set is a ValueError."""
+    new = env.get("XLA_CLIENT_MEM_FRACTION", "")
+    old = env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "")
+    if new and old:
+        raise ValueError("XLA_CLIENT_MEM_FRACTION is specified together with the old name")
+    return float(new or old) if new or old else None
+
+
+@pytest.mark.parametrize("var", ["XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"])
+def test_a_jax_partition_is_the_fraction_jax_reads_under_either_name(cpu_jax, var):
+    """jax_memory sizes JAX's arena by the memory fraction JAX reads as it starts. A user's
+    XLA_CLIENT_MEM_FRACTION (the name JAX documents now) was left as it was, beside the
+    bridge's XLA_PYTHON_CLIENT_MEM_FRACTION: JAX refuses to start with both, and would
+    otherwise have taken the user's fraction while the budget shrank by the partition."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        from bridge.adapters import jax as jax_adapter
+        seen = {}
+        def start(devices):  # JAX "starts" here: what it would read then
+            seen.update({k: v for k, v in os.environ.items() if "MEM_FRACTION" in k})
+        jax_adapter._start = start
+        first = attempt(cupy=False, torch=False, jax=True, jax_memory="2GiB")
+        total = bridge._runtime.core.stats(0)[1]["total"]
+        print(json.dumps({"first": first, "seen": seen, "total": total}))
+        """,
+        path,
+        **{var: "0.9"},
+    )
+    assert out["first"] is None, out
+    assert _fraction_jax_reads(out["seen"]) == pytest.approx(2 * GIB / out["total"], abs=1e-6)
+
+
+def test_a_memory_fraction_under_jax_s_current_name_is_warned_about(cpu_jax):
+    """On the shared pool XLA's cuda_async allocator enforces no fraction: unify(jax=True)
+    warned for XLA_PYTHON_CLIENT_MEM_FRACTION but said nothing of XLA_CLIENT_MEM_FRACTION,
+    the name JAX documents now, which limits nothing either."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        from bridge.adapters import jax as jax_adapter
+        jax_adapter._start = lambda devices: None  # JAX "starts": no GPU here
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = attempt(cupy=False, torch=False, jax=True)
+        print(json.dumps({"first": first, "warned": [str(w.message) for w in caught]}))
+        """,
+        path,
+        XLA_CLIENT_MEM_FRACTION="0.5",
+    )
+    assert out["first"] is None, out
+    assert [w for w in out["warned"] if w.startswith("XLA_CLIENT_MEM_FRACTION has no effect")]
+
+
 def test_a_jax_partition_as_large_as_the_budget_is_refused_before_anything_changes(cpu_jax):
     """JAX's partition is taken out of the budget: jax_memory at or above the budget (given,
     or from BRIDGE_GPU_MEMORY_LIMIT) left CuPy and torch a budget of 1 byte, refusing every

@@ -109,3 +109,40 @@ def test_hard_partition_gives_jax_its_own_arena():
     assert out["JAXPOOL"] == "0"  # JAX's arena is not in the shared pool
     assert out["JAXBIG"] == "True"  # capped by XLA: RESOURCE_EXHAUSTED
     assert out["TORCH"] == "15"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["native", "bridge"])
+def test_a_partition_beside_xla_client_mem_fraction_is_jax_s_arena(mode):
+    """A user's XLA_CLIENT_MEM_FRACTION (the name JAX documents now, read before the older
+    XLA_PYTHON_CLIENT_MEM_FRACTION): jax_memory="4GiB" still gives JAX a 4 GiB arena. The
+    native half: JAX alone with that fraction under that name gets the same arena."""
+    import os
+
+    code = f"""
+        import ctypes, os
+        GIB = 1 << 30
+        if {mode!r} == "bridge":
+            os.environ["XLA_CLIENT_MEM_FRACTION"] = "0.9"  # the user's
+            import bridge
+            bridge.unify(cupy=False, torch=False, jax=True, jax_memory="4GiB")
+        else:
+            cu = ctypes.CDLL("libcuda.so.1")
+            dev, total = ctypes.c_int(), ctypes.c_size_t()
+            assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+            assert cu.cuDeviceTotalMem_v2(ctypes.byref(total), dev) == 0
+            os.environ["XLA_CLIENT_MEM_FRACTION"] = f"{{4 * GIB / total.value:.6f}}"
+        import jax
+        print("LIMIT", jax.devices("gpu")[0].memory_stats()["bytes_limit"])
+        """
+    env = {k: v for k, v in os.environ.items() if "XLA_" not in k}
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    limit = int(r.stdout.split("LIMIT ", 1)[1].split()[0])
+    assert abs(limit - (4 << 30)) < 64 << 20, limit
