@@ -369,6 +369,18 @@ def unify(
         # JAX's arena from an earlier call (its install() returns at once now): a budget
         # given again is taken down by it, as that call took its budget down
         arena = _partition_arena()
+        if partition is not None and partition != arena and _partition_started():
+            raise ValueError(
+                f"jax_memory={jax_memory!r} cannot apply: JAX "
+                + (
+                    f"already has an arena of {format_bytes(arena)}"
+                    if arena
+                    else "already shares the pool"
+                )
+                + " (an earlier unify(jax=True) started it), and JAX's allocator is fixed "
+                "once it starts. Pass the same jax_memory or none, or give JAX this "
+                "partition in a new process."
+            )
         if arena:
             _partition_below_budgets("JAX's arena (from an earlier call)", arena, limits, [])
         elif partition is not None:
@@ -509,6 +521,17 @@ def _partition_arena() -> int:
         if callable(given):
             return int(given() or 0)
     return 0
+
+
+def _partition_started() -> bool:
+    """Whether the framework that takes a hard partition (the registry's row with
+    ``partition``) is already installed in this process: its allocator is then fixed."""
+    for fw in frameworks.REGISTRY:
+        adapter = sys.modules.get(fw.adapter) if fw.partition else None
+        installed = getattr(adapter, "installed", None)
+        if callable(installed) and installed():
+            return True
+    return False
 
 
 def _partition_below_budgets(

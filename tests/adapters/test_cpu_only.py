@@ -450,6 +450,55 @@ def test_a_budget_given_again_keeps_jax_arena_out_of_it(cpu_jax):
     assert "JAX's arena (from an earlier call) is 2.00 GiB, not below device 0's budget" in text
 
 
+def test_a_jax_partition_asked_for_after_jax_started_is_refused(cpu_jax):
+    """JAX's allocator is fixed once its backend has started (an earlier unify(jax=True)):
+    jax_memory asked for then, or another size than the arena JAX has, was dropped without
+    a word (JAX kept the shared pool or its first arena, the budget stayed as it was). It
+    is a ValueError before anything changes; the arena JAX has, asked for again, is not."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        from bridge.adapters import jax as jax_adapter
+        jax_adapter._start = lambda devices: None  # JAX "starts": no GPU here
+        shared = attempt(cupy=False, torch=False, jax=True, budget="8GiB")
+        before = state()
+        later = attempt(cupy=False, torch=False, jax=True, budget="8GiB", jax_memory="2GiB")
+        after = state()
+        print(json.dumps({"shared": shared, "later": later, "before": before, "after": after,
+                          "partition": jax_adapter.partition()}))
+        """,
+        path,
+    )
+    assert out["shared"] is None, out
+    kind, text = out["later"]
+    assert kind == "builtins.ValueError", out
+    assert "jax_memory='2GiB'" in text and "shares the pool" in text, text
+    assert out["after"] == out["before"] and out["partition"] is None
+
+    out, _ = _run(
+        """
+        from bridge.adapters import jax as jax_adapter
+        jax_adapter._start = lambda devices: None
+        first = attempt(cupy=False, torch=False, jax=True, budget="8GiB", jax_memory="2GiB")
+        before = state()
+        other = attempt(cupy=False, torch=False, jax=True, budget="8GiB", jax_memory="3GiB")
+        mid = state()
+        same = attempt(cupy=False, torch=False, jax=True, budget="8GiB", jax_memory="2GiB",
+                       wait=1)
+        print(json.dumps({"first": first, "other": other, "same": same, "before": before,
+                          "mid": mid, "after": state()}))
+        """,
+        path,
+    )
+    assert out["first"] is None and out["same"] is None, out
+    kind, text = out["other"]
+    assert kind == "builtins.ValueError", out
+    assert "jax_memory='3GiB'" in text and "2.00 GiB" in text, text
+    assert out["mid"] == out["before"] == out["after"]
+    assert out["after"]["limit"] == 6 * GIB
+
+
 # ---- how a JAX with CUDA is told from one without, from the installed files alone ----
 @pytest.mark.parametrize(
     "files, cuda",
