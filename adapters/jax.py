@@ -216,6 +216,7 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
         _start(devices)
     except BaseException as exc:
         _put_back(found)
+        _runtime.cache_off_from_now(False)
         for d, was in raw.items():
             core.set_cache(d, was["cache_limit"])
             core.set_limit(d, was["limit"])
@@ -245,6 +246,8 @@ def _configure(devices: list[int], partition: int | None) -> None:
         if os.environ.get(_runtime.CACHE_LIMIT_ENV) is None:
             for d in devices:
                 check(core.set_cache(d, 0), what="turning the cache off for JAX", device=d)
+        # JAX allocates on every visible device: one set up later keeps none either
+        _runtime.cache_off_from_now(True)
         return
     for d in devices:
         rc, raw = core.stats(d)

@@ -215,6 +215,16 @@ def current_device() -> int:
 
 
 _configured: set[int] = set()  # devices whose environment settings were applied
+# unify(jax=True) on the shared pool: devices set up later keep no cache either (JAX
+# allocates from the pool itself and cannot ask the bridge to flush; see adapters/jax.py)
+_cache_off = False
+
+
+def cache_off_from_now(on: bool) -> None:
+    """Whether devices set up from now on keep no cache (unless BRIDGE_CACHE_LIMIT asks for
+    one), as unify(jax=True) turns it off on the devices it sets up."""
+    global _cache_off
+    _cache_off = on
 
 
 def ensure_device(device: int) -> None:
@@ -287,6 +297,8 @@ def ensure_device(device: int) -> None:
             what="setting the cache's thread slots",
             device=device,
         )
+        if _cache_off and os.environ.get(CACHE_LIMIT_ENV) is None:
+            check(core.set_cache(device, 0), what="turning the cache off for JAX", device=device)
         _configured.add(device)
 
 
@@ -336,7 +348,9 @@ def reset_process_state() -> None:
 
 @on_reset
 def _forget_devices() -> None:
+    global _cache_off
     _configured.clear()
+    _cache_off = False
 
 
 os.register_at_fork(after_in_child=reset_process_state)

@@ -385,6 +385,38 @@ def test_a_memory_fraction_under_jax_s_current_name_is_warned_about(cpu_jax):
     assert [w for w in out["warned"] if w.startswith("XLA_CLIENT_MEM_FRACTION has no effect")]
 
 
+@pytest.mark.parametrize("cache_env", [None, "256MiB"])
+def test_a_device_set_up_after_jax_joined_the_pool_keeps_no_cache(cpu_jax, cache_env):
+    """JAX allocates from the pool on every visible device and cannot ask the bridge to
+    flush, so unify(jax=True) turns the cache off. A device outside unify(device=...), set up
+    later by CuPy or torch, kept the default cache (1 GiB and segments), memory JAX there
+    could not have. BRIDGE_CACHE_LIMIT, set, still sizes it; a JAX that failed to start
+    leaves later devices their cache."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    code = """
+        from bridge.adapters import jax as jax_adapter
+        from bridge._runtime import core, ensure_device
+        START
+        first = attempt(cupy=False, torch=False, jax=True, device=0)
+        ensure_device(1)  # what CuPy's or torch's first allocation there does
+        print(json.dumps({"first": first, "caches": [core.stats(d)[1]["cache_limit"]
+                                                     for d in (0, 1)]}))
+        """
+    env = {"BRIDGE_STANDIN_DEVICES": "2"}
+    if cache_env:
+        env["BRIDGE_CACHE_LIMIT"] = cache_env
+    out, _ = _run(code.replace("START", "jax_adapter._start = lambda devices: None"), path, **env)
+    assert out["first"] is None, out
+    want = 256 * (1 << 20) if cache_env else 0
+    assert out["caches"] == [want, want]
+    if cache_env:
+        return
+    out, _ = _run(code.replace("START", ""), path, **env)  # JAX fails to start here
+    assert out["first"][0] == "bridge._errors.BridgeError", out
+    assert out["caches"][1] > 0 and out["caches"][0] == out["caches"][1]
+
+
 def test_a_jax_partition_as_large_as_the_budget_is_refused_before_anything_changes(cpu_jax):
     """JAX's partition is taken out of the budget: jax_memory at or above the budget (given,
     or from BRIDGE_GPU_MEMORY_LIMIT) left CuPy and torch a budget of 1 byte, refusing every
