@@ -82,6 +82,18 @@ def backend_started() -> bool:
     return bool(getattr(xla_bridge, "_backends", {}))
 
 
+def _settings_read() -> bool:
+    """Whether JAX has read its ``XLA_PYTHON_CLIENT_*`` variables, its backends started or not.
+
+    JAX registers its PJRT plugins once, when its backends first start, with the allocator
+    options it reads from the environment then; clearing the backends
+    (``jax.extend.backend.clear_backends()``, a failed start) keeps the plugins and their
+    options.
+    """
+    xla_bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(xla_bridge, "_plugins_registered", False))
+
+
 def _spec(module: str) -> importlib.machinery.ModuleSpec | None:
     """A top-level module's spec, found without importing anything."""
     try:
@@ -197,6 +209,14 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
             "call bridge.unify(jax=True) before JAX's GPU backend starts: it has already "
             "started (a jax array, jax.devices() or a jitted call ran). Move bridge.unify() "
             "to the top of your program."
+        )
+    if _settings_read():
+        raise BridgeError(
+            "call bridge.unify(jax=True) before JAX's GPU backend first starts: its backends "
+            "were started earlier in this process (by JAX before clear_backends(), or by an "
+            "earlier bridge.unify(jax=True) that failed), and JAX keeps the allocator "
+            "settings it read then, so the bridge's would not apply. Move bridge.unify() to "
+            "the top of your program, or run JAX in a new process."
         )
     fractions = [var for var in _FRACTION_ENV if var in os.environ]
     if fractions and partition is None:

@@ -417,6 +417,35 @@ def test_a_device_set_up_after_jax_joined_the_pool_keeps_no_cache(cpu_jax, cache
     assert out["caches"][1] > 0 and out["caches"][0] == out["caches"][1]
 
 
+def test_a_jax_whose_backends_were_cleared_after_a_start_is_refused(cpu_jax):
+    """JAX reads its XLA_PYTHON_CLIENT_* variables once, as its PJRT plugins register when
+    its backends first start, and keeps those options when the backends are cleared
+    (jax.extend.backend.clear_backends()): unify(jax=True) then went ahead, and JAX came
+    back with its own allocator while the bridge counted it on the shared pool. A
+    BridgeError saying so, before anything changes."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        from bridge.adapters import jax as jax_adapter
+        jax_adapter._start = lambda devices: None  # JAX would "start" here
+        import jax
+        from jax._src import xla_bridge
+        jax.devices()  # JAX starts: its plugins register, reading the environment
+        xla_bridge._plugins_registered = True  # (jax 0.11's flag; the stand-in has none)
+        xla_bridge._clear_backends()  # what jax.extend.backend.clear_backends() does
+        before = state()
+        first = attempt(cupy=False, torch=False, jax=True, budget="1GiB")
+        print(json.dumps({"first": first, "before": before, "after": state()}))
+        """,
+        path,
+    )
+    kind, text = out["first"]
+    assert kind == "bridge._errors.BridgeError", out
+    assert "JAX keeps the allocator settings it read then" in text, text
+    assert out["after"] == out["before"]
+
+
 def test_a_jax_partition_as_large_as_the_budget_is_refused_before_anything_changes(cpu_jax):
     """JAX's partition is taken out of the budget: jax_memory at or above the budget (given,
     or from BRIDGE_GPU_MEMORY_LIMIT) left CuPy and torch a budget of 1 byte, refusing every

@@ -146,3 +146,48 @@ def test_a_partition_beside_xla_client_mem_fraction_is_jax_s_arena(mode):
     assert r.returncode == 0, r.stderr[-3000:]
     limit = int(r.stdout.split("LIMIT ", 1)[1].split()[0])
     assert abs(limit - (4 << 30)) < 64 << 20, limit
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["native", "bridge"])
+def test_jax_keeps_the_allocator_it_started_with_after_clear_backends(mode):
+    """JAX reads XLA_PYTHON_CLIENT_* once, when its plugins register at its first start, and
+    keeps them after jax.extend.backend.clear_backends(). Native half: the premise (JAX
+    restarted with cuda_async asked for keeps its preallocated BFC arena, bytes_limit > 0;
+    under cuda_async it is 0). Bridge half: unify(jax=True) then says so instead of counting
+    JAX as shared."""
+    import os
+
+    code = f"""
+        import os
+        import jax, jax.numpy as jnp
+        jnp.zeros((1,)).block_until_ready()  # JAX's own allocator (BFC)
+        from jax.extend.backend import clear_backends
+        clear_backends()
+        if {mode!r} == "bridge":
+            import bridge
+            try:
+                bridge.unify(cupy=False, torch=False, jax=True)
+                print("OK")
+            except bridge.BridgeError as e:
+                print("ERR", e)
+        else:
+            os.environ.update(XLA_PYTHON_CLIENT_ALLOCATOR="cuda_async",
+                              XLA_PYTHON_CLIENT_PREALLOCATE="false")
+            jnp.zeros((1,)).block_until_ready()
+            print("LIMIT", jax.devices("gpu")[0].memory_stats()["bytes_limit"])
+        """
+    env = {k: v for k, v in os.environ.items() if "XLA_" not in k}
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    if mode == "native":
+        assert int(r.stdout.split("LIMIT ", 1)[1].split()[0]) > 0, r.stdout
+    else:
+        assert r.stdout.startswith("ERR"), r.stdout
+        assert "keeps the allocator settings it read then" in r.stdout
