@@ -237,6 +237,7 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
     except BaseException as exc:
         _put_back(found)
         _runtime.cache_off_from_now(False)
+        _runtime.partition_from_now(0)
         for d, was in raw.items():
             core.set_cache(d, was["cache_limit"])
             core.set_limit(d, was["limit"])
@@ -290,6 +291,8 @@ def _configure(devices: list[int], partition: int | None) -> None:
                 device=d,
             )
     os.environ.pop("XLA_PYTHON_CLIENT_ALLOCATOR", None)
+    # JAX takes its arena on every visible device: one set up later gives it up too
+    _runtime.partition_from_now(partition)
 
 
 def _start(devices: list[int]) -> None:

@@ -227,6 +227,19 @@ def cache_off_from_now(on: bool) -> None:
     _cache_off = on
 
 
+# unify(jax=True, jax_memory=...): JAX's arena on every visible device, outside the pool;
+# a budget from the environment of a device set up later is taken down by it too
+_partition = 0
+
+
+def partition_from_now(size: int) -> None:
+    """The bytes of JAX's arena that the environment's budget of a device set up from now
+    on is taken down by (0: none), as unify(jax=True, jax_memory=...) takes down the
+    budgets of the devices it sets up."""
+    global _partition
+    _partition = size
+
+
 def ensure_device(device: int) -> None:
     """Set a device's pool up once: primary context, default pool, threshold, env budget.
 
@@ -249,6 +262,8 @@ def ensure_device(device: int) -> None:
             warn_if_above(
                 limit, stats["total"], name=f"{GPU_LIMIT_ENV} on device {device}", of=DEVICE_MEMORY
             )
+            if limit and _partition:
+                limit = max(1, limit - _partition)
             check(core.set_limit(device, limit), what="setting the budget", device=device)
         cache = size_from_env(CACHE_LIMIT_ENV, total=stats["total"])
         if cache is None:
@@ -348,9 +363,10 @@ def reset_process_state() -> None:
 
 @on_reset
 def _forget_devices() -> None:
-    global _cache_off
+    global _cache_off, _partition
     _configured.clear()
     _cache_off = False
+    _partition = 0
 
 
 os.register_at_fork(after_in_child=reset_process_state)

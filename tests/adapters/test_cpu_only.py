@@ -446,6 +446,31 @@ def test_a_jax_whose_backends_were_cleared_after_a_start_is_refused(cpu_jax):
     assert out["after"] == out["before"]
 
 
+def test_a_device_set_up_after_jax_took_its_arena_gives_it_up_from_its_budget(cpu_jax):
+    """JAX's arena (jax_memory) is taken on every visible device, outside the pool, and out
+    of the budget of the devices unify() sets up. A device outside unify(device=...) set up
+    later kept the whole BRIDGE_GPU_MEMORY_LIMIT for CuPy and torch beside JAX's arena there,
+    which the budget does not see. A JAX that failed to start leaves later budgets whole."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    code = """
+        from bridge.adapters import jax as jax_adapter
+        from bridge._runtime import core, ensure_device
+        START
+        first = attempt(cupy=False, torch=False, jax=True, device=0, jax_memory="2GiB")
+        ensure_device(1)  # what CuPy's or torch's first allocation there does
+        print(json.dumps({"first": first, "limits": [core.stats(d)[1]["limit"]
+                                                     for d in (0, 1)]}))
+        """
+    env = {"BRIDGE_STANDIN_DEVICES": "2", "BRIDGE_GPU_MEMORY_LIMIT": "8GiB"}
+    out, _ = _run(code.replace("START", "jax_adapter._start = lambda devices: None"), path, **env)
+    assert out["first"] is None, out
+    assert out["limits"] == [6 * GIB, 6 * GIB]
+    out, _ = _run(code.replace("START", ""), path, **env)  # JAX fails to start here
+    assert out["first"][0] == "bridge._errors.BridgeError", out
+    assert out["limits"] == [8 * GIB, 8 * GIB]
+
+
 def test_a_jax_partition_as_large_as_the_budget_is_refused_before_anything_changes(cpu_jax):
     """JAX's partition is taken out of the budget: jax_memory at or above the budget (given,
     or from BRIDGE_GPU_MEMORY_LIMIT) left CuPy and torch a budget of 1 byte, refusing every
