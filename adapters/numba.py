@@ -49,6 +49,7 @@ from bridge.pool import stats
 
 try:  # numba-cuda (on CUDA Python); the CUDA target that came with numba itself has no EMM
     _OOM_CODE = _drv.binding.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    _NOT_SUPPORTED = _drv.binding.CUresult.CUDA_ERROR_NOT_SUPPORTED
     _ = (_drv.HostOnlyCUDAMemoryManager, _drv.GetIpcHandleMixin, _drv.AutoFreePointer)
 except AttributeError as exc:  # pragma: no cover - depends on the numba installed
     raise ImportError(
@@ -213,6 +214,22 @@ class BridgeNumbaManager(_drv.GetIpcHandleMixin, _drv.HostOnlyCUDAMemoryManager)
         free, total = _drv.driver.cuMemGetInfo()
         free = int(free) + max(0, s.reserved - s.used)  # idle pool memory is free to us
         return _drv.MemoryInfo(free=free, total=int(total))
+
+    def get_ipc_handle(self, memory: Any) -> Any:
+        """Numba's IPC handle (``DeviceNDArray.get_ipc_handle()``): refused, saying why.
+
+        Numba's handles come from ``cuIpcGetMemHandle``, which the driver refuses for
+        memory of a stream-ordered pool, as every block of the plugin is; its bare
+        ``CudaAPIError`` said nothing of why or what to do.
+        """
+        raise _drv.CudaAPIError(
+            _NOT_SUPPORTED,
+            "bridge: a Numba array on the shared pool has no CUDA IPC handle: Numba's "
+            "handles come from cuIpcGetMemHandle, which the driver refuses for memory of a "
+            "stream-ordered pool. Share the array through the host (copy_to_host), or "
+            "allocate it with Numba's own memory manager in a process without "
+            "unify(numba=True).",
+        )
 
     def reset(self) -> None:
         """Free every allocation of the context (Numba's ``Context.reset``)."""

@@ -128,7 +128,8 @@ class PinnedMemory:
 def _standin_driver_module(devices: dict) -> types.ModuleType:
     drv = types.ModuleType("numba.cuda.cudadrv.driver")
     drv.binding = types.SimpleNamespace(
-        CUresult=types.SimpleNamespace(CUDA_ERROR_OUT_OF_MEMORY=2), CUdeviceptr=int
+        CUresult=types.SimpleNamespace(CUDA_ERROR_OUT_OF_MEMORY=2, CUDA_ERROR_NOT_SUPPORTED=801),
+        CUdeviceptr=int,
     )
     drv.CudaAPIError = CudaAPIError
     drv.MemoryPointer, drv.AutoFreePointer, drv.PinnedMemory = (
@@ -349,3 +350,22 @@ def test_a_freed_block_goes_back_on_the_legacy_stream_and_is_never_cached(numba_
     del p
     gc.collect()
     assert core.stats(0)[1]["cached"] == 0
+
+
+def test_an_ipc_handle_is_refused_saying_why_and_what_to_do(numba_adapter):
+    """Numba's IPC handles come from cuIpcGetMemHandle, which the driver refuses for memory
+    of a stream-ordered pool (docs/numba.md): DeviceNDArray.get_ipc_handle() gave the
+    driver's bare error. It is Numba's CudaAPIError (CUDA_ERROR_NOT_SUPPORTED) saying why
+    and what to do, and the array stays as it was."""
+    adapter, _ = numba_adapter
+    m = manager(adapter)
+    p = m.memalloc(MIB)
+    with pytest.raises(adapter._drv.CudaAPIError) as info:
+        m.get_ipc_handle(p)
+    e = info.value
+    assert e.code == adapter._drv.binding.CUresult.CUDA_ERROR_NOT_SUPPORTED
+    assert "no CUDA IPC handle" in str(e) and "copy_to_host" in str(e)
+    assert numba_bytes() == MIB
+    del p, e, info  # the traceback holds the array
+    gc.collect()
+    assert numba_bytes() == 0

@@ -233,3 +233,46 @@ def test_a_dropped_array_is_not_reused_before_its_kernel_is_done(mode):
     assert r["corrupted"] == 0 and r["pinned_ok"]
     if mode == "bridge":
         assert r["pinned_pool"] >= 4 << 20
+
+
+IPC = (
+    ORACLE
+    + """
+import numpy as np
+if MODE == "bridge":
+    import bridge
+    bridge.unify(cupy=False, torch=False, numba=True)
+from numba import cuda
+from numba.cuda.cudadrv.driver import CudaAPIError
+from cuda.bindings import driver as cu
+a = cuda.device_array(1 << 20, dtype=np.uint8)
+try:
+    a.get_ipc_handle()
+    handle = {"ok": True}
+except CudaAPIError as e:
+    handle = {"ok": False, "code": int(e.code), "message": str(e)}
+# the premise: the driver refuses an IPC handle for a block of the default pool
+err, ptr = cu.cuMemAllocAsync(1 << 20, cu.CUstream(0))
+assert err == cu.CUresult.CUDA_SUCCESS, err
+pool_ipc = cu.cuIpcGetMemHandle(ptr)[0] == cu.CUresult.CUDA_SUCCESS
+cu.cuMemFreeAsync(ptr, cu.CUstream(0))
+report(handle=handle, pool_ipc=pool_ipc,
+       not_supported=int(cu.CUresult.CUDA_ERROR_NOT_SUPPORTED))
+"""
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_ipc_handle_of_a_pool_array_is_refused_saying_why(mode):
+    """Numba's get_ipc_handle() uses cuIpcGetMemHandle, which the driver refuses for a block
+    of the default pool (checked in both modes). Natively (cuMemAlloc) the handle is made;
+    on the bridge Numba's CudaAPIError (CUDA_ERROR_NOT_SUPPORTED) says why and what to do."""
+    pytest.importorskip("numba.cuda")
+    r = run_mode(IPC, mode)
+    assert r["pool_ipc"] is False
+    if mode == "native":
+        assert r["handle"] == {"ok": True}
+        return
+    h = r["handle"]
+    assert h["ok"] is False and h["code"] == r["not_supported"]
+    assert "no CUDA IPC handle" in h["message"] and "copy_to_host" in h["message"]
