@@ -92,6 +92,8 @@ _API = (
         "make_device_async_resource_ref(callback_memory_resource&)",
     ),
     (_DECLARATIONS[1], r"\bthrow_cpp_except\b", "throw_cpp_except"),
+    # new in RMM 26.10: 26.02 to 26.08 have no cuda_stream_ref.pxd
+    (_DECLARATIONS[2], r"\bstream_ref\b", "stream_ref"),
 )
 _RMM_HEADER = "librmm/include/rmm/mr/callback_memory_resource.hpp"
 _CCCL = "librmm/include/rapids"  # the CCCL RMM was built with (cuda/stream, cuda/memory_resource)
@@ -205,7 +207,7 @@ def _api_problem() -> str:
         if path is None:
             return (
                 f"RMM's Cython declarations ({relative}) were not found: RMM is not installed "
-                "here, or is not a version with them (26.x has them)"
+                "here, or is older than 26.10, the first with them"
             )
         if not re.search(pattern, path.read_text(errors="replace")):
             return (

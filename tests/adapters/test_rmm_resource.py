@@ -103,6 +103,22 @@ def test_an_rmm_without_the_declarations_is_named_as_the_reason(fake_tree):
     assert "were not found" in rmm_build._api_problem()
 
 
+def test_an_rmm_older_than_26_10_is_named_as_the_reason_without_a_build(fake_tree):
+    """RMM 26.02 to 26.08 have no rmm/librmm/cuda_stream_ref.pxd, which the resource cimports.
+    It was not among the declarations checked: every first unify(rmm=True) of a process
+    announced a build, ran Cython into the missing file and fell back with Cython's error,
+    and doctor said the resource would be built."""
+    (fake_tree / "rmm" / "librmm" / "cuda_stream_ref.pxd").unlink()
+    (fake_tree / "rmm" / "VERSION").write_text("26.08.00\n")
+    problem = rmm_build._api_problem()
+    assert "rmm/librmm/cuda_stream_ref.pxd" in problem and "older than 26.10" in problem
+    assert rmm_build.missing_tools() == problem
+    assert rmm_build.load() is None and rmm_build.reason == problem
+    assert not rmm_build.cached_builds()  # nothing was compiled
+    level, text = rmm_build.describe()
+    assert level == "warn" and "cannot be built here" in text
+
+
 def test_the_callback_variable_skips_the_build(fake_tree, monkeypatch):
     monkeypatch.setenv(rmm_build.CALLBACK_ENV, "1")
     assert rmm_build.load() is None
