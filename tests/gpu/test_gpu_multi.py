@@ -130,3 +130,62 @@ def test_a_pools_malloc_orders_its_block_on_its_devices_stream(fw):
     finally:
         with cupy.cuda.Device(1):
             before.use()
+
+
+JAX_ON_DEVICE_1 = """
+import ctypes, os
+GIB = 1 << 30
+cu = ctypes.CDLL("libcuda.so.1")
+dev, total = ctypes.c_int(), ctypes.c_size_t()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 1) == 0
+assert cu.cuDeviceTotalMem_v2(ctypes.byref(total), dev) == 0
+cache = limit = None
+if MODE == "bridge":
+    import bridge, torch
+    if PARTITION:
+        bridge.unify(cupy=False, torch=True, jax=True, device=0, jax_memory="4GiB")
+    else:
+        bridge.unify(cupy=False, torch=True, jax=True, device=0)
+    t = torch.empty(GIB, dtype=torch.uint8, device="cuda:1")  # sets device 1 up now
+    del t
+    torch.cuda.synchronize(1)
+    cache, limit = bridge.stats(1).cached, bridge.stats(1).limit
+elif PARTITION:  # JAX alone with the fraction the bridge gives it
+    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{4 * GIB / total.value:.6f}"
+else:
+    os.environ.update(XLA_PYTHON_CLIENT_ALLOCATOR="cuda_async",
+                      XLA_PYTHON_CLIENT_PREALLOCATE="false")
+import jax, jax.numpy as jnp
+gpus = jax.devices("gpu")
+x = jnp.ones((GIB // 4,), dtype=jnp.float32, device=gpus[1])  # 1 GiB on device 1
+x.block_until_ready()
+report(gpus=len(gpus), cache=cache, limit=limit,
+       jax_limit=gpus[1].memory_stats().get("bytes_limit"))
+"""
+
+
+@pytest.mark.parametrize("partition", [False, True], ids=["shared", "partition"])
+@pytest.mark.parametrize("mode", ["native", "bridge"])
+def test_jax_on_a_device_outside_unify_device(mode, partition):
+    """JAX takes every visible GPU (the native half: an array on device 1; with a fraction,
+    its arena there too). Under unify(jax=True, device=0) a device 1 set up later by torch
+    keeps no cache (JAX could not have the cached blocks) or, with jax_memory, gives JAX's
+    arena up from BRIDGE_GPU_MEMORY_LIMIT as device 0 does."""
+    pytest.importorskip("jax")
+    if mode == "bridge":
+        pytest.importorskip("torch")
+    from gpu_util import run_mode
+
+    code = f"PARTITION = {partition}\n" + JAX_ON_DEVICE_1
+    env = {"BRIDGE_GPU_MEMORY_LIMIT": "40GiB"} if mode == "bridge" else {}
+    r = run_mode(code, mode, env=env)
+    if r["gpus"] < 2:
+        pytest.skip("needs two GPUs")
+    if partition:
+        assert abs(r["jax_limit"] - 4 * GIB) < 64 * MIB  # JAX's arena on device 1 too
+    if mode == "native":
+        return
+    if partition:
+        assert r["limit"] == 36 * GIB
+    else:
+        assert r["cache"] == 0
