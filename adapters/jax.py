@@ -228,6 +228,8 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
         )
     for d in devices:
         _runtime.ensure_device(d)
+    # JAX starts on every visible device: one the bridge set up already is JAX's too
+    devices = sorted(set(devices) | {d for d in range(_runtime.device_count()) if core.ready(d)})
     found = {var: os.environ.get(var) for var in _WRITES}
     # _configure turns the cache off (shared pool) or takes the partition out of the budget
     raw = {d: core.stats(d)[1] for d in devices}

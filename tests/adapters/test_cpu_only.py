@@ -446,6 +446,32 @@ def test_a_jax_whose_backends_were_cleared_after_a_start_is_refused(cpu_jax):
     assert out["after"] == out["before"]
 
 
+def test_a_device_set_up_before_jax_joined_the_pool_is_jax_s_too(cpu_jax):
+    """JAX starts on every visible device. One outside unify(device=...) that the bridge had
+    set up already (torch or CuPy used it) kept its cache beside JAX, and XLA's release
+    threshold written at JAX's start: it is turned off and re-asserted as unify's are."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        from bridge.adapters import jax as jax_adapter
+        from bridge._runtime import core, ensure_device
+        started = []
+        jax_adapter._start = started.append  # JAX "starts"; the devices re-asserted
+        ensure_device(1)  # torch or CuPy used device 1 before
+        before = core.stats(1)[1]["cache_limit"]
+        first = attempt(cupy=False, torch=False, jax=True, device=0)
+        print(json.dumps({"first": first, "before": before, "started": started,
+                          "caches": [core.stats(d)[1]["cache_limit"] for d in (0, 1)]}))
+        """,
+        path,
+        BRIDGE_STANDIN_DEVICES="2",
+    )
+    assert out["first"] is None, out
+    assert out["before"] > 0 and out["caches"] == [0, 0]
+    assert out["started"] == [[0, 1]]
+
+
 def test_a_device_set_up_after_jax_took_its_arena_gives_it_up_from_its_budget(cpu_jax):
     """JAX's arena (jax_memory) is taken on every visible device, outside the pool, and out
     of the budget of the devices unify() sets up. A device outside unify(device=...) set up
