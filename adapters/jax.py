@@ -46,6 +46,9 @@ from bridge._runtime import core
 from bridge.pool import register_attribution
 
 SHARED_ENV = {"XLA_PYTHON_CLIENT_ALLOCATOR": "cuda_async", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+#: The values of SHARED_ENV's variables that JAX reads as the same setting (lowercased):
+#: jaxlib's xla_client reads "0" as no preallocation, as it reads "false".
+_SAME = {"XLA_PYTHON_CLIENT_PREALLOCATE": ("false", "0")}
 #: JAX's memory fraction: the name JAX documents now, and the older one it still reads
 #: when the first is unset (JAX refuses to start with both set).
 _FRACTION_ENV = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
@@ -152,12 +155,18 @@ def without_cuda() -> str:
     )
 
 
+def agrees(var: str, value: str) -> bool:
+    """Whether a user's value of one of ``SHARED_ENV``'s variables is what the shared pool
+    needs, as JAX reads it (``XLA_PYTHON_CLIENT_PREALLOCATE=0`` is ``false``)."""
+    return value.lower() in _SAME.get(var, (SHARED_ENV[var],))
+
+
 def _conflicts(partition: int | None) -> list[str]:
     problems = []
     if partition is None:
         for var, want in SHARED_ENV.items():
             have = os.environ.get(var)
-            if have is not None and have.lower() != want:
+            if have is not None and not agrees(var, have):
                 problems.append(f"{var}={have} (the shared pool needs {want})")
     else:
         have = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR")

@@ -264,9 +264,10 @@ def _environment(devices: list[dict]) -> list[Finding]:
             )
         )
     # the rules of the JAX adapter, which refuses other values
+    agrees = importlib.import_module("bridge.adapters.jax").agrees
     for name, want in _jax_shared_env().items():
         have = env.get(name)
-        if have is not None and have.lower() != want:
+        if have is not None and not agrees(name, have):
             found.append(Finding("warn", f"{name}={have}", _XLA_ADVICE[name].format(want=want)))
     device_totals = tuple(d["total"] for d in devices if d["total"])
     totals = _env.Totals(

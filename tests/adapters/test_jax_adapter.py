@@ -48,6 +48,15 @@ def test_settings_that_agree_are_not_conflicts(clean_env):
     assert adapter._conflicts(None) == []
 
 
+@pytest.mark.parametrize("value", ["false", "False", "0"])
+def test_no_preallocation_as_jax_reads_it_is_no_conflict(clean_env, value):
+    """jaxlib reads XLA_PYTHON_CLIENT_PREALLOCATE "false", "False" and "0" as no
+    preallocation (jaxlib/xla_client.py, jax 0.11): "0" was refused as a conflict, saying
+    JAX would reserve most of the GPU, and unify(jax=True) did not start."""
+    clean_env.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", value)
+    assert adapter._conflicts(None) == []
+
+
 def test_partition_refuses_the_async_allocator(clean_env):
     clean_env.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async")
     assert "BFC" in adapter._conflicts(1 << 30)[0]
