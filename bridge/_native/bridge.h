@@ -603,7 +603,8 @@ void bridge_pinned_retain(bridge_pinned_block *b);
 void bridge_pinned_release(bridge_pinned_block *b);
 /* Record an event on `stream` against the lent block holding `addr`: the
  * block is not reused before the stream's work queued so far completed.
- * BRIDGE_E_INVALID when no lent block holds `addr` or the stream is bad. */
+ * BRIDGE_E_INVALID when no lent block holds `addr` or the stream is bad;
+ * BRIDGE_E_FORKED in a child forked after the pool was set up. */
 int bridge_pinned_record(const void *addr, void *stream);
 /* The lent block holding `addr`: its start and requested size. */
 int bridge_pinned_lookup(const void *addr, void **base, size_t *size);

@@ -676,6 +676,8 @@ static int stream_context(CUstream stream, CUcontext *ctx)
 
 int bridge_pinned_record(const void *addr, void *stream)
 {
+    if (bridge_forked())
+        return BRIDGE_E_FORKED; /* the pool was forgotten: the parent's blocks are not ours */
     CUstream s = (CUstream)stream;
     CUcontext ctx;
     int rc = stream_context(s, &ctx);

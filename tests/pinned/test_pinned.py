@@ -782,6 +782,41 @@ def test_auto_backend_falls_back_to_cached(pp, lib):
     pinned._set_backend("cached")
 
 
+# ---- fork ----
+_FORK_CHILD = """
+import os, sys
+import bridge
+buf = bridge.pinned_buffer(4096)
+pid = os.fork()
+if pid == 0:
+    code = 1
+    try:
+        {call}
+    except bridge.BridgeError as e:
+        print(type(e).__name__, e)
+        code = 0
+    except Exception as e:
+        print(type(e).__name__, e)
+    sys.stdout.flush()
+    os._exit(code)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize(
+    "call", ["bridge.pinned_record(buf, 0)", "buf.record(0)", "bridge.pinned_buffer(10)"]
+)
+def test_a_forked_child_is_told_it_was_forked(pp, call):
+    """In a child forked after the pool was set up, recording a copy against the
+    parent's buffer said "the CUDA driver is not loaded yet; call bridge.unify()
+    first", which a DataLoader worker cannot act on: it is told it was forked."""
+    r = _run(_FORK_CHILD.format(call=call))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "forked child" in r.stdout and "spawn" in r.stdout, r.stdout
+    assert "unify" not in r.stdout
+
+
 # ---- threads ----
 def test_threads_share_the_pool(pp, lib):
     s = stream(lib)
