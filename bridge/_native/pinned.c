@@ -546,7 +546,9 @@ int bridge_pinned_alloc(size_t size, int may_block, bridge_pinned_block **out)
 
     /* slow path: reserve the bytes, then ask the base without the lock */
     bridge_pinned_block *evict = NULL;
-    if (P.limit && P.total + cap > P.limit)
+    /* evict free blocks only when that makes room: a request the limit refuses
+     * anyway keeps the cache (each cuMemFreeHost synchronizes the device) */
+    if (P.limit && P.total + cap > P.limit && P.total - P.free + cap <= P.limit)
         gather_free(P.total + cap - P.limit, &evict);
     if (P.limit && P.total + cap > P.limit) {
         P.num_ooms++;

@@ -590,6 +590,24 @@ def test_limit_evicts_free_blocks_of_other_sizes(pp, lib):
     assert c.size == 768 * KIB
 
 
+@pytest.mark.parametrize("held, ask", [(0, 16 * MIB), (6 * MIB, 4 * MIB)])
+def test_a_request_past_the_limit_keeps_the_cached_blocks(pp, lib, held, ask):
+    """A request the limit refuses even with every free block evicted gave the
+    free blocks back all the same (each a cuMemFreeHost, which synchronizes the
+    device): the refusal keeps them for the requests that fit."""
+    pp.set_limit(8 * MIB)
+    kept = [bridge.pinned_buffer(MIB) for _ in range(held // MIB)]
+    cached = [bridge.pinned_buffer(MIB) for _ in range(2)]
+    del cached
+    frees = lib.standin_counter(C_HOSTFREE)
+    with pytest.raises(bridge.OutOfMemoryError, match="limit is 8.00 MiB"):
+        bridge.pinned_buffer(ask)
+    assert lib.standin_counter(C_HOSTFREE) == frees
+    st = pp.stats()
+    assert (st["free"], st["n_free_blocks"], st["used"]) == (2 * MIB, 2, held)
+    del kept
+
+
 def test_lowering_the_limit_trims_free_blocks(pp):
     bufs = [bridge.pinned_buffer(100 * KIB) for _ in range(4)]
     del bufs
