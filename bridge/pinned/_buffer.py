@@ -36,13 +36,15 @@ class PinnedBuffer(core.PinnedBufferBase):
     ``__dlpack__(stream=None, max_version=None, dl_device=None, copy=None)``
         A versioned capsule (``"dltensor_versioned"``) when ``max_version``
         >= (1, 0), else a legacy one (``"dltensor"``); a 1-D ``uint8`` tensor
-        of ``size`` bytes at ``ptr``.  Device type kDLCUDAHost (3) for numpy
-        and JAX (``jax.dlpack.from_dlpack`` gives a ``pinned_host`` array);
-        kDLCPU (1) when the consumer asks with ``dl_device=(1, 0)``, when it
-        is torch (``torch.from_dlpack``, which refuses 3: it gets a CPU tensor
-        with ``is_pinned()`` True) and when it passes no argument at all.
-        ``copy=True`` exports a copy in a new pinned block.  ``stream`` is
-        accepted and ignored: host memory has nothing to synchronize.
+        of ``size`` bytes at ``ptr``.  Its device type follows the call's
+        arguments: ``dl_device`` when given ((1, 0) kDLCPU or (3, 0)
+        kDLCUDAHost); else kDLCUDAHost (3) when a ``stream`` is passed (JAX
+        does: ``jax.dlpack.from_dlpack`` gives a ``pinned_host`` array), and
+        kDLCPU (1) when none is (numpy; torch, whose ``torch.from_dlpack``
+        refuses 3 and gets a CPU tensor with ``is_pinned()`` True; a call
+        without arguments).  ``copy=True`` exports a copy in a new pinned
+        block.  The stream itself is not waited on: host memory has nothing
+        to synchronize.
     ``__dlpack_device__()``
         ``(3, 0)``.
 
