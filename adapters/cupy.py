@@ -145,9 +145,41 @@ def malloc(device: int, size: int) -> Any:
     return _cmem.MemoryPointer(_cmem.UnownedMemory(block.ptr, block.size, block, device), 0)
 
 
+_managed_memory: Any = None  # _managed_memory_type's class, made at the first use
+
+
+def _managed_memory_type() -> Any:
+    """CuPy's ``UnownedMemory`` with the two methods of CuPy's ``ManagedMemory`` (what
+    ``cupy.cuda.malloc_managed`` gives as ``MemoryPointer.mem``): ``prefetch`` and
+    ``advise`` on the block's device. Made at the first managed allocation."""
+    global _managed_memory
+    if _managed_memory is not None:
+        return _managed_memory
+
+    class ManagedMemory(_cmem.UnownedMemory):
+        """A managed block of the budget, as CuPy's ``ManagedMemory`` shows one."""
+
+        __slots__ = ()
+
+        def prefetch(self, stream: Any, *, device_id: int = -2) -> None:
+            """Prefetch the block to ``device_id`` (-1: the host; by default its own
+            device) on ``stream`` (``cudaMemPrefetchAsync``)."""
+            if device_id == -2:  # cudaInvalidDeviceId: CuPy's default
+                device_id = self.device_id
+            cupy.cuda.runtime.memPrefetchAsync(self.ptr, self.size, device_id, stream.ptr)
+
+        def advise(self, advise: int, dev: Any) -> None:
+            """Advise the driver about the block's use by ``dev`` (``cudaMemAdvise``)."""
+            cupy.cuda.runtime.memAdvise(self.ptr, self.size, advise, dev.id)
+
+    _managed_memory = ManagedMemory
+    return ManagedMemory
+
+
 def malloc_managed(size: int) -> Any:
     """``bridge.malloc_managed``: CuPy's ``malloc_managed`` on the budget, counted as ``cupy``
-    (managed memory is outside the pool: see bridge.managed)."""
+    (managed memory is outside the pool: see bridge.managed); its ``mem`` has
+    ``ManagedMemory``'s ``prefetch`` and ``advise``."""
     from bridge import managed
     from bridge._errors import OutOfMemoryError as BridgeOOM
 
@@ -156,9 +188,10 @@ def malloc_managed(size: int) -> Any:
         block = managed.allocate(device, size, core.TAG_CUPY)
     except BridgeOOM as exc:
         raise OutOfMemoryError(size, exc.by_framework.get("cupy", 0), exc.limit, str(exc)) from None
+    managed_memory = _managed_memory_type()
     if block is None:  # 0 bytes, as CuPy's
-        return _cmem.MemoryPointer(_cmem.UnownedMemory(0, 0, None, device), 0)
-    return _cmem.MemoryPointer(_cmem.UnownedMemory(block.ptr, block.size, block, device), 0)
+        return _cmem.MemoryPointer(managed_memory(0, 0, None, device), 0)
+    return _cmem.MemoryPointer(managed_memory(block.ptr, block.size, block, device), 0)
 
 
 def _release_pool(device: int, tag: int) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
+import subprocess
 import sys
 
 import pytest
@@ -92,3 +94,64 @@ def test_bad_sizes_and_zero(no_cupy):
         bridge.malloc_managed(1.5)  # type: ignore[arg-type]
     assert managed.allocate(0, 0, core.TAG_OTHER) is None
     assert core.alloc_managed(0, MIB, 99)[0] != 0  # a bad tag
+
+
+# A stand-in cupy for the child below: CuPy's memory classes as plain Python (UnownedMemory
+# keeps ptr, size, owner and device_id; MemoryPointer its mem), its runtime recording the
+# prefetches and advice it is asked for.
+_STANDIN_CUPY_MANAGED = """
+import sys, types
+calls = []
+cupy = types.ModuleType("cupy")
+cuda = types.ModuleType("cupy.cuda")
+memory = types.ModuleType("cupy.cuda.memory")
+class OutOfMemoryError(MemoryError):
+    def __init__(self, size, total, limit=0):
+        super().__init__(size, total, limit)
+class UnownedMemory:
+    def __init__(self, ptr, size, owner, device_id=-1):
+        self.ptr, self.size, self._owner, self.device_id = ptr, size, owner, device_id
+class MemoryPointer:
+    def __init__(self, mem, offset):
+        self.mem, self.ptr = mem, mem.ptr + offset
+memory.OutOfMemoryError, memory.UnownedMemory, memory.MemoryPointer = (
+    OutOfMemoryError, UnownedMemory, MemoryPointer)
+cuda.memory = memory
+cuda.device = types.SimpleNamespace(get_device_id=lambda: 0)
+cuda.runtime = types.SimpleNamespace(
+    getDevice=lambda: 0,
+    memPrefetchAsync=lambda *a: calls.append(("prefetch",) + a),
+    memAdvise=lambda *a: calls.append(("advise",) + a),
+)
+cupy.cuda = cuda
+sys.modules.update({"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.memory": memory})
+
+import bridge
+p = bridge.malloc_managed(1 << 20)
+stream, dev1 = types.SimpleNamespace(ptr=77), types.SimpleNamespace(id=1)
+p.mem.prefetch(stream)                # to the block's device, as ManagedMemory.prefetch
+p.mem.prefetch(stream, device_id=-1)  # to the host (cudaCpuDeviceId)
+p.mem.advise(3, dev1)                 # cudaMemAdviseSetPreferredLocation for device 1
+assert calls == [
+    ("prefetch", p.ptr, 1 << 20, 0, 77),
+    ("prefetch", p.ptr, 1 << 20, -1, 77),
+    ("advise", p.ptr, 1 << 20, 3, 1),
+], calls
+print("ok")
+"""
+
+
+def test_cupys_managed_memory_methods_prefetch_and_advise_the_block(standin):
+    """cupy.cuda.malloc_managed's MemoryPointer.mem is CuPy's ManagedMemory, whose
+    prefetch(stream) and advise(advice, device) code written for CuPy calls; the bridge's
+    malloc_managed gave a plain UnownedMemory, and both raised AttributeError.
+    tests/gpu/test_gpu_managed.py runs them on CuPy."""
+    r = subprocess.run(
+        [sys.executable, "-c", _STANDIN_CUPY_MANAGED],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"

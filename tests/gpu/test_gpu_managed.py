@@ -85,3 +85,34 @@ def test_the_budget_refuses_managed_memory_with_cupys_oom(fresh):
     gc.collect()
     again = bridge.malloc_managed(8 * MIB)
     assert again.mem.size == 8 * MIB
+
+
+@pytest.mark.parametrize("which", ["native", "bridge"])
+def test_a_managed_arrays_memory_prefetches_and_takes_advice(fresh, which):
+    """CuPy's ManagedMemory methods on the array's ``data.mem``: with CuPy's own
+    malloc_managed (the native half) and with the bridge's, which gave a plain
+    UnownedMemory without them (AttributeError)."""
+    import bridge
+
+    cupy = fresh
+    alloc = cupy.cuda.malloc_managed if which == "native" else bridge.malloc_managed
+    cupy.cuda.set_allocator(alloc)
+    try:
+        a = cupy.ones(MIB, dtype=cupy.float32)  # 4 MiB
+    finally:
+        cupy.cuda.set_allocator(_pool_allocator())
+    stream = cupy.cuda.Stream(non_blocking=True)
+    mem = a.data.mem
+    mem.advise(1, cupy.cuda.Device(0))  # cudaMemAdviseSetReadMostly
+    mem.prefetch(stream)  # to the array's device
+    stream.synchronize()
+    with stream:
+        total = float(a.sum())
+    try:
+        mem.prefetch(stream, device_id=-1)  # to the host (cudaCpuDeviceId)
+    except TypeError:  # a CuPy whose ManagedMemory.prefetch has no device_id yet
+        assert which == "native"
+    stream.synchronize()
+    assert total == float(MIB)
+    del a, mem
+    gc.collect()
