@@ -346,6 +346,11 @@ int ledger_reserve(device_state *d, int tag, uint64_t size)
      * otherwise pass every check with a wrapped total). */
     if (size > d->total)
         return BRIDGE_E_OOM;
+    return ledger_reserve_oversubscribed(d, tag, size);
+}
+
+int ledger_reserve_oversubscribed(device_state *d, int tag, uint64_t size)
+{
     tag_state *t = &d->tag[tag];
     uint64_t tlimit = atomic_load_explicit(&t->limit, RELAXED);
     uint64_t tcur = atomic_fetch_add_explicit(&t->current, size, RELAXED) + size;

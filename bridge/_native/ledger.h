@@ -29,6 +29,10 @@ device_state *device_use(int device, int *rc);
 /* Reserve budget bytes for a tag: BRIDGE_OK or the limit that refused
  * (managed.c; ledger_alloc for pool blocks). */
 int ledger_reserve(device_state *d, int tag, uint64_t size);
+/* The same for memory that may be larger than the device (managed memory,
+ * which the driver pages in and out): the caller bounds `size` so that the
+ * sums cannot wrap. */
+int ledger_reserve_oversubscribed(device_state *d, int tag, uint64_t size);
 /* A new block from the pool for `want` (its size, tag, stream key, flags and
  * graph ids; ptr ignored): reserved on the budget, allocated on `stream`, or
  * on the device's side stream and complete when `side` (a capture runs on

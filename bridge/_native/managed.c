@@ -122,7 +122,13 @@ int bridge_alloc_managed(int device, size_t size, int tag, void **out)
     pthread_once(&entries_once, find_entries);
     if (!alloc_managed || !free_managed)
         return BRIDGE_E_DRIVER;
-    rc = ledger_reserve(d, tag, size);
+    /* Managed memory may be larger than the device (the driver pages it in and
+     * out, as cudaMallocManaged allows): only a budget refuses it.  Past 2^62
+     * bytes no address space holds it, and the ledger's sums could wrap. */
+    if ((uint64_t)size > ((uint64_t)1 << 62))
+        rc = BRIDGE_E_OOM;
+    else
+        rc = ledger_reserve_oversubscribed(d, tag, size);
     share_member *sm = atomic_load_explicit(&d->share, memory_order_acquire);
     if (rc == BRIDGE_OK && sm)
         share_settle(d, sm, size, 0); /* the pool does not grow for it */

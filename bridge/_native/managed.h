@@ -20,7 +20,9 @@
 /* Allocate `size` managed bytes for framework `tag` on `device` (its
  * context current for the call; CU_MEM_ATTACH_GLOBAL).  size 0 gives
  * *out = NULL.  BRIDGE_E_BUDGET, _TAG_LIMIT or _OOM when refused (counted
- * as an OOM); BRIDGE_E_DRIVER when the driver has no managed memory. */
+ * as an OOM); BRIDGE_E_DRIVER when the driver has no managed memory.  A
+ * block larger than the device is not refused for that (the driver pages
+ * managed memory in and out): only a budget or the driver refuses it. */
 int bridge_alloc_managed(int device, size_t size, int tag, void **out);
 /* Free a block of bridge_alloc_managed.  BRIDGE_E_INVALID for a pointer it
  * did not give (nothing is freed); a failing driver free is counted, and the

@@ -155,3 +155,42 @@ def test_cupys_managed_memory_methods_prefetch_and_advise_the_block(standin):
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+_LARGER_THAN_THE_DEVICE = """
+import sys
+sys.modules["cupy"] = None  # the block itself
+import bridge
+from bridge import managed
+total = bridge.stats(0).total
+assert total == 64 << 20, total
+block = bridge.malloc_managed(total + (32 << 20))  # no budget: only the driver decides
+assert block.size == total + (32 << 20)
+assert managed.managed_stats(0) == (total + (32 << 20), 1)
+assert bridge.stats(0).by_framework["other"] == total + (32 << 20)
+del block
+bridge.pool(0).set_limit(size="48MiB")  # a budget still refuses it
+try:
+    bridge.malloc_managed(total)
+except bridge.OutOfMemoryError as e:
+    assert "48.00 MiB" in str(e), e
+else:
+    raise AssertionError("the budget let it through")
+print("ok")
+"""
+
+
+def test_managed_memory_larger_than_the_device_is_the_drivers_to_refuse(standin):
+    """cudaMallocManaged gives a block larger than the GPU (the driver pages it in and
+    out: oversubscription, what managed memory is for); the bridge's malloc_managed
+    refused any block larger than the device, without a budget, saying the device was
+    full with nothing in use."""
+    r = subprocess.run(
+        [sys.executable, "-c", _LARGER_THAN_THE_DEVICE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, BRIDGE_STANDIN_TOTAL=str(64 << 20)),
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"

@@ -116,3 +116,23 @@ def test_a_managed_arrays_memory_prefetches_and_takes_advice(fresh, which):
     assert total == float(MIB)
     del a, mem
     gc.collect()
+
+
+@pytest.mark.parametrize("which", ["native", "bridge"])
+def test_a_managed_block_larger_than_the_card(fresh, which):
+    """Managed memory may be larger than the card (the driver pages it in and out):
+    CuPy's malloc_managed gives it (the native half); the bridge's refused any block
+    larger than the device without a budget ("the device is full").  Only a few pages
+    are touched: the host's memory is not used up."""
+    import bridge
+
+    cupy = fresh
+    n = bridge.stats(0).total + 64 * MIB
+    alloc = cupy.cuda.malloc_managed if which == "native" else bridge.malloc_managed
+    p = alloc(n)
+    a = cupy.ndarray((n,), dtype=cupy.uint8, memptr=p)
+    a[:4096].fill(1)
+    a[-4096:].fill(2)
+    assert int(a[:4096].sum()) + int(a[-4096:].sum()) == 3 * 4096
+    del a, p
+    gc.collect()

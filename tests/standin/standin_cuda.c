@@ -1483,9 +1483,10 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
         r = E_INVALID_CONTEXT;
     else if (size == 0 || (flags != 1 && flags != 2)) /* CU_MEM_ATTACH_GLOBAL or _HOST */
         r = E_INVALID_VALUE;
-    else if (devs[dev].used + managed_bytes[dev] + size > devs[dev].capacity)
-        r = E_OUT_OF_MEMORY;
     else {
+        /* no bound of the device's: managed memory may be larger than the
+         * device (oversubscription, Linux and Pascal or later), the host's
+         * memory bounds it */
         if (nmanaged == capmanaged) {
             size_t ncap = capmanaged * 2 + 16;
             managed *grown = realloc(manageds, ncap * sizeof *grown);
