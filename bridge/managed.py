@@ -105,8 +105,16 @@ def malloc_managed(size: int) -> Any:
 
 
 def managed_stats(device: int | None = None) -> tuple[int, int]:
-    """(bytes, blocks) of managed memory live on a device (the current one when None)."""
+    """(bytes, blocks) of managed memory live on a device (the current one when None).
+
+    Raises
+    ------
+    ValueError
+        For a device this process does not see (as :func:`malloc_managed` would).
+    """
     d = _runtime.current_device() if device is None else device
+    if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < _runtime.device_count():
+        raise ValueError(f"device={d!r}: no such CUDA device (there are {_runtime.device_count()})")
     rc, nbytes, blocks = core.managed_stats(d)
     check(rc, what="reading the managed memory", device=d)
     return int(nbytes), int(blocks)

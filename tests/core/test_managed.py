@@ -96,6 +96,15 @@ def test_bad_sizes_and_zero(no_cupy):
     assert core.alloc_managed(0, MIB, 99)[0] != 0  # a bad tag
 
 
+@pytest.mark.parametrize("device", [2, 5, -1, 64])
+def test_the_figures_of_a_device_that_is_not_there_are_refused(no_cupy, device):
+    """managed_stats(5) on a machine of 2 GPUs answered (0, 0), as for a GPU without
+    managed memory; allocating there says there is no such device, and so does it."""
+    with pytest.raises(ValueError, match=rf"device={device}: no such CUDA device \(there are 2\)"):
+        managed.managed_stats(device)
+    assert managed.managed_stats(1) == (0, 0)
+
+
 # A stand-in cupy for the child below: CuPy's memory classes as plain Python (UnownedMemory
 # keeps ptr, size, owner and device_id; MemoryPointer its mem), its runtime recording the
 # prefetches and advice it is asked for.
