@@ -46,6 +46,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CUDA_ERROR_NOT_READY           600
 #define CU_MEMHOSTALLOC_PORTABLE       1
@@ -90,6 +91,7 @@ static struct pin_pool {
     CUstream stream;    /* MEMPOOL: private stream of allocations and frees */
     int mpool_tried;    /* 1 once creating mpool was attempted */
 
+    uint64_t host_mem;  /* the host's physical memory (0 unknown): no block is larger */
     uint64_t limit;     /* 0 = none; `total` never passes it */
     uint64_t total;     /* bytes held from the base: used + free + reserved */
     uint64_t used;      /* capacity of blocks with owners */
@@ -504,6 +506,8 @@ int bridge_pinned_setup(int backend, int *chosen)
     if (switching && (P.used || P.n_pending))
         rc = BRIDGE_E_INVALID;
     if (rc == BRIDGE_OK) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        P.host_mem = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
         P.backend = want;
         P.ready = 1;
         if (chosen)
@@ -520,8 +524,12 @@ int bridge_pinned_alloc(size_t size, int may_block, bridge_pinned_block **out)
     *out = NULL;
     if (size == 0)
         return BRIDGE_E_INVALID;
-    if (size > PIN_MAX_SIZE)
+    if (size > PIN_MAX_SIZE) {
+        pthread_mutex_lock(&P.lock);
+        P.num_ooms++;
+        pthread_mutex_unlock(&P.lock);
         return BRIDGE_E_OOM;
+    }
     size_t cap;
     int cls = class_of(size, &cap);
     int reused = 1;
@@ -545,6 +553,12 @@ int bridge_pinned_alloc(size_t size, int may_block, bridge_pinned_block **out)
     }
 
     /* slow path: reserve the bytes, then ask the base without the lock */
+    if (P.host_mem && size > P.host_mem) {
+        /* no system pins more than it has: the cache stays, the driver is not asked */
+        P.num_ooms++;
+        pthread_mutex_unlock(&P.lock);
+        return BRIDGE_E_OOM;
+    }
     bridge_pinned_block *evict = NULL;
     /* evict free blocks only when that makes room: a request the limit refuses
      * anyway keeps the cache (each cuMemFreeHost synchronizes the device) */

@@ -157,6 +157,9 @@ def raise_alloc(rc: int, size: int) -> None:
                 "drop views you no longer need, synchronize streams with pending copies, "
                 "or raise the limit"
             )
+        elif size > (host := host_memory_total() or size):
+            why = f"that is more than this host's memory ({format_bytes(host)})"
+            todo = "ask for less (check the shape and the dtype)"
         else:
             why = "the system could not page-lock more host memory (the driver is out of memory)"
             todo = "drop views you no longer need, or call bridge.pinned_pool().free_all_blocks()"

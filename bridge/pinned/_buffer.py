@@ -115,7 +115,8 @@ def pinned_buffer(nbytes: int) -> PinnedBuffer:
     ------
     bridge.OutOfMemoryError
         Past the pinned limit (``BRIDGE_PINNED_MEMORY_LIMIT``,
-        :meth:`PinnedPool.set_limit`) or when the system cannot pin more.
+        :meth:`PinnedPool.set_limit`), when the system cannot pin more, or
+        for more than the host's memory (refused without asking the driver).
     ValueError
         For a negative or non-integer size.
     BridgeError

@@ -677,9 +677,26 @@ def test_driver_out_of_memory_gives_cached_blocks_back(pp, lib):
     del big
 
 
-def test_oversized_request(pp):
-    with pytest.raises(bridge.OutOfMemoryError):
-        bridge.pinned_buffer(1 << 50)
+@pytest.mark.parametrize("extra", [1, 1 << 50])
+def test_a_request_larger_than_the_host_says_so_and_keeps_the_cache(pp, lib, extra):
+    """A pinned request larger than the host's memory (a wrong shape or dtype) gave
+    every free block back (each cuMemFreeHost synchronizes the device), asked the
+    driver again, and said to drop views or free blocks; past 128 TiB it was not
+    counted in num_ooms.  It is refused at once, counted, and says why."""
+    host = pinned.host_memory_total()
+    cached = [bridge.pinned_buffer(MIB) for _ in range(2)]
+    del cached
+    lib.standin_set_host_capacity(lib.standin_host_used() + 8 * MIB)
+    allocs, frees = lib.standin_counter(C_HOSTALLOC), lib.standin_counter(C_HOSTFREE)
+    ooms = pp.stats()["num_ooms"]
+    with pytest.raises(bridge.OutOfMemoryError, match="more than this host's memory") as info:
+        bridge.pinned_buffer(host + extra)
+    assert "ask for less" in str(info.value) and info.value.size == host + extra
+    del info
+    assert lib.standin_counter(C_HOSTALLOC) == allocs  # the driver was not asked
+    assert lib.standin_counter(C_HOSTFREE) == frees  # nor the cache given back
+    st = pp.stats()
+    assert (st["free"], st["num_ooms"]) == (2 * MIB, ooms + 1)
 
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
