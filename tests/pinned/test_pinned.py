@@ -375,6 +375,8 @@ def test_dlpack_copy(pp):
         (dict(dl_device=(2, 0)), "kDLCPU"),
         (dict(dl_device=(13, 0)), "kDLCPU"),
         (dict(dl_device="cpu"), "tuple"),
+        (dict(dl_device=(1, 1)), r"device \(1, 0\), not \(1, 1\)"),
+        (dict(dl_device=(3, 2)), r"ask for device id 0"),
         (dict(max_version=1), "tuple"),
         (dict(max_version=("a", 0)), "tuple"),
     ],

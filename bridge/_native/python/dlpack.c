@@ -153,6 +153,13 @@ static int export_device(PyObject *dl_device, int stream_given, int *type)
                          t);
             return -1;
         }
+        if (id != 0) { /* host memory is device 0 of either kind */
+            PyErr_Format(PyExc_BufferError,
+                         "pinned host memory is device (%ld, 0), not (%ld, %ld): ask for device "
+                         "id 0",
+                         t, t, id);
+            return -1;
+        }
         *type = (int)t;
         return 0;
     }
