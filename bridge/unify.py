@@ -411,9 +411,12 @@ def unify(
                     check(core.set_cache_segments(d, False), what="turning segments off", device=d)
                     # blocks cached from the default pool are not exportable: back to it
                     check(core.trim(d, 0), what="emptying the cache", device=d)
-        # after the exportable pools exist: a grant sets both pools of a device
-        if peer_access and len(devices) > 1:
-            for d in devices:
+        # after the exportable pools exist: a grant sets both pools of a device; every
+        # device of the bridge, so that a device an earlier call set up alone and the ones
+        # this call adds read each other's pools as one call's devices do
+        every = sorted(set(b.devices) | set(devices))
+        if peer_access and len(every) > 1:
+            for d in every:
                 check(core.grant_peer_access(d)[0], what="granting peer access", device=d)
         recovery.install()
         views.want(budget_views)  # JAX reads it as it starts

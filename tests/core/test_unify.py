@@ -294,6 +294,16 @@ def test_peer_access_is_granted_between_devices(fresh):
     assert [fresh.standin_access_grants(d) - before[d] for d in (0, 1)] == [1, 1]
 
 
+def test_a_device_added_by_a_later_call_and_the_earlier_one_read_each_other(fresh):
+    """unify(device=0) then unify(device=1): both pools granted to the peer, as after
+    unify(device=[0, 1]) (a kernel of one device reading the other's array faulted)."""
+    before = [fresh.standin_access_grants(d) for d in (0, 1)]
+    bridge.unify(cupy=False, torch=False, device=0)
+    assert [fresh.standin_access_grants(d) - before[d] for d in (0, 1)] == [0, 0]  # alone
+    assert bridge.unify(cupy=False, torch=False, device=1).devices == (0, 1)
+    assert [fresh.standin_access_grants(d) - before[d] for d in (0, 1)] == [1, 1]
+
+
 # ---- frameworks ----
 @pytest.mark.parametrize("name", ["jax", "cupy", "torch", "numba", "rmm"])
 def test_framework_not_installed_raises_bridgeerror_saying_how_to_fix(fresh, not_installed, name):

@@ -189,3 +189,43 @@ def test_jax_on_a_device_outside_unify_device(mode, partition):
         assert r["limit"] == 36 * GIB
     else:
         assert r["cache"] == 0
+
+
+_ADDED_DEVICE = r"""
+import sys
+import cupy
+if sys.argv[1] == "bridge":
+    import bridge
+    bridge.unify(cupy=True, torch=False, device=0)
+    assert bridge.unify(cupy=True, torch=False, device=1).devices == (0, 1)
+else:  # CuPy's own pool: peer access as CuPy's users enable it
+    with cupy.cuda.Device(1):
+        cupy.cuda.runtime.deviceEnablePeerAccess(0)
+with cupy.cuda.Device(0):
+    src = cupy.arange(1 << 20, dtype=cupy.float32)
+kernel = cupy.RawKernel(
+    '''extern "C" __global__ void twice(const unsigned long long src, float* dst, int n) {
+        const float* s = (const float*)src;
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) dst[i] = 2.0f * s[i];
+    }''',
+    "twice",
+)
+with cupy.cuda.Device(1):
+    dst = cupy.empty(1 << 20, dtype=cupy.float32)
+    kernel(((1 << 20) // 256,), (256,), (cupy.uint64(src.data.ptr), dst, cupy.int32(1 << 20)))
+    cupy.cuda.Device(1).synchronize()
+    print(bool((dst == 2 * cupy.asarray(src.get())).all()))
+"""
+
+
+@pytest.mark.parametrize("make", ["native", "bridge"])
+def test_a_device_added_by_a_later_call_reads_the_earlier_devices_pool(fw, make):
+    """unify(device=0), then unify(device=1): a kernel of device 1 reads an array of
+    device 0's pool, as after unify(device=[0, 1]) (it faulted: no call granted device 0's
+    pool to device 1). Native: CuPy's own pool with peer access enabled."""
+    r = subprocess.run(
+        [sys.executable, "-c", _ADDED_DEVICE, make], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True"]
