@@ -14,10 +14,12 @@ __all__ = [
     "HOST_MEMORY",
 ]
 
+import operator
 import os
 import re
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 from bridge._errors import format_bytes
 
@@ -130,6 +132,7 @@ def _parse(
         return None
     if isinstance(value, bool):
         raise bad("a bool is not a size")
+    value = as_int(value)
     if isinstance(value, int):
         if value < 0:
             raise bad("sizes are >= 0")
@@ -164,6 +167,17 @@ def _parse(
             return _checked(n, bad)
         raise bad()
     raise bad(f"a {type(value).__name__} is not a size")
+
+
+def as_int(value: Any) -> Any:
+    """An integer of another type (numpy's ``np.int64``, as ``np.prod`` gives) as a Python
+    int, as CuPy's ``size_t`` arguments take it; anything else as it is."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:  # no integer (numpy's bool_ among them)
+        return value
 
 
 def _checked(n: int, bad: Callable[[str], ValueError]) -> int:

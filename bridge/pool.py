@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from bridge import _errors, _runtime, frameworks
 from bridge._errors import check, format_bytes
 from bridge._runtime import core
-from bridge.budget import DEVICE_MEMORY, limit_from, warn_if_above
+from bridge.budget import DEVICE_MEMORY, as_int, limit_from, warn_if_above
 
 if TYPE_CHECKING:
     from bridge._core import RawStats
@@ -326,6 +326,7 @@ class Pool:
         ValueError
             For a size that is not an int >= 0.
         """
+        size = as_int(size)
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ValueError(f"size={size!r}: pass a number of bytes >= 0")
         fw = frameworks.pointers()

@@ -253,3 +253,17 @@ def test_a_fraction_out_of_range_says_the_range_budgets_take():
         limit_from(None, 1.5, total=TOTAL)
     assert "(0, 1]" in str(info.value) and "[0, 1]" not in str(info.value)
     assert limit_from(None, 0, total=TOTAL) == 0
+
+
+def test_numpys_integers_are_bytes_as_ints_are():
+    """``np.prod(shape) * 4`` is an ``np.int64``: bytes, as CuPy's ``set_limit`` takes it
+    (it was refused as "not a size"); numpy's floats are fractions already (float)."""
+    np = pytest.importorskip("numpy")
+    for kind in (np.int64, np.uint64, np.int32):
+        assert parse_size(kind(GIB // 2), total=TOTAL) == GIB // 2
+        assert type(parse_size(kind(GIB // 2), total=TOTAL)) is int
+    assert limit_from(np.int64(GIB), None, total=TOTAL) == GIB
+    with pytest.raises(ValueError, match=r"budget=-1 is not a valid size: sizes are >= 0"):
+        parse_size(np.int64(-1), total=TOTAL, name="budget")
+    with pytest.raises(ValueError, match="a bool is not a size|a bool_ is not a size"):
+        parse_size(np.bool_(True), total=TOTAL, name="budget")

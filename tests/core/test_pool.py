@@ -441,6 +441,22 @@ def test_malloc_without_cupy_gives_a_block_on_the_budget_freed_when_dropped(stan
         p.malloc(-1)
 
 
+def test_numpys_integers_are_sizes_as_cupys_pool_takes_them(standin, monkeypatch):
+    """``p.malloc(np.prod(shape) * 4)`` and ``p.set_limit(np.int64(n))``, as with CuPy's
+    MemoryPool (size_t arguments): they were refused as "pass a number of bytes"."""
+    np = pytest.importorskip("numpy")
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    p = bridge.pool(0)
+    p.set_limit(np.int64(8 << 20))
+    assert p.get_limit() == 8 << 20
+    block = p.malloc(np.prod((256, 1024)) * np.int64(4))
+    assert block.size == 1 << 20 and block.ptr
+    del block
+    with pytest.raises(ValueError, match="size"):
+        p.malloc(np.int64(-1))
+    p.set_limit(0)
+
+
 def test_malloc_past_the_budget_is_an_oom_naming_the_budget(standin, monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)
     p = bridge.pool(0)
