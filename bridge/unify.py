@@ -282,7 +282,9 @@ def unify(
         process is as it was (no Bridge, no budget, no framework).
     BridgeError
         When frameworks asked for with True are not installed (all of them
-        named at once, with the packages to install for CUDA 12 and 13) or are
+        named at once, with the packages to install for CUDA 12 and 13), are
+        installed but fail to import (one left at its default too: the import's
+        error and what to reinstall; ``name=False`` leaves it out), or are
         builds without CUDA (a CPU-only torch or jax: the build and what to
         install instead; nothing changes, JAX is not even imported), a
         framework has already started its own allocator (torch's CUDA
@@ -388,7 +390,7 @@ def unify(
         applied = {
             d: max(1, limit - arena) if limit and arena else limit for d, limit in limits.items()
         }
-        adapters = _adapters([n for n in ORDER if flags[n] and n not in b.frameworks])
+        adapters = _adapters([n for n in ORDER if flags[n] and n not in b.frameworks], asked)
         share_budgets = {}
         if share_name is not None:
             for d, t in totals.items():
@@ -605,17 +607,48 @@ def _adapter(name: str) -> ModuleType:
     return importlib.import_module(row.adapter)
 
 
-def _adapters(names: list[str]) -> list[tuple[str, ModuleType]]:
-    """The adapters of these frameworks, in order; BridgeError naming every missing one."""
-    found, missing = [], {}
+def _adapters(
+    names: list[str], asked: dict[str, bool | None] | None = None
+) -> list[tuple[str, ModuleType]]:
+    """The adapters of these frameworks, in order; BridgeError naming every missing one,
+    else every installed one that does not import (``asked``: unify's flags, to name the
+    call as it was written)."""
+    found: list[tuple[str, ModuleType]] = []
+    missing: dict[str, ImportError] = {}
+    broken: dict[str, ImportError] = {}
     for name in names:
         try:
             found.append((name, _adapter(name)))
-        except ImportError as exc:  # the framework itself is missing
-            missing[name] = exc
+        except ImportError as exc:
+            # the framework missing, or installed and failing as it imports (a CuPy
+            # without the CUDA libraries it was built for)
+            (broken if _installed(name) else missing)[name] = exc
     if missing:
         raise _not_installed(missing)
+    if broken:
+        raise _not_importable(broken, asked or {})
     return found
+
+
+def _listed(names: list[str]) -> str:
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+def _not_importable(broken: dict[str, ImportError], asked: dict[str, bool | None]) -> BridgeError:
+    """Installed frameworks whose import fails: the call as written, the import's error,
+    and the ways out (a framework left at its default was set up because it is installed)."""
+    names = list(broken)
+    calls = ", ".join(f"{n}=True" for n in names if asked.get(n) is not None)
+    verb = "is" if len(names) == 1 else "are"
+    it = "it" if len(names) == 1 else "them"
+    why = "; ".join(f"{type(exc).__name__}: {exc}" for exc in broken.values())
+    offs = ", ".join(f"{n}=False" for n in names)
+    return BridgeError(
+        f"bridge.unify({calls}): {_listed(names)} {verb} installed but importing {it} failed "
+        f"({why}). Reinstall {it} for the CUDA major of the rest of the environment "
+        f"({install_hint(names)}), or pass {offs} to leave {it} on "
+        f"{'its own allocator' if len(names) == 1 else 'their own allocators'}."
+    )
 
 
 def _not_installed(missing: dict[str, ImportError]) -> BridgeError:

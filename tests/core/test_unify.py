@@ -338,6 +338,44 @@ def test_missing_frameworks_are_named_in_one_error(fresh, not_installed):
     assert limits() == (0, 0) and unify_mod.current() is None  # nothing changed
 
 
+@pytest.fixture
+def fails_to_import(monkeypatch, tmp_path):
+    """Makes a framework installed (found) whose import fails, as a CuPy built for CUDA
+    libraries that are missing fails."""
+
+    def broken(name):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(
+            f"raise ImportError('{name} failed to load libnvrtc.so.12')\n"
+        )
+        for mod in list(sys.modules):
+            if mod.split(".")[0] == name or mod == f"bridge.adapters.{name}":
+                monkeypatch.delitem(sys.modules, mod)
+        monkeypatch.syspath_prepend(str(tmp_path))
+
+    return broken
+
+
+@pytest.mark.parametrize(
+    "given, call", [({}, "bridge.unify()"), ({"cupy": True}, "bridge.unify(cupy=True)")]
+)
+def test_an_installed_framework_that_fails_to_import_is_not_called_missing(
+    fresh, fails_to_import, given, call
+):
+    """A bare unify() with a broken CuPy said "bridge.unify(cupy=True): cupy is not
+    installed", and to leave it out, which the call had done."""
+    fails_to_import("cupy")
+    with pytest.raises(BridgeError) as info:
+        bridge.unify(torch=False, budget="1GiB", **given)
+    msg = str(info.value)
+    assert msg.startswith(f"{call}: cupy is installed but importing it failed")
+    assert "ImportError: cupy failed to load libnvrtc.so.12" in msg  # the import's error
+    assert "not installed" not in msg and "leave it out" not in msg
+    assert "for CUDA 13: pip install cupy-cuda13x" in msg and "pass cupy=False" in msg
+    assert limits() == (0, 0) and unify_mod.current() is None  # nothing changed
+    assert bridge.unify(cupy=False, torch=False).frameworks == frozenset()  # the way out
+
+
 def test_bare_unify_sets_up_the_frameworks_that_are_installed(fresh, not_installed):
     not_installed("cupy", "torch")
     b = bridge.unify(budget="1GiB")  # neither installed: no error, the budget still holds
