@@ -21,9 +21,10 @@ __all__ = [
 import os
 import threading
 from collections.abc import Callable, Iterable
+from typing import cast
 
 from bridge._errors import BridgeError, Status, check
-from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, size_from_env, warn_if_above
+from bridge.budget import DEVICE_MEMORY, GPU_LIMIT_ENV, as_int, size_from_env, warn_if_above
 
 DRIVER_LIBRARY_ENV = "BRIDGE_CUDA_LIBRARY"  # another libcuda (the tests' stand-in)
 MAX_THRESHOLD = 2**64 - 1  # the pool keeps what it has until trimmed
@@ -196,8 +197,9 @@ def resolve_devices(device: DeviceArg) -> list[int]:
         return list(range(n))
     if isinstance(device, bool):
         raise ValueError(f"device={device!r}: pass an int or a list of ints")
+    one = as_int(device)  # numpy's integers as ints (np.int64; a list's too, np.arange's)
     try:
-        devices = [device] if isinstance(device, int) else list(device)
+        devices = [one] if isinstance(one, int) else [as_int(d) for d in cast(Iterable, device)]
     except TypeError:  # neither an int nor an iterable (a float, say)
         raise ValueError(f"device={device!r}: pass an int or a list of ints") from None
     for d in devices:

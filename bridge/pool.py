@@ -145,7 +145,7 @@ class Stats:
 
 
 def _device(device: int | None) -> int:
-    d = _runtime.current_device() if device is None else device
+    d = _runtime.current_device() if device is None else as_int(device)  # np.int64 too
     if isinstance(d, bool) or not isinstance(d, int):
         raise ValueError(f"device={device!r}: pass an int")
     _runtime.ensure_device(d)

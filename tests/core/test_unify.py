@@ -280,6 +280,21 @@ def test_bad_device_raises_valueerror_and_changes_nothing(fresh, device):
     assert unify_mod.current() is None
 
 
+def test_numpys_integers_are_devices(fresh):
+    """``device=np.int64(1)`` or ``np.arange(2)`` (np.where's indices): devices, as ints are;
+    the array was refused saying its devices must be ints in [0, 2), which they were."""
+    np = pytest.importorskip("numpy")
+    assert bridge.unify(cupy=False, torch=False, budget="1GiB", device=np.int64(1)).devices == (1,)
+    assert limits() == (0, GIB)
+    with pytest.warns(UserWarning, match=r"device 1: 1\.00 GiB -> 2\.00 GiB\)"):
+        b = bridge.unify(cupy=False, torch=False, budget="2GiB", device=np.arange(2))
+    assert b.devices == (0, 1) and limits() == (2 * GIB, 2 * GIB)
+    assert bridge.pool(np.int64(1)) is bridge.pool(1)
+    assert bridge.stats(np.int32(1)).device == 1
+    with pytest.raises(ValueError, match=r"every device must be an int in \[0, 2\)"):
+        bridge.unify(cupy=False, torch=False, device=np.array([0, 2]))
+
+
 @pytest.mark.parametrize("flag", ["cupy", "torch", "jax", "numba", "rmm", "peer_access"])
 def test_flags_must_be_bool(fresh, flag):
     kwargs = {"cupy": False, "torch": False, flag: "yes"}
