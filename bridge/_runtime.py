@@ -202,6 +202,8 @@ def resolve_devices(device: DeviceArg) -> list[int]:
         devices = [one] if isinstance(one, int) else [as_int(d) for d in cast(Iterable, device)]
     except TypeError:  # neither an int nor an iterable (a float, say)
         raise ValueError(f"device={device!r}: pass an int or a list of ints") from None
+    if not devices:  # a budget for no device would hold nowhere, without a word
+        raise ValueError(f"device={device!r}: name at least one device, or pass None")
     for d in devices:
         if not isinstance(d, int) or isinstance(d, bool) or not 0 <= d < n:
             raise ValueError(f"device={device!r}: every device must be an int in [0, {n})")

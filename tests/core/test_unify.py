@@ -272,12 +272,20 @@ def test_a_framework_that_refuses_puts_the_budget_back(fresh, monkeypatch):
     assert bridge.stats(0).release_threshold == MAX_THRESHOLD
 
 
-@pytest.mark.parametrize("device", [2, -1, [0, 5], True, "0", [0, "1"], 1.0])
+@pytest.mark.parametrize("device", [2, -1, [0, 5], True, "0", [0, "1"], 1.0, [], ()])
 def test_bad_device_raises_valueerror_and_changes_nothing(fresh, device):
     with pytest.raises(ValueError, match="device"):
         bridge.unify(cupy=False, torch=False, budget="1GiB", device=device)
     assert limits() == (0, 0)
     assert unify_mod.current() is None
+
+
+def test_an_empty_list_of_devices_is_refused_naming_what_to_pass(fresh):
+    """unify(device=[], budget=...) returned a Bridge of no device: the budget held
+    nowhere, and the frameworks allocated on every device without one."""
+    with pytest.raises(ValueError, match=r"^device=\[\]: name at least one device, or pass None$"):
+        bridge.unify(cupy=False, torch=False, budget="1GiB", device=[])
+    assert limits() == (0, 0) and unify_mod.current() is None
 
 
 def test_numpys_integers_are_devices(fresh):
