@@ -25,6 +25,7 @@ __all__ = [
     "installed",
     "partition",
     "backend_started",
+    "too_late",
     "without_cuda",
     "jax_bytes",
     "SHARED_ENV",
@@ -85,6 +86,20 @@ def backend_started() -> bool:
     return bool(getattr(xla_bridge, "_backends", {}))
 
 
+_STARTED = (
+    "call bridge.unify(jax=True) before JAX's GPU backend starts: it has already "
+    "started (a jax array, jax.devices() or a jitted call ran). Move bridge.unify() "
+    "to the top of your program."
+)
+_SETTINGS_READ = (
+    "call bridge.unify(jax=True) before JAX's GPU backend first starts: its backends "
+    "were started earlier in this process (by JAX before clear_backends(), or by an "
+    "earlier bridge.unify(jax=True) that failed), and JAX keeps the allocator "
+    "settings it read then, so the bridge's would not apply. Move bridge.unify() to "
+    "the top of your program, or run JAX in a new process."
+)
+
+
 def _settings_read() -> bool:
     """Whether JAX has read its ``XLA_PYTHON_CLIENT_*`` variables, its backends started or not.
 
@@ -95,6 +110,18 @@ def _settings_read() -> bool:
     """
     xla_bridge = sys.modules.get("jax._src.xla_bridge")
     return bool(getattr(xla_bridge, "_plugins_registered", False))
+
+
+def too_late() -> str:
+    """Why :func:`install` would refuse now, without trying: JAX's backend has started, or
+    started once and kept the settings it read then ("" when neither, or the bridge
+    configured JAX already). unify() asks before it changes anything (a share joined could
+    not be left)."""
+    if _installed:
+        return ""
+    if backend_started():
+        return _STARTED
+    return _SETTINGS_READ if _settings_read() else ""
 
 
 def _spec(module: str) -> importlib.machinery.ModuleSpec | None:
@@ -214,19 +241,9 @@ def install(devices: Iterable[int], *, partition: int | None = None) -> None:
     if missing:  # before the backend check: a CPU-only JAX may have started on the CPU
         raise BridgeError(f"bridge.unify(jax=True): {missing}.")
     if backend_started():
-        raise BridgeError(
-            "call bridge.unify(jax=True) before JAX's GPU backend starts: it has already "
-            "started (a jax array, jax.devices() or a jitted call ran). Move bridge.unify() "
-            "to the top of your program."
-        )
+        raise BridgeError(_STARTED)
     if _settings_read():
-        raise BridgeError(
-            "call bridge.unify(jax=True) before JAX's GPU backend first starts: its backends "
-            "were started earlier in this process (by JAX before clear_backends(), or by an "
-            "earlier bridge.unify(jax=True) that failed), and JAX keeps the allocator "
-            "settings it read then, so the bridge's would not apply. Move bridge.unify() to "
-            "the top of your program, or run JAX in a new process."
-        )
+        raise BridgeError(_SETTINGS_READ)
     fractions = [var for var in _FRACTION_ENV if var in os.environ]
     if fractions and partition is None:
         warnings.warn(

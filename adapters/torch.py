@@ -25,6 +25,7 @@ __all__ = [
     "path",
     "path_reason",
     "pinned_array",
+    "too_late",
     "without_cuda",
 ]
 
@@ -281,14 +282,24 @@ def _graphs_without_trees() -> None:
     inductor_config.triton.cudagraph_trees = False
 
 
+_TOO_LATE = (
+    "call bridge.unify(torch=True) before the first CUDA tensor: torch has already "
+    "initialized its CUDA allocator, and it cannot be swapped afterwards. Move "
+    "bridge.unify() to the top of your program, before any .cuda(), "
+    "torch.device('cuda') tensor or torch.cuda call that starts CUDA."
+)
+
+
+def too_late() -> str:
+    """Why :func:`install` would refuse now, without trying: torch has started CUDA ("" when
+    it has not, or torch is on the shared pool already). unify() asks before it changes
+    anything (a share joined could not be left)."""
+    return _TOO_LATE if _allocator is None and torch.cuda.is_initialized() else ""
+
+
 def _check_order() -> None:
     if torch.cuda.is_initialized():
-        raise BridgeError(
-            "call bridge.unify(torch=True) before the first CUDA tensor: torch has already "
-            "initialized its CUDA allocator, and it cannot be swapped afterwards. Move "
-            "bridge.unify() to the top of your program, before any .cuda(), "
-            "torch.device('cuda') tensor or torch.cuda call that starts CUDA."
-        )
+        raise BridgeError(_TOO_LATE)
 
 
 def _install_native(module: Any) -> str:

@@ -291,8 +291,11 @@ def unify(
         allocator, JAX's GPU backend), there is no CUDA driver or device, or
         the share cannot be joined (its file is another user's, corrupt or
         open to others; its budget differs; the first process gave none).
-        A framework that refuses leaves the budget and the bridge as they were
-        before the call; frameworks installed before it stay installed.
+        A framework that has started already (torch's CUDA, JAX's backend) is
+        refused before anything changes. One that refuses as it is set up leaves
+        the budget and the bridge as they were before the call (a share the
+        call joined stays joined, and ``ipc=True``'s pools stay); frameworks
+        installed before it stay installed.
     """
     global _bridge
     asked = _asked(dict(cupy=cupy, torch=torch, jax=jax, numba=numba, rmm=rmm, **other_frameworks))
@@ -391,6 +394,12 @@ def unify(
             d: max(1, limit - arena) if limit and arena else limit for d, limit in limits.items()
         }
         adapters = _adapters([n for n in ORDER if flags[n] and n not in b.frameworks], asked)
+        # a framework that would refuse for a reason it can tell now (torch has started
+        # CUDA, JAX's backend has): refused before anything changes, since a share joined
+        # and an exportable pool made cannot be undone
+        late = [text for _, adapter in adapters if (text := _too_late(adapter))]
+        if late:
+            raise BridgeError(" ".join(late))
         share_budgets = {}
         if share_name is not None:
             for d, t in totals.items():
@@ -605,6 +614,13 @@ def _adapter(name: str) -> ModuleType:
     if row.imports_late and importlib.util.find_spec(name) is None:
         raise ModuleNotFoundError(f"No module named '{name}'", name=name)
     return importlib.import_module(row.adapter)
+
+
+def _too_late(adapter: ModuleType) -> str:
+    """Why an adapter's ``install()`` would refuse now, without trying ("" when it would not;
+    an adapter without ``too_late()`` tells only by refusing)."""
+    ask = getattr(adapter, "too_late", None)
+    return str(ask()) if ask is not None else ""
 
 
 def _adapters(

@@ -304,6 +304,28 @@ def test_a_jax_that_fails_to_start_on_the_gpu_is_put_back(cpu_jax):
     assert out["frameworks"] == []
 
 
+def test_a_jax_whose_backend_started_is_refused_before_a_share_is_joined(cpu_jax):
+    """unify(jax=True, share=...) after JAX's backend started: refused before anything
+    changes; the share was joined first and stayed joined, its budget applying."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        import jax
+        jax.devices("cpu")  # the backends start
+        before = state()
+        first = attempt(jax=True, budget="1GiB", share="late")
+        print(json.dumps({"first": first, "before": before, "after": state(),
+                          "share": bridge.stats(0).share}))
+        """,
+        path,
+    )
+    kind, text = out["first"]
+    assert kind == "bridge._errors.BridgeError"
+    assert text.startswith("call bridge.unify(jax=True) before JAX's GPU backend starts")
+    assert out["share"] is None and out["after"] == out["before"]
+
+
 def test_a_jax_partition_that_fails_to_start_puts_the_budget_back(cpu_jax):
     """jax_memory takes JAX's partition out of the budget before JAX starts: a start that
     fails put back the variables and the cache but left a budget from before the call (the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import json
 import os
 import subprocess
 import sys
@@ -457,6 +458,42 @@ def test_adapter_refusal_is_not_recorded_as_installed(fresh, monkeypatch):
         bridge.unify(cupy=False, torch=True)
     b = bridge.unify(cupy=False, torch=False)
     assert "torch" not in b.frameworks
+
+
+_STARTED_TORCH = {
+    "torch/__init__.py": "from torch import cuda, version\n__version__ = '2.13.0'\n",
+    "torch/version.py": "cuda = '13.0'\nhip = None\n",
+    "torch/cuda/__init__.py": "def is_initialized():\n    return True\n",
+}
+
+
+def test_a_torch_that_started_cuda_is_refused_before_a_share_is_joined(standin, tmp_path):
+    """unify(torch=True, share=...) after torch started CUDA: refused before anything
+    changes. The share was joined first and stayed joined (its budget applying, another
+    budget refused) and ipc=True's pools stayed made, though the call "changed nothing"."""
+    for rel, text in _STARTED_TORCH.items():  # a CUDA torch that has started CUDA
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    script = textwrap.dedent("""
+        import json
+        import bridge
+        from bridge._runtime import core
+        try:
+            bridge.unify(cupy=False, torch=True, budget="1GiB", share="late", ipc=True)
+        except bridge.BridgeError as e:
+            error = str(e)
+        print(json.dumps({
+            "error": error, "share": bridge.stats(0).share, "limit": bridge.pool(0).get_limit(),
+            "ipc": core.ipc_enabled(0),
+            "again": str(bridge.unify(cupy=False, torch=False, budget="2GiB").devices),
+        }))
+    """)
+    out = _run(script, PYTHONPATH=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["error"].startswith("call bridge.unify(torch=True) before the first CUDA tensor")
+    assert got["share"] is None and got["limit"] == 0 and got["ipc"] is False
+    assert got["again"] == "(0, 1)"  # another budget: no share's in the way
 
 
 # ---- start-up failures, in a fresh process ----
