@@ -292,7 +292,7 @@ def _configure(devices: list[int], partition: int | None) -> None:
         # flush: a freed block the bridge kept cached would be memory JAX
         # cannot have.  No cache (unless BRIDGE_CACHE_LIMIT asks for one):
         # what CuPy and torch free goes back to the pool at once.
-        if os.environ.get(_runtime.CACHE_LIMIT_ENV) is None:
+        if not os.environ.get(_runtime.CACHE_LIMIT_ENV, "").strip():  # blank: unset
             for d in devices:
                 check(core.set_cache(d, 0), what="turning the cache off for JAX", device=d)
         # JAX allocates on every visible device: one set up later keeps none either

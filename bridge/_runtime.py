@@ -269,9 +269,8 @@ def ensure_device(device: int) -> None:
             if limit and _partition:
                 limit = max(1, limit - _partition)
             check(core.set_limit(device, limit), what="setting the budget", device=device)
-        cache = size_from_env(CACHE_LIMIT_ENV, total=stats["total"])
-        if cache is None:
-            cache = default_cache_limit(stats["total"])
+        given_cache = size_from_env(CACHE_LIMIT_ENV, total=stats["total"])  # blank: None
+        cache = default_cache_limit(stats["total"]) if given_cache is None else given_cache
         check(core.set_cache(device, cache), what="sizing the cache", device=device)
         floor = size_from_env(CACHE_FLOOR_ENV, total=stats["total"])
         check(
@@ -303,7 +302,7 @@ def ensure_device(device: int) -> None:
             pass  # unify(ipc=True): a carved block cannot be exported, no carving
         elif cache_segments_from_env():
             check(core.set_cache_segments(device), what="turning segments on", device=device)
-            if os.environ.get(CACHE_LIMIT_ENV):  # the user's bound on the empty segments
+            if given_cache is not None:  # the user's bound on the empty segments
                 check(
                     core.set_cache_segments_keep(device, cache),
                     what="bounding the empty segments",

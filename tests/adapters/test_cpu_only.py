@@ -326,6 +326,26 @@ def test_a_jax_whose_backend_started_is_refused_before_a_share_is_joined(cpu_jax
     assert out["share"] is None and out["after"] == out["before"]
 
 
+@pytest.mark.parametrize("raw", ["", "  "])
+def test_a_blank_cache_limit_leaves_jax_without_the_cache_as_unset(cpu_jax, raw):
+    """unify(jax=True) turns the cache off (XLA cannot ask it to give memory back) unless
+    BRIDGE_CACHE_LIMIT asks for one; a blank value asked for the default 1 GiB cache."""
+    path, _ = cpu_jax
+    path = os.pathsep.join(p for p in (str(FAKES / "cuda_plugin"), path) if p)
+    out, _ = _run(
+        """
+        from bridge.adapters import jax as jax_adapter
+        jax_adapter._start = lambda devices: None  # JAX "starts": no GPU here
+        first = attempt(cupy=False, torch=False, jax=True)
+        print(json.dumps({"first": first, "after": state()}))
+        """,
+        path,
+        BRIDGE_CACHE_LIMIT=raw,
+    )
+    assert out["first"] is None, out
+    assert out["after"]["cache"] == 0
+
+
 def test_a_jax_partition_that_fails_to_start_puts_the_budget_back(cpu_jax):
     """jax_memory takes JAX's partition out of the budget before JAX starts: a start that
     fails put back the variables and the cache but left a budget from before the call (the

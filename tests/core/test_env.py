@@ -112,3 +112,21 @@ def test_a_blank_variable_is_unset_for_the_library_and_doctor(name, standin, mon
     monkeypatch.setenv(name, "   ")
     assert _env.variable(name).read(_env.Totals(device=16 << 30)) is None
     assert not [f for f in _doctor.collect().environment if f.subject.startswith(name + "=")]
+
+
+@pytest.mark.parametrize("raw, kept", [("", None), ("   ", None), ("512MiB", 512 << 20)])
+def test_a_blank_cache_limit_bounds_no_empty_segments(raw, kept, standin, monkeypatch):
+    """BRIDGE_CACHE_LIMIT set bounds the empty segments kept; a blank one is unset, as for
+    every variable (a value of spaces bounded them at the default cache size)."""
+    from bridge import _runtime
+
+    bounds = []
+    monkeypatch.setattr(
+        _runtime.core, "set_cache_segments_keep", lambda d, keep: bounds.append(keep) or 0
+    )
+    monkeypatch.setenv("BRIDGE_CACHE_LIMIT", raw)
+    monkeypatch.delenv("BRIDGE_CACHE_SEGMENTS", raising=False)
+    monkeypatch.delenv("BRIDGE_CACHE_CARVE", raising=False)
+    _runtime.reset_process_state()  # device 0 is set up again from the environment
+    _runtime.ensure_device(0)
+    assert bounds == ([] if kept is None else [kept])
