@@ -9,7 +9,7 @@ import sys
 import threading
 
 import pytest
-from gpu_util import GIB, MIB, RESERVED, driver_pool_attr
+from gpu_util import GIB, MIB, RESERVED, driver_pool_attr, run_mode
 
 pytestmark = pytest.mark.gpu
 TAG_TORCH = 2
@@ -338,3 +338,34 @@ def test_other_devices(fresh):
     with torch.cuda.device(1):
         t = torch.ones(MIB, device="cuda")
         assert t.device.index == 1 and float(t.sum().item()) == MIB
+
+
+_STARTED_BEFORE_UNIFY = """
+import torch
+x = torch.zeros(1, device="cuda")  # torch starts CUDA on its own allocator
+started = torch.cuda.is_initialized()
+if MODE == "bridge":
+    import bridge
+    try:
+        bridge.unify(cupy=False, torch=True, budget="4GiB", share=f"late-{os.getpid()}")
+        error = None
+    except bridge.BridgeError as exc:
+        error = str(exc)
+    figures = dict(share=bridge.stats(0).share, limit=bridge.pool(0).get_limit())
+else:
+    error, figures = None, {}
+y = torch.ones(1 << 20, device="cuda")  # torch goes on, on its own allocator
+report(started=started, error=error, sum=int(y.sum().item()), **figures)
+"""
+
+
+@pytest.mark.parametrize("mode", ["native", "bridge"])
+def test_unify_after_torch_started_cuda_is_refused_before_joining_a_share(mode):
+    """unify(torch=True, share=...) after a CUDA tensor: a BridgeError, and no share
+    joined and no budget set (the share was joined first and stayed joined). Native: torch
+    has started CUDA (torch.cuda.is_initialized(), what the bridge reads) and goes on."""
+    r = run_mode(_STARTED_BEFORE_UNIFY, mode)
+    assert r["started"] is True and r["sum"] == 1 << 20
+    if mode == "bridge":
+        assert r["error"].startswith("call bridge.unify(torch=True) before the first CUDA tensor")
+        assert r["share"] is None and r["limit"] == 0
