@@ -67,7 +67,10 @@
  *              and reset do (graph_reap_ended).  A capture on a stream
  *              nobody registered (an ExternalStream: its handle may be dead
  *              by the next look) is never asked about: it ends with torch's
- *              end hook, if one comes.
+ *              end hook, if one comes.  Nor is a routing (use_mem_pool) ever
+ *              watched: a torch.cuda.graph captured inside it allocates into
+ *              the routing's pool (torch's first route), on a stream whose
+ *              capture is the graph's pool's, not the routing's.
  *   CuPy pool  a pool of one CuPy capture (bridge_capture_begin_stream):
  *              allocations on the capturing stream are routed to it, and it
  *              is released when CuPy's Graph dies: a CUDA user object the
@@ -115,6 +118,9 @@ typedef struct gpool {
     CUstream cand;
     int replayable; /* a capture (or a begin of unknown kind) used the pool: a
                        graph may replay into its blocks (see "release") */
+    int routing;    /* its begins since it last captured nothing are routings
+                       (use_mem_pool): a stream its allocations meet capturing
+                       is another pool's capture's, never watched */
 } gpool;
 
 struct graph_pools {
@@ -232,7 +238,10 @@ static int pool_use(device_state *d, uint64_t id0, uint64_t id1, int kind, CUstr
                 p->watch = NULL;
                 p->cand = NULL;
                 p->owner = thread_self();
+                p->routing = 1;
             }
+            if (kind != BEGIN_ROUTING)
+                p->routing = 0;
             /* only a registered stream: alive for good, safe to ask later */
             if (kind == BEGIN_CAPTURE && !p->watch && (uintptr_t)stream_handle(key) > 2 &&
                 stream_long_lived(key))
@@ -661,8 +670,10 @@ void graph_watch(device_state *d, uint64_t id0, uint64_t id1, CUstream key)
         return;
     pthread_mutex_lock(&d->capture_lock);
     gpool *p = find_pool(d, id0, id1);
-    if (p && p->capturing > 0 && !p->watch && !p->watch_asked) {
-        /* once per begin: a use_mem_pool routing's stream never captures */
+    if (p && p->capturing > 0 && !p->routing && !p->watch && !p->watch_asked) {
+        /* once per begin (a routing is never watched: a capture its
+         * allocations meet, torch.cuda.graph inside use_mem_pool, is another
+         * pool's and ends with that pool's end hook) */
         p->watch_asked = 1;
         int status = CU_STREAM_CAPTURE_STATUS_NONE;
         uint64_t id = 0;

@@ -787,3 +787,36 @@ def test_a_told_capture_on_a_stream_nobody_registered_is_never_asked_about(sd):
     assert sd.standin_counter(14) == dead
     assert core.graph(END, DEV, *pool) == Status.OK
     assert core.graph(RELEASE, DEV, *pool) == Status.OK
+
+
+def test_a_use_mem_pool_routing_around_a_capture_stays_open_after_the_capture(sd):
+    """torch.cuda.use_mem_pool(pool) entered, then torch.cuda.graph captured inside it:
+    the capture's allocations go to the MemPool (its route is the first, as in torch's
+    own allocator).  Issue: the routing's pool then watched the capture's stream, and
+    once that capture ended well the core took the routing for a failed capture and
+    ended it: captures_active fell to 0 while the use_mem_pool block still ran (the
+    torch allocator routes only while a capture is counted: later tensors of the block
+    left the MemPool), and the pool lost the routing's use (released here, its
+    tensors' blocks no longer the pool's)."""
+    core.register_stream(CAP)  # torch.cuda.graph's capture stream: a pooled one
+    try:
+        mem, graph = (0x79, 0), (0x7A, 0)
+        assert core.graph_begin_on(DEV, *mem, OTHER, False) == Status.OK  # use_mem_pool
+        assert core.graph_begin_on(DEV, *graph, CAP, True) == Status.OK  # torch.cuda.graph
+        assert sd.cuStreamBeginCapture_v2(CAP, 2) == 0
+        p = galloc(MIB, mem, stream=CAP)  # routed to the MemPool, on the capture stream
+        g = ctypes.c_void_p()
+        assert sd.cuStreamEndCapture(CAP, ctypes.byref(g)) == 0  # the capture ended well
+        assert core.graph(END, DEV, *graph) == Status.OK
+        assert core.trim(DEV, 0) == Status.OK  # a forced look
+        assert stats()["captures_active"] == 1  # use_mem_pool still routes
+        core.free(p)  # a tensor of the pool: its block stays with the pool
+        assert stats()["graph_bytes"] == MIB
+        assert core.graph(END, DEV, *mem) == Status.OK  # use_mem_pool exits ...
+        assert stats()["captures_active"] == 0
+        assert core.graph(RELEASE, DEV, *mem) == Status.OK  # ... its use released: the last
+        assert stats()["graph_bytes"] == 0
+        assert core.graph(RELEASE, DEV, *graph) == Status.OK  # the graph's reset
+        assert sd.cuGraphDestroy(g) == 0
+    finally:
+        core.forget_stream(CAP)

@@ -510,3 +510,35 @@ def test_a_capture_that_fails_before_allocating_leaves_no_capture_behind(mode):
     assert r["reused"], r  # a freed block is handed out again at once
     if mode == "bridge":
         assert r["after"]["captures_active"] == 0 and r["after"]["num_deferred"] == 0, r
+
+
+# ---- torch.cuda.graph captured inside torch.cuda.use_mem_pool ----
+USE_MEM_POOL_AROUND_A_CAPTURE = (
+    TORCH_SETUP
+    + """
+def in_pool(pool, ptr):
+    return any(s["address"] <= ptr < s["address"] + s["total_size"] for s in pool.snapshot())
+x = torch.ones(1 << 20, device="cuda")
+pool = torch.cuda.MemPool()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.use_mem_pool(pool):
+    with torch.cuda.graph(g):
+        y = x * 2
+    torch.cuda.memory_allocated()  # figures read after the capture
+    z = torch.empty(4 << 20, device="cuda")  # still inside use_mem_pool
+z_in_pool = in_pool(pool, z.data_ptr())
+g.replay()
+torch.cuda.synchronize()
+report(z_in_pool=z_in_pool, y_ok=bool((y == 2).all().item()))
+"""
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_use_mem_pool_still_routes_after_a_graph_captured_inside_it(mode):
+    """Issue: on the bridge the capture's end also ended the use_mem_pool routing around
+    it (the core took the routing for a failed capture): later tensors of the block were
+    not the MemPool's."""
+    pytest.importorskip("torch")
+    r = run_mode(USE_MEM_POOL_AROUND_A_CAPTURE, mode)
+    assert r == {"z_in_pool": True, "y_ok": True}
