@@ -120,9 +120,17 @@ def memory_stats(device: Any = None) -> dict:
     and the cache of freed blocks every framework shares.
     """
     dev = _device_index(device)
-    rc, raw = core.stats(dev)
-    check(rc, what="reading torch's memory figures", device=dev)
-    t = raw["tags"][core.TAG_TORCH]
+    t: Any
+    if _unused(dev):  # every figure 0, as torch's own allocator gives them
+        t = dict.fromkeys(_TAG_FIGURES, 0)
+        pool_held = retries = 0
+    else:
+        rc, raw = core.stats(dev)
+        check(rc, what="reading torch's memory figures", device=dev)
+        t = raw["tags"][core.TAG_TORCH]
+        pool_held = raw["graph_bytes"] + raw["cached"]
+        # since the last reset_accumulated_memory_stats (the core's count is never reset)
+        retries = raw["num_retries"] - min(raw["num_retries"], _retries_base.get(dev, 0))
 
     def stat(current: int, peak: int, allocated: int, freed: int) -> dict:
         one = {"current": current, "peak": peak, "allocated": allocated, "freed": freed}
@@ -130,12 +138,10 @@ def memory_stats(device: Any = None) -> dict:
 
     nbytes = stat(t["current"], t["peak"], t["allocated"], t["freed"])
     count = stat(t["count"], t["count_peak"], t["num_allocs"], t["num_frees"])
-    held = t["current"] + raw["graph_bytes"] + raw["cached"]
+    held = t["current"] + pool_held
     # its peak never falls without a reset (empty_cache lowers `held` only)
     reserved = stat(held, max(held, t["reserved_peak"]), t["allocated"], t["freed"])
     zero = stat(0, 0, 0, 0)
-    # since the last reset_accumulated_memory_stats (the core's count is never reset)
-    retries = raw["num_retries"] - min(raw["num_retries"], _retries_base.get(dev, 0))
     return {
         "allocated_bytes": nbytes,
         "active_bytes": nbytes,
@@ -157,8 +163,22 @@ def memory_stats(device: Any = None) -> dict:
     }
 
 
+#: The figures of torch's tag that memory_stats reads.
+_TAG_FIGURES = ("current", "peak", "allocated", "freed", "count", "count_peak", "num_allocs",
+                "num_frees", "reserved_peak", "num_ooms")  # fmt: skip
+
+
+def _unused(dev: int) -> bool:
+    """A visible device the core has not set up: torch never allocated on it (nor was it
+    unified). Its figures are 0 and its resets change nothing, as torch's own allocator
+    answers for a device it never used (the core would refuse it as no device)."""
+    return not core.ready(dev) and 0 <= dev < _runtime.device_count()
+
+
 def _reset_peak(device: Any) -> None:
     dev = _device_index(device)
+    if _unused(dev):
+        return
     check(core.reset_peak(dev, core.TAG_TORCH), what="resetting torch's peak", device=dev)
 
 
@@ -168,6 +188,8 @@ _retries_base: dict[int, int] = {}
 
 def _reset_accumulated(device: Any) -> None:
     dev = _device_index(device)
+    if _unused(dev):
+        return
     check(
         core.reset_accumulated(dev, core.TAG_TORCH), what="resetting torch's counters", device=dev
     )

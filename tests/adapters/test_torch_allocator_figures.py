@@ -313,6 +313,25 @@ torch._C._cuda_releasePool(0, pool)       # the MemPool's end
 q = mod._alloc_on(MIB, 0, 0)              # torch keeps working
 out["after"] = q != 0
 mod._free(q)
+
+# device 1: visible, never unified nor allocated on (torch.cuda.memory_allocated(1) in a
+# loop over the devices); torch's figures of it, and its resets, on both paths
+def figures(s):
+    return [s["allocated_bytes"]["all"]["current"], s["reserved_bytes"]["all"]["peak"],
+            s["allocation"]["all"]["allocated"], s["num_ooms"], s["num_alloc_retries"]]
+out["unused_ready"] = core.ready(1)
+for name, stats, reset_peak, reset_accumulated in (
+        ("cpp", torch._C._cuda_memoryStats, torch._C._cuda_resetPeakMemoryStats,
+         torch._C._cuda_resetAccumulatedMemoryStats),
+        ("pluggable", torch_adapter.memory_stats, torch_adapter._reset_peak,
+         torch_adapter._reset_accumulated)):
+    try:
+        reset_peak(1)
+        reset_accumulated(1)
+        out["unused_" + name] = figures(stats(1))
+    except Exception as e:
+        out["unused_" + name] = [type(e).__name__, str(e)[:200]]
+out["unused_ready_after"] = core.ready(1)
 print("RESULT " + json.dumps(out))
 """
 )
@@ -337,3 +356,13 @@ def test_mempool_allocator_returning_no_memory_is_torchs_oom(resets):
     assert kind == "OutOfMemoryError", resets["null_pool"]
     assert first.startswith("CUDA out of memory. Tried to allocate 1048576 bytes on device 0")
     assert resets["after"] is True
+
+
+def test_a_device_torch_never_used_has_zero_figures_on_both_paths(resets):
+    """Issue: on the pluggable path torch.cuda.memory_allocated(1), max_memory_reserved(1)
+    and reset_peak_memory_stats(1) of a visible device the bridge had not set up raised
+    BridgeError ("no such CUDA device"); torch's own allocator (and the C++ one) give 0."""
+    assert resets["unused_ready"] is False
+    assert resets["unused_cpp"] == [0] * 5, resets
+    assert resets["unused_pluggable"] == [0] * 5, resets
+    assert resets["unused_ready_after"] is False  # reading them set nothing up
