@@ -238,6 +238,14 @@ class BridgeAllocator final : public CCA::CUDAAllocator
                         MempoolId id, cudaStream_t stream)
     {
         void *p = other->raw_alloc_with_stream(size, stream);
+        if (!p) {
+            // counted in num_ooms and told to the observers, as torch's own allocator does
+            if (device >= 0 && device < BRIDGE_MAX_DEVICES)
+                foreign_ooms_[device].fetch_add(1, std::memory_order_relaxed);
+            bridge_stats s{};
+            bridge_mem_info mi{};
+            observe_oom(device, size, stream, s, mi);
+        }
         TORCH_CHECK_WITH(OutOfMemoryError, p, "CUDA out of memory. Tried to allocate ", size,
                          " bytes on device ", device, " from torch.cuda.MemPool (", id.first, ", ",
                          id.second, "), whose allocator (", other->name(),
@@ -279,9 +287,22 @@ class BridgeAllocator final : public CCA::CUDAAllocator
         msg.resize(std::min(n, msg.size() - 1));
         if (!oom)
             TORCH_CHECK(false, msg);
-        bridge_mem_info mi{};
-        core::bridge_get_mem_info(device, &mi);
         bridge_stats s{};
+        bridge_mem_info mi{};
+        observe_oom(device, size, stream, s, mi);
+#ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
+        if (rc == BRIDGE_E_TAG_LIMIT)
+            rejected(device, size, s.tag[BRIDGE_TAG_TORCH].current, mi.total);
+#endif
+        TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+    }
+
+    // An out-of-memory error to come: its trace entry and torch's OOM observers,
+    // from the device's figures (read into s and mi).
+    void observe_oom(int device, size_t size, cudaStream_t stream, bridge_stats &s,
+                     bridge_mem_info &mi)
+    {
+        core::bridge_get_mem_info(device, &mi);
         core::bridge_get_stats(device, &s);
         note(TraceEntry::OOM, device, reinterpret_cast<void *>(mi.free), size, stream, {0, 0});
         std::vector<CCA::OutOfMemoryObserver> observers;
@@ -298,11 +319,6 @@ class BridgeAllocator final : public CCA::CUDAAllocator
                                                         : std::min<uint64_t>(cap, mi.total);
         for (auto &o : observers)
             o(device, size, allowed, mi.free);
-#ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
-        if (rc == BRIDGE_E_TAG_LIMIT)
-            rejected(device, size, s.tag[BRIDGE_TAG_TORCH].current, mi.total);
-#endif
-        TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     }
 
 #ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
@@ -494,7 +510,7 @@ class BridgeAllocator final : public CCA::CUDAAllocator
              i64(t.allocated), i64(t.freed));
         // since the last reset_accumulated_memory_stats, as torch's own count
         out.num_alloc_retries = i64(s.num_retries - std::min(s.num_retries, retries_base(device)));
-        out.num_ooms = i64(t.num_ooms);
+        out.num_ooms = i64(t.num_ooms) + foreign_ooms(device);
         out.num_device_alloc = i64(t.num_allocs);
         out.num_device_free = i64(t.num_frees);
         out.max_split_size = -1;
@@ -514,6 +530,8 @@ class BridgeAllocator final : public CCA::CUDAAllocator
         if (device >= 0 && device < BRIDGE_MAX_DEVICES &&
             core::bridge_get_stats(device, &s) == BRIDGE_OK)
             retries_base_[device].store(s.num_retries, std::memory_order_relaxed);
+        if (device >= 0 && device < BRIDGE_MAX_DEVICES)
+            foreign_ooms_[device].store(0, std::memory_order_relaxed);
 #ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
         if (device >= 0 && device < BRIDGE_MAX_DEVICES)
             rejections_[device].store(0, std::memory_order_relaxed);
@@ -768,6 +786,12 @@ class BridgeAllocator final : public CCA::CUDAAllocator
                    ? retries_base_[device].load(std::memory_order_relaxed)
                    : 0;
     }
+    int64_t foreign_ooms(int device) const
+    {
+        return device >= 0 && device < BRIDGE_MAX_DEVICES
+                   ? foreign_ooms_[device].load(std::memory_order_relaxed)
+                   : 0;
+    }
     void drop_route(uint64_t serial)
     {
         std::lock_guard<std::mutex> lock(route_mu);
@@ -785,6 +809,9 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     std::unordered_map<int, double> fraction_; // under settings_mu_
     // the core's num_retries at torch's last resetAccumulatedStats, per device
     std::atomic<uint64_t> retries_base_[BRIDGE_MAX_DEVICES] = {};
+    // requests a MemPool's own allocator returned no memory for (foreign_alloc), per
+    // device since torch's last resetAccumulatedStats: in num_ooms with the core's count
+    std::atomic<int64_t> foreign_ooms_[BRIDGE_MAX_DEVICES] = {};
 #ifdef BRIDGE_TORCH_HAS_attachOomRejectionObserver
     std::vector<CCA::OomRejectionObserver> rejection_observers_; // under history.mu
     std::atomic<int64_t> rejections_[BRIDGE_MAX_DEVICES] = {};   // requests rejected()

@@ -299,6 +299,8 @@ mod._free(b)
 # torch.cuda.MemPool(allocator=...) whose allocator returns NULL, under use_mem_pool
 pool = (0, 13)
 mod._pool_with_null_allocator(0, *pool)
+mod._observe_ooms()
+ooms = torch._C._cuda_memoryStats(0)["num_ooms"]
 torch._C._cuda_beginAllocateCurrentThreadToPool(0, pool)
 try:
     p = mod._alloc_on(MIB, 0, 0)
@@ -307,6 +309,11 @@ except torch.cuda.OutOfMemoryError as e:
     out["null_pool"] = ["OutOfMemoryError", str(e).splitlines()[0]]
 except RuntimeError as e:
     out["null_pool"] = ["RuntimeError", str(e).splitlines()[0]]
+rc, mi = core.mem_info(0)
+out["null_pool_ooms"] = [torch._C._cuda_memoryStats(0)["num_ooms"] - ooms,
+                         mod._last_observed(), mi["total"]]
+torch._C._cuda_resetAccumulatedMemoryStats(0)
+out["null_pool_ooms_reset"] = torch._C._cuda_memoryStats(0)["num_ooms"]
 torch._C._cuda_endAllocateToPool(0, pool)
 torch._C._cuda_releasePool(0, pool)       # use_mem_pool's exit
 torch._C._cuda_releasePool(0, pool)       # the MemPool's end
@@ -356,6 +363,16 @@ def test_mempool_allocator_returning_no_memory_is_torchs_oom(resets):
     assert kind == "OutOfMemoryError", resets["null_pool"]
     assert first.startswith("CUDA out of memory. Tried to allocate 1048576 bytes on device 0")
     assert resets["after"] is True
+
+
+def test_mempool_allocator_returning_no_memory_counts_and_tells_the_observers(resets):
+    """Issue: that error was neither in num_ooms nor told to torch's OOM observers, as
+    torch's own allocator's is (and its reset_accumulated_memory_stats zeroes the count)."""
+    counted, observed, total = resets["null_pool_ooms"]
+    assert counted == 1, resets
+    device, size, allowed, _free, calls = observed  # (device, request, allowed, free)
+    assert (device, size, allowed, calls) == (0, 1 << 20, total, 1)
+    assert resets["null_pool_ooms_reset"] == 0
 
 
 def test_a_device_torch_never_used_has_zero_figures_on_both_paths(resets):
