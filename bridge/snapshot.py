@@ -65,7 +65,7 @@ from bridge.pool import TAG_NAMES
 
 FRAMEWORK_OF_TAG = TAG_NAMES  # the core's tags by framework name (bridge.pool)
 REC_GRAPH, REC_USER_FREED = 1, 2  # a record's flags (records.h)
-LARGE = 1 << 20  # torch calls segments of 1 MiB and more "large"
+LARGE = 1 << 20  # torch's small pool serves requests of up to 1 MiB: larger ones are "large"
 ENABLED = (None, "state", "all")
 CONTEXTS = (None, "state", "alloc", "all")
 STACKS = ("python", "all")
@@ -185,7 +185,7 @@ def _segment(block: tuple, frames: list[dict[str, Any]]) -> dict[str, Any]:
         "active_size": active,
         "requested_size": active,
         "stream": stream,
-        "segment_type": "large" if size >= LARGE else "small",
+        "segment_type": "large" if size > LARGE else "small",
         "segment_pool_id": (g0, g1) if flags & REC_GRAPH else (0, 0),
         "is_expandable": False,
         "frames": frames,

@@ -79,6 +79,15 @@ def test_the_snapshot_lists_every_live_block_with_the_ledgers_sizes(rec):
     assert [s["address"] for s in only1["segments"]] == [c]
 
 
+def test_a_block_of_one_mib_is_small_as_torch_pools_it(rec):
+    """torch's small pool serves requests of up to 1 MiB (kSmallSize), and the torch
+    allocator's snapshot calls such a segment small; the bridge's called it large."""
+    one = rec.ok(MIB, tag=TAG_TORCH)
+    more = rec.ok(MIB + 512, tag=TAG_TORCH)
+    kinds = {s["address"]: s["segment_type"] for s in bridge.memory_snapshot()["segments"]}
+    assert (kinds[one], kinds[more]) == ("small", "large")
+
+
 def test_the_history_holds_allocations_frees_and_refusals(rec):
     bridge.record_memory_history(context=None)
     p = rec.ok(2 * MIB, tag=TAG_CUPY, stream=S2)
