@@ -373,6 +373,9 @@ so = os.path.join(d, "null_alloc.so")
 subprocess.run(["cc", "-shared", "-fPIC", "-o", so, os.path.join(d, "null_alloc.c")], check=True)
 other = torch.cuda.memory.CUDAPluggableAllocator(so, "null_alloc", "null_free")
 torch.ones(1, device="cuda")
+observed = []
+torch._C._cuda_attach_out_of_memory_observer(lambda *args: observed.append(list(args)))
+ooms = torch.cuda.memory_stats()["num_ooms"]
 pool = torch.cuda.MemPool(other.allocator())
 with torch.cuda.use_mem_pool(pool):
     try:
@@ -382,10 +385,12 @@ with torch.cuda.use_mem_pool(pool):
         caught = ["OutOfMemoryError", str(e).splitlines()[0]]
     except RuntimeError as e:
         caught = ["RuntimeError", str(e).splitlines()[0]]
+counted = torch.cuda.memory_stats()["num_ooms"] - ooms
 del pool
 gc.collect()
 ok = int(torch.ones(4096, dtype=torch.uint8, device="cuda").sum().item()) == 4096
-report(path=path(), caught=caught, ok=ok)
+report(path=path(), caught=caught, ok=ok, counted=counted,
+       observed=[[o[0], o[1]] for o in observed])
 """
 
 
@@ -396,6 +401,10 @@ def test_mempool_allocator_returning_no_memory_raises_torchs_oom(mode):
     assert r["caught"][0] == "OutOfMemoryError", r  # never a tensor on a NULL pointer
     assert r["caught"][1].startswith("CUDA out of memory. Tried to allocate"), r
     assert r["ok"] is True, r
+    # counted in num_ooms and told to the OOM observers (device, request), as natively
+    assert r["counted"] == 1, r
+    assert len(r["observed"]) == 1 and r["observed"][0][0] == 0, r
+    assert r["observed"][0][1] >= 1 << 20, r  # torch's own allocator passes its rounded size
 
 
 # ---- num_alloc_retries and reset_accumulated_memory_stats ----
