@@ -415,9 +415,14 @@ class BridgeAllocator final : public CCA::CUDAAllocator
     {
         return {}; // the pool grows in the driver; no expandable segments of ours
     }
+    // torch.cuda.caching_allocator_enable(False): torch's own allocator then
+    // takes every block from the driver and gives it back at its free; here
+    // torch's freed blocks go back to the pool at once, none cached nor carved
+    // from a segment (True: cached again).
     void enable(bool value) override
     {
         enabled_.store(value);
+        core::bridge_set_tag_cached(BRIDGE_TAG_TORCH, value ? 1 : 0);
     }
     bool isEnabled() const override
     {

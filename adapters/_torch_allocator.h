@@ -61,6 +61,7 @@ using MempoolId = c10::MempoolId_t;
     X(bridge_ipc_error)          \
     X(bridge_current_device)     \
     X(bridge_torch_fraction_cap) \
+    X(bridge_set_tag_cached)     \
     X(bridge_torch_failure_message)
 
 namespace core

@@ -383,3 +383,40 @@ def test_a_device_torch_never_used_has_zero_figures_on_both_paths(resets):
     assert resets["unused_cpp"] == [0] * 5, resets
     assert resets["unused_pluggable"] == [0] * 5, resets
     assert resets["unused_ready_after"] is False  # reading them set nothing up
+
+
+# ---- torch.cuda.caching_allocator_enable(False) ----
+CACHING_OFF = (
+    SCENARIO_START
+    + r"""
+MIB = 1 << 20
+core.set_cache(0, 1 << 30, 1 << 30)
+def cycle(size):
+    before = core.stats(0)[1]["cached"]
+    p = mod._alloc_on(size, 0, 0)
+    mod._free(p)
+    s = core.stats(0)[1]
+    return [s["cached"] - before, s["tags"][core.TAG_TORCH]["current"]]
+out["on"] = cycle(2 * MIB)
+torch._C._cuda_emptyCache()
+torch._C._cuda_cudaCachingAllocator_enable(False)  # torch.cuda.caching_allocator_enable(False)
+out["off"] = [cycle(2 * MIB), cycle(3 * MIB), core.stats(0)[1]["cached"]]
+torch._C._cuda_cudaCachingAllocator_enable(True)
+out["on_again"] = cycle(2 * MIB)
+print("RESULT " + json.dumps(out))
+"""
+)
+
+
+@pytest.mark.parametrize("cache", ["segments", "tiers"])
+def test_caching_allocator_enable_false_caches_no_freed_block(cache, tmp_path_factory):
+    """Issue: torch.cuda.caching_allocator_enable(False) changed nothing; torch's own
+    allocator then gives every freed block back (cudaFree), and the bridge's torch
+    allocator now gives torch's freed blocks back to the pool, none kept in its cache."""
+    seg = "1" if cache == "segments" else "0"
+    r = run_scenario(
+        CACHING_OFF, str(tmp_path_factory.mktemp("torch-cache")), BRIDGE_CACHE_SEGMENTS=seg
+    )
+    assert r["on"][0] > 0 and r["on"][1] == 0, r  # on: the freed block is kept
+    assert r["off"] == [[0, 0], [0, 0], 0], r  # off: nothing kept
+    assert r["on_again"][0] > 0, r
