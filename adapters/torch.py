@@ -74,14 +74,17 @@ def path_reason() -> str:
 
 
 def without_cuda() -> str:
-    """Empty for a torch built with CUDA; else what the installed torch is and what to install.
+    """Empty for a torch that can use the GPU; else what the installed torch is and what to
+    install.
 
-    Read from ``torch.version`` (``cuda`` is None in a CPU-only or a ROCm build), so CUDA
-    is not started: a CPU-only torch has no CUDA allocator to replace (bridge.frameworks'
-    ``cpu_builds``).
+    Read from ``torch.version`` (``cuda`` is None in a CPU-only or a ROCm build) and, for a
+    CUDA build, ``torch.cuda.is_available()``, so torch's CUDA is not started: a CPU-only
+    torch has no CUDA allocator to replace, and one whose CUDA the driver cannot run has no
+    GPU to allocate on (bridge.frameworks' ``cpu_builds``).
     """
-    if getattr(torch.version, "cuda", None) is not None:
-        return ""
+    cuda = getattr(torch.version, "cuda", None)
+    if cuda is not None:
+        return _cuda_unusable(cuda)
     hip = getattr(torch.version, "hip", None)
     kind = (
         f"a ROCm build (torch.version.hip is {hip!r})"
@@ -92,6 +95,27 @@ def without_cuda() -> str:
         f"torch {torch.__version__} is {kind}: it has no CUDA allocator to put on the shared "
         "pool. Install a CUDA build in its place (pip keeps the installed torch until it is "
         f"uninstalled): pip uninstall torch, then {install_hint(['torch'])}"
+    )
+
+
+def _cuda_unusable(cuda: str) -> str:
+    """Empty where this CUDA build of torch can use a GPU; else why not and what to do.
+
+    ``torch.cuda.is_available()`` asks the CUDA runtime for its devices without starting
+    torch's CUDA (``torch.cuda.is_initialized()`` stays False, the allocator can still be
+    swapped). It is False where the driver is older than the torch build's CUDA: torch then
+    warns, and its warning is the reason given.
+    """
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        if torch.cuda.is_available():
+            return ""
+    why = " ".join(" ".join(str(w.message).split()) for w in said)
+    return (
+        f"torch {torch.__version__} is a CUDA {cuda} build that cannot use this machine's "
+        f"GPU (torch.cuda.is_available() is False{': ' + why if why else ''}). Install an "
+        f"NVIDIA driver for CUDA {cuda}, or a torch built for the CUDA your driver has "
+        f"(nvidia-smi shows it) in its place: pip uninstall torch, then {install_hint(['torch'])}"
     )
 
 

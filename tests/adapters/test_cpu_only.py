@@ -234,6 +234,76 @@ def test_a_rocm_torch_is_named_as_one(standin):
     )
 
 
+TOO_OLD = (
+    "CUDA initialization: The NVIDIA driver on your system is too old (found version 12040). "
+    "Please update your GPU driver."
+)
+
+
+@pytest.fixture(params=["stand-in", "real"])
+def unusable_cuda_torch(request, standin):
+    """(PYTHONPATH to put first, environment, torch's version, its CUDA) for a CUDA build of
+    torch that cannot use the GPU here: the stand-in's warns as torch does of an old driver;
+    a real CUDA torch on the stand-in driver finds no GPU of its own."""
+    if request.param == "stand-in":
+        env = {
+            "BRIDGE_TEST_FAKE_TORCH_VERSION": "2.15.0+cu130",
+            "BRIDGE_TEST_FAKE_TORCH_CUDA": "13.0",
+            "BRIDGE_TEST_FAKE_TORCH_CUDA_WARNING": TOO_OLD,
+        }
+        return str(FAKES / "cpu"), env, "2.15.0+cu130", "13.0"
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    import torch
+
+    if torch.version.cuda is None:
+        pytest.skip(f"torch {torch.__version__} is a CPU-only build")
+    if os.environ.get("BRIDGE_TEST_GPU") == "1":
+        pytest.skip("stand-in test; this is a GPU run")
+    return None, {}, torch.__version__, torch.version.cuda
+
+
+def test_a_cuda_torch_that_cannot_use_the_gpu_is_left_out_or_refused(unusable_cuda_torch):
+    """A CUDA torch whose CUDA the driver cannot run (a cu130 wheel on an older driver):
+    torch.cuda.is_available() is False. A bare unify() failed inside torch (its error on the
+    first torch stream); it leaves torch out and says why once, and torch=True is a
+    BridgeError naming torch's reason that changes nothing."""
+    path, env, version, cuda = unusable_cuda_torch
+    out, err = _run(
+        """
+        before = state()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            b = bridge.unify(budget="1GiB")
+        words = [str(w.message) for w in caught if "left torch out" in str(w.message)]
+        bare = {"frameworks": sorted(b.frameworks), "limit": bridge.pool(0).get_limit()}
+        unify_mod._bridge = None  # a fresh start for the call that asks for torch
+        bridge.pool(0).set_limit(0)
+        first = attempt(torch=True, budget="2GiB")
+        from bridge.adapters import torch as adapter
+        print(json.dumps({"bare": bare, "words": words, "first": first, "before": before,
+                          "after": state(), "installed": adapter.installed()}))
+        """,
+        path,
+        **env,
+    )
+    assert "torch" not in out["bare"]["frameworks"] and out["bare"]["limit"] == GIB
+    (word,) = out["words"]
+    assert word.startswith(
+        f"bridge.unify() left torch out: torch {version} is a CUDA {cuda} build that cannot "
+        "use this machine's GPU (torch.cuda.is_available() is False"
+    )
+    kind, text = out["first"]
+    assert kind == "bridge._errors.BridgeError", out
+    assert text.startswith(f"bridge.unify(torch=True): torch {version} is a CUDA {cuda} build")
+    assert f"Install an NVIDIA driver for CUDA {cuda}" in text and INSTALL_TORCH in text
+    if env:
+        assert TOO_OLD in word and TOO_OLD in text  # torch's own reason
+    assert text.endswith("Or pass torch=False to keep it on the CPU, off the shared pool.")
+    assert out["after"]["limit"] == 0 and not out["installed"]
+    assert out["after"]["torch_loads"] == 0 and "compiling" not in err
+
+
 # ---- jax ----
 def test_jax_true_with_a_cpu_only_jax_is_a_bridgeerror_and_jax_stays_unstarted(cpu_jax):
     path, build = cpu_jax
