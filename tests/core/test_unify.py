@@ -463,7 +463,9 @@ def test_adapter_refusal_is_not_recorded_as_installed(fresh, monkeypatch):
 _STARTED_TORCH = {
     "torch/__init__.py": "from torch import cuda, version\n__version__ = '2.13.0'\n",
     "torch/version.py": "cuda = '13.0'\nhip = None\n",
-    "torch/cuda/__init__.py": "def is_initialized():\n    return True\n",
+    "torch/cuda/__init__.py": (
+        "def is_initialized():\n    return True\n\n\ndef is_available():\n    return True\n"
+    ),
 }
 
 
