@@ -298,18 +298,7 @@ def ensure_device(device: int) -> None:
             what="sizing the cache",
             device=device,
         )
-        if core.ipc_enabled(device):
-            pass  # unify(ipc=True): a carved block cannot be exported, no carving
-        elif cache_segments_from_env():
-            check(core.set_cache_segments(device), what="turning segments on", device=device)
-            if given_cache is not None:  # the user's bound on the empty segments
-                check(
-                    core.set_cache_segments_keep(device, cache),
-                    what="bounding the empty segments",
-                    device=device,
-                )
-        elif cache_carve_from_env():
-            check(core.set_cache_carve(device), what="turning carving on", device=device)
+        apply_cache_carving(device, stats["total"])
         check(
             core.set_cache_thread_slots(device, cache_thread_slot_from_env()),
             what="setting the cache's thread slots",
@@ -318,6 +307,24 @@ def ensure_device(device: int) -> None:
         if _cache_off and os.environ.get(CACHE_LIMIT_ENV) is None:
             check(core.set_cache(device, 0), what="turning the cache off for JAX", device=device)
         _configured.add(device)
+
+
+def apply_cache_carving(device: int, total: int) -> None:
+    """Segments or carving for a device's cache as the environment asks (neither under
+    ``unify(ipc=True)``: a carved block cannot be exported); ``total``: its memory."""
+    if core.ipc_enabled(device):
+        return
+    if cache_segments_from_env():
+        check(core.set_cache_segments(device), what="turning segments on", device=device)
+        given_cache = size_from_env(CACHE_LIMIT_ENV, total=total)  # blank: None
+        if given_cache is not None:  # the user's bound on the empty segments
+            check(
+                core.set_cache_segments_keep(device, given_cache),
+                what="bounding the empty segments",
+                device=device,
+            )
+    elif cache_carve_from_env():
+        check(core.set_cache_carve(device), what="turning carving on", device=device)
 
 
 _resetters: list[Callable[[], None]] = []

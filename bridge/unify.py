@@ -17,7 +17,7 @@ from typing import Any
 
 from bridge import _env, _runtime, _wait, frameworks, recovery, views
 from bridge import share as _share
-from bridge._errors import BridgeError, check, format_bytes
+from bridge._errors import BridgeError, Status, check, format_bytes
 from bridge._install import install_hint, own_index_command
 from bridge._runtime import core
 from bridge.budget import (
@@ -292,10 +292,17 @@ def unify(
         the share cannot be joined (its file is another user's, corrupt or
         open to others; its budget differs; the first process gave none).
         A framework that has started already (torch's CUDA, JAX's backend) is
-        refused before anything changes. One that refuses as it is set up leaves
-        the budget and the bridge as they were before the call (a share the
-        call joined stays joined, and ``ipc=True``'s pools stay); frameworks
-        installed before it stay installed.
+        refused before anything changes. One that refuses as it is set up (or a
+        share that cannot be joined) leaves the budget and the bridge as they
+        were before the call when no framework of the call was installed: a
+        share the call joined is left (its slot freed, the other members get
+        its claim back; one an earlier call joined stays) and a device whose
+        exportable pool the call made allocates from the default pool again,
+        with the cache it had (the pool is kept for a later ``ipc=True``; it
+        stays in use where a block of it is live or was sent to another
+        process: nothing of it can be taken back then). Frameworks the call
+        installed before the one that refused stay installed, and with them
+        what they run under: the budget, the share, the exportable pools.
     """
     global _bridge
     asked = _asked(dict(cupy=cupy, torch=torch, jax=jax, numba=numba, rmm=rmm, **other_frameworks))
@@ -395,8 +402,8 @@ def unify(
         }
         adapters = _adapters([n for n in ORDER if flags[n] and n not in b.frameworks], asked)
         # a framework that would refuse for a reason it can tell now (torch has started
-        # CUDA, JAX's backend has): refused before anything changes, since a share joined
-        # and an exportable pool made cannot be undone
+        # CUDA, JAX's backend has): refused before anything changes, so that no other
+        # member of a share sees this process join and leave, and no pool is made
         late = [text for _, adapter in adapters if (text := _too_late(adapter))]
         if late:
             raise BridgeError(" ".join(late))
@@ -409,33 +416,41 @@ def unify(
         # now change things; a framework that refuses puts back what this call changed
         before = {d: _limit(d) for d in limits}
         old_threshold = _runtime.release_threshold()
-        if threshold is not None:
-            _runtime.set_release_threshold(threshold)
-        for d, limit in applied.items():
-            check(core.set_limit(d, limit), what="setting the budget", device=d)
-        if ipc_on:
-            for d in devices:
-                if not core.ipc_enabled(d):
-                    check(core.ipc_enable(d), what="creating the exportable pool", device=d)
-                    # a block carved from a segment (or a chunk) is no allocation of the
-                    # pool's own and cannot be exported: the exact-size cache instead
-                    check(core.set_cache_segments(d, False), what="turning segments off", device=d)
-                    # blocks cached from the default pool are not exportable: back to it
-                    check(core.trim(d, 0), what="emptying the cache", device=d)
-        # after the exportable pools exist: a grant sets both pools of a device; every
-        # device of the bridge, so that a device an earlier call set up alone and the ones
-        # this call adds read each other's pools as one call's devices do
-        every = sorted(set(b.devices) | set(devices))
-        if peer_access and len(every) > 1:
-            for d in every:
-                check(core.grant_peer_access(d)[0], what="granting peer access", device=d)
-        recovery.install()
-        views.want(budget_views)  # JAX reads it as it starts
+        made_ipc: list[int] = []  # devices whose exportable pool this call made
+        joined: list[int] = []  # devices whose share this call joined
         installed = []
         try:
+            if threshold is not None:
+                _runtime.set_release_threshold(threshold)
+            for d, limit in applied.items():
+                check(core.set_limit(d, limit), what="setting the budget", device=d)
+            if ipc_on:
+                for d in devices:
+                    if not core.ipc_enabled(d):
+                        check(core.ipc_enable(d), what="creating the exportable pool", device=d)
+                        made_ipc.append(d)
+                        # a block carved from a segment (or a chunk) is no allocation of the
+                        # pool's own and cannot be exported: the exact-size cache instead
+                        check(
+                            core.set_cache_segments(d, False), what="turning segments off", device=d
+                        )
+                        # blocks cached from the default pool are not exportable: back to it
+                        check(core.trim(d, 0), what="emptying the cache", device=d)
+            # after the exportable pools exist: a grant sets both pools of a device; every
+            # device of the bridge, so that a device an earlier call set up alone and the ones
+            # this call adds read each other's pools as one call's devices do
+            every = sorted(set(b.devices) | set(devices))
+            if peer_access and len(every) > 1:
+                for d in every:
+                    check(core.grant_peer_access(d)[0], what="granting peer access", device=d)
+            recovery.install()
+            views.want(budget_views)  # JAX reads it as it starts
             if share_name is not None:
                 for d, share_budget in share_budgets.items():
+                    earlier_member = _share.membership(d) is not None
                     _share.join(d, share_name, share_budget)
+                    if not earlier_member:
+                        joined.append(d)
             for name, adapter in adapters:
                 if frameworks.row(name).partition and partition is not None:
                     adapter.install(sorted(set(b.devices) | set(devices)), partition=partition)
@@ -443,7 +458,8 @@ def unify(
                     adapter.install(sorted(set(b.devices) | set(devices)))
                 installed.append(name)
         except BaseException:
-            if not installed:  # nothing of this call stays: put the budget back
+            if not installed:  # nothing of this call stays: put back what it changed
+                _put_back(joined, made_ipc, totals)
                 for d, limit in before.items():
                     core.set_limit(d, limit)
                 if threshold is not None:
@@ -488,6 +504,22 @@ def _budgets_agree_with_shares(budget: SizeLike, limits: dict[int, int]) -> None
                 f"{format_bytes(limit)} ({limit} bytes) there: the share's refuses first. "
                 "Pass the share's budget or none, or run in another share."
             )
+
+
+def _put_back(joined: list[int], made_ipc: list[int], totals: dict[int, int]) -> None:
+    """A call that failed with nothing of it installed: out of the shares it joined (the
+    slot freed, the other members get its claim back; a share an earlier call joined
+    stays), and back to the default pool where it made the exportable one, with the cache
+    as the environment set it. What cannot be put back stays, without a second error
+    over the framework's: an exportable pool whose blocks are live or were shared."""
+    for d in joined:
+        core.share_leave(d)
+    for d in made_ipc:
+        if core.ipc_disable(d) == Status.OK:
+            try:
+                _runtime.apply_cache_carving(d, totals[d])
+            except BridgeError:  # the cache's exact-size tiers stay: they work
+                pass
 
 
 def _record(b: Bridge, devices: list[int], installed: list[str]) -> None:

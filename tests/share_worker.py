@@ -3,7 +3,8 @@
 
 It reads one JSON command per line on stdin and answers one JSON line on
 stdout: ``{"op": "join", "name": ..., "budget": ...}``, ``alloc``, ``free``,
-``trim``, ``stats``, ``mem_info``, ``hammer`` (allocate and free at the budget's edge for a
+``trim``, ``stats``, ``mem_info``, ``unify`` (bridge.unify(share=...), its framework
+refusing or not), ``hammer`` (allocate and free at the budget's edge for a
 while, checking an oracle counter), ``spin`` (allocate and free until killed).
 WORKER_DEVICE picks the device (default 0).
 """
@@ -19,7 +20,7 @@ import sys
 import time
 
 from bridge import _runtime, share
-from bridge._errors import Status
+from bridge._errors import BridgeError, Status
 from bridge._runtime import core
 
 DEV = int(os.environ.get("WORKER_DEVICE", "0"))
@@ -161,8 +162,50 @@ def op_mem_info() -> dict:
     return {"free": free, "total": total, "view": views.budget_view(DEV)}
 
 
+class _Refuses:
+    """An adapter whose install refuses in a way no too_late() can tell ahead (torch
+    refusing the allocator swap, JAX's start failing)."""
+
+    def install(self, devices: list[int], **kw: object) -> None:
+        raise BridgeError("the framework refused as it was installed")
+
+
+def op_unify(name: str | None, budget: int = 0, refuse: bool = False, ipc: bool = False) -> dict:
+    """bridge.unify(share=name) of this process's device (``refuse``: with a torch whose
+    install refuses, after the call joined the share): what refused it, and this process's
+    membership, exportable pool, cache and budget after it."""
+    import importlib
+
+    import bridge
+
+    unify_mod = importlib.import_module("bridge.unify")
+    if refuse:
+        unify_mod._adapter = lambda fw: _Refuses()  # type: ignore[assignment]
+    refused = None
+    try:
+        bridge.unify(
+            cupy=False,
+            torch=refuse,
+            device=DEV,
+            share=name,
+            budget=budget or None,
+            ipc=ipc,
+        )
+    except BridgeError as exc:
+        refused = str(exc)
+    rc, raw = core.stats(DEV)
+    return {
+        "refused": refused,
+        "share": share.membership(DEV),
+        "ipc": core.ipc_enabled(DEV),
+        "carve_on": raw["carve_on"],
+        "limit": raw["limit"],
+    }
+
+
 OPS = {
     "join": op_join,
+    "unify": op_unify,
     "alloc": op_alloc,
     "free": op_free,
     "trim": op_trim,

@@ -509,6 +509,12 @@ void bridge_set_stack_hook(bridge_stack_fn fn);
  * default pool's blocks stay where they are).  Idempotent.  BRIDGE_E_IPC
  * when the driver cannot create it. */
 int bridge_ipc_enable(int device);
+/* Undo bridge_ipc_enable: the device allocates from the default pool again
+ * and the exportable pool is put away (its idle memory trimmed; the next
+ * bridge_ipc_enable takes it back).  BRIDGE_E_IPC (bridge_ipc_error says
+ * why) when the pool must stay: a block of it was shared with another
+ * process, or blocks of it are live.  A device without one: BRIDGE_OK. */
+int bridge_ipc_disable(int device);
 int bridge_ipc_enabled(int device);
 /* A handle of BRIDGE_IPC_HANDLE_SIZE bytes for a live block of the
  * exportable pool (its start; *offset: 0), for another process of this
@@ -540,6 +546,11 @@ int bridge_share_join(int device, const char *name, const char *dir, uint64_t bu
  * multiple of 2 MiB up to 1 TiB (0: BRIDGE_SHARE_GROWTH as bytes, else 32 MiB).
  * BRIDGE_E_INVALID for another value. */
 int bridge_share_set_growth(uint64_t bytes);
+/* Leave the share of `device`'s GPU that this process joined: its service
+ * thread ends, its slot is freed (its claim back to the other members, who
+ * no longer count it) and the ledger asks the share no more; only this
+ * process's own budget applies then.  A device in no share: BRIDGE_OK. */
+int bridge_share_leave(int device);
 const char *bridge_share_error(void);
 
 typedef struct bridge_share_stats {

@@ -106,7 +106,7 @@ typedef struct device_state {
     size_t nheld, cap_held;
     _Atomic uint64_t num_held; /* == nheld, readable without the lock */
 
-    /* ---- the share (share.c): set once by bridge_share_join ---- */
+    /* ---- the share (share.c): set by bridge_share_join, cleared by bridge_share_leave ---- */
     _Atomic(share_member *) share; /* NULL: this process's own budget only */
 } device_state;
 

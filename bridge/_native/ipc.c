@@ -114,8 +114,13 @@ const char *bridge_ipc_error(void)
 
 /* ---- the exportable pools ---- */
 static pthread_mutex_t enable_lock = PTHREAD_MUTEX_INITIALIZER;
+/* pools bridge_ipc_disable put away, for the next bridge_ipc_enable of the
+ * device (never destroyed: an allocation that read the pool before it was
+ * put away may still land in it) */
+static CUmemoryPool put_away[BRIDGE_MAX_DEVICES];
 
 void ipc_setup(void);
+static int pool_exported(int device);
 
 int bridge_ipc_enable(int device)
 {
@@ -125,6 +130,13 @@ int bridge_ipc_enable(int device)
     if (!d)
         return rc;
     pthread_mutex_lock(&enable_lock);
+    CUmemoryPool again = put_away[device];
+    if (!atomic_load(&d->ipc_pool) && again) {
+        put_away[device] = NULL;
+        uint64_t t = atomic_load(&d->release_threshold);
+        bridge_drv.cuMemPoolSetAttribute(again, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t);
+        atomic_store_explicit(&d->ipc_pool, again, memory_order_release);
+    }
     if (!atomic_load(&d->ipc_pool)) {
         bridge_CUmemPoolProps props;
         memset(&props, 0, sizeof props);
@@ -152,6 +164,51 @@ int bridge_ipc_enable(int device)
             atomic_store_explicit(&d->ipc_pool, p, memory_order_release);
         }
     }
+    pthread_mutex_unlock(&enable_lock);
+    return rc;
+}
+
+int bridge_ipc_disable(int device)
+{
+    ipc_setup();
+    device_state *d = device_of(device);
+    if (!d)
+        return BRIDGE_E_DEVICE;
+    if (!atomic_load(&d->ipc_pool))
+        return BRIDGE_OK;
+    if (pool_exported(device))
+        return fail(BRIDGE_E_IPC,
+                    "a block of device %d's exportable pool was shared with another process "
+                    "already: the pool stays, so that what was shared stays valid",
+                    device);
+    /* the cached blocks back to the pool (outside enable_lock, a leaf) */
+    int rc = bridge_trim(device, 0);
+    if (rc != BRIDGE_OK)
+        return rc;
+    pthread_mutex_lock(&enable_lock);
+    CUmemoryPool p = atomic_load(&d->ipc_pool);
+    uint64_t used = 0;
+    ctx_guard g;
+    ctx_enter(d, &g);
+    int mode = capture_mode_relax(); /* as every pool call: no capture invalidated */
+    CUresult r = p ? bridge_drv.cuMemPoolGetAttribute(p, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used)
+                   : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS) {
+        bridge_note_driver_error(r);
+        rc = BRIDGE_E_DRIVER;
+    } else if (used) {
+        rc = fail(BRIDGE_E_IPC,
+                  "device %d's exportable pool holds %llu bytes of live blocks: it stays, and "
+                  "the allocations go on from it",
+                  device, (unsigned long long)used);
+    } else if (p) {
+        /* new allocations from the default pool; a free needs no pool */
+        atomic_store_explicit(&d->ipc_pool, NULL, memory_order_release);
+        put_away[device] = p;
+        bridge_drv.cuMemPoolTrimTo(p, 0);
+    }
+    capture_mode_exit(mode);
+    ctx_exit(&g);
     pthread_mutex_unlock(&enable_lock);
     return rc;
 }
@@ -298,6 +355,16 @@ static int export_pool_fd(int device)
     }
     pthread_mutex_unlock(&serve_lock);
     return got;
+}
+
+/* Whether the pool of `device` was exported (to share a block: the first
+ * export exports the pool's descriptor). */
+static int pool_exported(int device)
+{
+    pthread_mutex_lock(&serve_lock);
+    int exported = pool_fd[device] != 0;
+    pthread_mutex_unlock(&serve_lock);
+    return exported;
 }
 
 /* One request of connection `fd`; -1 closes it. */

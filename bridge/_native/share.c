@@ -185,6 +185,8 @@ struct share_member {
                                     its target.  UINT64_MAX: none */
     _Atomic uint64_t inflight; /* bytes (unit-rounded) between share_reserve and settle */
     pthread_t thread;
+    _Atomic uint32_t leaving;  /* futex-woken on me->trim_req: the service thread ends */
+    struct share_member *left_next; /* the members this process left (under join_lock) */
     _Atomic uint64_t num_refused, num_asks, num_trims_served, num_reclaimed, num_overshoots,
         num_lost;
     _Atomic uint64_t max_overshoot; /* bytes: the most the pool was above the claim */
@@ -227,6 +229,9 @@ static uint64_t growth_setting(void)
 
 static char share_error_text[768];
 static pthread_mutex_t join_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Members this process left (bridge_share_leave), kept with their mappings
+ * for the process's life: a thread that read d->share before may use them. */
+static share_member *left_members;
 
 const char *bridge_share_error(void)
 {
@@ -741,6 +746,8 @@ static void *serve(void *arg)
     for (;;) {
         if (bridge_forked())
             return NULL; /* never in a fork child (no thread survives fork), but cheap */
+        if (atomic_load(&m->leaving))
+            return NULL; /* bridge_share_leave joins this thread */
         uint32_t req = atomic_load(&m->me->trim_req);
         if (req != served) {
             /* cache, frees in flight, pool; lowers the claim.  bridge_trim
@@ -1018,12 +1025,56 @@ int bridge_share_join(int device, const char *name, const char *dir, uint64_t bu
         pthread_mutex_unlock(&join_lock);
         return fail("cannot start the share's service thread%s%s", "", "");
     }
-    pthread_detach(m->thread);
+    /* joinable: bridge_share_leave waits for it to end */
     /* the ledger calls the share through its table, and only for a device
      * whose `share` it read set: the entries are there before the first is */
     static pthread_once_t listen_once = PTHREAD_ONCE_INIT;
     pthread_once(&listen_once, listen_to_the_ledger);
     atomic_store(&d->share, m);
+    pthread_mutex_unlock(&join_lock);
+    return BRIDGE_OK;
+}
+
+/* ---- leaving ---- */
+int bridge_share_leave(int device)
+{
+    if (bridge_forked())
+        return BRIDGE_E_FORKED;
+    device_state *d = device_of(device);
+    if (!d)
+        return BRIDGE_E_DEVICE;
+    pthread_mutex_lock(&join_lock);
+    share_member *m = atomic_load(&d->share);
+    if (!m) {
+        pthread_mutex_unlock(&join_lock);
+        return BRIDGE_OK;
+    }
+    /* the ledger asks the share no more (an allocation that read the member
+     * before this store goes on with it: its raise finds the slot no longer
+     * ours below and is refused, as a claim taken back is) */
+    atomic_store(&d->share, NULL);
+    atomic_store(&m->leaving, 1);
+    atomic_fetch_add(&m->me->trim_req, 1); /* the service thread wakes and ends */
+    futex_wake(&m->me->trim_req);
+    pthread_join(m->thread, NULL);
+    /* the requests to it answered, so that no member waits for its trim */
+    atomic_store(&m->me->trim_done, atomic_load(&m->me->trim_req));
+    atomic_store(&m->me->asked_at, 0);
+    /* the slot free with the next generation: the claim goes back to the
+     * group and the member is gone from its slots (as a dead member's is) */
+    pthread_mutex_lock(&m->lock);
+    uint64_t o = atomic_load(&m->me->word);
+    while (w_pid(o) == m->pid && w_gen(o) == m->gen &&
+           !atomic_compare_exchange_weak(&m->me->word, &o, w_make(m->gen + 1, 0, 0)))
+        ;
+    atomic_store(&m->claim, 0);
+    pthread_mutex_unlock(&m->lock);
+    atomic_fetch_add(&m->hdr->answers, 1); /* a member waiting for this one's trim goes on */
+    futex_wake(&m->hdr->answers);
+    /* The member and its mapping stay (a few KiB): a thread of this process
+     * that read d->share before the store above may still use them. */
+    m->left_next = left_members;
+    left_members = m;
     pthread_mutex_unlock(&join_lock);
     return BRIDGE_OK;
 }

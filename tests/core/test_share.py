@@ -194,6 +194,71 @@ def test_one_gpu_numbered_differently_in_two_processes_is_one_share(workers, sha
     assert c.call("alloc", size=8 * MIB)["rc"] == Status.OK  # another GPU's budget
 
 
+def test_a_unify_whose_framework_refuses_leaves_the_share_and_the_exportable_pool(
+    workers, share_dir
+):
+    """unify(torch=True, share=..., ipc=True) whose torch refuses as it is installed (a
+    refusal no too_late() tells ahead) put back the budget but stayed in the share, its
+    budget applying (another budget refused) and its slot listed, and kept the exportable
+    pool with the segments off. Now the call leaves no member and no exportable pool."""
+    w = workers(**SEGMENTS)
+    name = _name()
+    assert w.call("stats")["carve_on"] == 1
+    out = w.call("unify", name=name, budget=64 * MIB, refuse=True, ipc=True)
+    assert out["refused"] == "the framework refused as it was installed"
+    assert out["share"] is None and out["limit"] == 0
+    assert out["ipc"] is False and out["carve_on"] == 1  # the default pool, segments back
+    (sh,) = share.list_shares(str(share_dir))
+    assert sh.name == name and sh.members == () and sh.claimed == 0
+    # another budget for the share works now: nobody is in it
+    again = w.call("unify", name=name, budget=128 * MIB)
+    assert again["refused"] is None and again["share"]["budget"] == 128 * MIB
+    assert again["share"]["members"] == 1
+
+
+def test_a_refused_unify_ipc_puts_the_exportable_pool_away_and_a_later_one_takes_it(
+    workers, share_dir
+):
+    w = workers(**SEGMENTS)
+    out = w.call("unify", name=None, refuse=True, ipc=True)
+    assert out["refused"] is not None
+    assert out["ipc"] is False and out["carve_on"] == 1
+    assert w.call("alloc", size=4 * MIB)["rc"] == Status.OK  # from the default pool
+    again = w.call("unify", name=None, ipc=True)
+    assert again["refused"] is None and again["ipc"] is True and again["carve_on"] == 0
+    assert w.call("alloc", size=4 * MIB)["rc"] == Status.OK
+
+
+def test_a_member_sees_a_refused_unify_leave_and_gets_its_claim_back(workers, share_dir):
+    """The other members' view: the process that joined in a refused unify() is no
+    member any more, and what it claimed (its pool, held before it joined) is theirs."""
+    a, b = workers(), workers()
+    name = _name()
+    a.call("join", name=name, budget=64 * MIB)
+    assert a.call("alloc", size=16 * MIB)["rc"] == Status.OK
+    assert b.call("alloc", size=40 * MIB)["rc"] == Status.OK  # claimed as it is at join
+    out = b.call("unify", name=name, refuse=True)  # the share's budget adopted
+    assert out["refused"] is not None and out["share"] is None
+    mine = a.call("stats")["share"]
+    assert mine["members"] == 1 and mine["group"] == mine["claim"]
+    (sh,) = share.list_shares(str(share_dir))
+    assert [m.pid for m in sh.members] == [a.pid]
+    # 16 + 40 MiB of a's own fit the budget only without b's 40 MiB claim (b lives on)
+    assert a.call("alloc", size=40 * MIB)["rc"] == Status.OK
+    assert b.proc.poll() is None
+
+
+def test_a_refused_unify_keeps_the_share_an_earlier_call_joined(workers, share_dir):
+    w = workers()
+    name = _name()
+    assert w.call("unify", name=name, budget=64 * MIB)["share"]["budget"] == 64 * MIB
+    out = w.call("unify", name=name, refuse=True)
+    assert out["refused"] is not None
+    assert out["share"]["name"] == name and out["share"]["budget"] == 64 * MIB
+    (sh,) = share.list_shares(str(share_dir))
+    assert [m.pid for m in sh.members] == [w.pid]
+
+
 # ---- exactness ----
 
 

@@ -56,10 +56,11 @@
  *               references to each other, recording copies against them,
  *               while the limit changes, the pool is trimmed and events
  *               complete late
- *   share       (last: joining is for the life of the process) threads at the
+ *   share       (last: a process leaves only a share unify() failed in) threads at the
  *               edge of a share's budget (share.c) while another trims the pool
  *               over and over: the pool never holds more than the budget, no
- *               growth escapes the claim
+ *               growth escapes the claim; then it leaves while threads
+ *               allocate and joins again (one member, its first slot freed)
  */
 #include "bridge.h"
 
@@ -1699,6 +1700,20 @@ static void *share_trimmer(void *arg)
     return NULL;
 }
 
+/* Allocates and frees 1 MiB blocks until share_stop: the share may refuse
+ * (a raise racing the leave finds the slot no longer its own). */
+static void *share_churn(void *arg)
+{
+    (void)arg;
+    while (!atomic_load(&share_stop)) {
+        void *p = NULL;
+        int rc = bridge_alloc(0, MIB, NULL, BRIDGE_TAG_CUPY, &p);
+        CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_BUDGET, "alloc while leaving: %d", rc);
+        bridge_free(p);
+    }
+    return NULL;
+}
+
 static void phase_share(void)
 {
     reset();
@@ -1740,6 +1755,26 @@ static void phase_share(void)
            "\n",
            ok, refusals, st.group, st.budget);
     check_idle("share");
+    /* leaving while threads allocate and the service thread runs, then
+     * joining again: the first slot was freed, so one member */
+    atomic_store(&share_stop, 0);
+    pthread_t churn[4];
+    for (int i = 0; i < 4; i++)
+        CHECK(pthread_create(&churn[i], NULL, share_churn, NULL) == 0, "churn thread");
+    usleep(20000);
+    CHECK(bridge_share_leave(0) == BRIDGE_OK, "leave");
+    CHECK(bridge_share_get(0, &st) == BRIDGE_OK && !st.joined, "still a member after leaving");
+    CHECK(bridge_share_leave(0) == BRIDGE_OK, "leave again: nothing to do");
+    usleep(20000);
+    CHECK(bridge_share_join(0, "stress", dir, budget) == BRIDGE_OK, "join again: %s",
+          bridge_share_error());
+    usleep(20000);
+    atomic_store(&share_stop, 1);
+    for (int i = 0; i < 4; i++)
+        pthread_join(churn[i], NULL);
+    CHECK(bridge_share_get(0, &st) == BRIDGE_OK && st.joined && st.members == 1,
+          "%" PRIu64 " members after leaving and joining again", st.members);
+    check_idle("share left and joined again");
     unlink(st.path); /* the mapping stays */
     rmdir(dir);
 }

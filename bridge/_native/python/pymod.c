@@ -700,6 +700,9 @@ static PyObject *py_alloc_graph(PyObject *Py_UNUSED(m), PyObject *args)
     X(ipc_enable, i, bridge_ipc_enable, "i", BIND_NOGIL,                                           \
       "ipc_enable(device) -> status: allocate from a pool with POSIX fd export from now on",       \
       BIND_NO_DEFAULTS)                                                                            \
+    X(ipc_disable, i, bridge_ipc_disable, "i", BIND_NOGIL,                                         \
+      "ipc_disable(device) -> status: back to the default pool, the exportable one put away",      \
+      BIND_NO_DEFAULTS)                                                                            \
     X(ipc_enabled, i, bridge_ipc_enabled, "i", BIND_BOOL, "ipc_enabled(device) -> bool",           \
       BIND_NO_DEFAULTS)                                                                            \
     H(ipc_export, VARARGS, "ipc_export(ptr) -> (status, handle bytes or None, offset)")            \

@@ -79,6 +79,8 @@ static PyObject *py_share_layout(PyObject *m, PyObject *a)
     X(share_join, issk, bridge_share_join, "issK", BIND_NOGIL,                                     \
       "share_join(device, name, dir, budget) -> status: join the share of the device's GPU",       \
       BIND_NO_DEFAULTS)                                                                            \
+    X(share_leave, i, bridge_share_leave, "i", BIND_NOGIL,                                         \
+      "share_leave(device) -> status: leave the share of the device's GPU", BIND_NO_DEFAULTS)      \
     X(share_stats, get, &share_getter, "i", BIND_PLAIN,                                            \
       "share_stats(device) -> (status, dict | None): this process's membership", BIND_NO_DEFAULTS) \
     X(share_set_growth, k, bridge_share_set_growth, "K", BIND_PLAIN,                               \
