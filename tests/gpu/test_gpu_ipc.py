@@ -287,3 +287,51 @@ def test_a_kernel_of_one_device_reads_anothers_block_of_the_exportable_pool(mode
     assert r["ok"] is True, r
     if mode == "bridge":
         assert r["exportable"] is True, r
+
+
+# A unify(ipc=True, share=...) whose torch refuses as it is installed (a refusal no
+# too_late() tells ahead, made here by a refusing adapter), then the real one.
+REFUSED_FIRST = """
+refused, undone = None, {}
+if MODE == "bridge":
+    import importlib
+    import bridge
+    from bridge._runtime import core
+    unify_mod = importlib.import_module("bridge.unify")
+    real_adapter = unify_mod._adapter
+    class Refuses:
+        def install(self, devices, **kw):
+            raise bridge.BridgeError("refused as it was installed")
+    unify_mod._adapter = lambda name: Refuses()
+    try:
+        bridge.unify(
+            cupy=False, torch=True, ipc=True, budget="8GiB", share=f"refused-{os.getpid()}"
+        )
+    except bridge.BridgeError as exc:
+        refused = str(exc)
+    undone = dict(
+        ipc=core.ipc_enabled(0), share=bridge.stats(0).share, limit=bridge.pool(0).get_limit()
+    )
+    unify_mod._adapter = real_adapter
+    bridge.unify(cupy=False, torch=True, ipc=True)
+    from bridge.adapters import torch as torch_adapter
+import torch
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_refused_unify_puts_its_pool_away_and_a_later_one_sends_tensors(mode, tmp_path):
+    """The refused call leaves the share it joined and puts its exportable pool away
+    (it stayed, with the share: the process a member with no framework on the pool); the
+    next unify(ipc=True) takes the pool back and a tensor goes through a queue as with
+    torch's own allocator (native: the same queue, without the bridge)."""
+    code = (
+        REFUSED_FIRST + CHILD + QUEUE.replace("report(", "report(refused=refused, undone=undone, ")
+    )
+    r = run_mode(code, mode, env={"BRIDGE_SHARE_DIR": str(tmp_path)})
+    assert r["read"] == 499500.0 and r["after"] == 499500.0 + 1000, r
+    assert r["dropped"] == "dropped" and r["exit"] == 0, r
+    if mode == "bridge":
+        assert r["refused"] == "refused as it was installed", r
+        assert r["undone"] == {"ipc": False, "share": None, "limit": 0}, r
+        assert r["path"] == "bridge", r
