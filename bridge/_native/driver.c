@@ -56,15 +56,36 @@ const char *bridge_loaded_library(void)
 }
 
 /* ---- loading ---- */
-static int load_entries(void *lib)
+/* *missing: the first entry point the library lacks. */
+static int load_entries(void *lib, const char **missing)
 {
 #define BRIDGE_LOAD_ENTRY(name, args)                 \
     *(void **)(&bridge_drv.name) = dlsym(lib, #name); \
-    if (!bridge_drv.name)                             \
-        return BRIDGE_E_NODRIVER;
+    if (!bridge_drv.name) {                           \
+        *missing = #name;                             \
+        return BRIDGE_E_NODRIVER;                     \
+    }
     BRIDGE_DRIVER_ENTRIES(BRIDGE_LOAD_ENTRY)
 #undef BRIDGE_LOAD_ENTRY
     return BRIDGE_OK;
+}
+
+/* Why a library without one of the entry points cannot be used, and what to
+ * do: its driver is older than the newest entry point the table names
+ * (cuDeviceGetUuid_v2, CUDA 11.4).  The version is asked of the library
+ * itself (cuDriverGetVersion exists in every driver since CUDA 2.2). */
+static void note_missing_entry(void *lib, const char *name, const char *missing)
+{
+    CUresult (*get_version)(int *) = NULL;
+    *(void **)(&get_version) = dlsym(lib, "cuDriverGetVersion");
+    int v = 0;
+    char version[64] = "";
+    if (get_version && get_version(&v) == CUDA_SUCCESS && v > 0)
+        snprintf(version, sizeof version, " (a CUDA %d.%d driver)", v / 1000, v % 1000 / 10);
+    snprintf(load_error, sizeof load_error,
+             "%s%s lacks the entry point %s: the driver is too old for the bridge; update the "
+             "NVIDIA driver to one for CUDA 12 or newer (`nvidia-smi` shows its CUDA version)",
+             name, version, missing);
 }
 
 /* ---- fork ---- */
@@ -113,12 +134,12 @@ int bridge_init(const char *path)
         const char *name = (path && path[0]) ? path : "libcuda.so.1";
         void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
         int rc = BRIDGE_E_NODRIVER;
+        const char *missing = "";
         if (!lib) {
             const char *e = dlerror();
             snprintf(load_error, sizeof load_error, "%s", e ? e : "dlopen failed");
-        } else if ((rc = load_entries(lib)) != BRIDGE_OK) {
-            snprintf(load_error, sizeof load_error,
-                     "%s lacks a driver entry point the bridge needs (driver too old?)", name);
+        } else if ((rc = load_entries(lib, &missing)) != BRIDGE_OK) {
+            note_missing_entry(lib, name, missing);
         } else {
             CUresult r = bridge_drv.cuInit(0);
             if (r != CUDA_SUCCESS) {

@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Loading the driver (bridge/_native/driver.c) on the stand-in: what a user sees when the
+driver is too old.
+
+Each case runs in a child process: the driver is loaded once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import sysconfig
+import textwrap
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _run(code: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    full = dict(os.environ)
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full,
+    )
+
+
+UNIFY = """
+    import bridge
+    try:
+        bridge.unify()
+    except bridge.BridgeError as e:
+        print(e)
+    else:
+        print("started")
+"""
+
+
+@pytest.fixture(scope="module")
+def old_driver(tmp_path_factory) -> pathlib.Path:
+    """The stand-in without cuGraphRetainUserObject, as a driver older than CUDA 11.3."""
+    if "BRIDGE_CUDA_LIBRARY" not in os.environ or os.environ.get("BRIDGE_TEST_GPU") == "1":
+        pytest.skip("stand-in driver test; this is a GPU run")
+    out = tmp_path_factory.mktemp("old-driver")
+    script = out / "hide.map"
+    script.write_text("{ global: *; local: cuGraphRetainUserObject; };\n")
+    lib = out / "libold_cuda.so"
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    subprocess.run(
+        cc.split()
+        + ["-O1", "-shared", "-fPIC", "-o", str(lib), str(HERE / "standin" / "standin_cuda.c")]
+        + ["-lpthread", f"-Wl,--version-script={script}"],
+        check=True,
+    )
+    return lib
+
+
+def test_a_driver_too_old_is_named_with_what_to_do(standin, old_driver):
+    """Issue: a libcuda without an entry point the bridge needs gave "lacks a driver entry
+    point the bridge needs (driver too old?)": no entry point named, no version, nothing
+    to do but "run on a machine with an NVIDIA GPU", which the user has."""
+    r = _run(UNIFY, BRIDGE_CUDA_LIBRARY=str(old_driver))
+    assert r.returncode == 0, r.stderr
+    msg = r.stdout
+    assert "lacks the entry point cuGraphRetainUserObject" in msg, msg
+    assert "(a CUDA 13.0 driver)" in msg, msg  # the stand-in's cuDriverGetVersion
+    assert "update the NVIDIA driver to one for CUDA 12 or newer" in msg, msg
