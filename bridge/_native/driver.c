@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 bridge_driver bridge_drv;
@@ -88,6 +89,30 @@ static void note_missing_entry(void *lib, const char *name, const char *missing)
              name, version, missing);
 }
 
+/* Why cuInit failed, and what to do where the cause is known. */
+static void note_init_error(CUresult r)
+{
+    const char *en = NULL;
+    if (bridge_drv.cuGetErrorName(r, &en) != CUDA_SUCCESS || !en)
+        en = "unknown error";
+    /* The driver answers so when no GPU is visible to the process: none in
+     * the machine or container, or CUDA_VISIBLE_DEVICES hiding every one
+     * ("", "-1", or ordinals or UUIDs that do not exist). */
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (r == CUDA_ERROR_NO_DEVICE && visible)
+        snprintf(load_error, sizeof load_error,
+                 "cuInit failed: %s (code %d): CUDA_VISIBLE_DEVICES=\"%s\" leaves no GPU visible; "
+                 "unset it or name GPUs that `nvidia-smi -L` lists",
+                 en, r, visible);
+    else if (r == CUDA_ERROR_NO_DEVICE)
+        snprintf(load_error, sizeof load_error,
+                 "cuInit failed: %s (code %d): the driver sees no GPU in this machine or "
+                 "container",
+                 en, r);
+    else
+        snprintf(load_error, sizeof load_error, "cuInit failed: %s (code %d)", en, r);
+}
+
 /* ---- fork ---- */
 static void after_fork_in_child(void);
 static void register_atfork(void)
@@ -144,10 +169,7 @@ int bridge_init(const char *path)
             CUresult r = bridge_drv.cuInit(0);
             if (r != CUDA_SUCCESS) {
                 bridge_note_driver_error(r);
-                const char *en = NULL;
-                if (bridge_drv.cuGetErrorName(r, &en) != CUDA_SUCCESS || !en)
-                    en = "unknown error";
-                snprintf(load_error, sizeof load_error, "cuInit failed: %s (code %d)", en, r);
+                note_init_error(r);
                 rc = BRIDGE_E_NODRIVER;
             }
         }

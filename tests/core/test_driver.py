@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Loading the driver (bridge/_native/driver.c) on the stand-in: what a user sees when the
-driver is too old.
+driver is too old, and when no GPU is visible.
 
 Each case runs in a child process: the driver is loaded once per process.
 """
@@ -71,3 +71,31 @@ def test_a_driver_too_old_is_named_with_what_to_do(standin, old_driver):
     assert "lacks the entry point cuGraphRetainUserObject" in msg, msg
     assert "(a CUDA 13.0 driver)" in msg, msg  # the stand-in's cuDriverGetVersion
     assert "update the NVIDIA driver to one for CUDA 12 or newer" in msg, msg
+
+
+@pytest.mark.parametrize("visible", [None, "", "-1"])
+def test_no_visible_gpu_says_so_and_names_cuda_visible_devices(standin, visible):
+    """Issue: with CUDA_VISIBLE_DEVICES hiding every GPU the driver's cuInit fails with
+    CUDA_ERROR_NO_DEVICE, and the bridge said only "cuInit failed: CUDA_ERROR_NO_DEVICE
+    (code 100)" and to run on a machine with a GPU."""
+    code = textwrap.dedent(
+        """
+        import ctypes, os
+        ctypes.CDLL(os.environ["BRIDGE_CUDA_LIBRARY"]).standin_fail(b"cuInit", 100, 1)
+        """
+    ) + textwrap.dedent(UNIFY)
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    msg = r.stdout
+    assert "CUDA_ERROR_NO_DEVICE (code 100)" in msg, msg
+    if visible is None:
+        assert "the driver sees no GPU in this machine or container" in msg, msg
+    else:
+        assert f'CUDA_VISIBLE_DEVICES="{visible}" leaves no GPU visible' in msg, msg
+        assert "unset it or name GPUs that `nvidia-smi -L` lists" in msg, msg
