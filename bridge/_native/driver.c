@@ -20,6 +20,7 @@ bridge_driver bridge_drv;
 /* ---- state ---- */
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int init_done;               /* 1 once bridge_drv is complete */
+static atomic_int init_busy;               /* 1 while a thread loads it (init_lock held) */
 static int init_status = BRIDGE_E_NOTINIT; /* result of the first full init */
 static char loaded_path[512];              /* the library that was loaded */
 static atomic_int last_error;              /* last failing CUresult seen */
@@ -131,10 +132,15 @@ static atomic_int forked;
 
 static void after_fork_in_child(void)
 {
-    if (!atomic_load(&init_done))
-        return; /* nothing was set up: the child may start the driver itself */
+    /* The load lock may be held by a thread the child does not have. */
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     init_lock = fresh;
+    /* A load under way in another thread at the fork (cuInit takes seconds
+     * on a machine of many GPUs) may have started the driver: the child
+     * refuses as after a finished one. */
+    if (!atomic_load(&init_done) && !atomic_load(&init_busy))
+        return; /* nothing was set up: the child may start the driver itself */
+    atomic_store(&init_busy, 0);
     atomic_store(&forked, 1);
     atomic_store(&init_done, 0);
     init_status = BRIDGE_E_FORKED;
@@ -155,6 +161,7 @@ int bridge_init(const char *path)
     static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
     pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&init_lock);
+    atomic_store(&init_busy, 1);
     if (!atomic_load(&init_done)) {
         const char *name = (path && path[0]) ? path : "libcuda.so.1";
         void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
@@ -186,6 +193,7 @@ int bridge_init(const char *path)
         }
     }
     int rc = init_status;
+    atomic_store(&init_busy, 0);
     pthread_mutex_unlock(&init_lock);
     return rc;
 }

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Loading the driver (bridge/_native/driver.c) on the stand-in: what a user sees when the
-driver is too old, and when no GPU is visible.
+driver is too old, when no GPU is visible, and a fork made while another thread starts it.
 
 Each case runs in a child process: the driver is loaded once per process.
 """
@@ -99,3 +99,42 @@ def test_no_visible_gpu_says_so_and_names_cuda_visible_devices(standin, visible)
     else:
         assert f'CUDA_VISIBLE_DEVICES="{visible}" leaves no GPU visible' in msg, msg
         assert "unset it or name GPUs that `nvidia-smi -L` lists" in msg, msg
+
+
+def test_a_fork_while_another_thread_starts_the_driver_never_hangs(standin):
+    """Issue: a child forked while another thread was inside bridge_init (cuInit takes
+    seconds on a machine of many GPUs) inherited the held load lock, and its first call
+    (unify, stats) hung forever.  The child now refuses as any fork child of a process that
+    started CUDA does: the driver's state it inherited is unknown."""
+    r = _run(
+        """
+        import os, sys, threading, time
+        from bridge._runtime import core
+        from bridge._errors import Status
+        lib = os.environ["BRIDGE_CUDA_LIBRARY"]
+        t = threading.Thread(target=core.init, args=(lib,))
+        t.start()
+        time.sleep(0.3)  # inside the stand-in's cuInit, the load lock held
+        pid = os.fork()
+        if pid == 0:
+            rc = core.init(lib)
+            os._exit(0 if rc == Status.FORKED and core.forked() else 20 + rc)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            print("child hung")
+            sys.exit(0)
+        t.join()
+        assert core.init(lib) == Status.OK and not core.forked()  # the parent goes on
+        print("child exit", os.WEXITSTATUS(status))
+        """,
+        BRIDGE_STANDIN_INIT_DELAY_MS="1500",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "child exit 0", r.stdout

@@ -41,6 +41,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -787,6 +788,13 @@ static int host_owns(void *p)
 CUresult cuInit(unsigned int flags)
 {
     (void)flags;
+    /* BRIDGE_STANDIN_INIT_DELAY_MS: cuInit takes this long (a driver starts
+     * its GPUs: seconds on a machine of eight), for a fork made meanwhile */
+    const char *delay = getenv("BRIDGE_STANDIN_INIT_DELAY_MS");
+    if (delay && atoi(delay) > 0) {
+        struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     pthread_mutex_lock(&mu);
     FAULT("cuInit");
     setup_once();
