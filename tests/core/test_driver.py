@@ -138,3 +138,47 @@ def test_a_fork_while_another_thread_starts_the_driver_never_hangs(standin):
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "child exit 0", r.stdout
+
+
+def test_a_fork_child_reading_a_pool_is_told_it_was_forked(standin):
+    """Issue: in a fork child, a Pool of the parent's answered "the CUDA driver is not
+    loaded yet; call bridge.unify() first" (stats, get_limit, set_limit), which unify()
+    there refuses, and free_all_blocks "no such CUDA device ... or it is not set up". Each
+    now says the process was forked and to use 'spawn'; the parent's block is freed
+    without a word."""
+    r = _run(
+        """
+        import os
+        import bridge
+        from bridge._runtime import core
+        bridge.unify()
+        pool = bridge.pool(0)
+        block = pool.malloc(1 << 20)
+        pid = os.fork()
+        if pid == 0:
+            calls = {
+                "stats": pool.stats,
+                "used_bytes": pool.used_bytes,
+                "get_limit": pool.get_limit,
+                "set_limit": lambda: pool.set_limit(1 << 30),
+                "free_all_blocks": pool.free_all_blocks,
+                "device_count": lambda: bridge._runtime.check(
+                    core.device_count()[0], what="counting"
+                ),
+            }
+            wrong = []
+            for name, call in calls.items():
+                try:
+                    call()
+                    wrong.append(f"{name}: no error")
+                except bridge.BridgeError as e:
+                    if "forked" not in str(e) or "'spawn'" not in str(e):
+                        wrong.append(f"{name}: {e}")
+            del block  # the parent's: nothing to free here, nothing raised
+            print(wrong, flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout

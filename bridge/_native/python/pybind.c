@@ -4,6 +4,18 @@
 
 #include <string.h>
 
+#include "bridge.h"
+
+/* In a fork child of a process that started CUDA every device is out of
+ * reach, the figures included: "no such device" and "not loaded yet, call
+ * unify() first" would send the user the wrong way (unify() there is refused
+ * too).  The child is told it was forked, and to use 'spawn'. */
+static int status_of(int rc)
+{
+    return (rc == BRIDGE_E_DEVICE || rc == BRIDGE_E_NOTINIT) && bridge_forked() ? BRIDGE_E_FORKED
+                                                                                : rc;
+}
+
 /* `call` without the GIL when the row asks for it */
 #define CALL(call)                   \
     do {                             \
@@ -21,13 +33,13 @@
 /* What Python gets of each kind's call (pybind.h) */
 #define GIVE_STATUS(call) \
     CALL(rc = (call));    \
-    return b->flags & BIND_BOOL ? PyBool_FromLong(rc) : PyLong_FromLong(rc)
+    return b->flags & BIND_BOOL ? PyBool_FromLong(rc) : PyLong_FromLong(status_of(rc))
 #define GIVE_STATUS_OUT_I(call) \
     CALL(rc = (call));          \
-    return Py_BuildValue("ii", rc, out.i)
+    return Py_BuildValue("ii", status_of(rc), out.i)
 #define GIVE_STATUS_OUT_K(call) \
     CALL(rc = (call));          \
-    return Py_BuildValue("iK", rc, (unsigned long long)out.k)
+    return Py_BuildValue("iK", status_of(rc), (unsigned long long)out.k)
 #define GIVE_U64(call)   return PyLong_FromUnsignedLongLong(call)
 #define GIVE_FLOAT(call) return PyFloat_FromDouble(call)
 #define GIVE_STR(call)   return PyUnicode_FromString(call)
@@ -64,7 +76,7 @@ PyObject *bridge_bind_call(const bridge_binding *b, PyObject *args)
         PARSE(&a[0].i);
         memset(out.got, 0, sizeof out.got); /* what the function leaves is 0 */
         CALL(rc = b->fn.get->call(a[0].i, out.got));
-        return b->fn.get->convert(rc, out.got);
+        return b->fn.get->convert(status_of(rc), out.got);
     }
     PyErr_SetString(PyExc_SystemError, "bridge._core: a binding of no known kind");
     return NULL;
