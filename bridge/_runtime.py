@@ -152,8 +152,15 @@ _release_threshold = MAX_THRESHOLD
 
 try:
     import bridge._core as core
-except ImportError as exc:  # pragma: no cover - a broken install
-    raise ImportError(
+except ImportError as exc:
+    if "static TLS" in str(exc):  # installed, but no room left for its thread-locals (tls.h)
+        raise ImportError(
+            f"bridge's compiled core could not be loaded ({exc}): libraries loaded before it "
+            "took glibc's room for static thread-local storage. Import bridge before the "
+            "other libraries (torch, cupy, jax), or start Python with "
+            "GLIBC_TUNABLES=glibc.rtld.optional_static_tls=4096."
+        ) from exc
+    raise ImportError(  # pragma: no cover - a broken install
         "bridge's compiled core (bridge._core) is missing: reinstall with "
         "`pip install -e .` from the source tree, which builds it with the C compiler."
     ) from exc

@@ -11,8 +11,12 @@ counts to the threads after it.
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
 import sys
+import sysconfig
+import textwrap
 import threading
 
 import pytest
@@ -107,3 +111,46 @@ def test_a_block_freed_by_another_thread_takes_the_tables_way(cached):
     core.free(q)
     core.free(q)  # a double free is counted, nothing else changes
     assert stats()["num_bad_frees"] >= 1 and stats()["tags"][TORCH]["current"] == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's static TLS")
+def test_no_room_for_the_cores_tls_says_what_to_do(tmp_path):
+    """Issue: with glibc's static TLS room taken by libraries loaded first, `import bridge`
+    said "bridge's compiled core (bridge._core) is missing: reinstall ...", which does
+    not help; it now says to import bridge first or to raise glibc's room."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    sizes = (1024, 512, 256, 128, 64, 32)  # the room left at the end: under 32 bytes
+    for n in sizes:
+        src = tmp_path / f"tls{n}.c"
+        src.write_text(
+            f'__attribute__((tls_model("initial-exec"))) __thread char tls_{n}[{n}];\n'
+            f"char *tls_{n}_addr(void) {{ return tls_{n}; }}\n"
+        )
+        lib = tmp_path / f"libtls{n}.so"
+        subprocess.run(cc.split() + ["-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    code = textwrap.dedent(
+        f"""
+        import ctypes, pathlib, shutil
+        d = pathlib.Path({str(tmp_path)!r})
+        for n in {sizes!r}:  # copies of each size (a copy is another library) till none fits
+            for i in range(64):
+                copy = d / f"libtls{{n}}-{{i}}.so"
+                shutil.copy(d / f"libtls{{n}}.so", copy)
+                try:
+                    ctypes.CDLL(str(copy))
+                except OSError:
+                    break
+        try:
+            import bridge
+        except ImportError as e:
+            print(e)
+        else:
+            print("imported")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "cannot allocate memory in static TLS block" in r.stdout, r.stdout
+    assert "Import bridge before the other libraries" in r.stdout, r.stdout
+    assert "GLIBC_TUNABLES=glibc.rtld.optional_static_tls=4096" in r.stdout, r.stdout
+    assert "reinstall" not in r.stdout, r.stdout
