@@ -39,6 +39,17 @@ _lock = threading.Lock()
 _ready = False
 
 
+def _new_lock_in_child() -> None:
+    # A fork while another thread is in ensure() copies _lock held, by a thread the
+    # child has not: a fresh one lets the child's first pinned call reach the core,
+    # which tells it that it was forked (as CPython's own modules renew their locks).
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def host_memory_total() -> int | None:
     """Physical memory of this host in bytes (what fractions of the pinned limit are of).
 

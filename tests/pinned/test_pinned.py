@@ -854,6 +854,52 @@ def test_a_forked_child_is_told_it_was_forked(pp, call):
     assert "unify" not in r.stdout
 
 
+_FORK_DURING_SETUP = """
+import os, signal, sys, threading
+import bridge
+from bridge.pinned import _backend
+
+# another thread is in the pool's first set-up (holding its lock) when this one forks
+entered, go = threading.Event(), threading.Event()
+real_setup = _backend._setup
+def held_setup(backend):
+    entered.set()
+    go.wait()
+    return real_setup(backend)
+_backend._setup = held_setup
+t = threading.Thread(target=bridge.pinned_buffer, args=(10,))
+t.start()
+assert entered.wait(30)
+pid = os.fork()
+if pid == 0:
+    _backend._setup = real_setup
+    signal.alarm(20)  # a child stuck on the lock dies of SIGALRM
+    try:
+        bridge.pinned_buffer(10)
+        print("no error")
+    except bridge.BridgeError as e:
+        print(type(e).__name__, e)
+    sys.stdout.flush()
+    os._exit(0)
+go.set()
+t.join()
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+bridge.pinned_buffer(10)  # the parent's set-up completed
+"""
+
+
+def test_a_child_forked_during_setup_is_told_it_was_forked(pp):
+    """A child forked while another thread of the parent was in the pinned pool's first
+    set-up inherited the set-up lock held, and its first pinned call waited on it forever
+    (a DataLoader worker forked while the main thread first made pinned memory): it is
+    told it was forked, as any child is."""
+    r = _run(_FORK_DURING_SETUP)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "child 0" in r.stdout, r.stdout  # not -14: killed by the alarm, stuck on the lock
+    assert "forked child" in r.stdout and "spawn" in r.stdout, r.stdout
+
+
 # ---- threads ----
 def test_threads_share_the_pool(pp, lib):
     s = stream(lib)
