@@ -61,6 +61,11 @@
 #define PIN_PENDING_PROBES 4            /* pending blocks checked per allocation */
 #define PIN_EVENT_CACHE    256          /* idle events kept for reuse */
 
+/* A test's hook between a last release's decrement and its lock (tests/native). */
+#ifndef PIN_TEST_AFTER_LAST_RELEASE
+#define PIN_TEST_AFTER_LAST_RELEASE(b) ((void)0)
+#endif
+
 /* ---- blocks ---- */
 typedef struct pin_event {
     CUcontext ctx;   /* the context of `stream`, where `event` was created */
@@ -194,14 +199,19 @@ static void live_remove(bridge_pinned_block *b)
     }
 }
 
-/* The live block whose capacity holds `addr`, or NULL. */
+/* The live block whose capacity holds `addr`, or NULL.  A block whose last
+ * reference was dropped stays in the table until its release takes the lock:
+ * it is no longer lent, and never counts as found. */
 static bridge_pinned_block *live_find(uintptr_t addr)
 {
     size_t i = live_lower(addr + 1); /* first block starting after addr */
     if (i == 0)
         return NULL;
     bridge_pinned_block *b = P.live[i - 1];
-    return addr < (uintptr_t)b->ptr + b->capacity ? b : NULL;
+    if (addr >= (uintptr_t)b->ptr + b->capacity ||
+        atomic_load_explicit(&b->refs, memory_order_relaxed) == 0)
+        return NULL;
+    return b;
 }
 
 /* ---- events (P.lock) ---- */
@@ -659,6 +669,7 @@ void bridge_pinned_release(bridge_pinned_block *b)
 {
     if (!b || atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1 || bridge_forked())
         return;
+    PIN_TEST_AFTER_LAST_RELEASE(b);
     pthread_mutex_lock(&P.lock);
     live_remove(b);
     P.used -= b->capacity;
@@ -705,13 +716,20 @@ int bridge_pinned_record(const void *addr, void *stream)
         pthread_mutex_unlock(&P.lock);
         return BRIDGE_E_NOTINIT;
     }
+    /* A reference of our own keeps the block lent while we work.  The caller
+     * may hold none (an address given as an int) and its last owner may drop
+     * it now: the count reaches 0 before that release takes the lock.  Taken
+     * only from a count that is not 0, the block goes to the free lists once
+     * (by that release, or by ours below), never twice. */
     bridge_pinned_block *b = live_find((uintptr_t)addr);
-    if (!b) {
+    int refs = b ? atomic_load_explicit(&b->refs, memory_order_relaxed) : 0;
+    while (refs > 0 && !atomic_compare_exchange_weak_explicit(
+                           &b->refs, &refs, refs + 1, memory_order_relaxed, memory_order_relaxed))
+        ;
+    if (refs == 0) {
         pthread_mutex_unlock(&P.lock);
         return BRIDGE_E_INVALID;
     }
-    /* The caller owns a reference, so the block stays lent while we work. */
-    bridge_pinned_retain(b);
     pin_event e = {0};
     int have = 0;
     for (int i = 0; i < b->nev; i++)

@@ -53,9 +53,10 @@
  *               free memory under the budget (views.c)
  *   pinned      the pinned host pool (pinned.c), on either base: threads
  *               lending blocks, writing every byte of them, handing their
- *               references to each other, recording copies against them,
- *               while the limit changes, the pool is trimmed and events
- *               complete late
+ *               references to each other, recording copies against them
+ *               (by address alone too, racing their last release), while
+ *               the limit changes, the pool is trimmed and events complete
+ *               late
  *   share       (last: a process leaves only a share unify() failed in) threads at the
  *               edge of a share's budget (share.c) while another trims the pool
  *               over and over: the pool never holds more than the budget, no
@@ -1490,12 +1491,15 @@ static void phase_huge(void)
 /* ---- phase: pinned (the pinned host pool under threads) ---- */
 #define PSLOTS 32
 static _Atomic(bridge_pinned_block *) pslots[PSLOTS]; /* each holds one reference */
+static _Atomic uintptr_t paddrs[PSLOTS];              /* the address last put in each slot */
 static atomic_int pinned_stop;
 static void *pinned_streams[4];
 
 /* Put a block (one reference) in slot k; drop what was there. */
 static void pslot_put(int k, bridge_pinned_block *b)
 {
+    if (b)
+        atomic_store(&paddrs[k], (uintptr_t)bridge_pinned_ptr(b));
     bridge_pinned_block *old = atomic_exchange(&pslots[k], b);
     bridge_pinned_release(old); /* NULL is a no-op */
 }
@@ -1506,7 +1510,7 @@ static void *pinned_worker(void *arg)
     uint64_t s = w->seed;
     for (int i = 0; i < w->iters; i++) {
         int k = (int)(rnd(&s) % PSLOTS);
-        switch (rnd(&s) % 4) {
+        switch (rnd(&s) % 5) {
         case 0: { /* lend a block and write all of it (AddressSanitizer checks the bounds) */
             bridge_pinned_block *b = NULL;
             size_t size = 1 + rnd(&s) % (256 * KIB);
@@ -1547,6 +1551,15 @@ static void *pinned_worker(void *arg)
                   "pinned lookup");
             p[0] ^= 1;
             pslot_put(k, b);
+            break;
+        }
+        case 3: { /* record by address alone (an int from Python), owning no reference:
+                   * the block may be dropped meanwhile, or be another one by now */
+            uintptr_t a = atomic_load(&paddrs[k]);
+            if (!a)
+                break;
+            int rc = bridge_pinned_record((void *)a, pinned_streams[rnd(&s) % 4]);
+            CHECK(rc == BRIDGE_OK || rc == BRIDGE_E_INVALID, "pinned record by address %d", rc);
             break;
         }
         default: /* drop a reference */
