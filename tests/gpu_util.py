@@ -41,6 +41,36 @@ extern "C" __global__ void slow_copy(const float* x, float* out, long long n, lo
 # replays (proof that graphs were captured), torch_bytes() is torch's live bytes as the
 # bridge or torch's own allocator counts them (cuBLAS's per-stream workspaces dropped:
 # graphs capture on new streams).
+#: Defines ``doubled_by_device_1(cupy, src)``: a kernel of device 1 reads device 0's float32
+#: array ``src`` through its address (peer access to the pool ``src`` came from) and writes
+#: each value twice; whether device 1's result is right. Scenarios run in a fresh process
+#: paste it; tests in this process call :func:`doubled_by_device_1`.
+PEER_READ_SNIPPET = r'''
+def doubled_by_device_1(cupy, src):
+    kernel = cupy.RawKernel(
+        """extern "C" __global__ void twice(const unsigned long long src, float* dst, int n) {
+            const float* s = (const float*)src;
+            int i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) dst[i] = 2.0f * s[i];
+        }""",
+        "twice",
+    )
+    n = src.size
+    with cupy.cuda.Device(1):
+        dst = cupy.empty(n, dtype=cupy.float32)
+        kernel(((n + 255) // 256,), (256,), (cupy.uint64(src.data.ptr), dst, cupy.int32(n)))
+        cupy.cuda.Device(1).synchronize()
+        return bool((dst == 2 * cupy.asarray(src.get())).all())
+'''
+
+
+def doubled_by_device_1(cupy, src) -> bool:
+    """:data:`PEER_READ_SNIPPET`'s function, in this process."""
+    scope: dict = {}
+    exec(PEER_READ_SNIPPET, scope)
+    return scope["doubled_by_device_1"](cupy, src)
+
+
 TORCH_GRAPH_SNIPPET = """
 replays = [0]
 _replay = torch.cuda.CUDAGraph.replay

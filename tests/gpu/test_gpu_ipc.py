@@ -11,7 +11,7 @@ tests/core/test_ipc.py.
 from __future__ import annotations
 
 import pytest
-from gpu_util import run_mode
+from gpu_util import PEER_READ_SNIPPET, run_mode
 
 pytestmark = pytest.mark.gpu
 MODES = ("native", "bridge")
@@ -238,7 +238,9 @@ def test_the_allocation_pair_on_the_exportable_pool_against_the_default_pool():
     assert ipc["ns"] < 20 * default["ns"], (default, ipc)
 
 
-PEER = """
+PEER = (
+    PEER_READ_SNIPPET
+    + """
 import cupy
 if cupy.cuda.runtime.getDeviceCount() < 2:
     report(skip=True)
@@ -257,23 +259,10 @@ with cupy.cuda.Device(0):
     src = cupy.arange(1 << 20, dtype=cupy.float32)
     if MODE == "bridge":
         exportable = core.ipc_export(src.data.ptr)[0] == 0  # from the exportable pool
-kernel = cupy.RawKernel(
-    r'''
-extern "C" __global__ void twice(const unsigned long long src, float* dst, int n) {
-    const float* s = (const float*)src;
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] = 2.0f * s[i];
-}''',
-    "twice",
-)
-with cupy.cuda.Device(1):
-    dst = cupy.empty(1 << 20, dtype=cupy.float32)
-    # device 1's kernel reads device 0's memory through its address
-    kernel(((1 << 20) // 256,), (256,), (cupy.uint64(src.data.ptr), dst, cupy.int32(1 << 20)))
-    cupy.cuda.Device(1).synchronize()
-    ok = bool((dst == 2 * cupy.asarray(src.get())).all())
+ok = doubled_by_device_1(cupy, src)  # device 1 reads device 0's memory
 report(skip=False, ok=ok, exportable=exportable)
 """
+)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from gpu_util import GIB, MIB
+from gpu_util import GIB, MIB, PEER_READ_SNIPPET, doubled_by_device_1
 
 pytestmark = pytest.mark.gpu
 
@@ -56,21 +56,7 @@ def test_peer_copies_and_a_kernel_reading_a_peers_pool_memory(fw):
     assert torch.equal(y.cpu(), x.cpu())
     with cupy.cuda.Device(0):
         src = cupy.arange(1 << 20, dtype=cupy.float32)
-    kernel = cupy.RawKernel(
-        r"""
-    extern "C" __global__ void twice(const unsigned long long src, float* dst, int n) {
-        const float* s = (const float*)src;
-        int i = blockIdx.x * blockDim.x + threadIdx.x;
-        if (i < n) dst[i] = 2.0f * s[i];
-    }""",
-        "twice",
-    )
-    with cupy.cuda.Device(1):
-        dst = cupy.empty(1 << 20, dtype=cupy.float32)
-        # device 1's kernel reads device 0's pool memory through its address
-        kernel(((1 << 20) // 256,), (256,), (cupy.uint64(src.data.ptr), dst, cupy.int32(1 << 20)))
-        cupy.cuda.Device(1).synchronize()
-        assert bool((dst == 2 * cupy.asarray(src.get())).all())
+    assert doubled_by_device_1(cupy, src)  # device 1 reads device 0's pool memory
 
 
 def test_torchrun_two_ranks_allreduce_on_bridge_tensors(fw, tmp_path):
@@ -191,7 +177,9 @@ def test_jax_on_a_device_outside_unify_device(mode, partition):
         assert r["cache"] == 0
 
 
-_ADDED_DEVICE = r"""
+_ADDED_DEVICE = (
+    PEER_READ_SNIPPET
+    + r"""
 import sys
 import cupy
 if sys.argv[1] == "bridge":
@@ -203,20 +191,9 @@ else:  # CuPy's own pool: peer access as CuPy's users enable it
         cupy.cuda.runtime.deviceEnablePeerAccess(0)
 with cupy.cuda.Device(0):
     src = cupy.arange(1 << 20, dtype=cupy.float32)
-kernel = cupy.RawKernel(
-    '''extern "C" __global__ void twice(const unsigned long long src, float* dst, int n) {
-        const float* s = (const float*)src;
-        int i = blockIdx.x * blockDim.x + threadIdx.x;
-        if (i < n) dst[i] = 2.0f * s[i];
-    }''',
-    "twice",
-)
-with cupy.cuda.Device(1):
-    dst = cupy.empty(1 << 20, dtype=cupy.float32)
-    kernel(((1 << 20) // 256,), (256,), (cupy.uint64(src.data.ptr), dst, cupy.int32(1 << 20)))
-    cupy.cuda.Device(1).synchronize()
-    print(bool((dst == 2 * cupy.asarray(src.get())).all()))
+print(doubled_by_device_1(cupy, src))
 """
+)
 
 
 @pytest.mark.parametrize("make", ["native", "bridge"])
