@@ -72,9 +72,13 @@ def test_install_reports_conflicts_and_changes_nothing(standin, clean_env):
     assert not adapter.installed()
 
 
-def _run(code: str) -> subprocess.CompletedProcess:
+def _run(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
 
 
@@ -144,14 +148,7 @@ def test_a_partition_beside_xla_client_mem_fraction_is_jax_s_arena(mode):
         import jax
         print("LIMIT", jax.devices("gpu")[0].memory_stats()["bytes_limit"])
         """
-    env = {k: v for k, v in os.environ.items() if "XLA_" not in k}
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    r = _run(code, env={k: v for k, v in os.environ.items() if "XLA_" not in k})
     assert r.returncode == 0, r.stderr[-3000:]
     limit = int(r.stdout.split("LIMIT ", 1)[1].split()[0])
     assert abs(limit - (4 << 30)) < 64 << 20, limit
@@ -186,14 +183,7 @@ def test_jax_keeps_the_allocator_it_started_with_after_clear_backends(mode):
             jnp.zeros((1,)).block_until_ready()
             print("LIMIT", jax.devices("gpu")[0].memory_stats()["bytes_limit"])
         """
-    env = {k: v for k, v in os.environ.items() if "XLA_" not in k}
-    r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    r = _run(code, env={k: v for k, v in os.environ.items() if "XLA_" not in k})
     assert r.returncode == 0, r.stderr[-3000:]
     if mode == "native":
         assert int(r.stdout.split("LIMIT ", 1)[1].split()[0]) > 0, r.stdout
