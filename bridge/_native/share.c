@@ -185,7 +185,7 @@ struct share_member {
                                     its target.  UINT64_MAX: none */
     _Atomic uint64_t inflight; /* bytes (unit-rounded) between share_reserve and settle */
     pthread_t thread;
-    _Atomic uint32_t leaving;  /* futex-woken on me->trim_req: the service thread ends */
+    _Atomic uint32_t leaving;       /* futex-woken on me->trim_req: the service thread ends */
     struct share_member *left_next; /* the members this process left (under join_lock) */
     _Atomic uint64_t num_refused, num_asks, num_trims_served, num_reclaimed, num_overshoots,
         num_lost;
