@@ -444,12 +444,25 @@ def test_depth_per_key_with_the_thread_slots_off(cache):
 
 # ---- the thread slots: each thread's newest freed block (cache.c) ----
 def _in_thread(fn):
+    """fn() on a new thread; returns once that thread has ended in full, its pthread key
+    destructors run: the core's (cache.c: slots_thread_ended) leaves the thread's slots
+    unowned there, for the next thread to take over.  Thread.join alone may return before
+    (CPython 3.11 wakes it as the thread's Python state is deleted; the thread runs its key
+    destructors after that, as it exits): on a loaded machine the next thread then found the
+    slot still owned.  The thread's entry under /proc/self/task goes only after they ran."""
+    import os
     import threading
+    import time
 
     out = []
     t = threading.Thread(target=lambda: out.append(fn()))
     t.start()
     t.join()
+    task = f"/proc/self/task/{t.native_id}"
+    deadline = time.monotonic() + 60
+    while os.path.exists(task):
+        assert time.monotonic() < deadline, f"{task} still there 60 s after its thread's join"
+        time.sleep(0.001)
     return out[0]
 
 
