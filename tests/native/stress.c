@@ -72,6 +72,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define KIB  (1024ull)
@@ -433,13 +434,37 @@ static void phase_edge(void)
     check_idle("edge");
 }
 
-/* ---- phase: wait (the edge, every thread waiting a little when refused) ---- */
+/* ---- phase: wait (the edge, every thread waiting a little when refused) ----
+ * The edge is made, not hoped for: eight threads alone do not pass the budget
+ * (each holds at most 8 blocks of 128 KiB, the budget), and on a loaded machine
+ * they can run one after another, so nobody would be refused.  The main thread
+ * first takes the budget's room in 64 KiB blocks until refused (it sets no wait:
+ * it holds, it never waits), starts the workers, and frees its blocks only once
+ * a worker was counted as waiting (num_waits moves while the waiter is in the
+ * queue); that free wakes the waiters, and the workers go on at the edge. */
+#define WAIT_FILL   (64 * KIB)
+#define WAIT_SEEN_S 60 /* generous: a sanitizer build on a loaded 2-core machine */
 static void phase_wait(void)
 {
     reset();
     const uint64_t limit = 1 * MIB;
     CHECK(bridge_set_limit(0, limit) == BRIDGE_OK, "set_limit");
     bridge_stats b = stats_of(0);
+    void *fill[2 * MIB / WAIT_FILL];
+    int nfill = 0, rc;
+    for (;;) {
+        CHECK(nfill < (int)(sizeof fill / sizeof fill[0]),
+              "%d blocks of 64 KiB and no refusal under a 1 MiB budget", nfill);
+        rc = bridge_alloc(0, WAIT_FILL, stream_of(8), BRIDGE_TAG_TORCH, &fill[nfill]);
+        if (rc != BRIDGE_OK)
+            break;
+        atomic_fetch_add(&live_bytes[0], WAIT_FILL);
+        nfill++;
+    }
+    CHECK(rc == BRIDGE_E_BUDGET, "filling the budget: status %d", rc);
+    CHECK(nfill > 0 && (uint64_t)nfill * WAIT_FILL <= limit,
+          "%d blocks of 64 KiB before the 1 MiB budget refused", nfill);
+    CHECK(stats_of(0).num_waits == b.num_waits, "the main thread (no wait set) waited");
     worker w[8];
     for (int i = 0; i < 8; i++)
         w[i] = (worker){.id = i,
@@ -450,7 +475,29 @@ static void phase_wait(void)
                         .seed = 0xD1B54A32D192ED03ull * (uint64_t)(i + 1),
                         .tags = BRIDGE_NTAGS,
                         .wait_s = 0.002};
-    run_threads(8, edge_thread, w, sizeof w[0]);
+    pthread_t t[8];
+    for (int i = 0; i < 8; i++)
+        CHECK(pthread_create(&t[i], NULL, edge_thread, &w[i]) == 0, "pthread_create");
+    /* until a worker is counted as waiting, with the budget held */
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int seen = 0;
+    for (now = t0; !seen && now.tv_sec - t0.tv_sec < WAIT_SEEN_S;) {
+        seen = stats_of(0).num_waits > b.num_waits;
+        if (!seen)
+            usleep(100);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    }
+    CHECK(seen,
+          "nobody waited in %d s with the budget held by another thread: a refused "
+          "allocation with a wait time set did not wait",
+          WAIT_SEEN_S);
+    for (int i = 0; i < nfill; i++) {
+        atomic_fetch_sub(&live_bytes[0], WAIT_FILL);
+        bridge_free(fill[i]);
+    }
+    for (int i = 0; i < 8; i++)
+        pthread_join(t[i], NULL);
     uint64_t ok = 0;
     for (int i = 0; i < 8; i++)
         ok += w[i].ok;
