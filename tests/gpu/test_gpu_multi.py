@@ -122,8 +122,12 @@ JAX_ON_DEVICE_1 = """
 import ctypes, os
 GIB = 1 << 30
 cu = ctypes.CDLL("libcuda.so.1")
-dev, total = ctypes.c_int(), ctypes.c_size_t()
-assert cu.cuInit(0) == 0 and cu.cuDeviceGet(ctypes.byref(dev), 1) == 0
+dev, total, count = ctypes.c_int(), ctypes.c_size_t(), ctypes.c_int()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGetCount(ctypes.byref(count)) == 0
+if count.value < 2:
+    report(gpus=count.value)
+    sys.exit(0)
+assert cu.cuDeviceGet(ctypes.byref(dev), 1) == 0
 assert cu.cuDeviceTotalMem_v2(ctypes.byref(total), dev) == 0
 cache = limit = None
 if MODE == "bridge":

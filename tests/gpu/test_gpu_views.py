@@ -77,11 +77,11 @@ def test_free_memory_queries_answer_within_the_budget(mode):
             assert BUDGET - HELD - SLACK <= free <= BUDGET - HELD, (name, free)
         assert BUDGET - HELD - SLACK <= r["accelerate"] <= BUDGET - HELD
     else:
-        assert dfree > 100 * GIB  # the power check: the whole card is free to the driver
+        assert dfree > dtotal // 2  # the power check: the whole card is free to the driver
         for name, (free, total) in pairs.items():
             assert total == dtotal, (name, total)
             assert abs(free - dfree) <= 256 * MIB, (name, free, dfree)
-        assert r["accelerate"] > 100 * GIB
+        assert r["accelerate"] > dtotal // 2
 
 
 HF = """
