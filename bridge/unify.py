@@ -701,7 +701,7 @@ def _not_importable(broken: dict[str, ImportError], asked: dict[str, bool | None
 
 def _not_installed(missing: dict[str, ImportError]) -> BridgeError:
     names = list(missing)
-    listed = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    listed = _listed(names)
     verb = "is" if len(names) == 1 else "are"
     why = "; ".join(str(exc) for exc in missing.values())
     calls = ", ".join(f"{n}=True" for n in names)
