@@ -110,15 +110,16 @@ def check(rc: int, *, what: str, device: int | None = None) -> None:
         import bridge._core as _core
 
         raise BridgeError(
-            f"{what}: no usable CUDA driver ({_core.load_error()}). Run on a machine with an "
-            "NVIDIA GPU and its driver (check `nvidia-smi`); `python -m bridge doctor` shows "
-            "what was found."
+            f"{what}: no usable CUDA driver ({_core.load_error()}). `nvidia-smi` shows the "
+            "GPUs and the driver this machine has; `python -m bridge doctor` shows what the "
+            "bridge found."
         )
     if rc == Status.NOPOOLS:
         raise BridgeError(
             f"{what}: the CUDA driver has no stream-ordered memory pools{where} "
-            "(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0). Update the NVIDIA driver to "
-            "11.2 or newer; pools are not available under some virtualization."
+            "(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 0): the GPU runs under a "
+            "virtualization or on a platform that disables them. Run on a GPU whose "
+            '`bridge doctor` line says "memory pools: yes".'
         )
     if rc == Status.DEVICE:
         raise BridgeError(

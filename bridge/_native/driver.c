@@ -169,7 +169,10 @@ int bridge_init(const char *path)
         const char *missing = "";
         if (!lib) {
             const char *e = dlerror();
-            snprintf(load_error, sizeof load_error, "%s", e ? e : "dlopen failed");
+            snprintf(load_error, sizeof load_error,
+                     "%s: no NVIDIA driver here; run on a machine with an NVIDIA GPU and its "
+                     "driver, or a container with the GPU mounted",
+                     e ? e : "dlopen failed");
         } else if ((rc = load_entries(lib, &missing)) != BRIDGE_OK) {
             note_missing_entry(lib, name, missing);
         } else {

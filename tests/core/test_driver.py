@@ -71,6 +71,15 @@ def test_a_driver_too_old_is_named_with_what_to_do(standin, old_driver):
     assert "lacks the entry point cuGraphRetainUserObject" in msg, msg
     assert "(a CUDA 13.0 driver)" in msg, msg  # the stand-in's cuDriverGetVersion
     assert "update the NVIDIA driver to one for CUDA 12 or newer" in msg, msg
+    assert "run on a machine with an NVIDIA GPU" not in msg.lower(), msg  # it has one
+
+
+def test_no_driver_library_says_to_run_where_there_is_one(standin, tmp_path):
+    r = _run(UNIFY, BRIDGE_CUDA_LIBRARY=str(tmp_path / "libcuda.so.1"))
+    assert r.returncode == 0, r.stderr
+    msg = r.stdout
+    assert "no usable CUDA driver" in msg and "cannot open shared object file" in msg, msg
+    assert "run on a machine with an NVIDIA GPU and its driver" in msg, msg
 
 
 @pytest.mark.parametrize("visible", [None, "", "-1"])

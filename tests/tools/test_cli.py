@@ -218,7 +218,7 @@ def test_doctor_flags_a_device_without_pools(standin):
         "device 0: Stand-in GPU 0, compute capability 9.0; 16.00 GiB; memory pools: yes" in r.stdout
     )
     assert "device 1:" in r.stdout and "memory pools: NO" in r.stdout
-    assert "Update the NVIDIA driver" in r.stdout
+    assert "the GPU runs under a virtualization or on a platform that disables them" in r.stdout
     assert "Summary: 1 thing(s) to look at" in r.stdout
 
 
